@@ -1,0 +1,99 @@
+"""REST bodies of the coordinator (pydantic; no FastAPI import, so clients can use them too).
+
+Producer/consumer: rollout workers (register, heartbeat, staleness), operators and the local cluster
+runner (status, workers).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WorkerState(StrEnum):
+    ACTIVE = "active"  # leased and generating (or allowed to)
+    DEAD = "dead"  # lease expired; must register again
+
+
+class RegisterWorkerRequest(Body):
+    name: str = Field("worker", min_length=1, max_length=64, description="human-readable label")
+    endpoint_url: str = Field("", max_length=512, description="the worker's own chunk-server base URL (empty: none)")
+    gpu_type: str = Field("cpu", min_length=1, max_length=64, description="accelerator kind")
+    price_per_hour: float = Field(0.0, ge=0, le=10000, description="what the worker costs, $/h")
+    bandwidth_mbps: float = Field(1000.0, gt=0, le=1e6, description="link speed the worker reports, Mbit/s")
+    region: str = Field("local", min_length=1, max_length=64, description="where it runs")
+
+
+class RegisterWorkerResponse(Body):
+    worker_id: str
+    token: str = Field(description="bearer token for this worker's own calls")
+    run_id: str
+    lease_s: float
+    heartbeat_interval_s: float
+    staleness_bound: int
+
+
+class HeartbeatRequest(Body):
+    policy_version: int = Field(-1, ge=-1, description="version the worker's engine holds (-1: none yet)")
+    num_groups_done: int = Field(0, ge=0, description="groups published since registration")
+    num_samples_done: int = Field(0, ge=0, description="samples published since registration")
+    samples_per_s: float = Field(0.0, ge=0, description="recent generation throughput")
+    generating: bool = Field(False, description="false while gated (stale) or waiting for work")
+
+
+class HeartbeatResponse(Body):
+    state: WorkerState
+    lease_expires_at_s: float
+    learner_version: int
+    staleness_bound: int
+
+
+class WorkerInfo(Body):
+    worker_id: str
+    name: str
+    state: WorkerState
+    endpoint_url: str
+    gpu_type: str
+    price_per_hour: float
+    bandwidth_mbps: float
+    region: str
+    policy_version: int
+    num_groups_done: int
+    num_samples_done: int
+    samples_per_s: float
+    generating: bool
+    registered_at_s: float
+    last_heartbeat_s: float
+    lease_expires_at_s: float
+
+
+class StalenessResponse(Body):
+    policy_version: int
+    learner_version: int
+    staleness_bound: int
+    admissible: bool = Field(description="a group sampled now with policy_version may still be trained on")
+    steps_remaining: int = Field(description="learner steps until it stops being admissible (negative: too old)")
+
+
+class LearnerInfo(Body):
+    status: str
+    learner_version: int
+    published_version: int
+    num_steps_target: int
+    num_dropped: dict[str, int]
+    last_reward_mean: float
+    busy_fraction: float
+
+
+class StatusResponse(Body):
+    run_id: str
+    staleness_bound: int
+    learner: LearnerInfo | None
+    stream_depths: dict[str, int] = Field(description="entries not yet finished by their consumers, per stream")
+    num_dead_letters: int
+    workers: list[WorkerInfo]

@@ -1,0 +1,139 @@
+"""Run configuration (one TOML file shared by every service) and per-process settings from the environment.
+
+The run file describes the experiment; environment variables (prefix `RL_`) say where each service
+runs and how it reaches the others. Secrets (`RL_ADMIN_TOKEN`, `RL_CLUSTER_KEY`) have no default.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(Section):
+    """The tiny local policy (Qwen2 architecture, random init, character tokenizer built locally)."""
+
+    architecture: str = Field("qwen2", pattern="^(qwen2|qwen3)$", description="HF model_type to build")
+    hidden_size: int = Field(64, ge=8, description="width of the residual stream")
+    intermediate_size: int = Field(256, ge=8, description="width of the MLP")
+    num_hidden_layers: int = Field(2, ge=1, description="number of decoder layers")
+    num_attention_heads: int = Field(4, ge=1, description="query heads")
+    num_key_value_heads: int = Field(2, ge=1, description="key/value heads (GQA)")
+    max_position_embeddings: int = Field(64, ge=8, description="longest prompt + completion in tokens")
+    seed: int = Field(0, description="seed of the random initialisation")
+
+
+class TaskConfig(Section):
+    """Which task adapter the data plane runs."""
+
+    name: str = Field("arithmetic_mod10", description="registered task adapter name")
+    num_eval_prompts: int = Field(20, ge=1, description="held-out prompts, never sampled for training")
+    seed: int = Field(0, description="seed of the prompt stream and the held-out split")
+
+
+class GRPOConfig(Section):
+    """The learner's algorithm."""
+
+    group_size: int = Field(8, ge=2, description="G: samples per prompt")
+    groups_per_step: int = Field(64, ge=1, description="prompts per optimizer step (R = G * groups_per_step)")
+    learning_rate: float = Field(1e-3, gt=0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    clip_eps: float = Field(0.2, gt=0, description="PPO clip range of the token-level ratio")
+    max_importance_weight: float = Field(
+        5.0, ge=1.0, description="truncation of the behaviour importance weight for stale samples"
+    )
+    normalize_advantage_by_std: bool = Field(True, description="divide by the group std as in GRPO")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature (the learner uses it for logprobs)")
+    max_new_tokens: int = Field(2, ge=1, description="completion length cap")
+
+
+class ScheduleConfig(Section):
+    """Overlap of rollout, broadcast and training."""
+
+    staleness_bound: int = Field(2, ge=0, description="S: train on version v at step t only if t - v <= S")
+    publish_every: int = Field(1, ge=1, description="k: publish weights every k optimizer steps")
+    num_steps: int = Field(150, ge=1, description="optimizer steps of the run")
+    checkpoint_every: int = Field(10, ge=1, description="steps between checkpoints")
+    eval_every: int = Field(25, ge=1, description="steps between held-out evaluations")
+    max_wall_s: float = Field(600.0, gt=0, description="the learner stops after this long even if steps remain")
+
+
+class BroadcastConfig(Section):
+    """Weight dissemination."""
+
+    chunk_size_bytes: int = Field(1 << 20, ge=1024, description="size of one weight chunk")
+    keep_versions: int = Field(4, ge=1, description="versions a chunk server keeps")
+    chunk_wait_s: float = Field(10.0, gt=0, description="how long a request waits for an in-flight chunk")
+
+
+class RolloutConfig(Section):
+    """Rollout worker behaviour."""
+
+    heartbeat_interval_s: float = Field(1.0, gt=0, description="seconds between heartbeats")
+    claim_idle_ms: int = Field(15000, ge=100, description="a task pending this long is claimed from its consumer")
+
+
+class DataConfig(Section):
+    """Data plane backpressure."""
+
+    max_groups_in_flight: int = Field(
+        0, ge=0, description="tasks+rollouts+scored not yet consumed; 0 means groups_per_step * (S + 1)"
+    )
+
+
+class CoordinatorConfig(Section):
+    lease_s: float = Field(5.0, gt=0, description="a worker that does not heartbeat for this long is dead")
+
+
+class RunConfig(Section):
+    run_id: str = Field("demo", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    grpo: GRPOConfig = GRPOConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    broadcast: BroadcastConfig = BroadcastConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    data: DataConfig = DataConfig()
+    coordinator: CoordinatorConfig = CoordinatorConfig()
+
+    @property
+    def max_groups_in_flight(self) -> int:
+        if self.data.max_groups_in_flight:
+            return self.data.max_groups_in_flight
+        return self.grpo.groups_per_step * (self.schedule.staleness_bound + 1)
+
+
+def load_run_config(path: str | Path, **overrides: object) -> RunConfig:
+    """Read a run TOML file. `overrides` replace top-level keys (e.g. run_id=...). Errors name the field."""
+    with open(path, "rb") as f:
+        raw = tomllib.load(f)
+    raw.update(overrides)
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ValueError(f"invalid run config {path}: {exc}") from exc
+
+
+class ServiceSettings(BaseSettings):
+    """Where a service runs and how it reaches the rest; read from `RL_*` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="RL_", extra="ignore")
+
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding streams and state")
+    run_config: Path = Field(Path("configs/demo.toml"), description="the run TOML file")
+    run_id: str | None = Field(None, description="overrides run_id of the run file")
+    run_dir: Path = Field(Path("runs/demo"), description="where this run's files live")
+    coordinator_url: str = Field("http://127.0.0.1:8000", description="the coordinator's base URL")
+    log_level: str = Field("INFO", description="logging level")
+
+    def load_run(self) -> RunConfig:
+        overrides: dict[str, object] = {"run_id": self.run_id} if self.run_id else {}
+        return load_run_config(self.run_config, **overrides)

@@ -1,0 +1,72 @@
+"""Names of every Redis stream and key of one run, in one place.
+
+All names start with `rl:<run_id>:` so runs (and tests, which use a fresh run id each) never share state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    run_id: str
+
+    @property
+    def prefix(self) -> str:
+        return f"rl:{self.run_id}:"
+
+    # streams
+    @property
+    def tasks(self) -> str:
+        """reward (data plane) -> rollout: prompts to sample groups for."""
+        return self.prefix + "tasks"
+
+    @property
+    def rollouts(self) -> str:
+        """rollout -> reward: sampled groups with behaviour logprobs."""
+        return self.prefix + "rollouts"
+
+    @property
+    def scored(self) -> str:
+        """reward -> learner: groups with rewards."""
+        return self.prefix + "scored"
+
+    @property
+    def weights(self) -> str:
+        """learner -> everyone: WeightsPublished announcements (read with XREVRANGE, no group)."""
+        return self.prefix + "weights"
+
+    @property
+    def dead(self) -> str:
+        """any consumer -> people: DeadLetter entries."""
+        return self.prefix + "dead"
+
+    # keys
+    @property
+    def learner_state(self) -> str:
+        """learner -> coordinator: LearnerState (msgpack) under one key."""
+        return self.prefix + "learner:state"
+
+    def task_reference(self, task_id: str) -> str:
+        """reward -> reward: the verifier's reference for a task, kept out of the workers' hands."""
+        return self.prefix + f"task:{task_id}"
+
+    @property
+    def worker_ids(self) -> str:
+        """coordinator: set of registered worker ids."""
+        return self.prefix + "workers"
+
+    def worker(self, worker_id: str) -> str:
+        """coordinator: hash with one worker's record."""
+        return self.prefix + f"worker:{worker_id}"
+
+    @property
+    def worker_leases(self) -> str:
+        """coordinator: sorted set worker_id -> lease expiry (unix seconds)."""
+        return self.prefix + "leases"
+
+    @property
+    def coordinator_meta(self) -> str:
+        """coordinator: hash of run-level facts (staleness bound, ...)."""
+        return self.prefix + "coordinator"

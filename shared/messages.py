@@ -1,0 +1,212 @@
+"""Typed wire messages: every payload that crosses a Redis stream is one of these, msgpack-encoded.
+
+Each message carries `schema_version` and `run_id`. Decoding is strict: a payload that is not
+msgpack, not a map, has unknown or missing fields, wrong types, or arrays whose lengths disagree
+raises `MessageDecodeError` with a reason, which the bus turns into a dead-letter entry.
+
+Token ids and logprobs travel as raw little-endian bytes (int32 / float32), not msgpack int lists:
+decoding Python int lists is the measured bottleneck of the bus (../shared/notes/infra.md).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal, Self, Sequence
+
+import msgpack
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+SCHEMA_VERSION = 1
+
+INT32 = np.dtype("<i4")
+FLOAT32 = np.dtype("<f4")
+
+
+class MessageDecodeError(ValueError):
+    """A payload that cannot become the message type it was read as."""
+
+
+def pack_int32(values: Sequence[int] | np.ndarray) -> bytes:
+    return np.asarray(values, dtype=INT32).tobytes()
+
+
+def pack_float32(values: Sequence[float] | np.ndarray) -> bytes:
+    return np.asarray(values, dtype=FLOAT32).tobytes()
+
+
+def unpack_int32(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype=INT32)
+
+
+def unpack_float32(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype=FLOAT32)
+
+
+class Message(BaseModel):
+    """Base of every stream payload: strict, immutable, no unknown fields."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    run_id: str = Field(min_length=1, max_length=128)
+
+    def encode(self) -> bytes:
+        return msgpack.packb(self.model_dump(mode="python"), use_bin_type=True)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Self:
+        try:
+            raw = msgpack.unpackb(payload, raw=False)
+        except Exception as exc:  # msgpack raises several unrelated types for bad input
+            raise MessageDecodeError(f"{cls.__name__}: payload is not msgpack ({exc})") from exc
+        if not isinstance(raw, dict):
+            raise MessageDecodeError(f"{cls.__name__}: payload is a {type(raw).__name__}, expected a map")
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            reasons = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
+            )
+            raise MessageDecodeError(f"{cls.__name__}: {reasons}") from exc
+
+
+# "stop": the sample ended with EOS; "length": it hit max_new_tokens.
+FinishReason = Literal["stop", "length"]
+
+
+class TaskGroup(Message):
+    """One prompt to sample a GRPO group for. Producer: reward service (data plane). Consumer: rollout."""
+
+    task_id: str = Field(min_length=1, max_length=64)
+    task_name: str = Field(min_length=1, max_length=64)
+    prompt: str = Field(min_length=1, max_length=65536)
+    num_samples: int = Field(ge=1, le=1024)
+    max_new_tokens: int = Field(ge=1, le=65536)
+    temperature: float = Field(gt=0.0, le=10.0)
+    created_at_s: float = Field(default_factory=time.time)
+
+
+class RolloutGroup(Message):
+    """G completions of one prompt, all sampled by one policy version. Producer: rollout. Consumer: reward.
+
+    Arrays are raw bytes: `completion_token_ids` (int32) concatenates the samples' tokens in order,
+    `completion_lengths` (int32, one per sample) splits it, `behaviour_logprobs` (float32) has one
+    entry per completion token: log p(token) under the sampling distribution of `policy_version`.
+    """
+
+    group_id: str = Field(min_length=1, max_length=64)
+    task_id: str = Field(min_length=1, max_length=64)
+    task_name: str = Field(min_length=1, max_length=64)
+    prompt: str = Field(min_length=1, max_length=65536)
+    worker_id: str = Field(min_length=1, max_length=64)
+    policy_version: int = Field(ge=0)
+    temperature: float = Field(gt=0.0, le=10.0)
+    prompt_token_ids: bytes
+    completion_token_ids: bytes
+    completion_lengths: bytes
+    behaviour_logprobs: bytes
+    completion_texts: list[str]
+    finish_reasons: list[FinishReason]
+    generation_s: float = Field(ge=0.0)
+    created_at_s: float = Field(default_factory=time.time)
+
+    @model_validator(mode="after")
+    def _arrays_agree(self) -> Self:
+        for name in ("prompt_token_ids", "completion_token_ids", "completion_lengths", "behaviour_logprobs"):
+            if len(getattr(self, name)) % 4:
+                raise ValueError(f"{name} has {len(getattr(self, name))} bytes, not a multiple of 4")
+        lengths = unpack_int32(self.completion_lengths)
+        num_samples = len(lengths)
+        if num_samples == 0:
+            raise ValueError("a group needs at least one sample")
+        if (lengths < 0).any():
+            raise ValueError("completion_lengths has a negative length")
+        num_tokens = len(self.completion_token_ids) // 4
+        if int(lengths.sum()) != num_tokens:
+            raise ValueError(f"completion_lengths sum to {int(lengths.sum())} but there are {num_tokens} tokens")
+        if len(self.behaviour_logprobs) // 4 != num_tokens:
+            raise ValueError(f"{len(self.behaviour_logprobs) // 4} behaviour logprobs for {num_tokens} tokens")
+        if len(self.prompt_token_ids) == 0:
+            raise ValueError("prompt_token_ids is empty")
+        if len(self.completion_texts) != num_samples or len(self.finish_reasons) != num_samples:
+            raise ValueError(
+                f"{num_samples} samples but {len(self.completion_texts)} texts and {len(self.finish_reasons)} finish reasons"
+            )
+        return self
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.completion_lengths) // 4
+
+    def prompt_tokens(self) -> np.ndarray:
+        return unpack_int32(self.prompt_token_ids)
+
+    def sample_tokens(self) -> list[np.ndarray]:
+        """Per sample: its completion token ids (int32)."""
+        return np.split(unpack_int32(self.completion_token_ids), np.cumsum(unpack_int32(self.completion_lengths))[:-1])
+
+    def sample_logprobs(self) -> list[np.ndarray]:
+        """Per sample: the behaviour logprob of each completion token (float32)."""
+        return np.split(unpack_float32(self.behaviour_logprobs), np.cumsum(unpack_int32(self.completion_lengths))[:-1])
+
+
+class ScoredGroup(Message):
+    """A rollout group with one reward per sample. Producer: reward service. Consumer: learner."""
+
+    rollout: RolloutGroup
+    rewards: list[float]
+    scored_at_s: float = Field(default_factory=time.time)
+
+    @model_validator(mode="after")
+    def _one_reward_per_sample(self) -> Self:
+        if len(self.rewards) != self.rollout.num_samples:
+            raise ValueError(f"{len(self.rewards)} rewards for {self.rollout.num_samples} samples")
+        if self.rollout.run_id != self.run_id:
+            raise ValueError(f"rollout run_id {self.rollout.run_id!r} differs from {self.run_id!r}")
+        return self
+
+
+class WeightsPublished(Message):
+    """Announcement that every chunk of `policy_version` can be served. Producer: learner (sent last,
+    after the chunks and the manifest exist). Consumers: rollout workers, coordinator."""
+
+    policy_version: int = Field(ge=0)
+    manifest_url: str = Field(min_length=1, max_length=2048)
+    manifest_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    total_size_bytes: int = Field(ge=0)
+    num_chunks: int = Field(ge=0)
+    published_at_s: float = Field(default_factory=time.time)
+
+
+class DeadLetter(Message):
+    """A stream entry that could not be decoded or kept failing. Producer: any consumer. Read by people."""
+
+    source_stream: str
+    source_message_id: str
+    consumer_group: str
+    service: str
+    error: str
+    payload: bytes
+    num_deliveries: int = Field(ge=0)
+    failed_at_s: float = Field(default_factory=time.time)
+
+
+# starting: loading / resuming; training: taking steps; done: reached num_steps or max_wall_s.
+LearnerStatus = Literal["starting", "training", "done"]
+
+
+class LearnerState(Message):
+    """The learner's latest state, kept under one Redis key. Producer: learner. Consumers: coordinator,
+    the local cluster runner."""
+
+    status: LearnerStatus
+    learner_version: int = Field(ge=0)
+    published_version: int = Field(ge=-1)
+    staleness_bound: int = Field(ge=0)
+    num_steps_target: int = Field(ge=0)
+    num_dropped: dict[str, int] = Field(default_factory=dict)
+    last_reward_mean: float = 0.0
+    last_train_s: float = 0.0
+    busy_fraction: float = 0.0
+    updated_at_s: float = Field(default_factory=time.time)

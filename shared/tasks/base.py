@@ -1,0 +1,41 @@
+"""The task-adapter interface."""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TaskPrompt:
+    prompt: str
+    reference: str  # what the verifier compares against; never sent to workers
+
+
+class TaskAdapter(ABC):
+    """Prompts to train on, a disjoint held-out set, and a verifier giving a reward in [0, 1]."""
+
+    name: str
+    alphabet: str  # every character a prompt or a correct answer can contain (the tokenizer covers it)
+
+    def __init__(self, *, num_eval_prompts: int, seed: int) -> None:
+        universe = self.all_prompts()
+        if num_eval_prompts >= len(universe):
+            raise ValueError(f"{self.name}: {num_eval_prompts} held-out prompts leave none of {len(universe)} to train on")
+        shuffled = random.Random(seed).sample(universe, len(universe))
+        self.eval_set: list[TaskPrompt] = shuffled[:num_eval_prompts]
+        self.train_set: list[TaskPrompt] = shuffled[num_eval_prompts:]
+        self._rng = random.Random(seed + 1)
+
+    @abstractmethod
+    def all_prompts(self) -> list[TaskPrompt]:
+        """Every prompt of the task (small finite tasks) before the held-out split."""
+
+    @abstractmethod
+    def score(self, completion: str, reference: str) -> float:
+        """Reward of one completion (text after the prompt, EOS stripped) in [0, 1]."""
+
+    def sample_prompt(self) -> TaskPrompt:
+        """A training prompt (never one of the held-out set)."""
+        return self._rng.choice(self.train_set)

@@ -1,0 +1,51 @@
+"""Shared fixtures: a real redis-server per test session, a fresh run id (and so key prefix) per test."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from shared.bus import StreamBus, connect
+from shared.keys import RunKeys
+from shared.redis_server import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = connect(redis_server.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def run_id() -> str:
+    return f"test-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def keys(run_id: str, redis_client: redis.Redis) -> Iterator[RunKeys]:
+    run_keys = RunKeys(run_id)
+    yield run_keys
+    for key in redis_client.scan_iter(match=run_keys.prefix + "*"):
+        redis_client.delete(key)
+
+
+@pytest.fixture
+def bus(redis_client: redis.Redis, keys: RunKeys) -> StreamBus:
+    return StreamBus(redis_client, run_id=keys.run_id, dead_letter_stream=keys.dead, service="test")
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
