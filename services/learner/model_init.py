@@ -1,0 +1,87 @@
+"""Build the run's initial policy as a Hugging Face causal-LM folder, locally: a character tokenizer
+trained on the task's alphabet and a tiny Qwen2/Qwen3 with random weights. No hub access.
+
+The folder (config.json, model.safetensors, tokenizer files) takes the same path through the
+learner and the workers as a real checkpoint would.
+
+    python -m services.learner.model_init --config configs/demo.toml --out runs/demo/model
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from shared.config import ModelConfig, load_run_config
+
+PAD_TOKEN = "<pad>"
+EOS_TOKEN = "<eos>"
+BOS_TOKEN = "<bos>"
+
+
+def build_tokenizer(alphabet: str, out_dir: Path) -> None:
+    """A character-level tokenizer: one token per character of `alphabet`, plus pad/eos/bos."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    characters = sorted(set(alphabet))
+    vocab = {token: i for i, token in enumerate([PAD_TOKEN, EOS_TOKEN, BOS_TOKEN, *characters])}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD_TOKEN))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")  # every character alone
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token=PAD_TOKEN, eos_token=EOS_TOKEN, bos_token=BOS_TOKEN,
+        padding_side="left", clean_up_tokenization_spaces=False,
+    )
+    wrapped.save_pretrained(out_dir)
+
+
+def build_model(config: ModelConfig, vocab_size: int, pad_id: int, eos_id: int, bos_id: int, out_dir: Path) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(config.seed)
+    hf_config = AutoConfig.for_model(
+        config.architecture,
+        vocab_size=vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        bos_token_id=bos_id,
+        torch_dtype="float32",
+    )
+    model = AutoModelForCausalLM.from_config(hf_config)
+    model.save_pretrained(out_dir, safe_serialization=True)
+
+
+def build_initial_policy(config: ModelConfig, alphabet: str, out_dir: Path) -> Path:
+    """Write tokenizer + random-init model to `out_dir` (created). Returns `out_dir`."""
+    from transformers import AutoTokenizer
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(alphabet, out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(out_dir)
+    build_model(config, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id, out_dir)
+    return out_dir
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=Path("configs/demo.toml"), help="run TOML file")
+    parser.add_argument("--out", type=Path, required=True, help="folder to write the HF model into")
+    args = parser.parse_args()
+    from shared.tasks import TASKS
+
+    run = load_run_config(args.config)
+    task_type = TASKS[run.task.name]
+    out = build_initial_policy(run.model, task_type.alphabet, args.out)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
