@@ -119,20 +119,24 @@ class StreamBus:
         )
 
     # inspecting
-    def backlog(self, stream: str, group: str) -> int:
-        """Entries of `stream` the group has not finished: never delivered (lag) plus pending."""
+    def group_progress(self, stream: str, group: str) -> tuple[int, int]:
+        """(lag, pending) of a group: entries never delivered to it, and delivered but not acked."""
         try:
             groups = self.redis.xinfo_groups(stream)
         except redis.ResponseError:  # no such stream yet
-            return 0
+            return 0, 0
         for info in groups:
             if _text(info.get("name")) == group:
                 lag = info.get("lag")
-                pending = int(info.get("pending") or 0)
                 if lag is None:  # Redis cannot tell after some trims: count conservatively
                     lag = self.redis.xlen(stream)
-                return int(lag) + pending
-        return int(self.redis.xlen(stream))
+                return int(lag), int(info.get("pending") or 0)
+        return int(self.redis.xlen(stream)), 0
+
+    def backlog(self, stream: str, group: str) -> int:
+        """Entries of `stream` the group has not finished: never delivered (lag) plus pending."""
+        lag, pending = self.group_progress(stream, group)
+        return lag + pending
 
     def length(self, stream: str) -> int:
         return int(self.redis.xlen(stream))

@@ -70,3 +70,11 @@ class RunKeys:
     def coordinator_meta(self) -> str:
         """coordinator: hash of run-level facts (staleness bound, ...)."""
         return self.prefix + "coordinator"
+
+
+class ConsumerGroups:
+    """The consumer group reading each stream (one group per consuming service)."""
+
+    TASKS = "rollout"  # rollout workers read `tasks`
+    ROLLOUTS = "reward"  # the reward service reads `rollouts`
+    SCORED = "learner"  # the learner reads `scored`

@@ -1,0 +1,76 @@
+"""The reward service: feeds prompts to the rollout workers and scores what comes back.
+
+Loop: top up tasks -> receive rollouts -> score -> publish scored -> ack.
+A rollout is acked only after its scored group is in Redis; a rollout that cannot be scored is
+dead-lettered with the reason and the service keeps running.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from shared.bus import Delivery, StreamBus
+from shared.config import RunConfig
+from shared.keys import ConsumerGroups, RunKeys
+from shared.messages import RolloutGroup
+from shared.tasks import TaskAdapter, make_task
+from services.reward.scoring import UnscorableGroup, score_group
+from services.reward.settings import RewardSettings
+from services.reward.task_feed import top_up_tasks
+
+log = logging.getLogger(__name__)
+
+
+class RewardService:
+    def __init__(self, run: RunConfig, settings: RewardSettings, bus: StreamBus) -> None:
+        self.run = run
+        self.settings = settings
+        self.bus = bus
+        self.keys = RunKeys(run.run_id)
+        self.task: TaskAdapter = make_task(run.task.name, num_eval_prompts=run.task.num_eval_prompts, seed=run.task.seed)
+        self.stop_event = threading.Event()
+        self.num_scored = 0
+        self.num_tasks_published = 0
+
+    def run_forever(self) -> None:
+        self.create_groups()
+        self.finish_own_pending()
+        while not self.stop_event.is_set():
+            self.num_tasks_published += top_up_tasks(self.bus, self.keys, self.task, self.run, self.settings.reference_ttl_s)
+            for delivery in self.receive_rollouts():
+                self.score_and_forward(delivery)
+
+    def create_groups(self) -> None:
+        # All three groups are created here, before the first task exists, so nothing produced
+        # before its consumer starts is missed.
+        self.bus.ensure_group(self.keys.tasks, ConsumerGroups.TASKS)
+        self.bus.ensure_group(self.keys.rollouts, ConsumerGroups.ROLLOUTS)
+        self.bus.ensure_group(self.keys.scored, ConsumerGroups.SCORED)
+
+    def finish_own_pending(self) -> None:
+        """After a restart: rollouts this consumer read but never acked are scored first."""
+        for delivery in self.bus.read_own_pending(self.keys.rollouts, ConsumerGroups.ROLLOUTS, self.settings.consumer_name, RolloutGroup):
+            self.score_and_forward(delivery)
+
+    def receive_rollouts(self) -> list[Delivery[RolloutGroup]]:
+        claimed = self.bus.claim_stale(
+            self.keys.rollouts, ConsumerGroups.ROLLOUTS, self.settings.consumer_name, RolloutGroup,
+            min_idle_ms=self.settings.claim_idle_ms, count=32,
+        )
+        if claimed:
+            return claimed
+        return self.bus.read(
+            self.keys.rollouts, ConsumerGroups.ROLLOUTS, self.settings.consumer_name, RolloutGroup,
+            count=32, block_ms=self.settings.poll_block_ms,
+        )
+
+    def score_and_forward(self, delivery: Delivery[RolloutGroup]) -> None:
+        try:
+            scored = score_group(delivery.message, self.task, self.bus.redis, self.keys)
+        except UnscorableGroup as exc:  # policy: a group we cannot score is dead-lettered, never retried
+            self.bus.dead_letter(delivery, str(exc))
+            return
+        self.bus.publish(self.keys.scored, scored)
+        self.bus.ack(delivery.stream, delivery.group, [delivery.message_id])
+        self.num_scored += 1

@@ -1,0 +1,45 @@
+"""The data plane's producer side: keep the `tasks` stream shallow.
+
+Backpressure: the number of groups somewhere in the pipeline (tasks not finished by a worker,
+rollouts not finished by this service, scored groups the learner has not read yet) is held at
+`max_groups_in_flight` (default groups_per_step * (S + 1)): enough to keep the learner fed for the
+staleness window, never so much that groups wait long enough to go stale.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from shared.bus import StreamBus
+from shared.config import RunConfig
+from shared.keys import ConsumerGroups, RunKeys
+from shared.messages import TaskGroup
+from shared.tasks import TaskAdapter
+
+
+def groups_in_flight(bus: StreamBus, keys: RunKeys) -> int:
+    """Groups produced but not yet read by the learner."""
+    tasks_lag, tasks_pending = bus.group_progress(keys.tasks, ConsumerGroups.TASKS)
+    rollouts_lag, rollouts_pending = bus.group_progress(keys.rollouts, ConsumerGroups.ROLLOUTS)
+    scored_lag, _ = bus.group_progress(keys.scored, ConsumerGroups.SCORED)  # pending there = trained, awaiting checkpoint
+    return tasks_lag + tasks_pending + rollouts_lag + rollouts_pending + scored_lag
+
+
+def top_up_tasks(bus: StreamBus, keys: RunKeys, task: TaskAdapter, run: RunConfig, reference_ttl_s: int) -> int:
+    """Publish tasks until the pipeline holds `run.max_groups_in_flight` groups; returns how many were added."""
+    num_missing = run.max_groups_in_flight - groups_in_flight(bus, keys)
+    for _ in range(max(0, num_missing)):
+        prompt = task.sample_prompt()
+        message = TaskGroup(
+            run_id=run.run_id,
+            task_id=uuid.uuid4().hex,
+            task_name=task.name,
+            prompt=prompt.prompt,
+            num_samples=run.grpo.group_size,
+            max_new_tokens=run.grpo.max_new_tokens,
+            temperature=run.grpo.temperature,
+        )
+        # The reference is stored before the task exists, so a rollout can always be scored.
+        bus.redis.set(keys.task_reference(message.task_id), prompt.reference.encode(), ex=reference_ttl_s)
+        bus.publish(keys.tasks, message)
+    return max(0, num_missing)

@@ -1,0 +1,101 @@
+"""The reward service against a real redis-server: task feed with backpressure, scoring, dead letters."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from services.reward.service import RewardService
+from services.reward.settings import RewardSettings
+from shared.bus import StreamBus
+from shared.config import RunConfig
+from shared.keys import ConsumerGroups, RunKeys
+from shared.messages import RolloutGroup, ScoredGroup, TaskGroup, pack_float32, pack_int32
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def run(run_id: str) -> RunConfig:
+    return RunConfig.model_validate({"run_id": run_id, "grpo": {"group_size": 4, "groups_per_step": 3}, "schedule": {"staleness_bound": 1}})
+
+
+@pytest.fixture
+def service(run: RunConfig, bus: StreamBus, redis_server) -> Iterator[RewardService]:
+    settings = RewardSettings(redis_url=redis_server.url, poll_block_ms=50)
+    reward = RewardService(run, settings, bus)
+    thread = threading.Thread(target=reward.run_forever, daemon=True)
+    thread.start()
+    yield reward
+    reward.stop_event.set()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+def wait_for(predicate, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+def rollout_for(task: TaskGroup, texts: list[str], task_id: str | None = None) -> RolloutGroup:
+    return RolloutGroup(
+        run_id=task.run_id, group_id=uuid.uuid4().hex, task_id=task_id or task.task_id, task_name=task.task_name,
+        prompt=task.prompt, worker_id="w-test", policy_version=0, temperature=1.0,
+        prompt_token_ids=pack_int32([3, 4, 5, 6]), completion_token_ids=pack_int32([7] * len(texts)),
+        completion_lengths=pack_int32([1] * len(texts)), behaviour_logprobs=pack_float32([-1.0] * len(texts)),
+        completion_texts=texts, finish_reasons=["stop"] * len(texts), generation_s=0.01,
+    )
+
+
+def take_tasks(bus: StreamBus, keys: RunKeys, count: int) -> list[TaskGroup]:
+    deliveries = bus.read(keys.tasks, ConsumerGroups.TASKS, "w-test", TaskGroup, count=count, block_ms=100)
+    bus.ack(keys.tasks, ConsumerGroups.TASKS, [d.message_id for d in deliveries])
+    return [d.message for d in deliveries]
+
+
+def test_task_feed_holds_the_pipeline_at_groups_per_step_times_s_plus_one(service, bus, keys, run) -> None:
+    wait_for(lambda: bus.length(keys.tasks) >= 6)
+    time.sleep(0.3)
+    assert bus.length(keys.tasks) == run.max_groups_in_flight == 6  # 3 groups/step * (S=1 + 1)
+    task = bus.read(keys.tasks, ConsumerGroups.TASKS, "w-test", TaskGroup, count=1, block_ms=100)[0].message
+    assert task.num_samples == 4 and task.run_id == run.run_id
+    time.sleep(0.3)
+    assert bus.length(keys.tasks) == 6  # taken but not finished: still in flight, nothing added
+
+
+def test_rollouts_are_scored_by_the_verifier_and_acked(service, bus, keys) -> None:
+    wait_for(lambda: bus.length(keys.tasks) >= 2)
+    task = take_tasks(bus, keys, 1)[0]
+    a, b = (int(c) for c in task.prompt.rstrip("=").split("+"))
+    right = str((a + b) % 10)
+    wrong = str((a + b + 1) % 10)
+    bus.publish(keys.rollouts, rollout_for(task, [right, wrong, right + right, ""]))
+
+    scored = wait_for(lambda: bus.read(keys.scored, ConsumerGroups.SCORED, "learner-test", ScoredGroup, count=1, block_ms=50))
+    assert scored[0].message.rewards == [1.0, 0.0, 0.5, 0.0]
+    wait_for(lambda: bus.backlog(keys.rollouts, ConsumerGroups.ROLLOUTS) == 0)
+    assert bus.dead_letters() == []
+
+
+def test_bad_rollouts_are_dead_lettered_and_the_service_keeps_scoring(service, bus, keys) -> None:
+    wait_for(lambda: bus.length(keys.tasks) >= 2)
+    task = take_tasks(bus, keys, 1)[0]
+    bus.publish_raw(keys.rollouts, b"garbage")
+    bus.publish(keys.rollouts, rollout_for(task, ["1"], task_id="forged-task"))
+    bus.publish(keys.rollouts, rollout_for(task, ["1", "2"]))
+
+    wait_for(lambda: bus.length(keys.scored) == 1)
+    letters = wait_for(lambda: bus.dead_letters() if len(bus.dead_letters()) == 2 else None)
+    errors = sorted(letter.error for letter in letters)
+    assert "not msgpack" in errors[0]
+    assert "no reference for task forged-task" in errors[1]
+    assert service.num_scored == 1

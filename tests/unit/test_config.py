@@ -1,0 +1,28 @@
+from pathlib import Path
+
+import pytest
+
+from shared.config import RunConfig, load_run_config
+
+
+def test_the_demo_config_loads_and_derives_the_in_flight_bound(repo_root: Path) -> None:
+    run = load_run_config(repo_root / "configs" / "demo.toml")
+    assert run.grpo.group_size == 8
+    assert run.max_groups_in_flight == run.grpo.groups_per_step * (run.schedule.staleness_bound + 1)
+
+
+def test_overrides_replace_top_level_keys(repo_root: Path) -> None:
+    assert load_run_config(repo_root / "configs" / "demo.toml", run_id="other").run_id == "other"
+
+
+def test_bad_values_and_unknown_keys_are_named(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[grpo]\ngroup_size = 1\nlearning_rat = 0.1\n')
+    with pytest.raises(ValueError) as excinfo:
+        load_run_config(bad)
+    assert "group_size" in str(excinfo.value) and "learning_rat" in str(excinfo.value)
+
+
+def test_staleness_bound_cannot_be_negative() -> None:
+    with pytest.raises(ValueError):
+        RunConfig.model_validate({"schedule": {"staleness_bound": -1}})
