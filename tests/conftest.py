@@ -46,6 +46,6 @@ def bus(redis_client: redis.Redis, keys: RunKeys) -> StreamBus:
     return StreamBus(redis_client, run_id=keys.run_id, dead_letter_stream=keys.dead, service="test")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent

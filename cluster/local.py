@@ -1,0 +1,244 @@
+"""python -m cluster.local: the whole cluster on this machine, as real processes.
+
+Starts a private Redis (redis-server on PATH, else the bundled Valkey), builds the tiny initial
+policy, then the coordinator, reward service, learner and N rollout workers; shows live progress;
+stops everything by PID when the learner is done or on Ctrl-C; writes runs/<run-id>/report.json
+with plots, and points runs/latest at it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from cluster.processes import ServiceProcess, start_service
+from shared.config import RunConfig, load_run_config
+from shared.redis_server import RedisServer, free_port
+
+log = logging.getLogger("cluster")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class ClusterOptions:
+    config_path: Path
+    num_workers: int = 3
+    runs_dir: Path = REPO_ROOT / "runs"
+    run_id: str | None = None
+    progress_interval_s: float = 2.0
+    startup_timeout_s: float = 120.0
+
+
+@dataclass
+class LocalCluster:
+    options: ClusterOptions
+    run: RunConfig = field(init=False)
+    run_dir: Path = field(init=False)
+    redis: RedisServer | None = None
+    services: dict[str, ServiceProcess] = field(default_factory=dict)
+    coordinator_url: str = ""
+    admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    cluster_key: str = field(default_factory=lambda: secrets.token_hex(32))
+
+    def __post_init__(self) -> None:
+        base = load_run_config(self.options.config_path)
+        run_id = self.options.run_id or f"{base.run_id}-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.run = base.model_copy(update={"run_id": run_id})
+        self.run_dir = (self.options.runs_dir / run_id).resolve()
+
+    # the table of contents
+    def start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        point_latest_at(self.run_dir)
+        self.start_redis()
+        self.build_initial_policy()
+        self.start_coordinator()
+        self.start_reward()
+        self.start_learner()
+        for index in range(self.options.num_workers):
+            self.start_worker(index)
+
+    def wait_until_done(self, on_progress=None) -> dict:
+        """Block until the learner finishes (or dies); returns the last status seen."""
+        deadline = time.monotonic() + self.run.schedule.max_wall_s + self.options.startup_timeout_s
+        status: dict = {}
+        with httpx.Client(base_url=self.coordinator_url, timeout=5.0) as client:
+            while time.monotonic() < deadline:
+                status = self.fetch_status(client) or status
+                if on_progress and status:
+                    on_progress(status)
+                learner = self.services["learner"]
+                if not learner.alive():
+                    if learner.popen.returncode != 0:
+                        raise RuntimeError(f"learner exited with {learner.popen.returncode}:\n{learner.log_tail()}")
+                    return status
+                self.check_services_alive()
+                time.sleep(self.options.progress_interval_s)
+        raise TimeoutError(f"the learner did not finish within {self.run.schedule.max_wall_s}s + startup")
+
+    def stop(self) -> None:
+        """Stop every child by PID: workers, reward, coordinator, learner, then Redis."""
+        order = [name for name in self.services if name.startswith("worker")] + ["reward", "coordinator", "learner"]
+        for name in order:
+            process = self.services.get(name)
+            if process is not None:
+                code = process.stop()
+                log.info("stopped %s (pid %d, exit %s)", name, process.pid, code)
+        if self.redis is not None:
+            self.redis.stop()
+            log.info("stopped redis (pid %d)", self.redis.process.pid if self.redis.process else -1)
+
+    # steps
+    def start_redis(self) -> None:
+        self.redis = RedisServer(self.run_dir / "redis").start()
+        log.info("redis on %s", self.redis.url)
+
+    def build_initial_policy(self) -> None:
+        model_dir = self.run_dir / "model"
+        if (model_dir / "config.json").exists():
+            return
+        subprocess.run(
+            [sys.executable, "-m", "services.learner.model_init", "--config", str(self.config_file()), "--out", str(model_dir)],
+            check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+        )
+
+    def start_coordinator(self) -> None:
+        port = free_port()
+        self.coordinator_url = f"http://127.0.0.1:{port}"
+        self.launch("coordinator", "services.coordinator", {"RL_COORDINATOR_PORT": str(port)})
+        self.wait_healthy(self.coordinator_url + "/healthz", self.services["coordinator"])
+
+    def start_reward(self) -> None:
+        self.launch("reward", "services.reward", {})
+
+    def start_learner(self) -> None:
+        port = free_port()
+        self.launch("learner", "services.learner", {"RL_LEARNER_PORT": str(port), "RL_LEARNER_HOST": "127.0.0.1"})
+
+    def start_worker(self, index: int) -> None:
+        self.launch(f"worker-{index}", "services.rollout", {"RL_WORKER_NAME": f"worker-{index}", "RL_WORKER_PORT": "0"})
+
+    # helpers
+    def config_file(self) -> Path:
+        """The run file every service reads: the options' file with this run's id."""
+        path = self.run_dir / "run.toml"
+        if not path.exists():
+            text = self.options.config_path.read_text()
+            path.write_text(text)
+        return path
+
+    def common_env(self) -> dict[str, str]:
+        assert self.redis is not None
+        return {
+            "RL_REDIS_URL": self.redis.url,
+            "RL_RUN_CONFIG": str(self.config_file()),
+            "RL_RUN_ID": self.run.run_id,
+            "RL_RUN_DIR": str(self.run_dir),
+            "RL_MODEL_DIR": str(self.run_dir / "model"),
+            "RL_COORDINATOR_URL": self.coordinator_url,
+            "RL_ADMIN_TOKEN": self.admin_token,
+            "RL_CLUSTER_KEY": self.cluster_key,
+        }
+
+    def launch(self, name: str, module: str, env: dict[str, str]) -> None:
+        process = start_service(name, module, {**self.common_env(), **env}, self.run_dir / "logs", REPO_ROOT)
+        self.services[name] = process
+        log.info("started %s (pid %d), log %s", name, process.pid, process.log_path)
+
+    def wait_healthy(self, url: str, process: ServiceProcess) -> None:
+        deadline = time.monotonic() + self.options.startup_timeout_s
+        while time.monotonic() < deadline:
+            if not process.alive():
+                raise RuntimeError(f"{process.name} exited with {process.popen.returncode}:\n{process.log_tail()}")
+            try:
+                if httpx.get(url, timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"{process.name} not healthy at {url} after {self.options.startup_timeout_s}s")
+
+    def fetch_status(self, client: httpx.Client) -> dict | None:
+        try:
+            response = client.get("/v1/status")
+        except httpx.HTTPError as exc:
+            log.warning("status unavailable: %s", exc)
+            return None
+        return response.json() if response.status_code == 200 else None
+
+    def check_services_alive(self) -> None:
+        for name, process in self.services.items():
+            if name != "learner" and not process.alive():
+                raise RuntimeError(f"{name} died with exit code {process.popen.returncode}:\n{process.log_tail()}")
+
+
+def point_latest_at(run_dir: Path) -> None:
+    latest = run_dir.parent / "latest"
+    if latest.is_symlink() or latest.exists():
+        latest.unlink()
+    latest.symlink_to(run_dir.name)
+
+
+def print_progress(status: dict) -> None:
+    learner = status.get("learner") or {}
+    workers = status.get("workers", [])
+    versions = ",".join(str(w["policy_version"]) for w in workers if w["state"] != "dead") or "-"
+    depths = status.get("stream_depths", {})
+    dropped = sum((learner.get("num_dropped") or {}).values())
+    print(
+        f"step {learner.get('learner_version', 0):>4}/{learner.get('num_steps_target', '?')}"
+        f" | reward {learner.get('last_reward_mean', 0.0):.2f}"
+        f" | busy {100 * learner.get('busy_fraction', 0.0):3.0f}%"
+        f" | dropped {dropped}"
+        f" | worker versions {versions}"
+        f" | tasks {depths.get('tasks', 0)} rollouts {depths.get('rollouts', 0)} scored {depths.get('scored', 0)}"
+        f" | dead letters {status.get('num_dead_letters', 0)}",
+        flush=True,
+    )
+
+
+def raise_keyboard_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m cluster.local", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "demo.toml", help="run TOML file")
+    parser.add_argument("--workers", type=int, default=3, help="number of rollout workers")
+    parser.add_argument("--run-id", default=None, help="default: <config run_id>-<timestamp>")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from cluster.report import write_report
+
+    cluster = LocalCluster(ClusterOptions(config_path=args.config, num_workers=args.workers, run_id=args.run_id))
+    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)  # `kill <pid>` stops the cluster like Ctrl-C
+    started_s = time.monotonic()
+    final_status: dict = {}
+    try:
+        cluster.start()
+        print(f"run {cluster.run.run_id}: dashboard/API at {cluster.coordinator_url}/docs, logs in {cluster.run_dir}/logs", flush=True)
+        final_status = cluster.wait_until_done(print_progress)
+    except KeyboardInterrupt:
+        print("interrupted: stopping the cluster", flush=True)
+    finally:
+        cluster.stop()
+    report = write_report(cluster.run_dir, cluster.run, final_status, wall_s=time.monotonic() - started_s)
+    print(f"report: {cluster.run_dir / 'report.json'}")
+    for key in ("num_steps", "reward_mean_first10", "reward_mean_last10", "eval_accuracy_before", "eval_accuracy_after",
+                "learner_busy_fraction", "max_trained_staleness", "num_dropped_stale", "wall_s"):
+        print(f"  {key}: {report.get(key)}")
+
+
+if __name__ == "__main__":
+    main()

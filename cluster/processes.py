@@ -1,0 +1,64 @@
+"""Child processes of the local cluster: started with their own log file, stopped by PID.
+
+Children run in their own session so a terminal's Ctrl-C reaches only the runner, which then stops
+them in order (workers first, learner last) with SIGTERM, and SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, grace_s: float = 20.0) -> int | None:
+        """SIGTERM, then SIGKILL if it has not exited within `grace_s`. Returns the exit code."""
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=10)
+        return self.popen.returncode
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.alive():
+            self.popen.kill()
+            self.popen.wait(timeout=10)
+
+    def log_tail(self, num_lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
+        except FileNotFoundError:
+            return ""
+
+
+def start_service(name: str, module: str, env: dict[str, str], log_dir: Path, cwd: Path) -> ServiceProcess:
+    """`python -m <module>` with `env` added to this process's environment, output to <log_dir>/<name>.log."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **env}
+    with open(log_path, "ab") as log_file:
+        popen = subprocess.Popen(
+            [sys.executable, "-m", module], env=child_env, cwd=cwd, stdout=log_file, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    return ServiceProcess(name, popen, log_path)
