@@ -131,7 +131,7 @@ class ChunkServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> "ChunkServer":
+    def start(self) -> ChunkServer:
         self._thread.start()
         return self
 

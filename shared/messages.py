@@ -11,7 +11,8 @@ decoding Python int lists is the measured bottleneck of the bus (../shared/notes
 from __future__ import annotations
 
 import time
-from typing import Literal, Self, Sequence
+from collections.abc import Sequence
+from typing import Literal, Self
 
 import msgpack
 import numpy as np

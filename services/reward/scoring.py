@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
+import redis
+
 from shared.keys import RunKeys
 from shared.messages import RolloutGroup, ScoredGroup
 from shared.tasks import TaskAdapter
 
-import redis
 
-
-class UnscorableGroup(ValueError):
+class UnscorableGroupError(ValueError):
     """A rollout this service cannot score (unknown task, wrong task name): dead-lettered with the reason."""
 
 
 def score_group(group: RolloutGroup, task: TaskAdapter, redis_client: redis.Redis, keys: RunKeys) -> ScoredGroup:
     if group.task_name != task.name:
-        raise UnscorableGroup(f"group {group.group_id} is for task {group.task_name!r}, this run scores {task.name!r}")
+        raise UnscorableGroupError(f"group {group.group_id} is for task {group.task_name!r}, this run scores {task.name!r}")
     reference = redis_client.get(keys.task_reference(group.task_id))
     if reference is None:
-        raise UnscorableGroup(f"no reference for task {group.task_id} (never issued by this run, or expired)")
+        raise UnscorableGroupError(f"no reference for task {group.task_id} (never issued by this run, or expired)")
     rewards = [task.score(text, reference.decode()) for text in group.completion_texts]
     return ScoredGroup(run_id=group.run_id, rollout=group, rewards=rewards)

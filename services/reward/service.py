@@ -10,14 +10,14 @@ from __future__ import annotations
 import logging
 import threading
 
+from services.reward.scoring import UnscorableGroupError, score_group
+from services.reward.settings import RewardSettings
+from services.reward.task_feed import top_up_tasks
 from shared.bus import Delivery, StreamBus
 from shared.config import RunConfig
 from shared.keys import ConsumerGroups, RunKeys
 from shared.messages import RolloutGroup
 from shared.tasks import TaskAdapter, make_task
-from services.reward.scoring import UnscorableGroup, score_group
-from services.reward.settings import RewardSettings
-from services.reward.task_feed import top_up_tasks
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class RewardService:
     def score_and_forward(self, delivery: Delivery[RolloutGroup]) -> None:
         try:
             scored = score_group(delivery.message, self.task, self.bus.redis, self.keys)
-        except UnscorableGroup as exc:  # policy: a group we cannot score is dead-lettered, never retried
+        except UnscorableGroupError as exc:  # policy: a group we cannot score is dead-lettered, never retried
             self.bus.dead_letter(delivery, str(exc))
             return
         self.bus.publish(self.keys.scored, scored)

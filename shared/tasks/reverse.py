@@ -14,6 +14,6 @@ class ReverseDigitsTask(TaskAdapter):
         return [TaskPrompt(f"{n:03d}>", f"{n:03d}"[::-1]) for n in range(1000)]
 
     def score(self, completion: str, reference: str) -> float:
-        matches = sum(1 for got, want in zip(completion, reference) if got == want)
+        matches = sum(1 for got, want in zip(completion, reference, strict=False) if got == want)
         penalty = 0.0 if len(completion) == len(reference) else 0.25
         return max(0.0, matches / len(reference) - penalty)

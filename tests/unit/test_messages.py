@@ -3,8 +3,15 @@ import numpy as np
 import pytest
 
 from shared.messages import (
-    DeadLetter, LearnerState, MessageDecodeError, RolloutGroup, ScoredGroup, TaskGroup, WeightsPublished,
-    pack_float32, pack_int32,
+    DeadLetter,
+    LearnerState,
+    MessageDecodeError,
+    RolloutGroup,
+    ScoredGroup,
+    TaskGroup,
+    WeightsPublished,
+    pack_float32,
+    pack_int32,
 )
 
 

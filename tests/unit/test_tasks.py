@@ -1,6 +1,6 @@
-from shared.tasks import TASKS, make_task
-
 import pytest
+
+from shared.tasks import TASKS, make_task
 
 
 def test_held_out_prompts_are_never_sampled_for_training() -> None:

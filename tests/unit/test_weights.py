@@ -3,7 +3,14 @@ import os
 import pytest
 
 from shared.weights import (
-    ChunkVerificationError, Manifest, ManifestError, assemble, build_manifest, sign, verify_chunk, verify_signature,
+    ChunkVerificationError,
+    Manifest,
+    ManifestError,
+    assemble,
+    build_manifest,
+    sign,
+    verify_chunk,
+    verify_signature,
 )
 
 KEY = b"cluster-key"

@@ -1,0 +1,112 @@
+"""The run report: runs/<run-id>/report.json plus PNG plots, built from the learner's files.
+
+Reads <run_dir>/metrics.jsonl (one line per learner step, plus evaluation lines) and the cluster's
+last coordinator status (workers and their versions, dead letters).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from shared.config import RunConfig
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def summarize(steps: list[dict], evals: list[dict], run: RunConfig, status: dict, wall_s: float) -> dict:
+    rewards = [step["reward_mean"] for step in steps]
+    staleness = Counter()
+    for step in steps:
+        for lag, count in step.get("staleness_histogram", {}).items():
+            staleness[int(lag)] += int(count)
+    train_s = sum(step.get("train_s", 0.0) for step in steps)
+    idle_s = sum(step.get("idle_s", 0.0) for step in steps)
+    learner_wall_s = steps[-1].get("wall_s", train_s + idle_s) if steps else 0.0
+    dropped = steps[-1].get("num_dropped", {}) if steps else {}
+    workers = [w for w in status.get("workers", [])]
+    return {
+        "run_id": run.run_id,
+        "num_steps": len(steps),
+        "reward_mean_first10": mean(rewards[:10]),
+        "reward_mean_last10": mean(rewards[-10:]),
+        "wall_s": round(wall_s, 1),
+        "learner_wall_s": round(learner_wall_s, 1),
+        "learner_train_s": round(train_s, 2),
+        "learner_idle_s": round(idle_s, 2),
+        "learner_busy_fraction": round(train_s / learner_wall_s, 4) if learner_wall_s else None,
+        "staleness_bound": run.schedule.staleness_bound,
+        "max_trained_staleness": max(staleness) if staleness else None,
+        "staleness_histogram": {str(lag): staleness[lag] for lag in sorted(staleness)},
+        "num_dropped_stale": int(dropped.get("stale", 0)),
+        "num_dropped": dropped,
+        "eval_accuracy_before": evals[0]["eval_accuracy"] if evals else None,
+        "eval_accuracy_after": evals[-1]["eval_accuracy"] if evals else None,
+        "evals": [{"step": e["eval_step"], "accuracy": e["eval_accuracy"]} for e in evals],
+        "num_dead_letters": status.get("num_dead_letters"),
+        "workers": [{"name": w["name"], "policy_version": w["policy_version"], "state": w["state"],
+                     "num_groups_done": w["num_groups_done"]} for w in workers],
+    }
+
+
+def plot(steps: list[dict], evals: list[dict], report: dict, run_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([s["step"] for s in steps], [s["reward_mean"] for s in steps], label="train reward (mean of step)")
+    if evals:
+        ax.plot([e["eval_step"] for e in evals], [e["eval_accuracy"] for e in evals], "o-", label="held-out accuracy (greedy)")
+    ax.set(xlabel="learner step", ylabel="reward / accuracy", title="Reward vs step", ylim=(0, 1.05))
+    ax.legend()
+    paths.append(_save(fig, run_dir / "reward_vs_step.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    histogram = report["staleness_histogram"]
+    ax.bar([int(lag) for lag in histogram], list(histogram.values()))
+    ax.axvline(report["staleness_bound"] + 0.5, color="red", linestyle="--", label=f"bound S = {report['staleness_bound']}")
+    ax.set(xlabel="staleness t - v of trained groups (steps)", ylabel="groups", title="Staleness of trained groups")
+    ax.legend()
+    paths.append(_save(fig, run_dir / "staleness_histogram.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    step_ids = [s["step"] for s in steps]
+    train = [s.get("train_s", 0.0) for s in steps]
+    ax.bar(step_ids, train, label="busy (train)", color="tab:green")
+    ax.bar(step_ids, [s.get("idle_s", 0.0) for s in steps], bottom=train, label="idle (waiting for rollouts)", color="tab:red")
+    ax.set(xlabel="learner step", ylabel="seconds", title=f"Learner busy/idle (busy fraction {report['learner_busy_fraction']})")
+    ax.legend()
+    paths.append(_save(fig, run_dir / "learner_busy_idle.png"))
+    return paths
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def write_report(run_dir: Path, run: RunConfig, status: dict, wall_s: float) -> dict:
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    steps = [r for r in records if "reward_mean" in r]
+    evals = [r for r in records if "eval_accuracy" in r] or read_jsonl(run_dir / "evals.jsonl")
+    report = summarize(steps, evals, run, status, wall_s)
+    if steps:
+        report["plots"] = [p.name for p in plot(steps, evals, report, run_dir)]
+    (run_dir / "report.json").write_text(json.dumps(report, indent=2))
+    return report

@@ -1,0 +1,56 @@
+"""`python -m services.coordinator`: serve the coordinator's REST API with uvicorn.
+
+Heavy imports (fastapi, uvicorn, redis) happen after argument parsing, so `--help` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+ENVIRONMENT_HELP = """\
+environment:
+  RL_ADMIN_TOKEN        required secret: bearer token of admin calls (at least 16 characters)
+  RL_COORDINATOR_HOST   interface to bind (default 127.0.0.1)
+  RL_COORDINATOR_PORT   TCP port (default 8000)
+  RL_REDIS_URL          Redis holding the run's streams and state (default redis://127.0.0.1:6379/0)
+  RL_RUN_CONFIG         the run TOML file (default configs/demo.toml): lease_s, staleness bound, ...
+  RL_RUN_ID             overrides run_id of the run file
+  RL_LOG_LEVEL          logging level (default INFO)
+"""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m services.coordinator",
+        description="The control plane: worker registration and leases, the staleness gate, run status. "
+        "Stateless: everything lives in Redis, so it can be restarted at any time. API docs at /docs.",
+        epilog=ENVIRONMENT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parse_args(argv)
+
+    import logging
+
+    import uvicorn
+
+    from services.coordinator.app import create_app
+    from services.coordinator.settings import CoordinatorSettings
+    from shared.bus import connect
+
+    settings = CoordinatorSettings()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("services.coordinator")
+    run = settings.load_run()
+    log.info("settings: %s", settings.model_dump(mode="json"))  # the admin token prints as '**********'
+    log.info("run %s: lease_s=%s staleness_bound=%s heartbeat_interval_s=%s", run.run_id,
+             run.coordinator.lease_s, run.schedule.staleness_bound, run.rollout.heartbeat_interval_s)
+    app = create_app(run, connect(settings.redis_url), settings.admin_token.get_secret_value())
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""The coordinator's FastAPI app: routers, the lease sweeper, error mapping. All run state lives in Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import redis
+from fastapi import FastAPI
+
+from services.coordinator import status, workers
+from services.coordinator.auth import token_sha256
+from services.coordinator.deps import Coordinator
+from services.coordinator.errors import install_error_handlers
+from services.coordinator.worker_registry import WorkerRegistry
+from shared.bus import StreamBus
+from shared.config import RunConfig
+from shared.keys import RunKeys
+
+log = logging.getLogger(__name__)
+
+# Expiry is also applied on every read; the sweeper makes dead workers visible without readers. It
+# runs a few times per lease so a worker is marked dead well within one lease of its expiry.
+MAX_SWEEP_INTERVAL_S = 1.0
+
+
+def create_app(run: RunConfig, redis_client: redis.Redis, admin_token: str) -> FastAPI:
+    """`redis_client` must be a bytes-mode client (`shared.bus.connect`)."""
+    if not admin_token:
+        raise ValueError("admin_token must not be empty")
+    keys = RunKeys(run.run_id)
+    coordinator = Coordinator(
+        run=run,
+        keys=keys,
+        redis=redis_client,
+        registry=WorkerRegistry(redis_client, keys, lease_s=run.coordinator.lease_s),
+        bus=StreamBus(redis_client, run_id=run.run_id, dead_letter_stream=keys.dead, service="coordinator"),
+        admin_token_sha256=token_sha256(admin_token),
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        sweep_interval_s = min(MAX_SWEEP_INTERVAL_S, run.coordinator.lease_s / 4)
+        sweeper = asyncio.create_task(sweep_leases(coordinator.registry, sweep_interval_s), name="lease-sweeper")
+        yield
+        sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper
+
+    app = FastAPI(
+        title="relay-rl coordinator",
+        summary="Worker membership and leases, the staleness gate, and run status (control plane).",
+        version="1",
+        lifespan=lifespan,
+    )
+    app.state.coordinator = coordinator
+    app.include_router(workers.router)
+    app.include_router(status.router)
+    install_error_handlers(app)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, bool]:
+        """Liveness for compose healthchecks: the process serves HTTP."""
+        return {"ok": True}
+
+    return app
+
+
+async def sweep_leases(registry: WorkerRegistry, interval_s: float) -> None:
+    """Mark workers whose lease ran out as dead, every `interval_s`, until cancelled."""
+    while True:
+        try:
+            expired = await asyncio.to_thread(registry.expire_due)
+        except redis.RedisError as exc:  # Redis down or restarting: try again next tick
+            log.warning("lease sweep failed: %s", exc)
+        else:
+            for worker_id in expired:
+                log.info("worker %s is dead: lease expired", worker_id)
+        await asyncio.sleep(interval_s)

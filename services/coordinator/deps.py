@@ -1,0 +1,63 @@
+"""What an endpoint can ask for, as typed aliases (`registry: RegistryDep`, `caller: CallerDep`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+import redis
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from services.coordinator.auth import Caller, InvalidTokenError, authenticate
+from services.coordinator.worker_registry import WorkerRegistry
+from shared.bus import StreamBus
+from shared.config import RunConfig
+from shared.keys import RunKeys
+
+
+@dataclass(frozen=True)
+class Coordinator:
+    """Everything the endpoints share; built once per app by `create_app`. Holds no run state itself:
+    that all lives in Redis, so two coordinator processes on one Redis agree."""
+
+    run: RunConfig
+    keys: RunKeys
+    redis: redis.Redis
+    registry: WorkerRegistry
+    bus: StreamBus
+    admin_token_sha256: str
+
+
+def get_coordinator(request: Request) -> Coordinator:
+    return request.app.state.coordinator
+
+
+CoordinatorDep = Annotated[Coordinator, Depends(get_coordinator)]
+
+
+def get_registry(coordinator: CoordinatorDep) -> WorkerRegistry:
+    return coordinator.registry
+
+
+RegistryDep = Annotated[WorkerRegistry, Depends(get_registry)]
+
+_bearer = HTTPBearer(auto_error=False, description="a worker token from POST /v1/workers, or the admin token")
+
+
+def get_caller(
+    coordinator: CoordinatorDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Caller:
+    if credentials is None:
+        raise _unauthorized("missing header 'Authorization: Bearer <token>'")
+    try:
+        return authenticate(credentials.credentials, coordinator.registry, coordinator.admin_token_sha256)
+    except InvalidTokenError as exc:
+        raise _unauthorized(str(exc)) from exc
+
+
+CallerDep = Annotated[Caller, Depends(get_caller)]
+
+
+def _unauthorized(reason: str) -> HTTPException:
+    return HTTPException(status.HTTP_401_UNAUTHORIZED, detail=reason, headers={"WWW-Authenticate": "Bearer"})

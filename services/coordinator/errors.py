@@ -1,0 +1,57 @@
+"""The boundary policy: which failure becomes which HTTP status, with its reason in `detail`."""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from fastapi import FastAPI, Request, status
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from services.coordinator.worker_registry import UnknownWorkerError, WorkerDeadError
+
+log = logging.getLogger(__name__)
+
+
+class ErrorResponse(BaseModel):
+    """Body of every 4xx/5xx answer (FastAPI's shape; 422 carries a list of field errors instead)."""
+
+    detail: str
+
+
+def error_docs(*status_codes: int) -> dict[int | str, dict[str, object]]:
+    """OpenAPI `responses=` entries for the error statuses an endpoint can answer."""
+    reasons = {
+        401: "missing or invalid bearer token",
+        403: "the token does not allow this call",
+        404: "no such worker",
+        410: "the worker's lease expired: register again",
+        503: "Redis is unreachable",
+    }
+    return {code: {"model": ErrorResponse, "description": reasons[code]} for code in status_codes}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(UnknownWorkerError, _unknown_worker)
+    app.add_exception_handler(WorkerDeadError, _worker_dead)
+    app.add_exception_handler(redis.ConnectionError, _redis_unreachable)
+    app.add_exception_handler(redis.TimeoutError, _redis_unreachable)
+
+
+async def _unknown_worker(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_404_NOT_FOUND)
+
+
+async def _worker_dead(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_410_GONE)
+
+
+async def _redis_unreachable(request: Request, exc: Exception) -> JSONResponse:
+    # callers retry. Writes are single transactions or scripts, so a call that did land before the
+    # connection broke left consistent state (at worst an orphan registration, which simply expires).
+    log.warning("%s %s: redis unreachable: %s", request.method, request.url.path, exc)
+    return JSONResponse(
+        {"detail": f"redis is unreachable: {exc}"}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+        headers={"Retry-After": "1"},
+    )

@@ -1,0 +1,21 @@
+"""Where the coordinator listens and the admin secret; everything else comes from `ServiceSettings`."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import SettingsConfigDict
+
+from shared.config import ServiceSettings
+
+
+class CoordinatorSettings(ServiceSettings):
+    """Read from `RL_*` environment variables. `RL_ADMIN_TOKEN` is a required secret: no default."""
+
+    # populate_by_name: code and tests may pass host=..., the environment uses the RL_COORDINATOR_* names
+    model_config = SettingsConfigDict(env_prefix="RL_", extra="ignore", populate_by_name=True)
+
+    host: str = Field("127.0.0.1", validation_alias="RL_COORDINATOR_HOST", description="interface to bind")
+    port: int = Field(8000, ge=1, le=65535, validation_alias="RL_COORDINATOR_PORT", description="TCP port to bind")
+    admin_token: SecretStr = Field(
+        min_length=16, validation_alias="RL_ADMIN_TOKEN", description="bearer token of admin calls (deregister others)"
+    )

@@ -1,0 +1,72 @@
+"""/v1/status (the run at a glance) and /v1/staleness (the worker gate: is version v still admissible?)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from services.coordinator.deps import CoordinatorDep
+from services.coordinator.learner_view import read_learner_view
+from services.coordinator.schemas import LearnerInfo, StalenessResponse, StatusResponse
+from shared.bus import StreamBus
+from shared.keys import ConsumerGroups, RunKeys
+from shared.messages import LearnerState
+from shared.staleness import is_admissible, steps_remaining
+
+router = APIRouter(prefix="/v1", tags=["run"])
+
+# stream (as named in RunKeys) -> the consumer group whose unfinished entries are its depth
+CONSUMER_GROUP_OF_STREAM = {"tasks": ConsumerGroups.TASKS, "rollouts": ConsumerGroups.ROLLOUTS, "scored": ConsumerGroups.SCORED}
+
+
+@router.get("/staleness")
+def staleness(
+    coordinator: CoordinatorDep,
+    policy_version: Annotated[int, Query(ge=0, description="the version the worker's engine holds")],
+) -> StalenessResponse:
+    """Whether a group sampled now with `policy_version` can still be trained on (t - v <= S), and for
+    how many more learner steps. Before the learner reports anything, t = 0."""
+    learner = read_learner_view(coordinator.redis, coordinator.keys, coordinator.run)
+    return StalenessResponse(
+        policy_version=policy_version,
+        learner_version=learner.learner_version,
+        staleness_bound=learner.staleness_bound,
+        admissible=is_admissible(learner.learner_version, policy_version, learner.staleness_bound),
+        steps_remaining=steps_remaining(learner.learner_version, policy_version, learner.staleness_bound),
+    )
+
+
+@router.get("/status")
+def run_status(coordinator: CoordinatorDep) -> StatusResponse:
+    """The learner's state, how deep each stream is, dead letters, and every worker."""
+    learner = read_learner_view(coordinator.redis, coordinator.keys, coordinator.run)
+    num_dead_letters = coordinator.bus.length(coordinator.keys.dead)
+    return StatusResponse(
+        run_id=coordinator.run.run_id,
+        staleness_bound=learner.staleness_bound,
+        learner=None if learner.state is None else learner_info(learner.state),
+        stream_depths={**stream_depths(coordinator.bus, coordinator.keys), "dead": num_dead_letters},
+        num_dead_letters=num_dead_letters,
+        workers=coordinator.registry.list_workers(),
+    )
+
+
+def stream_depths(bus: StreamBus, keys: RunKeys) -> dict[str, int]:
+    """Per stream: entries its consumer group has not finished (never delivered plus pending)."""
+    return {
+        stream_name: bus.backlog(getattr(keys, stream_name), group)
+        for stream_name, group in CONSUMER_GROUP_OF_STREAM.items()
+    }
+
+
+def learner_info(state: LearnerState) -> LearnerInfo:
+    return LearnerInfo(
+        status=state.status,
+        learner_version=state.learner_version,
+        published_version=state.published_version,
+        num_steps_target=state.num_steps_target,
+        num_dropped=dict(state.num_dropped),
+        last_reward_mean=state.last_reward_mean,
+        busy_fraction=state.busy_fraction,
+    )

@@ -1,0 +1,191 @@
+"""Worker membership and leases, all in Redis so any coordinator process (or a restarted one) sees the same set.
+
+Layout (names from `shared.keys.RunKeys`):
+- `worker(id)`: hash with the worker's record (the fields of `WorkerRecord`, values as strings)
+- `worker_ids`: set of every registered id, alive or dead
+- `worker_leases`: sorted set id -> lease expiry (unix seconds); only live workers are in it
+
+A worker is DEAD once `now >= lease expiry`. Expiry is applied lazily by every read and by the
+coordinator's sweeper; both go through `expire_due`. The check-and-mark steps run as Lua scripts so a
+heartbeat racing the sweeper either extends a live lease or finds the worker dead, never both.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from enum import Enum
+
+import redis
+
+from services.coordinator.schemas import HeartbeatRequest, RegisterWorkerRequest, WorkerInfo, WorkerState
+from shared.keys import RunKeys
+
+
+class UnknownWorkerError(LookupError):
+    """No worker with this id is registered (never was, or it deregistered)."""
+
+
+class WorkerDeadError(Exception):
+    """The worker's lease expired; it must register again."""
+
+
+class WorkerRecord(WorkerInfo):
+    """What the hash holds: the public info plus the sha256 of the worker's token (never the token)."""
+
+    token_sha256: str
+
+    def public(self) -> WorkerInfo:
+        return WorkerInfo.model_validate(self.model_dump(exclude={"token_sha256"}))
+
+
+# KEYS: worker hash, leases. ARGV: worker id, now_s, new expiry_s, then field/value pairs to set.
+# Returns 0: unknown worker, 1: dead (now marked so), 2: lease extended and fields written.
+_HEARTBEAT_LUA = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return 0 end
+if state == 'dead' then return 1 end
+local expiry = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if (not expiry) or tonumber(expiry) <= tonumber(ARGV[2]) then
+  redis.call('HSET', KEYS[1], 'state', 'dead')
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  return 1
+end
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+redis.call('HSET', KEYS[1], 'lease_expires_at_s', ARGV[3], unpack(ARGV, 4))
+return 2
+"""
+
+# KEYS: worker hash, leases. ARGV: worker id, now_s. Marks the worker dead if its lease is still due.
+# Returns 1 when it did.
+_EXPIRE_LUA = """
+local expiry = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if (not expiry) or tonumber(expiry) > tonumber(ARGV[2]) then return 0 end
+redis.call('ZREM', KEYS[2], ARGV[1])
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'state', 'dead') end
+return 1
+"""
+
+
+class WorkerRegistry:
+    def __init__(
+        self, client: redis.Redis, keys: RunKeys, *, lease_s: float, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.redis = client
+        self.keys = keys
+        self.lease_s = lease_s
+        self.clock = clock  # unix seconds; every coordinator sharing a Redis must agree on it roughly
+        self._heartbeat_script = client.register_script(_HEARTBEAT_LUA)
+        self._expire_script = client.register_script(_EXPIRE_LUA)
+
+    # writing
+    def register(self, worker_id: str, request: RegisterWorkerRequest, token_sha256: str) -> WorkerInfo:
+        now_s = self.clock()
+        record = WorkerRecord(
+            worker_id=worker_id,
+            state=WorkerState.ACTIVE,
+            policy_version=-1,
+            num_groups_done=0,
+            num_samples_done=0,
+            samples_per_s=0.0,
+            generating=False,
+            registered_at_s=now_s,
+            last_heartbeat_s=now_s,
+            lease_expires_at_s=now_s + self.lease_s,
+            token_sha256=token_sha256,
+            **request.model_dump(),
+        )
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.keys.worker(worker_id), mapping=_to_redis_fields(record.model_dump()))
+            pipe.sadd(self.keys.worker_ids, worker_id)
+            pipe.zadd(self.keys.worker_leases, {worker_id: record.lease_expires_at_s})
+            pipe.execute()
+        return record.public()
+
+    def heartbeat(self, worker_id: str, request: HeartbeatRequest) -> WorkerInfo:
+        """Extend the lease by `lease_s` and record what the worker reports. Raises UnknownWorkerError or
+        WorkerDeadError (the lease had expired: the worker must register again)."""
+        now_s = self.clock()
+        fields = _to_redis_fields({**request.model_dump(), "last_heartbeat_s": now_s})
+        flat_fields = [item for pair in fields.items() for item in pair]
+        outcome = self._heartbeat_script(
+            keys=[self.keys.worker(worker_id), self.keys.worker_leases],
+            args=[worker_id, now_s, now_s + self.lease_s, *flat_fields],
+        )
+        if outcome == 0:
+            raise UnknownWorkerError(f"no worker {worker_id} is registered")
+        if outcome == 1:
+            raise WorkerDeadError(f"worker {worker_id} is dead (its lease expired); register again")
+        return self.get(worker_id)
+
+    def deregister(self, worker_id: str) -> None:
+        self.ensure_known(worker_id)
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.keys.worker(worker_id))
+            pipe.srem(self.keys.worker_ids, worker_id)
+            pipe.zrem(self.keys.worker_leases, worker_id)
+            pipe.execute()
+
+    def expire_due(self) -> list[str]:
+        """Mark every worker whose lease has run out as dead; returns their ids."""
+        now_s = self.clock()
+        due = [_text(worker_id) for worker_id in self.redis.zrangebyscore(self.keys.worker_leases, "-inf", now_s)]
+        return [
+            worker_id
+            for worker_id in due
+            if self._expire_script(keys=[self.keys.worker(worker_id), self.keys.worker_leases], args=[worker_id, now_s])
+        ]
+
+    # reading (each applies due expiries first, so a reader never sees an expired worker as active)
+    def get(self, worker_id: str) -> WorkerInfo:
+        self.expire_due()
+        record = self._read_record(worker_id)
+        if record is None:
+            raise UnknownWorkerError(f"no worker {worker_id} is registered")
+        return record.public()
+
+    def list_workers(self) -> list[WorkerInfo]:
+        """Every registered worker, dead ones included, oldest registration first."""
+        self.expire_due()
+        worker_ids = sorted(_text(worker_id) for worker_id in self.redis.smembers(self.keys.worker_ids))
+        with self.redis.pipeline(transaction=False) as pipe:
+            for worker_id in worker_ids:
+                pipe.hgetall(self.keys.worker(worker_id))
+            raw_records = pipe.execute()
+        # a worker deregistered between SMEMBERS and HGETALL leaves an empty hash: skip it
+        records = [_record_from_redis(raw) for raw in raw_records if raw]
+        return [record.public() for record in sorted(records, key=lambda r: (r.registered_at_s, r.worker_id))]
+
+    def ensure_known(self, worker_id: str) -> None:
+        if not self.redis.exists(self.keys.worker(worker_id)):
+            raise UnknownWorkerError(f"no worker {worker_id} is registered")
+
+    def token_sha256_of(self, worker_id: str) -> str | None:
+        """The stored token digest of a worker, or None when there is no such worker."""
+        digest = self.redis.hget(self.keys.worker(worker_id), "token_sha256")
+        return None if digest is None else _text(digest)
+
+    def _read_record(self, worker_id: str) -> WorkerRecord | None:
+        raw = self.redis.hgetall(self.keys.worker(worker_id))
+        return _record_from_redis(raw) if raw else None
+
+
+def _to_redis_fields(values: Mapping[str, object]) -> dict[str, str]:
+    """Hash values are strings; pydantic's lax mode parses them back ("1" -> True, "0.5" -> 0.5)."""
+    fields: dict[str, str] = {}
+    for name, value in values.items():
+        if isinstance(value, bool):
+            fields[name] = "1" if value else "0"
+        elif isinstance(value, Enum):
+            fields[name] = str(value.value)
+        else:
+            fields[name] = repr(value) if isinstance(value, float) else str(value)
+    return fields
+
+
+def _record_from_redis(raw: Mapping[bytes | str, bytes | str]) -> WorkerRecord:
+    return WorkerRecord.model_validate({_text(name): _text(value) for name, value in raw.items()})
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

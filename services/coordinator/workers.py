@@ -1,0 +1,88 @@
+"""/v1/workers: registration, heartbeats (leases), deregistration, listing."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, Response, status
+
+from services.coordinator.auth import AdminCaller, Caller, WorkerCaller, issue_worker_token, new_worker_id, token_sha256
+from services.coordinator.deps import CallerDep, CoordinatorDep, RegistryDep
+from services.coordinator.errors import error_docs
+from services.coordinator.learner_view import read_learner_view
+from services.coordinator.schemas import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    RegisterWorkerRequest,
+    RegisterWorkerResponse,
+    WorkerInfo,
+)
+
+router = APIRouter(prefix="/v1/workers", tags=["workers"])
+
+WorkerIdPath = Annotated[str, Path(min_length=1, max_length=64, description="id from POST /v1/workers")]
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+def register_worker(request: RegisterWorkerRequest, coordinator: CoordinatorDep) -> RegisterWorkerResponse:
+    """Join the run. The answer carries the worker's id and its bearer token (shown once, stored only as
+    a sha256). The lease starts now: heartbeat every `heartbeat_interval_s`, well within `lease_s`."""
+    worker_id = new_worker_id()
+    token = issue_worker_token(worker_id)
+    coordinator.registry.register(worker_id, request, token_sha256(token))
+    run = coordinator.run
+    return RegisterWorkerResponse(
+        worker_id=worker_id,
+        token=token,
+        run_id=run.run_id,
+        lease_s=run.coordinator.lease_s,
+        heartbeat_interval_s=run.rollout.heartbeat_interval_s,
+        staleness_bound=read_learner_view(coordinator.redis, coordinator.keys, run).staleness_bound,
+    )
+
+
+@router.post("/{worker_id}/heartbeat", responses=error_docs(401, 403, 404, 410))
+def heartbeat(
+    worker_id: WorkerIdPath, request: HeartbeatRequest, caller: CallerDep, coordinator: CoordinatorDep
+) -> HeartbeatResponse:
+    """Extend the lease by `lease_s` and report progress. 410 means the lease had already expired:
+    the worker is dead to the run and must register again."""
+    coordinator.registry.ensure_known(worker_id)
+    ensure_is_worker(caller, worker_id)
+    info = coordinator.registry.heartbeat(worker_id, request)
+    learner = read_learner_view(coordinator.redis, coordinator.keys, coordinator.run)
+    return HeartbeatResponse(
+        state=info.state,
+        lease_expires_at_s=info.lease_expires_at_s,
+        learner_version=learner.learner_version,
+        staleness_bound=learner.staleness_bound,
+    )
+
+
+@router.delete("/{worker_id}", status_code=status.HTTP_204_NO_CONTENT, responses=error_docs(401, 403, 404))
+def deregister_worker(worker_id: WorkerIdPath, caller: CallerDep, registry: RegistryDep) -> Response:
+    """Leave the run (with the worker's own token), or remove a worker (with the admin token)."""
+    registry.ensure_known(worker_id)
+    if not isinstance(caller, AdminCaller):
+        ensure_is_worker(caller, worker_id)
+    registry.deregister(worker_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.get("")
+def list_workers(registry: RegistryDep) -> list[WorkerInfo]:
+    """Every registered worker, dead ones included, oldest first."""
+    return registry.list_workers()
+
+
+@router.get("/{worker_id}", responses=error_docs(404))
+def get_worker(worker_id: WorkerIdPath, registry: RegistryDep) -> WorkerInfo:
+    return registry.get(worker_id)
+
+
+def ensure_is_worker(caller: Caller, worker_id: str) -> None:
+    """403 unless the caller holds `worker_id`'s own token."""
+    if isinstance(caller, WorkerCaller) and caller.worker_id == worker_id:
+        return
+    who = "the admin token" if isinstance(caller, AdminCaller) else "a token of another worker"
+    raise HTTPException(status.HTTP_403_FORBIDDEN, detail=f"{who} cannot act as worker {worker_id}")

@@ -1,0 +1,41 @@
+"""The whole cluster as real processes (Redis, coordinator, reward, learner, 3 workers) for a short run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cluster.local import ClusterOptions, LocalCluster
+from cluster.report import write_report
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_short_run_learns_within_the_staleness_bound_and_stops_every_process(tmp_path: Path, repo_root: Path) -> None:
+    cluster = LocalCluster(ClusterOptions(
+        config_path=repo_root / "tests" / "e2e" / "cluster_test.toml", num_workers=3, runs_dir=tmp_path,
+        progress_interval_s=1.0,
+    ))
+    try:
+        cluster.start()
+        status = cluster.wait_until_done()
+    finally:
+        cluster.stop()
+    report = write_report(cluster.run_dir, cluster.run, status, wall_s=0.0)
+
+    pids = [process.pid for process in cluster.services.values()] + [cluster.redis.process.pid]
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # every child is gone (reaped), none left behind
+
+    assert report["num_steps"] == cluster.run.schedule.num_steps
+    assert report["max_trained_staleness"] <= cluster.run.schedule.staleness_bound
+    assert report["reward_mean_last10"] > report["reward_mean_first10"] + 0.1, report
+    assert report["num_dead_letters"] == 0
+    workers = report["workers"]
+    assert len(workers) == 3
+    assert all(w["policy_version"] > 0 and w["num_groups_done"] > 0 for w in workers), workers
+    for plot in ("reward_vs_step.png", "staleness_histogram.png", "learner_busy_idle.png"):
+        assert (cluster.run_dir / plot).stat().st_size > 1000

@@ -1,0 +1,72 @@
+"""The coordinator's environment settings and its command line (fast `--help`, no torch)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from services.coordinator.settings import CoordinatorSettings
+
+
+def test_settings_come_from_rl_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RL_ADMIN_TOKEN", "admin-token-0123456789")
+    monkeypatch.setenv("RL_COORDINATOR_HOST", "0.0.0.0")
+    monkeypatch.setenv("RL_COORDINATOR_PORT", "9123")
+    monkeypatch.setenv("RL_REDIS_URL", "redis://redis:6379/0")
+
+    settings = CoordinatorSettings()
+
+    assert (settings.host, settings.port, settings.redis_url) == ("0.0.0.0", 9123, "redis://redis:6379/0")
+    assert settings.admin_token.get_secret_value() == "admin-token-0123456789"
+    assert "admin-token" not in repr(settings) and "admin-token" not in str(settings.model_dump(mode="json"))
+
+
+def test_defaults_bind_localhost_port_8000(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RL_COORDINATOR_HOST", raising=False)
+    monkeypatch.delenv("RL_COORDINATOR_PORT", raising=False)
+    monkeypatch.setenv("RL_ADMIN_TOKEN", "admin-token-0123456789")
+    settings = CoordinatorSettings()
+    assert (settings.host, settings.port) == ("127.0.0.1", 8000)
+
+
+def test_admin_token_is_required_and_not_trivially_short(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RL_ADMIN_TOKEN", raising=False)
+    with pytest.raises(ValidationError, match="RL_ADMIN_TOKEN"):
+        CoordinatorSettings()
+    monkeypatch.setenv("RL_ADMIN_TOKEN", "short")
+    with pytest.raises(ValidationError, match="RL_ADMIN_TOKEN"):
+        CoordinatorSettings()
+
+
+def test_bad_port_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RL_ADMIN_TOKEN", "admin-token-0123456789")
+    monkeypatch.setenv("RL_COORDINATOR_PORT", "70000")
+    with pytest.raises(ValidationError, match="RL_COORDINATOR_PORT"):
+        CoordinatorSettings()
+
+
+def test_help_answers_fast_and_lists_the_environment(repo_root: Path) -> None:
+    started_s = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "services.coordinator", "--help"], cwd=repo_root, capture_output=True, text=True, timeout=30
+    )
+    elapsed_s = time.monotonic() - started_s
+    assert result.returncode == 0, result.stderr
+    assert "RL_ADMIN_TOKEN" in result.stdout and "RL_COORDINATOR_PORT" in result.stdout
+    assert elapsed_s < 5.0
+
+
+def test_the_whole_coordinator_imports_without_torch(repo_root: Path) -> None:
+    modules = ["app", "auth", "deps", "errors", "learner_view", "schemas", "settings", "status", "worker_registry", "workers"]
+    script = "import sys\n" + "".join(f"import services.coordinator.{m}\n" for m in modules) + (
+        "import services.coordinator.__main__ as main\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'transformers', 'vllm'})\n"
+        "assert not heavy, heavy\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=repo_root, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
