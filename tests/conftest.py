@@ -49,3 +49,14 @@ def bus(redis_client: redis.Redis, keys: RunKeys) -> StreamBus:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def tiny_policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's tiny random-init Qwen2 + character tokenizer for the arithmetic task, built once."""
+    from services.learner.model_init import build_initial_policy
+    from shared.config import ModelConfig
+    from shared.tasks import TASKS
+
+    alphabet = TASKS["arithmetic_mod10"].alphabet
+    return build_initial_policy(ModelConfig(max_position_embeddings=32), alphabet, tmp_path_factory.mktemp("policy"))

@@ -38,8 +38,7 @@ class RewardService:
         self.finish_own_pending()
         while not self.stop_event.is_set():
             self.num_tasks_published += top_up_tasks(self.bus, self.keys, self.task, self.run, self.settings.reference_ttl_s)
-            for delivery in self.receive_rollouts():
-                self.score_and_forward(delivery)
+            self.score_and_forward(self.receive_rollouts())
 
     def create_groups(self) -> None:
         # All three groups are created here, before the first task exists, so nothing produced
@@ -50,8 +49,9 @@ class RewardService:
 
     def finish_own_pending(self) -> None:
         """After a restart: rollouts this consumer read but never acked are scored first."""
-        for delivery in self.bus.read_own_pending(self.keys.rollouts, ConsumerGroups.ROLLOUTS, self.settings.consumer_name, RolloutGroup):
-            self.score_and_forward(delivery)
+        self.score_and_forward(
+            self.bus.read_own_pending(self.keys.rollouts, ConsumerGroups.ROLLOUTS, self.settings.consumer_name, RolloutGroup)
+        )
 
     def receive_rollouts(self) -> list[Delivery[RolloutGroup]]:
         claimed = self.bus.claim_stale(
@@ -65,12 +65,14 @@ class RewardService:
             count=32, block_ms=self.settings.poll_block_ms,
         )
 
-    def score_and_forward(self, delivery: Delivery[RolloutGroup]) -> None:
-        try:
-            scored = score_group(delivery.message, self.task, self.bus.redis, self.keys)
-        except UnscorableGroupError as exc:  # policy: a group we cannot score is dead-lettered, never retried
-            self.bus.dead_letter(delivery, str(exc))
-            return
-        self.bus.publish(self.keys.scored, scored)
-        self.bus.ack(delivery.stream, delivery.group, [delivery.message_id])
-        self.num_scored += 1
+    def score_and_forward(self, deliveries: list[Delivery[RolloutGroup]]) -> None:
+        """Scored groups go to `scored` and their rollouts are acked in one transaction."""
+        scored, done = [], []
+        for delivery in deliveries:
+            try:
+                scored.append(score_group(delivery.message, self.task, self.bus.redis, self.keys))
+                done.append(delivery)
+            except UnscorableGroupError as exc:  # policy: a group we cannot score is dead-lettered, never retried
+                self.bus.dead_letter(delivery, str(exc))
+        self.bus.publish_and_ack(self.keys.scored, scored, done)
+        self.num_scored += len(scored)

@@ -130,3 +130,13 @@ def test_restarted_consumer_rereads_its_own_pending(bus: StreamBus, keys: RunKey
     assert len(bus.read(keys.scored, "learner", "learner-0", TaskGroup, block_ms=100)) == 1
     (pending,) = bus.read_own_pending(keys.scored, "learner", "learner-0", TaskGroup)
     assert pending.message.task_id == "t0"
+
+
+def test_publish_and_ack_writes_results_and_acks_inputs_together(bus: StreamBus, keys: RunKeys) -> None:
+    bus.ensure_group(keys.tasks, "rollout")
+    for i in range(3):
+        bus.publish(keys.tasks, make_task(keys.run_id, i))
+    deliveries = bus.read(keys.tasks, "rollout", "w1", TaskGroup, count=3, block_ms=100)
+    bus.publish_and_ack(keys.rollouts, [d.message for d in deliveries[:2]], deliveries[:2])
+    assert bus.length(keys.rollouts) == 2
+    assert bus.backlog(keys.tasks, "rollout") == 1  # the third is still pending

@@ -1,0 +1,123 @@
+"""A small typed client for the coordinator's worker-facing REST API (bodies: services/coordinator/schemas.py).
+
+Errors form one family so callers can pick a policy per kind:
+- CoordinatorUnavailableError: network error, timeout or 5xx; retry with backoff (`Backoff`).
+- WorkerExpiredError: 410, the coordinator declared this worker dead (or, WorkerUnknownError, 404 on a
+  heartbeat: it has no record of it); register again.
+- CoordinatorRejectedError: any other non-success answer or a malformed body; a bug or a misconfiguration
+  (bad token, bad request), not retried.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TypeVar
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from services.coordinator.schemas import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    RegisterWorkerRequest,
+    RegisterWorkerResponse,
+    StalenessResponse,
+)
+
+B = TypeVar("B", bound=BaseModel)
+
+
+class CoordinatorError(RuntimeError):
+    """Base of everything this client raises."""
+
+
+class CoordinatorUnavailableError(CoordinatorError):
+    """The coordinator could not be reached or failed (5xx); try again later."""
+
+
+class WorkerExpiredError(CoordinatorError):
+    """410: this worker's lease expired and it was declared dead; it must register again."""
+
+
+class WorkerUnknownError(WorkerExpiredError):
+    """404 on a heartbeat: the coordinator has no record of this worker (removed by an admin, or its
+    Redis lost the run state); like an expiry, the worker must register again."""
+
+
+class CoordinatorRejectedError(CoordinatorError):
+    """The coordinator refused the request (4xx other than 410) or answered something unreadable."""
+
+
+class CoordinatorClient:
+    def __init__(self, base_url: str, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, transport=transport)
+
+    def register(self, request: RegisterWorkerRequest) -> RegisterWorkerResponse:
+        response = self._send("POST", "/v1/workers", json=request.model_dump(mode="json"))
+        return _parse(response, 201, RegisterWorkerResponse)
+
+    def heartbeat(self, worker_id: str, token: str, request: HeartbeatRequest) -> HeartbeatResponse:
+        response = self._send(
+            "POST", f"/v1/workers/{worker_id}/heartbeat", json=request.model_dump(mode="json"), headers=_bearer(token)
+        )
+        if response.status_code == 404:
+            raise WorkerUnknownError(f"heartbeat of {worker_id}: HTTP 404: {response.text[:200]}")
+        return _parse(response, 200, HeartbeatResponse)
+
+    def deregister(self, worker_id: str, token: str) -> None:
+        response = self._send("DELETE", f"/v1/workers/{worker_id}", headers=_bearer(token))
+        _expect(response, 204)
+
+    def staleness(self, policy_version: int) -> StalenessResponse:
+        response = self._send("GET", "/v1/staleness", params={"policy_version": policy_version})
+        return _parse(response, 200, StalenessResponse)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(self, method: str, path: str, **kwargs: object) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:  # connect/read errors and timeouts: all transient from here
+            raise CoordinatorUnavailableError(f"{method} {self.base_url}{path}: {type(exc).__name__}: {exc}") from exc
+
+
+class Backoff:
+    """Exponential backoff with full jitter: delays grow from `initial_s` to `max_s`; `reset` after a success."""
+
+    def __init__(self, initial_s: float = 0.2, max_s: float = 10.0) -> None:
+        self.initial_s = initial_s
+        self.max_s = max_s
+        self.num_failures = 0
+
+    def next_delay_s(self) -> float:
+        ceiling_s = min(self.max_s, self.initial_s * 2**self.num_failures)
+        self.num_failures += 1
+        return random.uniform(ceiling_s / 2, ceiling_s)
+
+    def reset(self) -> None:
+        self.num_failures = 0
+
+
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _expect(response: httpx.Response, status: int) -> None:
+    if response.status_code == status:
+        return
+    what = f"{response.request.method} {response.request.url}: HTTP {response.status_code}: {response.text[:200]}"
+    if response.status_code == 410:
+        raise WorkerExpiredError(what)
+    if response.status_code >= 500:
+        raise CoordinatorUnavailableError(what)
+    raise CoordinatorRejectedError(what)
+
+
+def _parse(response: httpx.Response, status: int, body_type: type[B]) -> B:
+    _expect(response, status)
+    try:
+        return body_type.model_validate_json(response.content)
+    except ValidationError as exc:
+        raise CoordinatorRejectedError(f"{response.request.url}: malformed {body_type.__name__}: {exc}") from exc

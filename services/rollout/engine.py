@@ -1,0 +1,74 @@
+"""The inference-engine seam: what a rollout worker needs from whatever samples completions.
+
+`TorchEngine` (transformers, CPU) implements it today; a vLLM engine will implement the same
+interface later, so the worker never imports either directly. This module imports neither torch
+nor vllm.
+
+Behaviour logprobs are defined exactly as the learner recomputes them: the log-softmax of
+`logits / temperature` at the sampled token (also for greedy decoding), so the importance ratio of
+a fresh on-policy sample is 1.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from shared.messages import FinishReason  # "stop": ended with EOS; "length": hit max_new_tokens
+
+
+class EngineError(RuntimeError):
+    """Base of what an engine raises for one request it cannot serve (the worker dead-letters it)."""
+
+
+class UnencodablePromptError(EngineError, ValueError):
+    """The tokenizer cannot represent the prompt (a character outside its vocabulary)."""
+
+
+class PromptTooLongError(EngineError, ValueError):
+    """Prompt plus completion would not fit in the model's context."""
+
+
+class WeightsLoadError(RuntimeError):
+    """A weights blob that does not fit the model (bad bytes, missing/unexpected keys, wrong shapes).
+    The engine keeps the weights it had."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One completion of one prompt."""
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # completion tokens, EOS included when sampled
+    logprobs: list[float]  # one per completion token: log p(token) under softmax(logits / temperature)
+    text: str  # decoded completion, EOS excluded
+    finish_reason: FinishReason
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class InferenceEngine(ABC):
+    """Samples completions with the weights of one announced policy version at a time."""
+
+    @property
+    @abstractmethod
+    def policy_version(self) -> int:
+        """The version of the weights loaded with `load_weights`; -1 before any load."""
+
+    @abstractmethod
+    def generate(
+        self, prompts: list[str], num_samples: int, max_new_tokens: int, temperature: float, greedy: bool = False
+    ) -> list[list[Sample]]:
+        """`num_samples` completions of each prompt: result[i][j] is sample j of prompts[i].
+
+        `greedy=True` takes the argmax at every step (evaluation); logprobs still use `temperature`.
+        Raises an EngineError subclass when a prompt cannot be served (the whole call fails: callers
+        isolate a bad prompt by retrying one prompt per call)."""
+
+    @abstractmethod
+    def load_weights(self, safetensors_bytes: bytes, policy_version: int) -> None:
+        """Swap in the weights of `policy_version` (a safetensors blob of the model's state dict;
+        a model with tied embeddings may leave out `lm_head.weight`). Raises WeightsLoadError and keeps
+        the old weights and version if the blob does not fit the model."""

@@ -1,0 +1,137 @@
+"""This worker's membership in the cluster: register, heartbeat from a thread, re-register, leave.
+
+Policies at this boundary:
+- CoordinatorUnavailableError: retry with exponential backoff (registration blocks until it succeeds or
+  the worker is stopping; heartbeats keep the interval and back off in between).
+- WorkerExpiredError (410, or 404 on a heartbeat): the coordinator declared us dead (e.g. we were
+  partitioned longer than the lease) or lost our record; register again, carry on under the new id.
+- Anything else (CoordinatorRejectedError: bad token, bad body): a bug or misconfiguration; the heartbeat
+  thread stops and `raise_if_failed` re-raises it in the main loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from services.coordinator.schemas import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    RegisterWorkerRequest,
+    RegisterWorkerResponse,
+)
+from services.rollout.coordinator_client import (
+    Backoff,
+    CoordinatorClient,
+    CoordinatorError,
+    CoordinatorUnavailableError,
+    WorkerExpiredError,
+)
+
+log = logging.getLogger(__name__)
+
+
+class NotRegisteredError(RuntimeError):
+    """The worker stopped before the coordinator accepted its registration."""
+
+
+class Membership:
+    def __init__(
+        self,
+        client: CoordinatorClient,
+        request: RegisterWorkerRequest,
+        report: Callable[[], HeartbeatRequest],
+        stopping: threading.Event,
+    ) -> None:
+        self.client = client
+        self.request = request
+        self.report = report  # called from the heartbeat thread: what to tell the coordinator now
+        self.stopping = stopping  # the worker's stop flag: abandons registration retries
+        self.last_heartbeat: HeartbeatResponse | None = None
+        self.num_registrations = 0
+        self._registration: RegisterWorkerResponse | None = None
+        self._lock = threading.Lock()
+        self._stop_heartbeats = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+
+    @property
+    def registration(self) -> RegisterWorkerResponse:
+        with self._lock:
+            if self._registration is None:
+                raise NotRegisteredError("not registered with the coordinator")
+            return self._registration
+
+    @property
+    def worker_id(self) -> str:
+        return self.registration.worker_id
+
+    def register(self) -> RegisterWorkerResponse:
+        """Register, retrying while the coordinator is unavailable; raises NotRegisteredError if stopped first."""
+        backoff = Backoff()
+        while not self.stopping.is_set():
+            try:
+                registration = self.client.register(self.request)
+            except CoordinatorUnavailableError as exc:
+                delay_s = backoff.next_delay_s()
+                log.warning("coordinator unavailable for registration (%s); retrying in %.1fs", exc, delay_s)
+                self.stopping.wait(delay_s)
+                continue
+            with self._lock:
+                self._registration = registration
+                self.num_registrations += 1
+            log.info(
+                "registered as %s (lease %.1fs, heartbeat every %.1fs, staleness bound %d)",
+                registration.worker_id, registration.lease_s, registration.heartbeat_interval_s, registration.staleness_bound,
+            )
+            return registration
+        raise NotRegisteredError("stopped before the coordinator accepted the registration")
+
+    def start_heartbeats(self) -> None:
+        self._thread = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        self._thread.start()
+
+    def raise_if_failed(self) -> None:
+        """Re-raise in the caller's thread an error that stopped the heartbeat thread."""
+        if self._failure is not None:
+            raise RuntimeError("the heartbeat thread failed") from self._failure
+
+    def leave(self) -> None:
+        """Stop heartbeating and deregister (best effort: the lease runs out anyway)."""
+        self._stop_heartbeats.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10.0)
+        with self._lock:
+            registration, self._registration = self._registration, None
+        if registration is None:
+            return
+        try:
+            self.client.deregister(registration.worker_id, registration.token)
+            log.info("deregistered %s", registration.worker_id)
+        except CoordinatorError as exc:
+            log.warning("could not deregister %s (%s); its lease will expire", registration.worker_id, exc)
+
+    def _heartbeat_loop(self) -> None:
+        backoff = Backoff()
+        try:
+            while not self._stop_heartbeats.wait(self.registration.heartbeat_interval_s):
+                try:
+                    self._send_heartbeat()
+                    backoff.reset()
+                except CoordinatorUnavailableError as exc:
+                    delay_s = backoff.next_delay_s()
+                    log.warning("heartbeat failed (%s); next try in %.1fs", exc, delay_s)
+                    self._stop_heartbeats.wait(delay_s)
+                except WorkerExpiredError as exc:
+                    log.warning("%s; registering again", exc)
+                    self.register()
+        except NotRegisteredError:
+            pass  # stopping while re-registering
+        except BaseException as exc:  # noqa: B036 (handed to the main thread, see raise_if_failed)
+            log.exception("heartbeat thread stopped")
+            self._failure = exc
+
+    def _send_heartbeat(self) -> None:
+        registration = self.registration
+        self.last_heartbeat = self.client.heartbeat(registration.worker_id, registration.token, self.report())

@@ -1,0 +1,43 @@
+"""Where a rollout worker runs and what it tells the coordinator about itself (`RL_*` environment)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+
+from shared.config import ServiceSettings
+
+
+class RolloutSettings(ServiceSettings):
+    """Rollout worker settings; the experiment itself comes from the run file (RL_RUN_CONFIG)."""
+
+    model_dir: Path | None = Field(None, description="HF model folder (config + tokenizer); default <run_dir>/model")
+    cluster_key: SecretStr = Field(description="shared secret that signs weight manifests")
+    worker_engine: Literal["torch"] = Field("torch", description="inference engine implementation")
+    worker_num_threads: int = Field(1, ge=1, description="CPU threads of the inference engine")
+    worker_name: str = Field("rollout", min_length=1, max_length=64, description="label shown by the coordinator")
+    worker_host: str = Field("127.0.0.1", description="interface this worker's chunk server binds and advertises")
+    worker_port: int = Field(0, ge=0, le=65535, description="chunk server port (0: any free port)")
+    worker_price_per_hour: float = Field(0.0, ge=0, description="what this worker costs, $/h")
+    worker_gpu_type: str = Field("cpu", min_length=1, description="accelerator kind reported at registration")
+    worker_bandwidth_mbps: float = Field(1000.0, gt=0, description="link speed reported at registration, Mbit/s")
+    worker_region: str = Field("local", min_length=1, description="where this worker runs")
+    worker_max_groups_per_batch: int = Field(
+        16, ge=1, description="tasks read at once and sampled in one engine call (more: faster, coarser)"
+    )
+    worker_poll_s: float = Field(0.2, gt=0, description="pause between checks while waiting for admissible weights")
+
+    @property
+    def resolved_model_dir(self) -> Path:
+        return self.model_dir if self.model_dir is not None else self.run_dir / "model"
+
+
+def describe_environment() -> str:
+    """One line per setting, for `--help` (no torch import needed)."""
+    lines = []
+    for name, field in RolloutSettings.model_fields.items():
+        default = "required" if field.is_required() else f"default {field.default!r}"
+        lines.append(f"  RL_{name.upper():<30} {field.description} ({default})")
+    return "\n".join(lines)

@@ -1,0 +1,217 @@
+"""TorchEngine: batched sampling with a KV cache on a Hugging Face causal LM from a local folder (CPU).
+
+One `generate` call samples every prompt x num_samples at once:
+1. prefill the distinct prompts once (left-padded, explicit position ids), then copy their KV cache
+   num_samples times: the prompt is computed once per prompt, not once per sample;
+2. decode one token per step for all rows; a row that sampled EOS is finished: it keeps riding
+   along (padded), its later tokens and logprobs are discarded;
+3. stop when every row finished or after max_new_tokens (no forward after the last token).
+
+Not thread-safe: the worker calls `generate` and `load_weights` from one thread, so a weight swap
+always falls between two groups.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from services.rollout.engine import (
+    InferenceEngine,
+    PromptTooLongError,
+    Sample,
+    UnencodablePromptError,
+    WeightsLoadError,
+)
+
+log = logging.getLogger(__name__)
+
+TIED_OUTPUT_KEY = "lm_head.weight"
+
+
+class TorchEngine(InferenceEngine):
+    def __init__(self, model_dir: Path | str, device: str = "cpu") -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.model_dir = Path(model_dir)
+        self.device = torch.device(device)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).to(self.device).eval()
+        self.pad_token_id = self._pad_token_id()
+        self.eos_token_ids = torch.tensor(sorted(self._eos_token_ids()), device=self.device)
+        self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
+        self.ties_output_to_input = self.model.get_output_embeddings().weight is self.model.get_input_embeddings().weight
+        self._policy_version = -1
+
+    @property
+    def policy_version(self) -> int:
+        return self._policy_version
+
+    def generate(
+        self, prompts: list[str], num_samples: int, max_new_tokens: int, temperature: float, greedy: bool = False
+    ) -> list[list[Sample]]:
+        if num_samples < 1 or max_new_tokens < 1 or temperature <= 0:
+            raise ValueError(f"need num_samples >= 1, max_new_tokens >= 1, temperature > 0; got {num_samples}, {max_new_tokens}, {temperature}")
+        if not prompts:
+            return []
+        prompt_ids = self.encode_prompts(prompts, max_new_tokens)
+        with torch.inference_mode():
+            tokens, logprobs, lengths, stopped = self._sample(prompt_ids, num_samples, max_new_tokens, temperature, greedy)
+        return self._to_samples(prompt_ids, num_samples, tokens, logprobs, lengths, stopped)
+
+    def encode_prompts(self, prompts: list[str], max_new_tokens: int = 0) -> list[list[int]]:
+        """Token ids of each prompt; raises if the tokenizer would lose characters or the context overflows."""
+        content_ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        decoded = self.tokenizer.batch_decode(content_ids, clean_up_tokenization_spaces=False)
+        for prompt, ids, text in zip(prompts, content_ids, decoded, strict=True):
+            # Tokenizers drop or map to <unk> what they cannot represent; a prompt the model cannot
+            # see exactly must fail loudly rather than be sampled as something else.
+            if not ids or text != prompt:
+                raise UnencodablePromptError(f"the tokenizer cannot represent prompt {prompt[:80]!r}")
+        prompt_ids = self.tokenizer(prompts, add_special_tokens=True)["input_ids"]
+        longest = max(len(ids) for ids in prompt_ids)
+        if self.max_positions is not None and longest + max_new_tokens > self.max_positions:
+            raise PromptTooLongError(
+                f"{longest} prompt tokens + {max_new_tokens} new tokens exceed the context of {self.max_positions}"
+            )
+        return prompt_ids
+
+    def load_weights(self, safetensors_bytes: bytes, policy_version: int) -> None:
+        state = self._validated_state_dict(safetensors_bytes)
+        self.model.load_state_dict(state, strict=False)  # keys and shapes were checked above
+        self._policy_version = policy_version
+        log.info("loaded policy version %d (%d tensors, %d bytes)", policy_version, len(state), len(safetensors_bytes))
+
+    # sampling
+    def _sample(
+        self, prompt_ids: list[list[int]], num_samples: int, max_new_tokens: int, temperature: float, greedy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Returns (B, N) tokens, (B, N) logprobs, (B,) completion lengths, (B,) stopped-at-EOS flags,
+        with B = len(prompt_ids) * num_samples in prompt-major order and N = max_new_tokens."""
+        input_ids, attention_mask = self._left_pad(prompt_ids)  # (P, L) each
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # pads sit at 0; real tokens count from 0
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, logits_to_keep=1
+        )
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(num_samples)  # (P, ...) -> (B, ...): sample j of prompt i is row i*G + j
+        logits = out.logits[:, -1].repeat_interleave(num_samples, dim=0)  # (B, V)
+        attention_mask = attention_mask.repeat_interleave(num_samples, dim=0)  # (B, L)
+        next_position = position_ids[:, -1:].repeat_interleave(num_samples, dim=0) + 1  # (B, 1)
+
+        num_rows = logits.shape[0]
+        tokens = torch.full((num_rows, max_new_tokens), self.pad_token_id, dtype=torch.long, device=self.device)
+        logprobs = torch.zeros((num_rows, max_new_tokens), dtype=torch.float32, device=self.device)
+        lengths = torch.full((num_rows,), max_new_tokens, dtype=torch.long, device=self.device)
+        finished = torch.zeros(num_rows, dtype=torch.bool, device=self.device)
+        for step in range(max_new_tokens):
+            token, logprob = choose_tokens(logits, temperature, greedy)
+            token = token.masked_fill(finished, self.pad_token_id)
+            tokens[:, step] = token
+            logprobs[:, step] = logprob.masked_fill(finished, 0.0)
+            just_stopped = ~finished & torch.isin(token, self.eos_token_ids)
+            lengths[just_stopped] = step + 1
+            finished |= just_stopped
+            if step == max_new_tokens - 1 or bool(finished.all()):
+                break
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((num_rows, 1))], dim=1)
+            out = self.model(
+                input_ids=token[:, None], attention_mask=attention_mask, position_ids=next_position,
+                past_key_values=cache, use_cache=True,
+            )
+            logits = out.logits[:, -1]
+            next_position = next_position + 1
+        return tokens, logprobs, lengths, finished
+
+    def _left_pad(self, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(ids) for ids in prompt_ids)
+        input_ids = torch.full((len(prompt_ids), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+        for row, ids in enumerate(prompt_ids):
+            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[row, width - len(ids) :] = 1
+        return input_ids.to(self.device), attention_mask.to(self.device)
+
+    def _to_samples(
+        self,
+        prompt_ids: list[list[int]],
+        num_samples: int,
+        tokens: torch.Tensor,
+        logprobs: torch.Tensor,
+        lengths: torch.Tensor,
+        stopped: torch.Tensor,
+    ) -> list[list[Sample]]:
+        token_rows, logprob_rows = tokens.tolist(), logprobs.tolist()
+        length_list, stopped_list = lengths.tolist(), stopped.tolist()
+        completions = [tuple(token_row[:length]) for token_row, length in zip(token_rows, length_list, strict=True)]
+        visible = [c[:-1] if stop else c for c, stop in zip(completions, stopped_list, strict=True)]  # text excludes EOS
+        distinct = list(dict.fromkeys(visible))  # tiny vocabularies repeat completions: decode each once
+        texts = dict(zip(distinct, self.tokenizer.batch_decode([list(c) for c in distinct], clean_up_tokenization_spaces=False), strict=True))
+        return [
+            [
+                Sample(
+                    prompt_token_ids=ids,
+                    token_ids=list(completions[row]),
+                    logprobs=logprob_rows[row][: length_list[row]],
+                    text=texts[visible[row]],
+                    finish_reason="stop" if stopped_list[row] else "length",
+                )
+                for row in range(prompt_index * num_samples, (prompt_index + 1) * num_samples)
+            ]
+            for prompt_index, ids in enumerate(prompt_ids)
+        ]
+
+    # weights
+    def _validated_state_dict(self, safetensors_bytes: bytes) -> dict[str, torch.Tensor]:
+        """The blob's tensors, after checking they fit the model exactly; raises WeightsLoadError."""
+        from safetensors.torch import load
+
+        try:
+            state = load(safetensors_bytes)
+        except Exception as exc:  # safetensors raises its own error types (and others) for bad bytes
+            raise WeightsLoadError(f"not a safetensors blob: {type(exc).__name__}: {exc}") from exc
+        expected = self.model.state_dict()
+        optional = {TIED_OUTPUT_KEY} if self.ties_output_to_input else set()
+        missing = sorted(expected.keys() - state.keys() - optional)
+        unexpected = sorted(state.keys() - expected.keys())
+        if missing or unexpected:
+            raise WeightsLoadError(f"blob does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        wrong_shapes = [f"{k}: {tuple(v.shape)} != {tuple(expected[k].shape)}" for k, v in state.items() if v.shape != expected[k].shape]
+        if wrong_shapes:
+            raise WeightsLoadError(f"blob has tensors of the wrong shape: {wrong_shapes[:5]}")
+        if TIED_OUTPUT_KEY in optional and TIED_OUTPUT_KEY in state:
+            input_key = next(k for k in state if k.endswith("embed_tokens.weight"))
+            if not torch.equal(state[TIED_OUTPUT_KEY], state[input_key]):
+                raise WeightsLoadError(f"{TIED_OUTPUT_KEY} differs from {input_key} but the model ties them")
+        return state
+
+    def _pad_token_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        if pad is None:
+            pad = self.tokenizer.eos_token_id
+        if pad is None:
+            raise ValueError(f"{self.model_dir}: the tokenizer has neither a pad nor an eos token")
+        return int(pad)
+
+    def _eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source is not None:
+                ids.update(int(i) for i in source)
+        if not ids:
+            raise ValueError(f"{self.model_dir}: no EOS token in the tokenizer or generation config")
+        return ids
+
+
+def choose_tokens(logits: torch.Tensor, temperature: float, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, V) logits -> (B,) chosen tokens and their (B,) logprobs under softmax(logits / temperature)."""
+    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
+    if greedy:
+        token = logprobs.argmax(dim=-1)
+    else:
+        token = torch.multinomial(logprobs.exp(), num_samples=1).squeeze(-1)
+    return token, logprobs.gather(-1, token[:, None]).squeeze(-1)

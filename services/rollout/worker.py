@@ -1,0 +1,301 @@
+"""The rollout worker: turns TaskGroups into RolloutGroups with announced, verified policy weights.
+
+Main loop (`RolloutWorker.run`):
+    start: chunk server -> register -> heartbeat thread
+    loop:  sync weights -> gate on staleness -> receive tasks -> generate -> publish -> ack
+    stop:  finish the current batch -> deregister -> stop the chunk server
+
+Delivery: a task is acked only after its RolloutGroup is in Redis; a worker that dies leaves its tasks
+pending and another worker claims them after `rollout.claim_idle_ms`. A task the engine cannot serve
+(EngineError, e.g. a prompt outside the tokenizer's vocabulary) is dead-lettered alone; the rest of
+its batch is still sampled.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import defaultdict, deque
+
+import redis
+
+from services.coordinator.schemas import HeartbeatRequest, RegisterWorkerRequest
+from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError
+from services.rollout.engine import EngineError, InferenceEngine, Sample
+from services.rollout.membership import Membership, NotRegisteredError
+from services.rollout.settings import RolloutSettings
+from services.rollout.weights_sync import WeightsSync
+from shared.bus import Delivery, StreamBus
+from shared.chunk_server import ChunkServer, ChunkStore
+from shared.config import RunConfig
+from shared.keys import ConsumerGroups, RunKeys
+from shared.messages import RolloutGroup, TaskGroup, pack_float32, pack_int32
+
+log = logging.getLogger(__name__)
+
+CONSUMER_GROUP = ConsumerGroups.TASKS
+READ_BLOCK_MS = 1000
+REDIS_RETRY_S = 1.0
+
+# What happened to one task: its group, or the engine error that made it undeliverable.
+Outcome = tuple[Delivery[TaskGroup], RolloutGroup | EngineError]
+
+
+class ThroughputMeter:
+    """Samples per second of generation time over the last `window_s` seconds (capacity, not idle time)."""
+
+    def __init__(self, window_s: float = 30.0) -> None:
+        self.window_s = window_s
+        self._batches: deque[tuple[float, int, float]] = deque()  # (ended at, num_samples, generation_s)
+
+    def record(self, num_samples: int, generation_s: float) -> None:
+        now_s = time.monotonic()
+        self._batches.append((now_s, num_samples, generation_s))
+        while self._batches and self._batches[0][0] < now_s - self.window_s:
+            self._batches.popleft()
+
+    def samples_per_s(self) -> float:
+        batches = list(self._batches)
+        busy_s = sum(generation_s for _, _, generation_s in batches)
+        return sum(num for _, num, _ in batches) / busy_s if busy_s > 0 else 0.0
+
+
+class RolloutWorker:
+    def __init__(
+        self,
+        run: RunConfig,
+        settings: RolloutSettings,
+        engine: InferenceEngine,
+        redis_client: redis.Redis,
+        stopping: threading.Event | None = None,
+    ) -> None:
+        self.run_config = run
+        self.settings = settings
+        self.engine = engine
+        self.keys = RunKeys(run.run_id)
+        self.bus = StreamBus(redis_client, run_id=run.run_id, dead_letter_stream=self.keys.dead, service="rollout")
+        self.stopping = stopping or threading.Event()  # set by stop() or the process's signal handler
+        self.store = ChunkStore(keep_versions=run.broadcast.keep_versions)
+        self.chunk_server = ChunkServer(
+            self.store, host=settings.worker_host, port=settings.worker_port, wait_s=run.broadcast.chunk_wait_s
+        )
+        self.weights = WeightsSync(
+            redis_client, self.keys, self.store, settings.cluster_key.get_secret_value().encode(),
+            fetch_timeout_s=run.broadcast.chunk_wait_s + 5.0,
+        )
+        self.coordinator = CoordinatorClient(settings.coordinator_url)
+        self.membership = Membership(
+            CoordinatorClient(settings.coordinator_url), self._registration_request(), self.report, self.stopping
+        )
+        self.consumer_name = f"{settings.worker_name}-{uuid.uuid4().hex[:8]}"
+        self.num_groups_done = 0
+        self.num_samples_done = 0
+        self.num_dead_lettered = 0
+        self.generating = False
+        self.throughput = ThroughputMeter()
+        self.gate_state = "closed"
+
+    def run(self) -> None:
+        """Serve tasks until `stop()`; the current batch is always finished (published and acked) first."""
+        try:
+            self.start()
+            while not self.stopping.is_set():
+                self.membership.raise_if_failed()
+                try:
+                    self.serve_once()
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    # Unacked tasks stay pending in Redis and are redelivered; nothing is lost by waiting.
+                    log.warning("redis unavailable (%s); retrying in %.1fs", exc, REDIS_RETRY_S)
+                    self.stopping.wait(REDIS_RETRY_S)
+        except NotRegisteredError:
+            log.info("stopped before registering")
+        finally:
+            self.shut_down()
+
+    def serve_once(self) -> None:
+        """One turn of the loop: the table of contents of the worker."""
+        self.sync_weights()
+        if not self.has_admissible_weights():
+            self.pause()
+            return
+        deliveries = self.receive_tasks()
+        self.generating = bool(deliveries)
+        if deliveries:
+            outcomes = self.generate_groups(deliveries)
+            self.publish_and_ack(outcomes)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    # start and stop
+    def start(self) -> None:
+        self.chunk_server.start()
+        log.info("chunk server on %s; consumer %s", self.chunk_server.url, self.consumer_name)
+        self.bus.ensure_group(self.keys.tasks, CONSUMER_GROUP)
+        registration = self.membership.register()
+        if registration.run_id != self.keys.run_id:
+            raise ValueError(f"the coordinator at {self.settings.coordinator_url} runs {registration.run_id!r}, not {self.keys.run_id!r}")
+        self.membership.start_heartbeats()
+        log.info("waiting for the first announced weights on %s", self.keys.weights)
+
+    def shut_down(self) -> None:
+        self.generating = False
+        self.membership.leave()
+        self.chunk_server.stop()
+        self.weights.close()
+        self.coordinator.close()
+        self.membership.client.close()
+        log.info(
+            "stopped: %d groups, %d samples, %d dead-lettered", self.num_groups_done, self.num_samples_done, self.num_dead_lettered
+        )
+
+    # the loop's steps
+    def sync_weights(self) -> None:
+        loaded_version = self.weights.update(self.engine)
+        if loaded_version is not None:
+            log.info("now sampling with policy version %d", loaded_version)
+
+    def has_admissible_weights(self) -> bool:
+        """False before the first verified weights, and while the coordinator says groups sampled with
+        our version could no longer be trained on (no wasted work; wait for newer weights)."""
+        if self.engine.policy_version < 0:
+            return False
+        try:
+            verdict = self.coordinator.staleness(self.engine.policy_version)
+        except CoordinatorUnavailableError as exc:
+            # Fail open: the learner's admission rule drops stale groups anyway; the gate only saves work.
+            self._note_gate("failing open", f"coordinator unavailable ({exc})")
+            return True
+        if verdict.admissible:
+            self._note_gate("open", f"version {verdict.policy_version} admissible for {verdict.steps_remaining} more steps")
+            return True
+        self._note_gate(
+            "closed", f"version {verdict.policy_version} too old for learner {verdict.learner_version} (S={verdict.staleness_bound})"
+        )
+        return False
+
+    def pause(self) -> None:
+        self.generating = False
+        self.stopping.wait(self.settings.worker_poll_s)
+
+    def receive_tasks(self) -> list[Delivery[TaskGroup]]:
+        """Tasks a dead consumer left pending first, then new ones (blocking up to READ_BLOCK_MS)."""
+        count = self.settings.worker_max_groups_per_batch
+        claimed = self.bus.claim_stale(
+            self.keys.tasks, CONSUMER_GROUP, self.consumer_name, TaskGroup,
+            min_idle_ms=self.run_config.rollout.claim_idle_ms, count=count,
+        )
+        if claimed:
+            log.info("claimed %d stale tasks", len(claimed))
+            return claimed
+        return self.bus.read(self.keys.tasks, CONSUMER_GROUP, self.consumer_name, TaskGroup, count=count, block_ms=READ_BLOCK_MS)
+
+    def generate_groups(self, deliveries: list[Delivery[TaskGroup]]) -> list[Outcome]:
+        """Sample every task; tasks sharing sampling parameters go through the engine in one call."""
+        batches: dict[tuple[int, int, float], list[Delivery[TaskGroup]]] = defaultdict(list)
+        for delivery in deliveries:
+            task = delivery.message
+            batches[(task.num_samples, task.max_new_tokens, task.temperature)].append(delivery)
+        outcomes: list[Outcome] = []
+        for batch in batches.values():
+            outcomes.extend(self._generate_batch(batch))
+        return outcomes
+
+    def publish_and_ack(self, outcomes: list[Outcome]) -> None:
+        """The batch's groups go to `rollouts` and their tasks are acked in one transaction."""
+        groups = [(delivery, result) for delivery, result in outcomes if isinstance(result, RolloutGroup)]
+        self.bus.publish_and_ack(self.keys.rollouts, [group for _, group in groups], [delivery for delivery, _ in groups])
+        self.num_groups_done += len(groups)
+        self.num_samples_done += sum(group.num_samples for _, group in groups)
+        for delivery, result in outcomes:
+            if isinstance(result, EngineError):
+                self.bus.dead_letter(delivery, f"{type(result).__name__}: {result}")
+                self.num_dead_lettered += 1
+
+    def report(self) -> HeartbeatRequest:
+        """What the heartbeat thread tells the coordinator."""
+        return HeartbeatRequest(
+            policy_version=self.engine.policy_version,
+            num_groups_done=self.num_groups_done,
+            num_samples_done=self.num_samples_done,
+            samples_per_s=self.throughput.samples_per_s(),
+            generating=self.generating,
+        )
+
+    # helpers
+    def _generate_batch(self, batch: list[Delivery[TaskGroup]]) -> list[Outcome]:
+        """One engine call for the batch; if it fails, one call per task so a bad task fails alone."""
+        first = batch[0].message
+        policy_version = self.engine.policy_version
+        started_s = time.perf_counter()
+        try:
+            groups = self.engine.generate(
+                [d.message.prompt for d in batch], first.num_samples, first.max_new_tokens, first.temperature
+            )
+        except EngineError as exc:
+            if len(batch) == 1:
+                return [(batch[0], exc)]
+            return [outcome for delivery in batch for outcome in self._generate_batch([delivery])]
+        generation_s = time.perf_counter() - started_s
+        self.throughput.record(sum(len(samples) for samples in groups), generation_s)
+        worker_id = self.membership.worker_id
+        return [
+            (delivery, build_rollout_group(delivery.message, samples, worker_id, policy_version, generation_s))
+            for delivery, samples in zip(batch, groups, strict=True)
+        ]
+
+    def _registration_request(self) -> RegisterWorkerRequest:
+        return RegisterWorkerRequest(
+            name=self.settings.worker_name,
+            endpoint_url=self.chunk_server.url,
+            gpu_type=self.settings.worker_gpu_type,
+            price_per_hour=self.settings.worker_price_per_hour,
+            bandwidth_mbps=self.settings.worker_bandwidth_mbps,
+            region=self.settings.worker_region,
+        )
+
+    def _note_gate(self, state: str, why: str) -> None:
+        """Log the staleness gate when it opens or closes, not on every check."""
+        if state != self.gate_state:
+            log.info("staleness gate %s: %s", state, why)
+            self.gate_state = state
+
+
+def build_engine(settings: RolloutSettings) -> InferenceEngine:
+    """The configured engine on the model folder (imports torch/transformers only now)."""
+    if settings.worker_engine == "torch":
+        import torch
+        from transformers.utils import logging as transformers_logging
+
+        from services.rollout.torch_engine import TorchEngine
+
+        torch.set_num_threads(settings.worker_num_threads)
+        transformers_logging.disable_progress_bar()  # no "Loading weights" bars in service logs
+        return TorchEngine(settings.resolved_model_dir)
+    raise ValueError(f"unknown engine {settings.worker_engine!r}")
+
+
+def build_rollout_group(
+    task: TaskGroup, samples: list[Sample], worker_id: str, policy_version: int, generation_s: float
+) -> RolloutGroup:
+    """The wire form of one task's samples. `generation_s` is the wall time of the engine call that
+    produced them (shared by every group of a batched call: the latency the group actually had)."""
+    return RolloutGroup(
+        run_id=task.run_id,
+        group_id=uuid.uuid4().hex,
+        task_id=task.task_id,
+        task_name=task.task_name,
+        prompt=task.prompt,
+        worker_id=worker_id,
+        policy_version=policy_version,
+        temperature=task.temperature,
+        prompt_token_ids=pack_int32(samples[0].prompt_token_ids),
+        completion_token_ids=pack_int32([token for sample in samples for token in sample.token_ids]),
+        completion_lengths=pack_int32([sample.num_tokens for sample in samples]),
+        behaviour_logprobs=pack_float32([logprob for sample in samples for logprob in sample.logprobs]),
+        completion_texts=[sample.text for sample in samples],
+        finish_reasons=[sample.finish_reason for sample in samples],
+        generation_s=generation_s,
+    )

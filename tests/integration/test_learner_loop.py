@@ -1,0 +1,267 @@
+"""The learner's whole loop against real Redis and real HTTP, fed by a stand-in worker that fetches
+each announced version from the learner's chunk server and samples groups with it (true behaviour
+log-probs, the task's verifier as reward). In-process for exact counts; as a subprocess for kill -9,
+restart and SIGTERM."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from services.learner.batch import LEARNER_CONSUMER
+from services.learner.checkpoint import checkpoint_path, load_checkpoint
+from services.learner.learner import Learner
+from services.learner.metrics import LearnerSummary
+from services.learner.publish import load_weights_blob
+from services.learner.selfplay import sample_scored_groups
+from services.learner.settings import LearnerSettings
+from services.learner.trainer import load_policy
+from shared.bus import PAYLOAD_FIELD, StreamBus
+from shared.chunk_client import fetch_manifest, fetch_version
+from shared.config import BroadcastConfig, GRPOConfig, RunConfig, ScheduleConfig
+from shared.keys import ConsumerGroups, RunKeys
+from shared.messages import LearnerState, ScoredGroup, WeightsPublished, pack_int32
+from shared.redis_server import RedisServer
+from shared.tasks import make_task
+from shared.weights import WeightsError
+
+pytestmark = pytest.mark.integration
+torch.set_num_threads(1)
+CLUSTER_KEY = "test-cluster-key"
+
+
+def small_run(run_id: str, *, num_steps: int) -> RunConfig:
+    return RunConfig(
+        run_id=run_id,
+        grpo=GRPOConfig(group_size=4, groups_per_step=4),
+        schedule=ScheduleConfig(staleness_bound=1, num_steps=num_steps, checkpoint_every=2, eval_every=3, max_wall_s=120),
+        broadcast=BroadcastConfig(chunk_size_bytes=65536),
+    )
+
+
+class StandInWorker(threading.Thread):
+    """Rollout worker + reward service in one thread. It takes the announcements on `weights` in order;
+    for each it fetches that version over HTTP, verifies and loads it, and publishes groups_per_step
+    groups sampled with it. With `inject_bad`, one of them is sampled by the previous version (lag 1,
+    admissible), and groups the learner must refuse go first: one tagged two versions old (stale),
+    and at version 1 a future version, another run's group and one with out-of-vocabulary tokens.
+    Announcements of `produce_below_version` or later wait until the test raises it."""
+
+    def __init__(self, bus: StreamBus, run: RunConfig, policy_dir: Path, *, inject_bad: bool = False) -> None:
+        super().__init__(daemon=True)
+        self.bus, self.run_config, self.keys, self.inject_bad = bus, run, RunKeys(run.run_id), inject_bad
+        self.model, self.tokenizer = load_policy(policy_dir)
+        self.previous_model = copy.deepcopy(self.model)
+        self.task = make_task(run.task.name, num_eval_prompts=run.task.num_eval_prompts, seed=run.task.seed)
+        self.rng, self.generator = random.Random(0), torch.Generator().manual_seed(0)
+        self.produce_below_version = 1_000_000
+        self.stop_event = threading.Event()
+        self.versions_seen: list[int] = []
+        self._cursor = "-"  # the last announcement handled (exclusive lower bound of the next XRANGE)
+
+    def run(self) -> None:
+        with httpx.Client(timeout=5.0) as client:
+            while not self.stop_event.wait(0.02):
+                entries = self.bus.redis.xrange(self.keys.weights, min=self._cursor, count=2)
+                if not entries:
+                    continue
+                entry_id, fields = entries[0]
+                announcement = WeightsPublished.decode(fields[PAYLOAD_FIELD])
+                if announcement.policy_version >= self.produce_below_version:
+                    continue
+                try:
+                    self.load(client, announcement)
+                except WeightsError:
+                    if len(entries) > 1:  # announced by a learner that has died since: skip it
+                        self._cursor = "(" + entry_id.decode()
+                    continue
+                self._cursor = "(" + entry_id.decode()
+                self.versions_seen.append(announcement.policy_version)
+                for group in self.groups_for(announcement.policy_version):
+                    self.bus.publish(self.keys.scored, group)
+
+    def load(self, client: httpx.Client, announcement: WeightsPublished) -> None:
+        base_url = announcement.manifest_url.split("/v1/weights/")[0]
+        manifest = fetch_manifest(client, base_url, announcement.policy_version, CLUSTER_KEY.encode())
+        if manifest.sha256() != announcement.manifest_sha256:
+            raise WeightsError(f"version {announcement.policy_version} at {base_url} is not the one announced")
+        blob = fetch_version(client, base_url, manifest)
+        self.previous_model.load_state_dict(self.model.state_dict())
+        load_weights_blob(self.model, blob)
+
+    def sample(self, model: torch.nn.Module, version: int, num_groups: int, run_id: str | None = None) -> list[ScoredGroup]:
+        grpo = self.run_config.grpo
+        prompts = [self.rng.choice(self.task.train_set) for _ in range(num_groups)]
+        return sample_scored_groups(
+            model, self.tokenizer, self.task, prompts, run_id=run_id or self.run_config.run_id, policy_version=version,
+            group_size=grpo.group_size, max_new_tokens=grpo.max_new_tokens, temperature=grpo.temperature,
+            worker_id="stand-in", generator=self.generator,
+        )
+
+    def groups_for(self, version: int) -> list[ScoredGroup]:
+        num_fresh = self.run_config.grpo.groups_per_step
+        if not self.inject_bad:
+            return self.sample(self.model, version, num_fresh)
+        refused: list[ScoredGroup] = []
+        if version >= 2:
+            refused += self.sample(self.model, version - 2, 1)
+        if version == 1:
+            (good,) = self.sample(self.model, version, 1)
+            broken = good.rollout.model_copy(update={"completion_token_ids": pack_int32([999] * good.rollout.num_samples),
+                                                     "completion_lengths": pack_int32([1] * good.rollout.num_samples),
+                                                     "behaviour_logprobs": good.rollout.behaviour_logprobs[: 4 * good.rollout.num_samples]})
+            refused += self.sample(self.model, version + 5, 1) + self.sample(self.model, version, 1, run_id="another-run")
+            refused.append(ScoredGroup(run_id=self.run_config.run_id, rollout=broken, rewards=good.rewards))
+        lagging = self.sample(self.previous_model, version - 1, 1) if version >= 1 else []
+        return refused + lagging + self.sample(self.model, version, num_fresh - len(lagging))
+
+
+def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
+    path = run_dir / "metrics.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [line for line in lines if "step" in line], [line for line in lines if "eval_step" in line]
+
+
+def pending_count(bus: StreamBus, keys: RunKeys) -> int:
+    return len(bus.redis.xpending_range(keys.scored, ConsumerGroups.SCORED, "-", "+", 1000, consumername=LEARNER_CONSUMER))
+
+
+def test_the_loop_trains_publishes_and_never_trains_on_what_the_bound_forbids(
+    bus: StreamBus, keys: RunKeys, redis_server: RedisServer, tiny_policy_dir: Path, tmp_path: Path
+) -> None:
+    run = small_run(keys.run_id, num_steps=6)
+    settings = LearnerSettings(
+        redis_url=redis_server.url, run_dir=tmp_path, model_dir=tiny_policy_dir, cluster_key=CLUSTER_KEY,
+        learner_port=0, poll_block_ms=50,
+    )
+    worker = StandInWorker(bus, run, tiny_policy_dir, inject_bad=True)
+    worker.start()
+    try:
+        with Learner(run, settings, bus) as learner:
+            summary = learner.run()
+    finally:
+        worker.stop_event.set()
+        worker.join(timeout=10)
+
+    steps, evals = read_metrics(tmp_path)
+    assert [s["step"] for s in steps] == [1, 2, 3, 4, 5, 6]
+    assert [s["policy_version"] for s in steps] == [1, 2, 3, 4, 5, 6]
+    assert steps[0]["staleness"] == {"0": 4}
+    assert all(s["staleness"] == {"0": 3, "1": 1} for s in steps[1:])  # the lag-1 group is admitted (S = 1)
+    assert max(s["max_staleness"] for s in steps) <= run.schedule.staleness_bound
+    assert all(s["num_samples"] == 16 and s["train_s"] > 0 for s in steps)
+    assert steps[-1]["num_dropped"] == {"stale": 4, "future_version": 1, "run_mismatch": 1}  # stale: v0..v3 at t=2..5
+    assert steps[-1]["num_dead_lettered"] == 1
+    assert "outside" in bus.dead_letters()[0].error
+    assert [e["eval_step"] for e in evals] == [0, 3, 6]
+    assert worker.versions_seen == [0, 1, 2, 3, 4, 5, 6]
+
+    assert summary.finished and summary.stop_reason == "num_steps" and summary.policy_version == 6
+    assert summary.max_trained_staleness == 1
+    assert LearnerSummary.model_validate_json((tmp_path / "learner_summary.json").read_text()) == summary
+    assert load_checkpoint(checkpoint_path(tmp_path)).policy_version == 6
+    assert pending_count(bus, keys) == 0  # every admitted group acked after its checkpoint
+    state = LearnerState.decode(bus.redis.get(keys.learner_state))
+    assert (state.status, state.learner_version, state.published_version) == ("done", 6, 6)
+    assert state.num_dropped == summary.num_dropped
+    final, _ = load_policy(tmp_path / "model_final")
+    assert torch.equal(final.get_input_embeddings().weight, learner.model.get_input_embeddings().weight)
+
+
+def start_learner_process(run_config: Path, run_dir: Path, policy_dir: Path, redis_url: str, run_id: str, repo_root: Path) -> subprocess.Popen:
+    env = {
+        **os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+        "RL_REDIS_URL": redis_url, "RL_RUN_CONFIG": str(run_config), "RL_RUN_ID": run_id, "RL_RUN_DIR": str(run_dir),
+        "RL_MODEL_DIR": str(policy_dir), "RL_CLUSTER_KEY": CLUSTER_KEY, "RL_LEARNER_PORT": "0", "RL_POLL_BLOCK_MS": "50",
+    }
+    log_file = open(run_dir / "learner.log", "ab")  # noqa: SIM115 (closed with the test's tmp dir)
+    return subprocess.Popen([sys.executable, "-m", "services.learner"], env=env, cwd=repo_root, stdout=log_file, stderr=subprocess.STDOUT)
+
+
+def wait_for(condition, what: str, process: subprocess.Popen, run_dir: Path, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if process.poll() is not None and not condition():
+            raise AssertionError(f"learner exited with {process.returncode} before {what}:\n{(run_dir / 'learner.log').read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}:\n{(run_dir / 'learner.log').read_text()[-3000:]}")
+        time.sleep(0.05)
+
+
+def test_killed_learner_resumes_at_its_checkpoint_and_retrains_the_unacked_groups_then_stops_cleanly_on_sigterm(
+    bus: StreamBus, keys: RunKeys, redis_server: RedisServer, tiny_policy_dir: Path, tmp_path: Path, repo_root: Path
+) -> None:
+    run = small_run(keys.run_id, num_steps=6)
+    run_config = tmp_path / "run.toml"
+    run_config.write_text(
+        "[grpo]\ngroup_size = 4\ngroups_per_step = 4\n"
+        "[schedule]\nstaleness_bound = 1\nnum_steps = 6\ncheckpoint_every = 2\neval_every = 3\nmax_wall_s = 120\n"
+        "[broadcast]\nchunk_size_bytes = 65536\n"
+    )
+    worker = StandInWorker(bus, run, tiny_policy_dir)
+    worker.produce_below_version = 3  # the learner can take steps 1-3, then starves at version 3
+    worker.start()
+
+    def start() -> subprocess.Popen:
+        return start_learner_process(run_config, tmp_path, tiny_policy_dir, redis_server.url, keys.run_id, repo_root)
+
+    try:
+        # 1. Crash after step 3: the checkpoint is at 2, step 3's four groups are pending, unacked.
+        learner = start()
+        wait_for(lambda: [s["step"] for s in read_metrics(tmp_path)[0]] == [1, 2, 3], "step 3", learner, tmp_path)
+        time.sleep(0.3)  # it is now idle, waiting for version-3 groups that never come
+        learner.kill()
+        learner.wait(timeout=10)
+        assert load_checkpoint(checkpoint_path(tmp_path)).policy_version == 2
+        assert pending_count(bus, keys) == 4
+
+        # 2. Restart: it resumes at 2, republishes 2, retrains step 3 on the re-read groups, then
+        # trains on the groups made for the new versions 2 and 3 (lag 1); stop it with SIGTERM while
+        # it starves at version 5.
+        worker.produce_below_version = 4
+        learner = start()
+        wait_for(lambda: [s["step"] for s in read_metrics(tmp_path)[0]] == [1, 2, 3, 4, 5], "step 5", learner, tmp_path)
+        steps, _ = read_metrics(tmp_path)
+        assert steps[2]["num_replayed_groups"] == 4  # step 3 again, on the groups left pending by the crash
+        assert worker.versions_seen == [0, 1, 2, 2, 3]  # version 2 announced again after the restart
+        assert [s["staleness"] for s in steps[3:]] == [{"1": 4}, {"1": 4}]
+        time.sleep(0.3)
+        learner.send_signal(signal.SIGTERM)
+        assert learner.wait(timeout=30) == 0
+        assert load_checkpoint(checkpoint_path(tmp_path)).policy_version == 5
+        stopped = LearnerSummary.model_validate_json((tmp_path / "learner_summary.json").read_text())
+        assert (stopped.finished, stopped.stop_reason, stopped.policy_version) == (False, "signal", 5)
+        assert not (tmp_path / "model_final").exists()
+
+        # 3. Restart once more: it finishes the run.
+        worker.produce_below_version = 1_000_000
+        learner = start()
+        assert learner.wait(timeout=60) == 0, (tmp_path / "learner.log").read_text()[-3000:]
+    finally:
+        worker.stop_event.set()
+        worker.join(timeout=10)
+        if learner.poll() is None:
+            learner.kill()
+
+    steps, evals = read_metrics(tmp_path)
+    assert [s["step"] for s in steps] == [1, 2, 3, 4, 5, 6]  # one history: lines past a checkpoint were redone
+    assert [e["eval_step"] for e in evals] == [0, 3, 6]
+    assert max(s["max_staleness"] for s in steps) <= run.schedule.staleness_bound
+    summary = LearnerSummary.model_validate_json((tmp_path / "learner_summary.json").read_text())
+    assert (summary.finished, summary.policy_version, summary.totals.num_restarts) == (True, 6, 2)
+    assert summary.totals.num_replayed_groups >= 4
+    assert pending_count(bus, keys) == 0
+    assert LearnerState.decode(bus.redis.get(keys.learner_state)).status == "done"
+    assert (tmp_path / "model_final" / "config.json").exists()

@@ -1,0 +1,86 @@
+"""Publishing a version: the learner's chunk server serves it over HTTP, verified and loadable, and
+the announcement on `weights` is made only once every chunk is servable."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load as safetensors_load
+
+from services.learner.publish import WeightPublisher, load_weights_blob, serialize_weights
+from services.learner.trainer import load_policy
+from shared.bus import PAYLOAD_FIELD, StreamBus
+from shared.chunk_client import fetch_manifest, fetch_version
+from shared.chunk_server import ChunkServer, ChunkStore
+from shared.keys import RunKeys
+from shared.messages import Message, WeightsPublished
+from shared.weights import ManifestError
+
+pytestmark = pytest.mark.integration
+torch.set_num_threads(1)
+KEY = b"cluster-key"
+
+
+class ServabilityCheckingBus:
+    """The real bus, but every XADD first fetches the announced version over HTTP, as a worker that
+    reacts instantly would: if the chunks were not all servable yet, the fetch would fail."""
+
+    def __init__(self, bus: StreamBus, base_url: str) -> None:
+        self.bus = bus
+        self.base_url = base_url
+        self.blobs_fetched_before_announcing: list[bytes] = []
+
+    def publish(self, stream: str, message: Message) -> str:
+        assert isinstance(message, WeightsPublished)
+        with httpx.Client(timeout=5.0) as client:
+            manifest = fetch_manifest(client, self.base_url, message.policy_version, KEY)
+            self.blobs_fetched_before_announcing.append(fetch_version(client, self.base_url, manifest))
+        return self.bus.publish(stream, message)
+
+
+@pytest.fixture
+def server() -> Iterator[ChunkServer]:
+    chunk_server = ChunkServer(ChunkStore(keep_versions=2), wait_s=1.0).start()
+    yield chunk_server
+    chunk_server.stop()
+
+
+def test_a_published_version_is_fetched_verified_and_loads_into_a_fresh_model_identically(
+    bus: StreamBus, keys: RunKeys, server: ChunkServer, tiny_policy_dir: Path
+) -> None:
+    model, _ = load_policy(tiny_policy_dir)
+    with torch.no_grad():  # make it differ from the initial weights a fresh model starts with
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.01)
+    checking_bus = ServabilityCheckingBus(bus, server.url)
+    publisher = WeightPublisher(checking_bus, keys, server.store, public_url=server.url, cluster_key=KEY, chunk_size_bytes=16384)
+
+    published = publisher.publish(model, policy_version=3)
+
+    assert published.manifest.num_chunks > 1
+    assert checking_bus.blobs_fetched_before_announcing == [serialize_weights(model)]
+    ((_, fields),) = bus.redis.xrange(keys.weights)
+    announcement = WeightsPublished.decode(fields[PAYLOAD_FIELD])
+    assert announcement.policy_version == 3
+    assert announcement.manifest_url == f"{server.url}/v1/weights/3/manifest"
+    with httpx.Client(timeout=5.0) as client:
+        manifest = fetch_manifest(client, server.url, 3, KEY)
+        assert manifest.sha256() == announcement.manifest_sha256
+        assert client.get(announcement.manifest_url).content == manifest.to_json()
+        blob = fetch_version(client, server.url, manifest)
+        assert "lm_head.weight" not in safetensors_load(blob)  # tied to the embedding: sent once
+        with pytest.raises(ManifestError):
+            fetch_manifest(client, server.url, 3, b"not-the-cluster-key")
+
+    fresh, _ = load_policy(tiny_policy_dir)
+    load_weights_blob(fresh, blob)
+    expected, loaded = model.state_dict(), fresh.state_dict()
+    assert expected.keys() == loaded.keys()
+    for name in expected:
+        assert torch.equal(expected[name], loaded[name]), name
+    assert fresh.lm_head.weight.data_ptr() == fresh.get_input_embeddings().weight.data_ptr()  # still tied
+

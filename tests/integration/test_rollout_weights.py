@@ -1,0 +1,184 @@
+"""Weight sync of a rollout worker against a real ChunkServer and real Redis: an announced version is
+fetched, verified, kept for relaying and loaded; a version failing any check is never loaded."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+import torch
+from safetensors.torch import save as safetensors_save
+
+from services.learner.model_init import build_initial_policy
+from services.rollout.torch_engine import TIED_OUTPUT_KEY, TorchEngine
+from services.rollout.weights_sync import WeightsSync
+from shared.bus import StreamBus
+from shared.chunk_client import fetch_manifest, fetch_version
+from shared.chunk_server import ChunkServer, ChunkStore
+from shared.config import ModelConfig
+from shared.keys import RunKeys
+from shared.messages import WeightsPublished
+from shared.tasks import TASKS
+from shared.weights import build_manifest
+
+pytestmark = pytest.mark.integration
+torch.set_num_threads(1)
+
+CLUSTER_KEY = b"test-cluster-key"
+CHUNK_SIZE_BYTES = 64 * 1024
+PROMPTS = ["3+4=", "12+345=", "9="]
+
+
+class CorruptingStore(ChunkStore):
+    """A holder that serves chunk 1 with one bit flipped while `corrupt` is set (a bad relay or disk)."""
+
+    corrupt = True
+
+    def get_chunk(self, policy_version: int, index: int, wait_s: float = 0.0) -> bytes | None:
+        chunk = super().get_chunk(policy_version, index, wait_s)
+        if self.corrupt and chunk is not None and index == 1:
+            return bytes([chunk[0] ^ 1]) + chunk[1:]
+        return chunk
+
+
+class Learner:
+    """The learner's side of a broadcast, as the learner does it: chunk, sign, serve, then announce."""
+
+    def __init__(self, bus: StreamBus, keys: RunKeys, store: ChunkStore) -> None:
+        self.bus, self.keys, self.store = bus, keys, store
+        self.server = ChunkServer(store, wait_s=1.0).start()
+
+    def publish(self, engine: TorchEngine, policy_version: int, noise_scale: float, cluster_key: bytes = CLUSTER_KEY) -> WeightsPublished:
+        generator = torch.Generator().manual_seed(policy_version)
+        blob = safetensors_save({
+            name: (tensor + noise_scale * torch.randn(tensor.shape, generator=generator)).contiguous()
+            for name, tensor in engine.model.state_dict().items()
+            if name != TIED_OUTPUT_KEY
+        })
+        manifest, chunks = build_manifest(
+            blob, run_id=self.keys.run_id, policy_version=policy_version, chunk_size_bytes=CHUNK_SIZE_BYTES, cluster_key=cluster_key
+        )
+        self.store.put_version(manifest, chunks)
+        announcement = WeightsPublished(
+            run_id=self.keys.run_id, policy_version=policy_version,
+            manifest_url=f"{self.server.url}/v1/weights/{policy_version}/manifest", manifest_sha256=manifest.sha256(),
+            total_size_bytes=manifest.total_size_bytes, num_chunks=manifest.num_chunks,
+        )
+        self.bus.publish(self.keys.weights, announcement)
+        return announcement
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    alphabet = TASKS["arithmetic_mod10"].alphabet
+    return build_initial_policy(ModelConfig(max_position_embeddings=32), alphabet, tmp_path_factory.mktemp("policy"))
+
+
+@pytest.fixture
+def engine(model_dir: Path) -> TorchEngine:
+    return TorchEngine(model_dir)
+
+
+@pytest.fixture
+def learner_store() -> CorruptingStore:
+    store = CorruptingStore()
+    store.corrupt = False
+    return store
+
+
+@pytest.fixture
+def learner(bus: StreamBus, keys: RunKeys, learner_store: CorruptingStore) -> Iterator[Learner]:
+    learner = Learner(bus, keys, learner_store)
+    yield learner
+    learner.server.stop()
+
+
+@pytest.fixture
+def sync(redis_client: redis.Redis, keys: RunKeys) -> Iterator[WeightsSync]:
+    sync = WeightsSync(redis_client, keys, ChunkStore(), CLUSTER_KEY, retry_failed_after_s=0.0)
+    yield sync
+    sync.close()
+
+
+def greedy_logprobs(engine: TorchEngine) -> list[list[float]]:
+    return [group[0].logprobs for group in engine.generate(PROMPTS, 1, 3, 1.0, greedy=True)]
+
+
+def test_an_announced_version_is_verified_kept_for_relaying_and_loaded(
+    engine: TorchEngine, learner: Learner, sync: WeightsSync
+) -> None:
+    assert sync.update(engine) is None  # nothing announced yet
+    initial = greedy_logprobs(engine)
+    learner.publish(engine, policy_version=0, noise_scale=0.3)
+
+    assert sync.update(engine) == 0
+    assert engine.policy_version == 0
+    assert greedy_logprobs(engine) != initial
+    assert sync.update(engine) is None  # already loaded
+
+    # the worker's own store now holds every verified chunk: its chunk server can serve children
+    assert sync.store.is_complete(0)
+    relay = ChunkServer(sync.store).start()
+    try:
+        with httpx.Client() as client:
+            manifest = fetch_manifest(client, relay.url, 0, CLUSTER_KEY)
+            assert fetch_version(client, relay.url, manifest) == fetch_version(client, learner.server.url, manifest)
+    finally:
+        relay.stop()
+
+
+def test_a_corrupt_chunk_is_never_loaded_and_the_version_is_retried_later(
+    engine: TorchEngine, learner: Learner, learner_store: CorruptingStore, sync: WeightsSync
+) -> None:
+    learner.publish(engine, policy_version=0, noise_scale=0.3)
+    assert sync.update(engine) == 0
+    before = greedy_logprobs(engine)
+
+    learner_store.corrupt = True
+    announcement = learner.publish(engine, policy_version=1, noise_scale=0.3)
+    assert announcement.num_chunks > 1
+
+    assert sync.update(engine) is None
+    assert engine.policy_version == 0 and sync.num_rejected == 1
+    assert greedy_logprobs(engine) == before
+    assert not sync.store.is_complete(1)
+
+    learner_store.corrupt = False  # the holder is healthy again: the next try succeeds
+    assert sync.update(engine) == 1
+    assert engine.policy_version == 1
+
+
+def test_a_manifest_signed_with_another_key_is_never_loaded(engine: TorchEngine, learner: Learner, sync: WeightsSync) -> None:
+    learner.publish(engine, policy_version=0, noise_scale=0.3, cluster_key=b"someone-else")
+
+    assert sync.update(engine) is None
+    assert engine.policy_version == -1 and sync.num_rejected == 1
+    assert sync.store.versions() == []
+
+
+def test_an_announcement_naming_a_different_manifest_is_never_loaded(
+    engine: TorchEngine, learner: Learner, sync: WeightsSync, bus: StreamBus, keys: RunKeys
+) -> None:
+    genuine = learner.publish(engine, policy_version=0, noise_scale=0.3)
+    bus.publish(keys.weights, genuine.model_copy(update={"manifest_sha256": "0" * 64}))
+
+    assert sync.update(engine) is None
+    assert engine.policy_version == -1
+
+
+def test_a_resumed_learner_announcing_an_older_version_is_followed(
+    engine: TorchEngine, learner: Learner, redis_client: redis.Redis, keys: RunKeys
+) -> None:
+    # a store keeping one version evicts the older one on arrival: it is loaded all the same
+    sync = WeightsSync(redis_client, keys, ChunkStore(keep_versions=1), CLUSTER_KEY, retry_failed_after_s=0.0)
+    learner.publish(engine, policy_version=5, noise_scale=0.3)
+    assert sync.update(engine) == 5
+
+    learner.publish(engine, policy_version=3, noise_scale=0.2)  # restarted from an older checkpoint
+
+    assert sync.update(engine) == 3
+    assert engine.policy_version == 3
+    sync.close()

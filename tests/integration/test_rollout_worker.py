@@ -1,0 +1,258 @@
+"""The rollout worker end to end against real parts: redis-server, the real coordinator app under
+uvicorn, a learner-side ChunkServer announcing signed versions, and the tiny local model."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+import uvicorn
+from safetensors.torch import save as safetensors_save
+
+from services.coordinator.app import create_app
+from services.coordinator.schemas import HeartbeatRequest, RegisterWorkerRequest, WorkerInfo
+from services.learner.model_init import build_initial_policy
+from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError
+from services.rollout.membership import Membership
+from services.rollout.settings import RolloutSettings
+from services.rollout.torch_engine import TorchEngine
+from services.rollout.worker import RolloutWorker
+from shared.bus import StreamBus, connect
+from shared.chunk_server import ChunkServer, ChunkStore
+from shared.config import CoordinatorConfig, ModelConfig, RolloutConfig, RunConfig, ScheduleConfig
+from shared.keys import RunKeys
+from shared.messages import LearnerState, RolloutGroup, TaskGroup, WeightsPublished
+from shared.redis_server import RedisServer, free_port
+from shared.tasks import TASKS
+from shared.weights import build_manifest
+
+pytestmark = pytest.mark.integration
+torch.set_num_threads(1)
+
+CLUSTER_KEY = "worker-test-cluster-key"
+ADMIN_TOKEN = "worker-test-admin-token-0123456789"
+STALENESS_BOUND = 1
+
+
+@contextlib.contextmanager
+def serve_coordinator(run: RunConfig, redis_url: str) -> Iterator[str]:
+    """The real coordinator app under uvicorn in a thread; yields its base URL."""
+    port = free_port()
+    app = create_app(run, connect(redis_url), ADMIN_TOKEN)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="coordinator", daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, "coordinator started", timeout_s=10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 15.0, interval_s: float = 0.02) -> None:
+    deadline_s = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline_s, f"timed out waiting for: {what}"
+        time.sleep(interval_s)
+
+
+class LearnerSide:
+    """Publishes versions as the learner does (chunk, sign, serve, announce) and sets its LearnerState."""
+
+    def __init__(self, bus: StreamBus, keys: RunKeys, model_dir: Path) -> None:
+        self.bus, self.keys = bus, keys
+        self.server = ChunkServer(ChunkStore(), wait_s=1.0).start()
+        self.state_dict = {k: v for k, v in TorchEngine(model_dir).model.state_dict().items() if k != "lm_head.weight"}
+
+    def publish(self, policy_version: int) -> None:
+        generator = torch.Generator().manual_seed(policy_version)
+        blob = safetensors_save({k: (v + 0.1 * torch.randn(v.shape, generator=generator)).contiguous() for k, v in self.state_dict.items()})
+        manifest, chunks = build_manifest(
+            blob, run_id=self.keys.run_id, policy_version=policy_version, chunk_size_bytes=128 * 1024, cluster_key=CLUSTER_KEY.encode()
+        )
+        self.server.store.put_version(manifest, chunks)
+        self.bus.publish(self.keys.weights, WeightsPublished(
+            run_id=self.keys.run_id, policy_version=policy_version,
+            manifest_url=f"{self.server.url}/v1/weights/{policy_version}/manifest", manifest_sha256=manifest.sha256(),
+            total_size_bytes=manifest.total_size_bytes, num_chunks=manifest.num_chunks,
+        ))
+
+    def set_version(self, learner_version: int) -> None:
+        state = LearnerState(
+            run_id=self.keys.run_id, status="training", learner_version=learner_version, published_version=learner_version,
+            staleness_bound=STALENESS_BOUND, num_steps_target=100,
+        )
+        self.bus.redis.set(self.keys.learner_state, state.encode())
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    alphabet = TASKS["arithmetic_mod10"].alphabet
+    return build_initial_policy(ModelConfig(max_position_embeddings=32), alphabet, tmp_path_factory.mktemp("policy"))
+
+
+@pytest.fixture
+def run(keys: RunKeys) -> RunConfig:
+    return RunConfig(
+        run_id=keys.run_id,
+        schedule=ScheduleConfig(staleness_bound=STALENESS_BOUND),
+        rollout=RolloutConfig(heartbeat_interval_s=0.2, claim_idle_ms=60_000),
+        coordinator=CoordinatorConfig(lease_s=5.0),
+    )
+
+
+@pytest.fixture
+def coordinator_url(run: RunConfig, redis_server: RedisServer) -> Iterator[str]:
+    with serve_coordinator(run, redis_server.url) as url:
+        yield url
+
+
+@pytest.fixture
+def learner(bus: StreamBus, keys: RunKeys, model_dir: Path) -> Iterator[LearnerSide]:
+    learner = LearnerSide(bus, keys, model_dir)
+    yield learner
+    learner.server.stop()
+
+
+def make_task(run_id: str, task_id: str, prompt: str, num_samples: int = 4) -> TaskGroup:
+    return TaskGroup(
+        run_id=run_id, task_id=task_id, task_name="arithmetic_mod10", prompt=prompt,
+        num_samples=num_samples, max_new_tokens=2, temperature=1.0,
+    )
+
+
+def rollouts_of(bus: StreamBus, keys: RunKeys) -> dict[str, RolloutGroup]:
+    groups = [RolloutGroup.decode(fields[b"data"]) for _, fields in bus.redis.xrange(keys.rollouts)]
+    return {group.task_id: group for group in groups}
+
+
+def worker_info(coordinator_url: str, worker_id: str) -> WorkerInfo | None:
+    response = httpx.get(f"{coordinator_url}/v1/workers/{worker_id}")
+    return WorkerInfo.model_validate_json(response.content) if response.status_code == 200 else None
+
+
+def test_worker_samples_with_announced_versions_gates_on_staleness_and_dead_letters_poison(
+    run: RunConfig, redis_server: RedisServer, coordinator_url: str, learner: LearnerSide,
+    bus: StreamBus, keys: RunKeys, model_dir: Path,
+) -> None:
+    settings = RolloutSettings(
+        cluster_key=CLUSTER_KEY, coordinator_url=coordinator_url, redis_url=redis_server.url, model_dir=model_dir,
+        worker_name="in-process", worker_max_groups_per_batch=4, worker_poll_s=0.05,
+    )
+    engine = TorchEngine(model_dir)
+    worker = RolloutWorker(run, settings, engine, connect(redis_server.url))
+    thread = threading.Thread(target=worker.run, name="worker", daemon=True)
+    thread.start()
+    try:
+        # no announced weights yet: registered, but nothing is taken
+        bus.publish(keys.tasks, make_task(keys.run_id, "early", "3+4="))
+        wait_for(lambda: worker.membership.num_registrations == 1, "registration")
+        worker_id = worker.membership.worker_id
+        time.sleep(0.3)
+        assert bus.length(keys.rollouts) == 0 and engine.policy_version == -1
+
+        learner.set_version(0)
+        learner.publish(0)
+        for i in range(5):
+            bus.publish(keys.tasks, make_task(keys.run_id, f"v0-{i}", f"{i}+{i + 1}="))
+        bus.publish(keys.tasks, make_task(keys.run_id, "poison", "é+1="))
+        wait_for(lambda: len(rollouts_of(bus, keys)) == 6, "six groups with version 0")
+        wait_for(lambda: bus.length(keys.dead) == 1, "the poison task dead-lettered")
+
+        groups = rollouts_of(bus, keys)
+        assert set(groups) == {"early", *(f"v0-{i}" for i in range(5))}
+        for group in groups.values():
+            assert group.policy_version == 0 and group.worker_id == worker_id and group.num_samples == 4
+            assert len(group.prompt_tokens()) == len(group.prompt)
+        assert bus.backlog(keys.tasks, "rollout") == 0  # every task acked, the poison one via the dead letter
+        [letter] = bus.dead_letters()
+        assert "UnencodablePromptError" in letter.error and TaskGroup.decode(letter.payload).task_id == "poison"
+
+        learner.set_version(1)
+        learner.publish(1)
+        wait_for(lambda: engine.policy_version == 1, "version 1 loaded")
+        bus.publish(keys.tasks, make_task(keys.run_id, "v1", "5+5="))
+        wait_for(lambda: "v1" in rollouts_of(bus, keys), "a group with version 1")
+        assert rollouts_of(bus, keys)["v1"].policy_version == 1
+
+        # the learner moves past what version 1 can still be admitted to: the worker stops taking work
+        learner.set_version(1 + STALENESS_BOUND + 1)
+        wait_for(lambda: worker.gate_state == "closed", "the staleness gate closes")
+        bus.publish(keys.tasks, make_task(keys.run_id, "gated", "7+1="))
+        time.sleep(0.5)
+        assert "gated" not in rollouts_of(bus, keys)
+        assert bus.backlog(keys.tasks, "rollout") == 1
+        learner.publish(3)
+        wait_for(lambda: "gated" in rollouts_of(bus, keys), "the gated task, sampled with version 3")
+        assert rollouts_of(bus, keys)["gated"].policy_version == 3
+
+        info = worker_info(coordinator_url, worker_id)
+        assert info is not None and info.endpoint_url == worker.chunk_server.url
+        wait_for(lambda: worker_info(coordinator_url, worker_id).num_groups_done == 8, "heartbeat with the counters")
+        assert worker_info(coordinator_url, worker_id).policy_version == 3
+    finally:
+        worker.stop()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert worker_info(coordinator_url, worker_id) is None  # deregistered on the way out
+
+
+def test_a_worker_declared_dead_registers_again(redis_server: RedisServer, keys: RunKeys) -> None:
+    # heartbeats every 0.6 s against a 0.3 s lease: every heartbeat finds the worker dead (410)
+    run = RunConfig(
+        run_id=keys.run_id, rollout=RolloutConfig(heartbeat_interval_s=0.6), coordinator=CoordinatorConfig(lease_s=0.3)
+    )
+    with serve_coordinator(run, redis_server.url) as url:
+        membership = Membership(CoordinatorClient(url), RegisterWorkerRequest(name="flaky"), HeartbeatRequest, threading.Event())
+        first_id = membership.register().worker_id
+        membership.start_heartbeats()
+        wait_for(lambda: membership.num_registrations >= 2, "re-registration after 410")
+        assert membership.worker_id != first_id
+        membership.raise_if_failed()
+        membership.leave()
+
+
+def test_an_unreachable_coordinator_is_reported_as_unavailable() -> None:
+    client = CoordinatorClient(f"http://127.0.0.1:{free_port()}", timeout_s=1.0)
+    with pytest.raises(CoordinatorUnavailableError):
+        client.staleness(0)
+
+
+def test_the_worker_process_exits_cleanly_on_sigterm(
+    run: RunConfig, redis_server: RedisServer, coordinator_url: str, learner: LearnerSide,
+    keys: RunKeys, model_dir: Path, repo_root: Path, tmp_path: Path,
+) -> None:
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(f'run_id = "{keys.run_id}"\n[rollout]\nheartbeat_interval_s = 0.2\n')
+    learner.set_version(0)
+    learner.publish(0)
+    env = {
+        **os.environ, "RL_CLUSTER_KEY": CLUSTER_KEY, "RL_COORDINATOR_URL": coordinator_url, "RL_REDIS_URL": redis_server.url,
+        "RL_RUN_CONFIG": str(run_file), "RL_MODEL_DIR": str(model_dir), "RL_WORKER_NAME": "subprocess",
+    }
+    process = subprocess.Popen([sys.executable, "-m", "services.rollout"], cwd=repo_root, env=env)
+    try:
+        def loaded_version_0() -> bool:
+            workers = [w for w in httpx.get(f"{coordinator_url}/v1/workers").json() if w["name"] == "subprocess"]
+            return bool(workers) and workers[0]["policy_version"] == 0
+
+        wait_for(loaded_version_0, "the worker process reports version 0", timeout_s=30, interval_s=0.25)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+        assert httpx.get(f"{coordinator_url}/v1/workers").json() == []  # it deregistered
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+

@@ -1,0 +1,72 @@
+"""Laying scored groups out as a training batch, and refusing groups the model cannot hold."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from services.learner.batch import InvalidGroupError, tensorize, validate_group
+from services.learner.grpo import ADVANTAGE_EPS
+from shared.messages import RolloutGroup, ScoredGroup, pack_float32, pack_int32
+
+PAD = 0
+
+
+def scored_group(
+    prompt: list[int], completions: list[list[int]], rewards: list[float], *, logprobs: list[float] | None = None,
+    temperature: float = 1.0,
+) -> ScoredGroup:
+    flat = [token for completion in completions for token in completion]
+    rollout = RolloutGroup(
+        run_id="r", group_id="g", task_id="t", task_name="arithmetic_mod10", prompt="p", worker_id="w",
+        policy_version=0, temperature=temperature,
+        prompt_token_ids=pack_int32(prompt), completion_token_ids=pack_int32(flat),
+        completion_lengths=pack_int32([len(c) for c in completions]),
+        behaviour_logprobs=pack_float32(logprobs if logprobs is not None else [-0.5 - i for i in range(len(flat))]),
+        completion_texts=["x"] * len(completions), finish_reasons=["stop"] * len(completions), generation_s=0.0,
+    )
+    return ScoredGroup(run_id="r", rollout=rollout, rewards=rewards)
+
+
+def test_tensorize_right_pads_and_masks_exactly_the_completion_tokens() -> None:
+    groups = [
+        scored_group([7, 3, 8, 14], [[5, 1], [6]], [1.0, 0.0], temperature=0.5),
+        scored_group([4, 14], [[4, 1]], [0.5]),
+    ]
+    batch = tensorize(groups, PAD, normalize_advantage_by_std=True)
+
+    assert batch.input_ids.tolist() == [[7, 3, 8, 14, 5, 1], [7, 3, 8, 14, 6, PAD], [4, 14, 4, 1, PAD, PAD]]
+    assert batch.attention_mask.tolist() == [[1] * 6, [1] * 5 + [0], [1] * 4 + [0, 0]]
+    # Target j - 1 is token j: completion tokens of row 0 sit at targets 3 and 4.
+    assert batch.completion_mask.tolist() == [
+        [False, False, False, True, True],
+        [False, False, False, True, False],
+        [False, True, True, False, False],
+    ]
+    assert batch.behaviour_logprobs[0, 3:5].tolist() == [-0.5, -1.5]
+    assert batch.behaviour_logprobs[1, 3].item() == -2.5
+    assert batch.behaviour_logprobs[2, 1:3].tolist() == [-0.5, -1.5]
+    assert batch.advantages[:, 0].tolist() == pytest.approx([0.5 / (0.5 + ADVANTAGE_EPS), -0.5 / (0.5 + ADVANTAGE_EPS), 0.0])
+    assert batch.temperatures.tolist() == [0.5, 0.5, 1.0]
+    assert batch.rewards.tolist() == [1.0, 0.0, 0.5]
+    assert (batch.num_samples, batch.num_tokens) == (3, 5)
+
+
+@pytest.mark.parametrize(
+    ("group", "reason"),
+    [
+        (scored_group([7, 3, 99], [[5]], [1.0]), "outside"),
+        (scored_group([7, 3], [[5, -1]], [1.0]), "outside"),
+        (scored_group([7] * 30, [[5, 5, 5]], [1.0]), "the model holds 32"),
+        (scored_group([7, 3], [[5]], [1.0], logprobs=[math.nan]), "NaN"),
+        (scored_group([7, 3], [[5]], [math.inf]), "rewards"),
+    ],
+)
+def test_groups_the_model_cannot_hold_are_refused_with_a_reason(group: ScoredGroup, reason: str) -> None:
+    with pytest.raises(InvalidGroupError, match=reason):
+        validate_group(group, vocab_size=16, max_positions=32)
+
+
+def test_a_valid_group_passes_validation() -> None:
+    validate_group(scored_group([7, 3, 8, 14], [[5, 1], []], [1.0, 0.0]), vocab_size=16, max_positions=32)
