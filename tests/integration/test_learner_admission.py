@@ -5,13 +5,33 @@ broken ones are dead-lettered; after a restart the pending ones are decided agai
 from __future__ import annotations
 
 import pytest
+import redis
 
-from services.learner.batch import LEARNER_CONSUMER, BatchCollector
+from services.learner.batch import BatchCollector
 from shared.bus import StreamBus
 from shared.keys import ConsumerGroups, RunKeys
 from shared.messages import RolloutGroup, ScoredGroup, pack_float32, pack_int32
 
 pytestmark = pytest.mark.integration
+
+
+class LosesOneReply:
+    """The real bus, except that the first read which gets entries loses its reply, as a connection
+    dropped mid-answer would: Redis has marked them delivered, the consumer never saw them."""
+
+    def __init__(self, bus: StreamBus) -> None:
+        self.bus = bus
+        self.num_lost = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.bus, name)
+
+    def read(self, *args: object, **kwargs: object) -> list:
+        deliveries = self.bus.read(*args, **kwargs)
+        if deliveries and not self.num_lost:
+            self.num_lost = len(deliveries)
+            raise redis.ConnectionError("connection dropped before the reply arrived")
+        return deliveries
 
 
 def scored(run_id: str, policy_version: int, *, completion: tuple[int, ...] = (5, 1)) -> ScoredGroup:
@@ -25,7 +45,7 @@ def scored(run_id: str, policy_version: int, *, completion: tuple[int, ...] = (5
     return ScoredGroup(run_id=run_id, rollout=rollout, rewards=[1.0])
 
 
-def make_collector(bus: StreamBus, keys: RunKeys, staleness_bound: int, groups_per_step: int) -> BatchCollector:
+def make_collector(bus: StreamBus | LosesOneReply, keys: RunKeys, staleness_bound: int, groups_per_step: int) -> BatchCollector:
     collector = BatchCollector(
         bus, keys, staleness_bound=staleness_bound, groups_per_step=groups_per_step, vocab_size=16, max_positions=32,
         poll_block_ms=50,
@@ -85,3 +105,15 @@ def test_collect_gives_up_when_asked_to_stop_and_leaves_the_partial_batch_pendin
     polls = iter([False, False, True])
     assert collector.collect(learner_version=0, should_stop=lambda: next(polls)) is None
     assert len(pending_ids(bus, keys)) == 1
+
+
+def test_groups_whose_read_reply_was_lost_are_recovered_without_a_restart(bus: StreamBus, keys: RunKeys) -> None:
+    flaky = LosesOneReply(bus)
+    collector = make_collector(flaky, keys, staleness_bound=1, groups_per_step=3)
+    for _ in range(3):
+        bus.publish(keys.scored, scored(keys.run_id, 0))
+
+    batch = collector.collect(learner_version=0, should_stop=lambda: False)
+
+    assert flaky.num_lost == 3
+    assert batch is not None and [a.replayed for a in batch.groups] == [True, True, True]

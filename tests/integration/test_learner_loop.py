@@ -25,10 +25,11 @@ from services.learner.checkpoint import checkpoint_path, load_checkpoint
 from services.learner.learner import Learner
 from services.learner.metrics import LearnerSummary
 from services.learner.publish import load_weights_blob
+from services.learner.retry import call_with_retry
 from services.learner.selfplay import sample_scored_groups
 from services.learner.settings import LearnerSettings
 from services.learner.trainer import load_policy
-from shared.bus import PAYLOAD_FIELD, StreamBus
+from shared.bus import PAYLOAD_FIELD, StreamBus, connect
 from shared.chunk_client import fetch_manifest, fetch_version
 from shared.config import BroadcastConfig, GRPOConfig, RunConfig, ScheduleConfig
 from shared.keys import ConsumerGroups, RunKeys
@@ -74,7 +75,7 @@ class StandInWorker(threading.Thread):
     def run(self) -> None:
         with httpx.Client(timeout=5.0) as client:
             while not self.stop_event.wait(0.02):
-                entries = self.bus.redis.xrange(self.keys.weights, min=self._cursor, count=2)
+                entries = call_with_retry(lambda: self.bus.redis.xrange(self.keys.weights, min=self._cursor, count=2), "xrange")
                 if not entries:
                     continue
                 entry_id, fields = entries[0]
@@ -90,7 +91,7 @@ class StandInWorker(threading.Thread):
                 self._cursor = "(" + entry_id.decode()
                 self.versions_seen.append(announcement.policy_version)
                 for group in self.groups_for(announcement.policy_version):
-                    self.bus.publish(self.keys.scored, group)
+                    call_with_retry(lambda group=group: self.bus.publish(self.keys.scored, group), "publish")
 
     def load(self, client: httpx.Client, announcement: WeightsPublished) -> None:
         base_url = announcement.manifest_url.split("/v1/weights/")[0]
@@ -158,8 +159,8 @@ def test_the_loop_trains_publishes_and_never_trains_on_what_the_bound_forbids(
     steps, evals = read_metrics(tmp_path)
     assert [s["step"] for s in steps] == [1, 2, 3, 4, 5, 6]
     assert [s["policy_version"] for s in steps] == [1, 2, 3, 4, 5, 6]
-    assert steps[0]["staleness"] == {"0": 4}
-    assert all(s["staleness"] == {"0": 3, "1": 1} for s in steps[1:])  # the lag-1 group is admitted (S = 1)
+    assert steps[0]["staleness_histogram"] == {"0": 4}
+    assert all(s["staleness_histogram"] == {"0": 3, "1": 1} for s in steps[1:])  # the lag-1 group is admitted (S = 1)
     assert max(s["max_staleness"] for s in steps) <= run.schedule.staleness_bound
     assert all(s["num_samples"] == 16 and s["train_s"] > 0 for s in steps)
     assert steps[-1]["num_dropped"] == {"stale": 4, "future_version": 1, "run_mismatch": 1}  # stale: v0..v3 at t=2..5
@@ -236,7 +237,7 @@ def test_killed_learner_resumes_at_its_checkpoint_and_retrains_the_unacked_group
         steps, _ = read_metrics(tmp_path)
         assert steps[2]["num_replayed_groups"] == 4  # step 3 again, on the groups left pending by the crash
         assert worker.versions_seen == [0, 1, 2, 2, 3]  # version 2 announced again after the restart
-        assert [s["staleness"] for s in steps[3:]] == [{"1": 4}, {"1": 4}]
+        assert [s["staleness_histogram"] for s in steps[3:]] == [{"1": 4}, {"1": 4}]
         time.sleep(0.3)
         learner.send_signal(signal.SIGTERM)
         assert learner.wait(timeout=30) == 0
@@ -265,3 +266,38 @@ def test_killed_learner_resumes_at_its_checkpoint_and_retrains_the_unacked_group
     assert pending_count(bus, keys) == 0
     assert LearnerState.decode(bus.redis.get(keys.learner_state)).status == "done"
     assert (tmp_path / "model_final" / "config.json").exists()
+
+
+def test_the_learner_rides_out_a_redis_restart_without_losing_admitted_groups(tiny_policy_dir: Path, tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis").start()  # private: this test takes it down
+    keys = RunKeys("redis-restart")
+    bus = StreamBus(connect(server.url), run_id=keys.run_id, dead_letter_stream=keys.dead, service="test")
+    run = small_run(keys.run_id, num_steps=6)
+    settings = LearnerSettings(
+        redis_url=server.url, run_dir=tmp_path / "run", model_dir=tiny_policy_dir, cluster_key=CLUSTER_KEY,
+        learner_port=0, poll_block_ms=50,
+    )
+    worker = StandInWorker(bus, run, tiny_policy_dir)
+
+    def restart_redis_after_step_2() -> None:
+        while not [s for s in read_metrics(settings.run_dir)[0] if s["step"] >= 2]:
+            time.sleep(0.02)
+        server.stop()  # SIGTERM: Redis writes its AOF and exits; every client call now fails
+        time.sleep(1.0)
+        server.start()  # same port, same data directory: the streams and the consumer group are back
+
+    outage = threading.Thread(target=restart_redis_after_step_2, daemon=True)
+    try:
+        worker.start()
+        outage.start()
+        with Learner(run, settings, bus) as learner:
+            summary = learner.run()
+        outage.join(timeout=10)
+        assert (summary.finished, summary.policy_version) == (True, 6)
+        steps, _ = read_metrics(settings.run_dir)
+        assert [s["step"] for s in steps] == [1, 2, 3, 4, 5, 6]
+        assert pending_count(bus, keys) == 0
+    finally:
+        worker.stop_event.set()
+        worker.join(timeout=10)
+        server.stop()

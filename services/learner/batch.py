@@ -1,0 +1,257 @@
+"""From the `scored` stream to a training batch: collect admissible groups, then tensorize them.
+
+Every group read is decided exactly once, at the learner's current version t:
+- another run's group: dropped (run_mismatch), acked at once;
+- token ids outside the vocabulary, longer than the model's context, or non-finite logprobs or
+  rewards: dead-lettered with the reason (acked with its dead letter) - a broken worker must not
+  crash or poison the learner;
+- t - v > S or v > t: dropped (stale / future_version), acked at once; it is counted, never trained on;
+- otherwise admitted. An admitted group stays pending in the consumer group until the checkpoint
+  that covers its training step is on disk (the learner acks it then).
+
+After a restart the groups this consumer had admitted but not acked (bus.read_own_pending) come
+first, and are decided again at the restored version.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from services.learner.grpo import group_advantages
+from services.learner.retry import call_with_retry
+from shared.bus import Delivery, StreamBus
+from shared.keys import ConsumerGroups, RunKeys
+from shared.messages import ScoredGroup, unpack_float32, unpack_int32
+from shared.staleness import DropReason, admission_verdict, staleness_of
+
+log = logging.getLogger(__name__)
+
+LEARNER_CONSUMER = "learner-0"
+
+
+class InvalidGroupError(ValueError):
+    """A scored group the learner cannot train on whatever its version: it is dead-lettered."""
+
+
+@dataclass(frozen=True)
+class AdmittedGroup:
+    delivery: Delivery[ScoredGroup]
+    staleness: int  # t - v at admission
+    replayed: bool  # re-read from this consumer's pending entries after a restart
+
+    @property
+    def group(self) -> ScoredGroup:
+        return self.delivery.message
+
+
+@dataclass(frozen=True)
+class CollectedBatch:
+    groups: list[AdmittedGroup]
+    idle_s: float  # wall seconds spent collecting: waiting for admissible rollouts (plus ms of decoding)
+
+    @property
+    def message_ids(self) -> list[str]:
+        return [admitted.delivery.message_id for admitted in self.groups]
+
+
+class BatchCollector:
+    """Reads `scored` for the learner's consumer and applies the admission rule."""
+
+    def __init__(
+        self,
+        bus: StreamBus,
+        keys: RunKeys,
+        *,
+        staleness_bound: int,
+        groups_per_step: int,
+        vocab_size: int,
+        max_positions: int,
+        poll_block_ms: int = 500,
+    ) -> None:
+        self.bus = bus
+        self.keys = keys
+        self.staleness_bound = staleness_bound
+        self.groups_per_step = groups_per_step
+        self.vocab_size = vocab_size
+        self.max_positions = max_positions
+        self.poll_block_ms = poll_block_ms
+        self.num_dropped: Counter[str] = Counter()  # cumulative, by DropReason value (restored from checkpoints)
+        self.num_dead_lettered = 0
+        self._replay: deque[Delivery[ScoredGroup]] = deque()
+        self._held: set[str] = set()  # admitted by this process, not yet acked by the learner
+        self._reply_maybe_lost = False
+
+    def ensure_group(self) -> None:
+        call_with_retry(lambda: self.bus.ensure_group(self.keys.scored, ConsumerGroups.SCORED), "create consumer group")
+
+    def load_own_pending(self) -> int:
+        """Queue the entries delivered to this consumer and never acked that this process does not
+        hold: after a restart, the groups admitted before the crash; after a Redis outage, those a
+        lost read reply delivered unseen. They are decided (again) before anything new is read.
+        Every re-read counts as a delivery: the bus dead-letters an entry after `max_deliveries`
+        (a group that keeps killing the learner). Returns how many were queued."""
+        pending = call_with_retry(
+            lambda: self.bus.read_own_pending(
+                self.keys.scored, ConsumerGroups.SCORED, LEARNER_CONSUMER, ScoredGroup, count=1_000_000
+            ),
+            "read own pending",
+        )
+        known = self._held | {delivery.message_id for delivery in self._replay}
+        unseen = [delivery for delivery in pending if delivery.message_id not in known]
+        self._replay.extend(unseen)
+        return len(unseen)
+
+    def release(self, message_ids: list[str]) -> None:
+        """The learner acked these (their checkpoint is on disk): no longer held by this process."""
+        self._held.difference_update(message_ids)
+
+    def collect(self, learner_version: int, should_stop: Callable[[], bool]) -> CollectedBatch | None:
+        """Block until `groups_per_step` groups are admitted at `learner_version`; None when
+        `should_stop()` turns true first (the partial batch stays pending and is re-read on restart)."""
+        started_s = time.monotonic()
+        admitted: list[AdmittedGroup] = []
+        while len(admitted) < self.groups_per_step:
+            if should_stop():
+                return None
+            for delivery, replayed in self._next_deliveries(self.groups_per_step - len(admitted)):
+                if self.admit(delivery, learner_version):
+                    lag = staleness_of(learner_version, delivery.message.rollout.policy_version)
+                    admitted.append(AdmittedGroup(delivery, lag, replayed))
+                    self._held.add(delivery.message_id)
+        return CollectedBatch(admitted, idle_s=time.monotonic() - started_s)
+
+    def admit(self, delivery: Delivery[ScoredGroup], learner_version: int) -> bool:
+        """Decide one group at `learner_version`; drops and dead letters are recorded (and acked) here."""
+        group = delivery.message
+        if group.run_id != self.keys.run_id:
+            self._drop(delivery, DropReason.RUN_MISMATCH)
+            return False
+        try:
+            validate_group(group, self.vocab_size, self.max_positions)
+        except InvalidGroupError as exc:  # policy: a group we cannot train on goes to the dead letters
+            error = f"learner: {exc}"
+            call_with_retry(lambda: self.bus.dead_letter(delivery, error), "dead-letter")
+            self.num_dead_lettered += 1
+            return False
+        reason = admission_verdict(learner_version, group.rollout.policy_version, self.staleness_bound)
+        if reason is not None:
+            self._drop(delivery, reason)
+            return False
+        return True
+
+    def _drop(self, delivery: Delivery[ScoredGroup], reason: DropReason) -> None:
+        # Acked at once: the effect of a drop is only this count, which the next checkpoint records.
+        self.num_dropped[reason.value] += 1
+        call_with_retry(lambda: self.bus.ack(delivery.stream, delivery.group, [delivery.message_id]), "ack drop")
+        log.debug("dropped group %s (v%d): %s", delivery.message.rollout.group_id, delivery.message.rollout.policy_version, reason)
+
+    def _next_deliveries(self, count: int) -> list[tuple[Delivery[ScoredGroup], bool]]:
+        if self._reply_maybe_lost:
+            self._reply_maybe_lost = False
+            if num_recovered := self.load_own_pending():
+                log.warning("%d scored groups delivered during a redis outage were recovered", num_recovered)
+        if self._replay:
+            return [(self._replay.popleft(), True) for _ in range(min(count, len(self._replay)))]
+        deliveries = call_with_retry(
+            lambda: self.bus.read(
+                self.keys.scored, ConsumerGroups.SCORED, LEARNER_CONSUMER, ScoredGroup,
+                count=count, block_ms=self.poll_block_ms,
+            ),
+            "read scored",
+            on_retry=self._note_lost_reply,
+        )
+        return [(delivery, False) for delivery in deliveries]
+
+    def _note_lost_reply(self) -> None:
+        # A read whose reply was lost to a dropped connection left its entries pending for this
+        # consumer without this process seeing them; without a re-read they would wait for the
+        # next restart while the learner starves.
+        self._reply_maybe_lost = True
+
+
+def validate_group(group: ScoredGroup, vocab_size: int, max_positions: int) -> None:
+    """Raise InvalidGroupError unless every token fits the model and every number is finite."""
+    rollout = group.rollout
+    prompt = rollout.prompt_tokens()
+    completion = unpack_int32(rollout.completion_token_ids)
+    for name, ids in (("prompt", prompt), ("completion", completion)):
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+            raise InvalidGroupError(f"{name} token ids outside [0, {vocab_size}): {int(ids.min())}..{int(ids.max())}")
+    longest = len(prompt) + max(len(sample) for sample in rollout.sample_tokens())
+    if longest > max_positions:
+        raise InvalidGroupError(f"prompt + completion is {longest} tokens, the model holds {max_positions}")
+    logprobs = unpack_float32(rollout.behaviour_logprobs)
+    if not np.isfinite(logprobs).all():
+        raise InvalidGroupError("behaviour logprobs contain NaN or inf")
+    if not np.isfinite(group.rewards).all():
+        raise InvalidGroupError("rewards contain NaN or inf")
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """One optimizer step's data: B = total samples, right-padded to the longest prompt + completion T."""
+
+    input_ids: torch.Tensor  # (B, T) long, prompt + completion + padding
+    attention_mask: torch.Tensor  # (B, T) long, 0 on padding
+    completion_mask: torch.Tensor  # (B, T - 1) bool, True where target token j + 1 is a completion token
+    behaviour_logprobs: torch.Tensor  # (B, T - 1) float, the worker's logprobs at the completion targets
+    advantages: torch.Tensor  # (B, 1) float, one per sample, shared by its tokens
+    temperatures: torch.Tensor  # (B,) float, the temperature each sample was drawn at
+    rewards: torch.Tensor  # (B,) float
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.completion_mask.sum().item())
+
+
+def tensorize(groups: list[ScoredGroup], pad_token_id: int, normalize_advantage_by_std: bool) -> TrainBatch:
+    """Lay the groups' samples out as rows of one right-padded batch, with per-sample advantages."""
+    rows: list[np.ndarray] = []
+    starts: list[int] = []  # index of the first completion token in each row
+    behaviour: list[np.ndarray] = []
+    advantages: list[torch.Tensor] = []
+    temperatures: list[float] = []
+    rewards: list[float] = []
+    for group in groups:
+        rollout = group.rollout
+        prompt = rollout.prompt_tokens()
+        for tokens, logprobs in zip(rollout.sample_tokens(), rollout.sample_logprobs(), strict=True):
+            rows.append(np.concatenate([prompt, tokens]))
+            starts.append(len(prompt))
+            behaviour.append(logprobs)
+            temperatures.append(rollout.temperature)
+        group_rewards = torch.tensor(group.rewards, dtype=torch.float32)
+        advantages.append(group_advantages(group_rewards, normalize_advantage_by_std))
+        rewards.extend(group.rewards)
+
+    num_rows, max_len = len(rows), max(len(row) for row in rows)
+    input_ids = torch.full((num_rows, max_len), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((num_rows, max_len), dtype=torch.long)
+    completion_mask = torch.zeros((num_rows, max_len - 1), dtype=torch.bool)
+    behaviour_logprobs = torch.zeros((num_rows, max_len - 1), dtype=torch.float32)
+    for i, (row, start, logprobs) in enumerate(zip(rows, starts, behaviour, strict=True)):
+        input_ids[i, : len(row)] = torch.from_numpy(row.astype(np.int64))
+        attention_mask[i, : len(row)] = 1
+        # Target position j - 1 holds token j, so completion tokens [start, len) sit at [start - 1, len - 1).
+        completion_mask[i, start - 1 : len(row) - 1] = True
+        behaviour_logprobs[i, start - 1 : len(row) - 1] = torch.from_numpy(logprobs.astype(np.float32))
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        completion_mask=completion_mask,
+        behaviour_logprobs=behaviour_logprobs,
+        advantages=torch.cat(advantages)[:, None],
+        temperatures=torch.tensor(temperatures, dtype=torch.float32),
+        rewards=torch.tensor(rewards, dtype=torch.float32),
+    )

@@ -1,0 +1,331 @@
+"""The learner service: scored groups in, GRPO steps, policy versions out (DESIGN.md sections 2, 5, 6).
+
+    resume_or_start          checkpoint -> model, optimizer, version t, counters; else the initial policy
+    publish_weights          version t servable by the chunk server, then announced
+    evaluate                 held-out greedy accuracy at step 0
+    until num_steps or max_wall_s (or SIGTERM):
+        collect_batch        groups_per_step groups admitted at t (t - v <= S); drops counted, bad groups dead-lettered
+        train_step           one optimizer step: t -> t + 1
+        publish_if_due       every publish_every steps
+        record_step          metrics.jsonl line, totals, LearnerState in Redis
+        evaluate_if_due      every eval_every steps
+        checkpoint_if_due    every checkpoint_every steps; then ack the groups it covers
+    finish                   last eval and checkpoint, model_final, learner_summary.json, status done
+
+Ack discipline: a dropped or dead-lettered group is acked when decided; an admitted group stays
+pending for the consumer "learner-0" until the checkpoint covering its step is on disk, so a crash
+loses nothing: the restarted learner resumes at the checkpoint's version and re-reads those groups.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import statistics
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+from services.learner import trainer
+from services.learner.batch import BatchCollector, CollectedBatch, tensorize
+from services.learner.checkpoint import capture, checkpoint_path, load_checkpoint, restore, save_checkpoint
+from services.learner.evaluate import evaluate_greedy
+from services.learner.metrics import EvalRecord, LearnerSummary, MetricsLog, RunTotals, StepRecord, write_summary
+from services.learner.model_init import build_initial_policy
+from services.learner.publish import WeightPublisher
+from services.learner.retry import call_with_retry
+from services.learner.settings import LearnerSettings
+from shared.bus import StreamBus
+from shared.chunk_server import ChunkServer, ChunkStore
+from shared.config import RunConfig
+from shared.keys import ConsumerGroups, RunKeys
+from shared.messages import LearnerState, LearnerStatus
+from shared.tasks import make_task
+
+log = logging.getLogger(__name__)
+
+
+class Learner:
+    """One learner process: owns the policy, the optimizer, the `scored` consumer and the chunk server."""
+
+    def __init__(self, run: RunConfig, settings: LearnerSettings, bus: StreamBus) -> None:
+        self.config = run
+        self.settings = settings
+        self.bus = bus
+        self.keys = RunKeys(run.run_id)
+        self.run_dir = settings.run_dir
+        self.task = make_task(run.task.name, num_eval_prompts=run.task.num_eval_prompts, seed=run.task.seed)
+
+        self.model, self.tokenizer = trainer.load_policy(self.ensure_initial_policy())
+        self.optimizer = trainer.make_optimizer(self.model, run.grpo)
+        self.version = 0
+        self.totals = RunTotals()
+        self.uncheckpointed_ids: list[str] = []  # admitted groups trained on since the last checkpoint
+        self.checkpointed_version = -1
+        self.last_train_s = 0.0
+        self.stop_requested = threading.Event()
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
+
+        self.collector = BatchCollector(
+            bus, self.keys,
+            staleness_bound=run.schedule.staleness_bound,
+            groups_per_step=run.grpo.groups_per_step,
+            vocab_size=self.model.get_input_embeddings().num_embeddings,
+            max_positions=self.model.config.max_position_embeddings,
+            poll_block_ms=settings.poll_block_ms,
+        )
+        self.store = ChunkStore(keep_versions=run.broadcast.keep_versions)
+        self.server = ChunkServer(
+            self.store, settings.learner_host, settings.learner_port, wait_s=run.broadcast.chunk_wait_s
+        )
+        self.publisher = WeightPublisher(
+            bus, self.keys, self.store,
+            public_url=settings.resolved_public_url(self.server.port),
+            cluster_key=settings.cluster_key.get_secret_value().encode(),
+            chunk_size_bytes=run.broadcast.chunk_size_bytes,
+        )
+        self._started_s = time.monotonic()
+        self._wall_offset_s = 0.0  # run time before this process (restored from the checkpoint)
+
+    # lifecycle: the chunk server lives as long as the learner
+    def __enter__(self) -> Learner:
+        self.server.start()
+        log.info("chunk server on %s, announced as %s", self.server.url, self.publisher.public_url)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop()
+
+    def request_stop(self) -> None:
+        """Finish the step in progress, checkpoint, and return from run() (signal handlers call this)."""
+        self.stop_requested.set()
+
+    # the table of contents
+    def run(self) -> LearnerSummary:
+        self.resume_or_start()
+        self.publish_weights()
+        if self.totals.eval_accuracy_before is None:
+            self.evaluate()
+        self.write_state("training")
+        while self.stop_reason() is None:
+            batch = self.collect_batch()
+            if batch is None:
+                break
+            record = self.train_step(batch)
+            record.publish_s = self.publish_if_due()
+            self.record_step(record)
+            self.evaluate_if_due()
+            self.checkpoint_if_due()
+        return self.finish(self.stop_reason() or "signal")
+
+    # steps
+    def resume_or_start(self) -> None:
+        self.write_state("starting")
+        self.collector.ensure_group()
+        checkpoint = load_checkpoint(checkpoint_path(self.run_dir))
+        if checkpoint is None:
+            log.info("no checkpoint in %s: starting at version 0", self.run_dir)
+            self.metrics.truncate_after(-1)  # lines of an attempt that never checkpointed describe nothing
+        else:
+            restore(checkpoint, self.model, self.optimizer)
+            self.version = self.checkpointed_version = checkpoint.policy_version
+            self.totals = RunTotals.model_validate(checkpoint.counters)
+            self.totals.num_restarts += 1
+            self._wall_offset_s = self.totals.wall_s
+            self.collector.num_dropped = Counter(self.totals.num_dropped)
+            self.collector.num_dead_lettered = self.totals.num_dead_lettered
+            # A crash between saving and acking: these are trained on already, never again.
+            self.ack(checkpoint.covered_message_ids)
+            num_lines = self.metrics.truncate_after(self.version)
+            log.info("resumed at version %d (%d metrics lines past it dropped)", self.version, num_lines)
+        num_pending = self.collector.load_own_pending()
+        log.info("%d scored groups admitted before a restart and never acked: decided again first", num_pending)
+
+    def publish_weights(self) -> float:
+        return self.publisher.publish(self.model, self.version).publish_s
+
+    def collect_batch(self) -> CollectedBatch | None:
+        started_s = time.monotonic()
+        batch = self.collector.collect(self.version, should_stop=lambda: self.stop_reason() is not None)
+        if batch is None:  # stopped while waiting: that wait was idle time too
+            self.totals.idle_s += time.monotonic() - started_s
+        return batch
+
+    def train_step(self, batch: CollectedBatch) -> StepRecord:
+        groups = [admitted.group for admitted in batch.groups]
+        tensors = tensorize(groups, self.tokenizer.pad_token_id, self.config.grpo.normalize_advantage_by_std)
+        result = trainer.train_step(self.model, self.optimizer, tensors, self.config.grpo)
+        self.version += 1
+        self.uncheckpointed_ids.extend(batch.message_ids)
+        lags = Counter(admitted.staleness for admitted in batch.groups)
+        rewards = tensors.rewards.tolist()
+        return StepRecord(
+            step=self.version,
+            policy_version=self.version,
+            train_s=result.train_s,
+            idle_s=batch.idle_s,
+            publish_s=0.0,
+            reward_mean=statistics.fmean(rewards),
+            reward_std=statistics.pstdev(rewards),
+            staleness_histogram={str(lag): count for lag, count in sorted(lags.items())},
+            max_staleness=max(lags),
+            num_dropped=dict(self.collector.num_dropped),
+            num_dead_lettered=self.collector.num_dead_lettered,
+            num_groups=len(groups),
+            num_samples=tensors.num_samples,
+            num_tokens=tensors.num_tokens,
+            num_replayed_groups=sum(1 for admitted in batch.groups if admitted.replayed),
+            loss=result.loss.loss,
+            ratio_mean=result.loss.ratio_mean,
+            clip_fraction=result.loss.clip_fraction,
+            truncated_fraction=result.loss.truncated_fraction,
+            approx_kl=result.loss.approx_kl,
+            grad_norm=result.grad_norm,
+            wall_s=0.0,  # set when recorded
+        )
+
+    def publish_if_due(self) -> float:
+        is_last = self.version >= self.config.schedule.num_steps
+        if self.version % self.config.schedule.publish_every == 0 or is_last:
+            return self.publish_weights()
+        return 0.0
+
+    def record_step(self, record: StepRecord) -> None:
+        record.wall_s = self.wall_s()
+        self.totals.add_step(record)
+        self.metrics.append(record)
+        self.last_train_s = record.train_s
+        self.write_state("training")
+        log.info(
+            "step %d/%d reward %.3f train %.3fs idle %.3fs publish %.3fs lag %s dropped %s",
+            record.step, self.config.schedule.num_steps, record.reward_mean, record.train_s, record.idle_s,
+            record.publish_s, record.staleness_histogram, record.num_dropped or "{}",
+        )
+
+    def evaluate_if_due(self) -> None:
+        if self.version % self.config.schedule.eval_every == 0:
+            self.evaluate()
+
+    def evaluate(self) -> None:
+        started_s = time.perf_counter()
+        result = evaluate_greedy(
+            self.model, self.tokenizer, self.task,
+            max_new_tokens=self.config.grpo.max_new_tokens, eos_token_id=self.tokenizer.eos_token_id,
+        )
+        record = EvalRecord(
+            eval_step=self.version, eval_accuracy=result.accuracy, eval_reward_mean=result.reward_mean,
+            num_eval_prompts=result.num_prompts, eval_s=time.perf_counter() - started_s, wall_s=self.wall_s(),
+        )
+        self.totals.add_eval(record)
+        self.metrics.append(record)
+        log.info("eval at version %d: accuracy %.3f on %d held-out prompts", self.version, result.accuracy, result.num_prompts)
+
+    def checkpoint_if_due(self) -> None:
+        if self.version % self.config.schedule.checkpoint_every == 0:
+            self.checkpoint()
+
+    def checkpoint(self) -> None:
+        """Save, then ack the groups the checkpoint covers (never before: they would be lost in a crash)."""
+        started_s = time.perf_counter()
+        self.sync_totals()
+        snapshot = capture(self.model, self.optimizer, self.version, self.totals.model_dump(), self.uncheckpointed_ids)
+        save_checkpoint(checkpoint_path(self.run_dir), snapshot)
+        self.ack(self.uncheckpointed_ids)
+        self.collector.release(self.uncheckpointed_ids)
+        self.uncheckpointed_ids = []
+        self.checkpointed_version = self.version
+        self.totals.checkpoint_s += time.perf_counter() - started_s
+
+    def finish(self, stop_reason: str) -> LearnerSummary:
+        finished = stop_reason != "signal"
+        if finished and self.totals.eval_step_last != self.version:
+            self.evaluate()
+        if self.checkpointed_version != self.version or self.uncheckpointed_ids:
+            self.checkpoint()
+        model_final_dir = self.save_final_model() if finished else None
+        summary = self.summarize(stop_reason, finished, model_final_dir)
+        write_summary(self.run_dir / "learner_summary.json", summary)
+        # On a signal the run is not over (a restart continues it): the status stays "training".
+        self.write_state("done" if finished else "training")
+        log.info("stopped (%s) at version %d after %.1fs, busy %.0f%%", stop_reason, self.version, summary.wall_s, 100 * summary.busy_fraction)
+        return summary
+
+    # helpers
+    def stop_reason(self) -> str | None:
+        if self.stop_requested.is_set():
+            return "signal"
+        if self.version >= self.config.schedule.num_steps:
+            return "num_steps"
+        if self.wall_s() > self.config.schedule.max_wall_s:
+            return "max_wall_s"
+        return None
+
+    def wall_s(self) -> float:
+        return self._wall_offset_s + time.monotonic() - self._started_s
+
+    def sync_totals(self) -> None:
+        """Bring the counters kept elsewhere (drops in the collector, the clock) into the totals."""
+        self.totals.wall_s = self.wall_s()
+        self.totals.num_dropped = dict(self.collector.num_dropped)
+        self.totals.num_dead_lettered = self.collector.num_dead_lettered
+
+    def ack(self, message_ids: list[str]) -> None:
+        call_with_retry(lambda: self.bus.ack(self.keys.scored, ConsumerGroups.SCORED, message_ids), "ack trained groups")
+
+    def ensure_initial_policy(self) -> Path:
+        model_dir = self.settings.resolved_model_dir()
+        if not (model_dir / "config.json").exists():
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # a progress bar per save is noise in a service log
+            log.info("no initial policy in %s: building it", model_dir)
+            build_initial_policy(self.config.model, self.task.alphabet, model_dir)
+        return model_dir
+
+    def save_final_model(self) -> Path:
+        out_dir = self.run_dir / "model_final"
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        self.model.save_pretrained(out_dir, safe_serialization=True)
+        self.tokenizer.save_pretrained(out_dir)
+        return out_dir
+
+    def summarize(self, stop_reason: str, finished: bool, model_final_dir: Path | None) -> LearnerSummary:
+        self.sync_totals()
+        totals = self.totals
+        return LearnerSummary(
+            run_id=self.config.run_id,
+            finished=finished,
+            stop_reason=stop_reason,
+            policy_version=self.version,
+            num_steps=totals.num_steps,
+            staleness_bound=self.config.schedule.staleness_bound,
+            wall_s=totals.wall_s,
+            s_per_step=totals.wall_s / max(totals.num_steps, 1),
+            train_s_per_step=totals.train_s / max(totals.num_steps, 1),
+            busy_fraction=totals.busy_fraction,
+            totals=totals,
+            eval_accuracy_before=totals.eval_accuracy_before,
+            eval_accuracy_after=totals.eval_accuracy_last,
+            reward_mean_first=totals.reward_mean_first,
+            reward_mean_last=totals.reward_mean_last,
+            max_trained_staleness=totals.max_trained_staleness,
+            num_dropped=totals.num_dropped,
+            model_final_dir=str(model_final_dir) if model_final_dir else None,
+        )
+
+    def write_state(self, status: LearnerStatus) -> None:
+        state = LearnerState(
+            run_id=self.config.run_id,
+            status=status,
+            learner_version=self.version,
+            published_version=self.publisher.published_version,
+            staleness_bound=self.config.schedule.staleness_bound,
+            num_steps_target=self.config.schedule.num_steps,
+            num_dropped=dict(self.collector.num_dropped),
+            last_reward_mean=self.totals.reward_mean_last or 0.0,
+            last_train_s=self.last_train_s,
+            busy_fraction=self.totals.busy_fraction,
+        )
+        call_with_retry(lambda: self.bus.redis.set(self.keys.learner_state, state.encode()), "write learner state")

@@ -1,0 +1,32 @@
+"""Learner settings: RL_* environment variables (the shared ones are in shared.config.ServiceSettings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+
+from shared.config import ServiceSettings
+
+
+class LearnerSettings(ServiceSettings):
+    model_dir: Path | None = Field(
+        None, description="RL_MODEL_DIR: the initial HF policy folder; default <run_dir>/model, built there if missing"
+    )
+    cluster_key: SecretStr = Field(description="RL_CLUSTER_KEY: signs weight manifests (required, no default)")
+    learner_host: str = Field("127.0.0.1", description="RL_LEARNER_HOST: interface the chunk server binds")
+    learner_port: int = Field(8100, ge=0, le=65535, description="RL_LEARNER_PORT: chunk server port (0: any free port)")
+    learner_public_url: str | None = Field(
+        None, description="RL_LEARNER_PUBLIC_URL: how workers reach the chunk server; default http://<host>:<port>"
+    )
+    poll_block_ms: int = Field(500, ge=1, le=5000, description="RL_POLL_BLOCK_MS: XREADGROUP BLOCK on `scored`")
+    torch_num_threads: int = Field(1, ge=1, description="RL_TORCH_NUM_THREADS: intra-op threads of the learner")
+
+    def resolved_model_dir(self) -> Path:
+        return self.model_dir if self.model_dir is not None else self.run_dir / "model"
+
+    def resolved_public_url(self, bound_port: int) -> str:
+        """The URL put in announcements; `bound_port` is the port actually bound (matters for port 0)."""
+        if self.learner_public_url:
+            return self.learner_public_url.rstrip("/")
+        return f"http://{self.learner_host}:{bound_port}"
