@@ -190,7 +190,10 @@ def point_latest_at(run_dir: Path) -> None:
 
 
 def print_progress(status: dict) -> None:
-    learner = status.get("learner") or {}
+    learner = status.get("learner")
+    if not learner:
+        print("waiting for the learner to publish version 0 ...", flush=True)
+        return
     workers = status.get("workers", [])
     versions = ",".join(str(w["policy_version"]) for w in workers if w["state"] != "dead") or "-"
     depths = status.get("stream_depths", {})
@@ -219,6 +222,7 @@ def main() -> None:
     parser.add_argument("--run-id", default=None, help="default: <config run_id>-<timestamp>")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per status poll otherwise
     from cluster.report import write_report
 
     cluster = LocalCluster(ClusterOptions(config_path=args.config, num_workers=args.workers, run_id=args.run_id))

@@ -85,7 +85,7 @@ class DataConfig(Section):
     """Data plane backpressure."""
 
     max_groups_in_flight: int = Field(
-        0, ge=0, description="tasks+rollouts+scored not yet consumed; 0 means groups_per_step * (S + 1)"
+        0, ge=0, description="tasks+rollouts+scored not yet read by the learner; 0 means groups_per_step * max(1, S - 1)"
     )
 
 
@@ -106,9 +106,16 @@ class RunConfig(Section):
 
     @property
     def max_groups_in_flight(self) -> int:
+        """How many groups the data plane keeps between itself and the learner.
+
+        A group queued behind m steps' worth of groups is trained about m steps after it was made,
+        and it was made with weights about one version behind the learner (the batch for step t+1 is
+        sampled while step t trains). Its staleness is then about m + 1, so m = S - 1 steps of queue
+        keeps it admissible; at least one step so the learner always has its next batch in the making.
+        """
         if self.data.max_groups_in_flight:
             return self.data.max_groups_in_flight
-        return self.grpo.groups_per_step * (self.schedule.staleness_bound + 1)
+        return self.grpo.groups_per_step * max(1, self.schedule.staleness_bound - 1)
 
 
 def load_run_config(path: str | Path, **overrides: object) -> RunConfig:

@@ -2,8 +2,9 @@
 
 Backpressure: the number of groups somewhere in the pipeline (tasks not finished by a worker,
 rollouts not finished by this service, scored groups the learner has not read yet) is held at
-`max_groups_in_flight` (default groups_per_step * (S + 1)): enough to keep the learner fed for the
-staleness window, never so much that groups wait long enough to go stale.
+`max_groups_in_flight` (default groups_per_step * max(1, S - 1), see RunConfig.max_groups_in_flight):
+enough to keep the learner's next batch in the making, never so much that groups wait long enough
+to go stale.
 """
 
 from __future__ import annotations

@@ -123,6 +123,7 @@ class RolloutWorker:
         deliveries = self.receive_tasks()
         self.generating = bool(deliveries)
         if deliveries:
+            self.sync_weights()  # the read may have blocked while a newer version was announced
             outcomes = self.generate_groups(deliveries)
             self.publish_and_ack(outcomes)
 

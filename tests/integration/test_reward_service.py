@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def run(run_id: str) -> RunConfig:
-    return RunConfig.model_validate({"run_id": run_id, "grpo": {"group_size": 4, "groups_per_step": 3}, "schedule": {"staleness_bound": 1}})
+    return RunConfig.model_validate({"run_id": run_id, "grpo": {"group_size": 4, "groups_per_step": 3}, "schedule": {"staleness_bound": 3}})
 
 
 @pytest.fixture
@@ -65,7 +65,7 @@ def take_tasks(bus: StreamBus, keys: RunKeys, count: int) -> list[TaskGroup]:
 def test_task_feed_holds_the_pipeline_at_groups_per_step_times_s_plus_one(service, bus, keys, run) -> None:
     wait_for(lambda: bus.length(keys.tasks) >= 6)
     time.sleep(0.3)
-    assert bus.length(keys.tasks) == run.max_groups_in_flight == 6  # 3 groups/step * (S=1 + 1)
+    assert bus.length(keys.tasks) == run.max_groups_in_flight == 6  # 3 groups/step * (S=3 - 1)
     task = bus.read(keys.tasks, ConsumerGroups.TASKS, "w-test", TaskGroup, count=1, block_ms=100)[0].message
     assert task.num_samples == 4 and task.run_id == run.run_id
     time.sleep(0.3)

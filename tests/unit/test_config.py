@@ -8,7 +8,13 @@ from shared.config import RunConfig, load_run_config
 def test_the_demo_config_loads_and_derives_the_in_flight_bound(repo_root: Path) -> None:
     run = load_run_config(repo_root / "configs" / "demo.toml")
     assert run.grpo.group_size == 8
-    assert run.max_groups_in_flight == run.grpo.groups_per_step * (run.schedule.staleness_bound + 1)
+    assert run.max_groups_in_flight == run.grpo.groups_per_step * max(1, run.schedule.staleness_bound - 1)
+
+
+def test_the_in_flight_bound_keeps_at_least_one_step_even_when_synchronous() -> None:
+    assert RunConfig.model_validate({"schedule": {"staleness_bound": 0}}).max_groups_in_flight == 64
+    assert RunConfig.model_validate({"schedule": {"staleness_bound": 5}}).max_groups_in_flight == 4 * 64
+    assert RunConfig.model_validate({"data": {"max_groups_in_flight": 7}}).max_groups_in_flight == 7
 
 
 def test_overrides_replace_top_level_keys(repo_root: Path) -> None:
