@@ -67,6 +67,21 @@ class RunKeys:
         return self.prefix + "leases"
 
     @property
+    def broadcast_times(self) -> str:
+        """coordinator: hash policy_version -> seconds from announcement to the last active worker's swap (T_bcast)."""
+        return self.prefix + "broadcast:seconds"
+
+    @property
+    def relay_plan(self) -> str:
+        """coordinator: the current relay plan (who fetches weights from whom)."""
+        return self.prefix + "broadcast:plan"
+
+    @property
+    def cost_ledger(self) -> str:
+        """coordinator: hash of cumulative cost (learner + active workers, billed while active)."""
+        return self.prefix + "cost:ledger"
+
+    @property
     def coordinator_meta(self) -> str:
         """coordinator: hash of run-level facts (staleness bound, ...)."""
         return self.prefix + "coordinator"

@@ -38,12 +38,23 @@ class RegisterWorkerResponse(Body):
     staleness_bound: int
 
 
+class WeightSwapReport(Body):
+    """A worker's account of its latest weight swap: the input of the measured T_bcast."""
+
+    policy_version: int = Field(ge=0, description="the version now loaded in the engine")
+    announced_at_s: float = Field(ge=0, description="unix time the learner announced it (WeightsPublished.published_at_s)")
+    swapped_at_s: float = Field(ge=0, description="unix time the engine started sampling with it")
+    num_bytes: int = Field(ge=0, description="bytes this worker downloaded for it")
+    source_url: str = Field("", max_length=512, description="where the chunks came from (parent, holder or learner)")
+
+
 class HeartbeatRequest(Body):
     policy_version: int = Field(-1, ge=-1, description="version the worker's engine holds (-1: none yet)")
     num_groups_done: int = Field(0, ge=0, description="groups published since registration")
     num_samples_done: int = Field(0, ge=0, description="samples published since registration")
     samples_per_s: float = Field(0.0, ge=0, description="recent generation throughput")
     generating: bool = Field(False, description="false while gated (stale) or waiting for work")
+    last_swap: WeightSwapReport | None = Field(None, description="the most recent weight swap, if any")
 
 
 class HeartbeatResponse(Body):
