@@ -106,7 +106,7 @@ class WorkerRegistry:
         """Extend the lease by `lease_s` and record what the worker reports. Raises UnknownWorkerError or
         WorkerDeadError (the lease had expired: the worker must register again)."""
         now_s = self.clock()
-        fields = _to_redis_fields({**request.model_dump(), "last_heartbeat_s": now_s})
+        fields = _to_redis_fields({**request.model_dump(exclude={"last_swap"}), "last_heartbeat_s": now_s})
         flat_fields = [item for pair in fields.items() for item in pair]
         outcome = self._heartbeat_script(
             keys=[self.keys.worker(worker_id), self.keys.worker_leases],
