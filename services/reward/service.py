@@ -2,13 +2,16 @@
 
 Loop: top up tasks -> receive rollouts -> score -> publish scored -> ack.
 A rollout is acked only after its scored group is in Redis; a rollout that cannot be scored is
-dead-lettered with the reason and the service keeps running.
+dead-lettered with the reason and the service keeps running. A Redis outage is waited out with
+backoff: what was read but not acked stays pending and is claimed again after the outage.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+
+import redis
 
 from services.reward.scoring import UnscorableGroupError, score_group
 from services.reward.settings import RewardSettings
@@ -20,6 +23,9 @@ from shared.messages import RolloutGroup
 from shared.tasks import TaskAdapter, make_task
 
 log = logging.getLogger(__name__)
+
+REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+MAX_BACKOFF_S = 5.0
 
 
 class RewardService:
@@ -34,11 +40,24 @@ class RewardService:
         self.num_tasks_published = 0
 
     def run_forever(self) -> None:
-        self.create_groups()
-        self.finish_own_pending()
+        started = False
+        backoff_s = 0.2
         while not self.stop_event.is_set():
-            self.num_tasks_published += top_up_tasks(self.bus, self.keys, self.task, self.run, self.settings.reference_ttl_s)
-            self.score_and_forward(self.receive_rollouts())
+            try:
+                if not started:
+                    self.create_groups()
+                    self.finish_own_pending()
+                    started = True
+                self.serve_once()
+                backoff_s = 0.2
+            except REDIS_ERRORS as exc:  # policy: wait Redis out; nothing unacked is lost
+                log.warning("redis unavailable (%s); retrying in %.1fs", exc, backoff_s)
+                self.stop_event.wait(backoff_s)
+                backoff_s = min(2 * backoff_s, MAX_BACKOFF_S)
+
+    def serve_once(self) -> None:
+        self.num_tasks_published += top_up_tasks(self.bus, self.keys, self.task, self.run, self.settings.reference_ttl_s)
+        self.score_and_forward(self.receive_rollouts())
 
     def create_groups(self) -> None:
         # All three groups are created here, before the first task exists, so nothing produced

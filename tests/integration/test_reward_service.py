@@ -99,3 +99,32 @@ def test_bad_rollouts_are_dead_lettered_and_the_service_keeps_scoring(service, b
     assert "not msgpack" in errors[0]
     assert "no reference for task forged-task" in errors[1]
     assert service.num_scored == 1
+
+
+def test_the_service_waits_out_a_redis_restart_and_loses_nothing(run: RunConfig, tmp_path) -> None:
+    from shared.bus import connect
+    from shared.redis_server import RedisServer
+
+    server = RedisServer(tmp_path / "redis").start()
+    keys = RunKeys(run.run_id)
+    own_bus = StreamBus(connect(server.url, socket_timeout_s=2.0), run_id=run.run_id, dead_letter_stream=keys.dead, service="reward")
+    reward = RewardService(run, RewardSettings(redis_url=server.url, poll_block_ms=50), own_bus)
+    thread = threading.Thread(target=reward.run_forever, daemon=True)
+    thread.start()
+    try:
+        test_bus = StreamBus(connect(server.url), run_id=run.run_id, dead_letter_stream=keys.dead, service="test")
+        wait_for(lambda: test_bus.length(keys.tasks) >= 2)
+        task = take_tasks(test_bus, keys, 1)[0]
+        time.sleep(1.2)  # AOF fsyncs every second: what was written before this survives a kill -9
+        server.kill()
+        time.sleep(1.0)  # the service hits connection errors meanwhile
+        assert thread.is_alive()
+        server.start()
+        test_bus.publish(keys.rollouts, rollout_for(task, ["0", "1"]))
+        scored = wait_for(lambda: test_bus.length(keys.scored) == 1, timeout_s=20)
+        assert scored and thread.is_alive()
+        assert test_bus.dead_letters() == []
+    finally:
+        reward.stop_event.set()
+        thread.join(timeout=10)
+        server.stop()
