@@ -68,8 +68,9 @@ class LocalCluster:
         for index in range(self.options.num_workers):
             self.start_worker(index)
 
-    def wait_until_done(self, on_progress=None) -> dict:
-        """Block until the learner finishes (or dies); returns the last status seen."""
+    def wait_until_done(self, on_progress=None, ignore_dead: frozenset[str] | set[str] = frozenset()) -> dict:
+        """Block until the learner finishes (or dies); returns the last status seen. A service other
+        than the learner that dies is an error, unless named in `ignore_dead` (fault-injection runs)."""
         deadline = time.monotonic() + self.run.schedule.max_wall_s + self.options.startup_timeout_s
         status: dict = {}
         with httpx.Client(base_url=self.coordinator_url, timeout=5.0) as client:
@@ -82,7 +83,7 @@ class LocalCluster:
                     if learner.popen.returncode != 0:
                         raise RuntimeError(f"learner exited with {learner.popen.returncode}:\n{learner.log_tail()}")
                     return status
-                self.check_services_alive()
+                self.check_services_alive(ignore_dead)
                 time.sleep(self.options.progress_interval_s)
         raise TimeoutError(f"the learner did not finish within {self.run.schedule.max_wall_s}s + startup")
 
@@ -176,9 +177,9 @@ class LocalCluster:
             return None
         return response.json() if response.status_code == 200 else None
 
-    def check_services_alive(self) -> None:
+    def check_services_alive(self, ignore_dead: frozenset[str] | set[str] = frozenset()) -> None:
         for name, process in self.services.items():
-            if name != "learner" and not process.alive():
+            if name != "learner" and name not in ignore_dead and not process.alive():
                 raise RuntimeError(f"{name} died with exit code {process.popen.returncode}:\n{process.log_tail()}")
 
 
