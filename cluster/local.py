@@ -4,12 +4,18 @@ Starts a private Redis (redis-server on PATH, else the bundled Valkey), builds t
 policy, then the coordinator, reward service, learner and N rollout workers; shows live progress;
 stops everything by PID when the learner is done or on Ctrl-C; writes runs/<run-id>/report.json
 with plots, and points runs/latest at it.
+
+While it runs, runs/<run-id>/cluster.env (mode 0600: it holds the admin token and the cluster key)
+has the URLs and secrets another terminal needs: `python -m cluster.join` (make worker) adds a worker
+to the newest cluster, `python -m cluster.drain <name>` (make drain) drains one. Every service
+serves Prometheus metrics (RL_METRICS_PORT: a free port each), listed when the cluster is up.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import secrets
 import signal
 import subprocess
@@ -49,6 +55,7 @@ class LocalCluster:
     coordinator_url: str = ""
     admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     cluster_key: str = field(default_factory=lambda: secrets.token_hex(32))
+    metrics_urls: dict[str, str] = field(default_factory=dict)  # service name -> its Prometheus /metrics
 
     def __post_init__(self) -> None:
         base = load_run_config(self.options.config_path)
@@ -63,6 +70,7 @@ class LocalCluster:
         self.start_redis()
         self.build_initial_policy()
         self.start_coordinator()
+        self.write_cluster_env()
         self.start_reward()
         self.start_learner()
         for index in range(self.options.num_workers):
@@ -151,7 +159,21 @@ class LocalCluster:
             "RL_CLUSTER_KEY": self.cluster_key,
         }
 
+    def write_cluster_env(self) -> Path:
+        """runs/<run-id>/cluster.env: what `python -m cluster.join` / `cluster.drain` need (0600: secrets)."""
+        path = self.run_dir / "cluster.env"
+        lines = [f"{name}={value}" for name, value in self.common_env().items()]
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("# written by python -m cluster.local; secrets: keep private\n" + "\n".join(lines) + "\n")
+        os.chmod(path, 0o600)
+        return path
+
     def launch(self, name: str, module: str, env: dict[str, str]) -> None:
+        if name != "coordinator":  # the coordinator serves /metrics on its own port
+            port = free_port()
+            env = {"RL_METRICS_PORT": str(port), **env}
+            self.metrics_urls[name] = f"http://127.0.0.1:{port}/metrics"
         process = start_service(name, module, {**self.common_env(), **env}, self.run_dir / "logs", REPO_ROOT)
         self.services[name] = process
         log.info("started %s (pid %d), log %s", name, process.pid, process.log_path)
@@ -206,7 +228,8 @@ def print_progress(status: dict) -> None:
         f" | dropped {dropped}"
         f" | worker versions {versions}"
         f" | tasks {depths.get('tasks', 0)} rollouts {depths.get('rollouts', 0)} scored {depths.get('scored', 0)}"
-        f" | dead letters {status.get('num_dead_letters', 0)}",
+        f" | dead letters {status.get('num_dead_letters', 0)}"
+        f" | cost ${status.get('cost_usd', 0.0):.4f}",
         flush=True,
     )
 
@@ -227,18 +250,26 @@ def main() -> None:
     from cluster.report import write_report
 
     cluster = LocalCluster(ClusterOptions(config_path=args.config, num_workers=args.workers, run_id=args.run_id))
-    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)  # `kill <pid>` stops the cluster like Ctrl-C
+    # Explicit handlers: a runner started in the background inherits SIGINT ignored, and `kill <pid>`
+    # (SIGTERM) must stop the cluster like Ctrl-C does.
+    signal.signal(signal.SIGINT, raise_keyboard_interrupt)
+    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
     started_s = time.monotonic()
     final_status: dict = {}
+    failure: Exception | None = None
     try:
         cluster.start()
         print(f"run {cluster.run.run_id}: dashboard/API at {cluster.coordinator_url}/docs, logs in {cluster.run_dir}/logs", flush=True)
         final_status = cluster.wait_until_done(print_progress)
     except KeyboardInterrupt:
         print("interrupted: stopping the cluster", flush=True)
+    except (RuntimeError, TimeoutError) as exc:  # a service died or never came up: stop the rest, report, fail
+        failure = exc
     finally:
         cluster.stop()
     report = write_report(cluster.run_dir, cluster.run, final_status, wall_s=time.monotonic() - started_s)
+    if failure is not None:
+        sys.exit(f"cluster failed: {failure}")
     print(f"report: {cluster.run_dir / 'report.json'}")
     for key in ("num_steps", "reward_mean_first10", "reward_mean_last10", "eval_accuracy_before", "eval_accuracy_after",
                 "learner_busy_fraction", "max_trained_staleness", "num_dropped_stale", "wall_s"):

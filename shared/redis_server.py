@@ -66,7 +66,8 @@ class RedisServer:
             "--loglevel", "warning",
             "--logfile", str((self.data_dir / "redis.log").resolve()),
         ]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Its own session: a terminal's Ctrl-C must not kill Redis before the services using it stop.
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self._wait_ready(timeout_s)
         return self
 

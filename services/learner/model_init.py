@@ -75,8 +75,11 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=Path("configs/demo.toml"), help="run TOML file")
     parser.add_argument("--out", type=Path, required=True, help="folder to write the HF model into")
     args = parser.parse_args()
+    from transformers.utils import logging as transformers_logging
+
     from shared.tasks import TASKS
 
+    transformers_logging.disable_progress_bar()
     run = load_run_config(args.config)
     task_type = TASKS[run.task.name]
     out = build_initial_policy(run.model, task_type.alphabet, args.out)
