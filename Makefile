@@ -8,13 +8,19 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 WORKERS ?= 3
 
-.PHONY: setup demo test test-slow test-all lint bench-broadcast clean help
+.PHONY: setup demo test test-slow test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load
 
 help:
 	@echo "make demo       run the local cluster (Redis, coordinator, reward, learner, $(WORKERS) workers) and write runs/latest/report.json"
 	@echo "make test       the default test suite (what CI runs)"
 	@echo "make test-slow  the long suites (marked slow)"
 	@echo "make lint       ruff"
+	@echo "make bench-broadcast  one-to-many vs pipelined relay vs size/B over tc-capped links (root; ~8 min)"
+	@echo "make worker     add a rollout worker to the running cluster (NAME=..., PRICE=... $$/h); Ctrl-C drains it"
+	@echo "make drain      drain a worker of the running cluster (WORKER=<name or id>)"
+	@echo "make simulate   discrete-event simulation of N heterogeneous WAN workers + cost vs a centralized baseline"
+	@echo "make simulator-validation  real local runs vs the simulator's predicted learner utilization"
+	@echo "make bench-load 1000 simulated workers heartbeating once a second against one coordinator"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +44,28 @@ test-all: $(STAMP)
 	$(PY) -m pytest -m ""
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check shared services cluster tests benchmarks
+	$(VENV)/bin/ruff check shared services cluster tests benchmarks simulator
+
+NAME ?= joined-$(shell date +%H%M%S)
+PRICE ?= 0
+worker: $(STAMP)
+	$(PY) -m cluster.join --name $(NAME) --price $(PRICE)
+
+drain: $(STAMP)
+	@test -n "$(WORKER)" || { echo "usage: make drain WORKER=<name or id>"; exit 2; }
+	$(PY) -m cluster.drain $(WORKER)
+
+simulate: $(STAMP)
+	$(PY) -m simulator --out benchmarks/results/cost_comparison.json
+
+simulator-validation: $(STAMP)
+	$(PY) -m benchmarks.simulator_validation
+
+bench-load: $(STAMP)
+	$(PY) -m benchmarks.load_heartbeat
+
+bench-broadcast: $(STAMP)
+	$(PY) -m benchmarks.broadcast
 
 clean:
 	rm -rf runs .pytest_cache

@@ -84,6 +84,7 @@ class LocalCluster:
         with httpx.Client(base_url=self.coordinator_url, timeout=5.0) as client:
             while time.monotonic() < deadline:
                 status = self.fetch_status(client) or status
+                self.save_broadcast_times(client)  # T_bcast per version, for the report's broadcast section
                 if on_progress and status:
                     on_progress(status)
                 learner = self.services["learner"]
@@ -191,6 +192,15 @@ class LocalCluster:
             time.sleep(0.2)
         raise TimeoutError(f"{process.name} not healthy at {url} after {self.options.startup_timeout_s}s")
 
+    def save_broadcast_times(self, client: httpx.Client) -> None:
+        """The coordinator's measured T_bcast per version into <run_dir>/broadcast_times.json (best effort)."""
+        try:
+            response = client.get("/v1/broadcast/times")
+        except httpx.HTTPError:
+            return
+        if response.status_code == 200:
+            (self.run_dir / "broadcast_times.json").write_text(response.text)
+
     def fetch_status(self, client: httpx.Client) -> dict | None:
         try:
             response = client.get("/v1/status")
@@ -260,6 +270,10 @@ def main() -> None:
     try:
         cluster.start()
         print(f"run {cluster.run.run_id}: dashboard/API at {cluster.coordinator_url}/docs, logs in {cluster.run_dir}/logs", flush=True)
+        print(f"dashboard: {cluster.coordinator_url}/dashboard | add a worker from another terminal: make worker"
+              f" (python -m cluster.join --name my-worker --price 0.5) | drain it: make drain WORKER=my-worker", flush=True)
+        print("prometheus: " + " ".join(f"{name}={url}" for name, url in cluster.metrics_urls.items())
+              + f" coordinator={cluster.coordinator_url}/metrics", flush=True)
         final_status = cluster.wait_until_done(print_progress)
     except KeyboardInterrupt:
         print("interrupted: stopping the cluster", flush=True)

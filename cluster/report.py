@@ -53,8 +53,30 @@ def summarize(steps: list[dict], evals: list[dict], run: RunConfig, status: dict
         "eval_accuracy_after": evals[-1]["eval_accuracy"] if evals else None,
         "evals": [{"step": e["eval_step"], "accuracy": e["eval_accuracy"]} for e in evals],
         "num_dead_letters": status.get("num_dead_letters"),
+        "cost_usd": status.get("cost_usd"),  # the coordinator's ledger: learner + workers while active
         "workers": [{"name": w["name"], "policy_version": w["policy_version"], "state": w["state"],
                      "num_groups_done": w["num_groups_done"]} for w in workers],
+    }
+
+
+def summarize_broadcast(run_dir: Path) -> dict:
+    """Weight broadcast: bytes announced per version as a fraction of the full weights (the learner's
+    broadcast.jsonl) and measured T_bcast (the coordinator's, saved by the runner in broadcast_times.json)."""
+    versions = read_jsonl(run_dir / "broadcast.jsonl")
+    deltas = [v["size_fraction"] for v in versions if v["payload"] == "delta"]
+    times_path = run_dir / "broadcast_times.json"
+    times = json.loads(times_path.read_text()) if times_path.exists() else {}
+    seconds = list((times.get("seconds_by_version") or {}).values())
+    return {
+        "num_versions": len(versions),
+        "num_delta_versions": len(deltas),
+        "full_size_bytes": versions[-1]["full_size_bytes"] if versions else None,
+        "delta_size_fraction_mean": mean(deltas),
+        "bytes_fraction_overall": round(sum(v["payload_size_bytes"] for v in versions) / sum(v["full_size_bytes"] for v in versions), 4)
+        if versions else None,
+        "t_bcast_num_versions": len(seconds),
+        "t_bcast_mean_s": mean(seconds),
+        "t_bcast_max_s": round(max(seconds), 4) if seconds else None,
     }
 
 
@@ -106,6 +128,7 @@ def write_report(run_dir: Path, run: RunConfig, status: dict, wall_s: float) -> 
     steps = [r for r in records if "reward_mean" in r]
     evals = [r for r in records if "eval_accuracy" in r] or read_jsonl(run_dir / "evals.jsonl")
     report = summarize(steps, evals, run, status, wall_s)
+    report["broadcast"] = summarize_broadcast(run_dir)
     if steps:
         report["plots"] = [p.name for p in plot(steps, evals, report, run_dir)]
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))

@@ -1,35 +1,77 @@
-"""Fetching a policy version chunk by chunk over HTTP, verifying everything before it is used.
+"""Fetching weights from a chunk server over HTTP, verifying everything before it is used.
 
 The manifest's signature is checked against the cluster key first; each chunk is checked against
 the manifest's sha256 as it arrives (and stored in an optional local ChunkStore, which is what lets
 this holder relay it to its own children); the reassembled blob is checked last.
+
+Two transports:
+- `fetch_manifest` / `fetch_chunk` / `fetch_version`: one request per object (httpx); used for
+  manifests and for repairing single chunks.
+- `ChunkStream`: one request for chunks i.. of an artifact, read chunk by chunk as the holder sends
+  them (stdlib http.client: `read(n)` straight off the socket with a per-read timeout, which is how a
+  stalled holder is noticed). This is the relay path: no per-chunk round trip keeps the link idle.
 """
 
 from __future__ import annotations
 
+import http.client
+import re
+import socket
+from urllib.parse import urlsplit
+
 import httpx
 
 from shared.chunk_server import ChunkStore
-from shared.weights import Manifest, WeightsError, assemble, verify_chunk, verify_signature
+from shared.messages import WeightsPublished
+from shared.weights import Manifest, Payload, WeightsError, assemble, verify_chunk, verify_signature
+
+_ANNOUNCED_MANIFEST = re.compile(r"^(https?://.+?)/v1/weights/(\d+)(?:/(full|delta))?/manifest$")
 
 
 class FetchError(WeightsError):
-    """The source could not deliver (connection refused, timeout, HTTP error)."""
+    """The source could not deliver (connection refused, timeout, HTTP error, short body)."""
 
 
-def fetch_manifest(client: httpx.Client, base_url: str, policy_version: int | None, cluster_key: bytes) -> Manifest:
-    """The signed manifest of `policy_version` (or the source's newest complete version when None)."""
-    path = "/v1/weights/latest" if policy_version is None else f"/v1/weights/{policy_version}/manifest"
-    body = _get(client, base_url + path)
+class AnnouncementError(WeightsError):
+    """The announcement and the manifest it points to disagree, or the announcement is unusable."""
+
+
+def announced_source(announcement: WeightsPublished) -> tuple[str, Payload | None]:
+    """The announcing chunk server's base URL and the payload announced (None: the legacy route, full),
+    from `manifest_url` = `<base>/v1/weights/<v>[/<payload>]/manifest`."""
+    match = _ANNOUNCED_MANIFEST.match(announcement.manifest_url)
+    if match is None:
+        raise AnnouncementError(f"manifest_url {announcement.manifest_url!r} is not <http(s) base>/v1/weights/<v>[/<payload>]/manifest")
+    if int(match[2]) != announcement.policy_version:
+        raise AnnouncementError(f"manifest_url {announcement.manifest_url!r} does not name version {announcement.policy_version}")
+    return match[1], match[3]
+
+
+def manifest_path(policy_version: int | None, payload: Payload | None = None) -> str:
+    """Route of a manifest: the holder's newest full version (None), or version v's full/delta payload."""
+    if policy_version is None:
+        return "/v1/weights/latest"
+    return f"/v1/weights/{policy_version}/manifest" if payload is None else f"/v1/weights/{policy_version}/{payload}/manifest"
+
+
+def fetch_manifest(
+    client: httpx.Client, base_url: str, policy_version: int | None, cluster_key: bytes, payload: Payload | None = None
+) -> Manifest:
+    """The signed manifest of `policy_version` (its full payload unless `payload` says otherwise), or
+    the source's newest complete version when `policy_version` is None."""
+    body = _get(client, base_url + manifest_path(policy_version, payload))
     manifest = Manifest.from_json(body)
     verify_signature(manifest, cluster_key)
     if policy_version is not None and manifest.policy_version != policy_version:
         raise FetchError(f"{base_url} answered version {manifest.policy_version} for {policy_version}")
+    if payload is not None and manifest.payload != payload:
+        raise FetchError(f"{base_url} answered a {manifest.payload} payload for {payload}")
     return manifest
 
 
 def fetch_chunk(client: httpx.Client, base_url: str, manifest: Manifest, index: int) -> bytes:
-    data = _get(client, f"{base_url}/v1/weights/{manifest.policy_version}/chunks/{index}")
+    url = f"{base_url}/v1/weights/{manifest.artifact}/chunks/{index}?manifest={manifest.sha256()}"
+    data = _get(client, url)
     verify_chunk(manifest, index, data)
     return data
 
@@ -44,9 +86,69 @@ def fetch_version(
     for index in range(manifest.num_chunks):
         chunk = fetch_chunk(client, base_url, manifest, index)
         if store is not None:
-            store.put_chunk(manifest.policy_version, index, chunk)
+            store.put_chunk(manifest.policy_version, index, chunk, manifest.payload)
         chunks.append(chunk)
     return assemble(manifest, chunks)
+
+
+class ChunkStream:
+    """Chunks `first`, `first`+1, ... of `manifest`'s artifact from one holder, in one response.
+
+    `next_chunk()` returns the bytes of the next chunk exactly as sent (unverified: the caller
+    verifies, so it can tell a corrupt chunk from a dead holder). Every read waits at most
+    `stall_timeout_s`; any failure raises FetchError naming the holder and the chunk."""
+
+    def __init__(
+        self, base_url: str, manifest: Manifest, first: int, *, stall_timeout_s: float, wait_manifest_s: float
+    ) -> None:
+        self.base_url = base_url
+        self.manifest = manifest
+        self.next_index = first
+        parts = urlsplit(base_url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise FetchError(f"{base_url!r} is not an http:// URL")
+        path = (
+            f"{parts.path.rstrip('/')}/v1/weights/{manifest.artifact}/stream"
+            f"?from={first}&manifest={manifest.sha256()}&wait_manifest_s={wait_manifest_s}"
+        )
+        # the holder may wait up to wait_manifest_s before it answers: the first read may take that long
+        self._connection = http.client.HTTPConnection(
+            parts.hostname, parts.port or 80, timeout=stall_timeout_s + wait_manifest_s
+        )
+        self._response: http.client.HTTPResponse | None = None
+        try:
+            self._connection.request("GET", path)
+            self._response = self._connection.getresponse()
+            self._connection.sock.settimeout(stall_timeout_s)  # from now on: a stall is a silent holder
+        except (OSError, http.client.HTTPException) as exc:
+            self.close()
+            raise FetchError(f"stream {manifest.artifact} from {base_url}: {type(exc).__name__}: {exc}") from exc
+        if self._response.status != 200:
+            body = self._response.read(200).decode(errors="replace")
+            self.close()
+            raise FetchError(f"stream {manifest.artifact} from {base_url}: HTTP {self._response.status}: {body}")
+
+    def next_chunk(self) -> bytes:
+        assert self._response is not None and self.next_index < self.manifest.num_chunks
+        index = self.next_index
+        expected = self.manifest.chunk_length(index)
+        try:
+            data = self._response.read(expected)
+        except (OSError, http.client.HTTPException) as exc:  # socket.timeout is an OSError
+            what = "stalled" if isinstance(exc, socket.timeout) else f"{type(exc).__name__}: {exc}"
+            raise FetchError(f"stream {self.manifest.artifact} from {self.base_url}, chunk {index}: {what}") from exc
+        if len(data) != expected:
+            raise FetchError(
+                f"stream {self.manifest.artifact} from {self.base_url} ended at chunk {index} "
+                f"({len(data)} of {expected} bytes): the holder closed it"
+            )
+        self.next_index += 1
+        return data
+
+    def close(self) -> None:
+        if self._response is not None:
+            self._response.close()
+        self._connection.close()
 
 
 def _get(client: httpx.Client, url: str) -> bytes:

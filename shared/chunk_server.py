@@ -1,14 +1,23 @@
 """Chunk store and HTTP chunk server: every holder of weights (the learner, and each rollout worker
-for relaying) serves the versions it has, chunk by chunk.
+for relaying) serves the artifacts it has, chunk by chunk.
 
-A request for a chunk of a known version that has not arrived yet waits for it (up to `wait_s`)
-instead of failing: that is what lets a child pipeline behind its parent.
+An artifact is one policy version in one payload (`full` or `delta`, see shared/weights.py). A request
+for a chunk that has not arrived yet waits for it (up to `wait_s`) instead of failing, and a request
+for an artifact this holder has not heard of yet waits for its manifest: that is what lets a child
+pipeline behind its parent, which may itself still be receiving.
 
-Routes:
-  GET /healthz                           -> 200 "ok"
-  GET /v1/weights/latest                 -> manifest JSON of the newest complete version (404 if none)
-  GET /v1/weights/{version}/manifest     -> manifest JSON (404 if unknown)
-  GET /v1/weights/{version}/chunks/{i}   -> chunk bytes (404 unknown, 504 still missing after wait_s)
+Routes (`<payload>` is `full` or `delta`; without it, `full`):
+  GET /healthz                                        -> 200 "ok"
+  GET /v1/weights/latest                              -> manifest of the newest complete full version (404 if none)
+  GET /v1/weights/{v}[/<payload>]/manifest            -> manifest JSON (404 if not held)
+  GET /v1/weights/{v}[/<payload>]/chunks/{i}          -> one chunk (404 unknown, 504 still missing after wait_s)
+  GET /v1/weights/{v}/<payload>/stream?from=i         -> chunks i, i+1, ... to the end in one response, each
+                                                         sent as soon as it is held (the relay path)
+Query `manifest=<sha256>` on chunk and stream requests pins the artifact: 409 if this holder has a
+different manifest under that version (a restarted learner re-used the number). `wait_manifest_s` on a
+stream bounds the wait for an artifact not held yet (default and cap: `wait_s`). A stream whose next
+chunk does not arrive within `wait_s` ends early (the connection closes mid-body): the child sees a
+short read and moves to another holder.
 """
 
 from __future__ import annotations
@@ -20,15 +29,21 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
 
-from shared.weights import Manifest, verify_chunk
+from shared.weights import Manifest, Payload, verify_chunk
 
 log = logging.getLogger(__name__)
 
 
+class ManifestMismatchError(KeyError):
+    """The holder has a different manifest under this version and payload than the one asked for."""
+
+
 @dataclass
-class _StoredVersion:
+class _StoredArtifact:
     manifest: Manifest
+    manifest_sha256: str
     chunks: dict[int, bytes] = field(default_factory=dict)
 
     @property
@@ -37,28 +52,37 @@ class _StoredVersion:
 
 
 class ChunkStore:
-    """Thread-safe in-memory versions; keeps the newest `keep_versions`. Every chunk is verified on put."""
+    """Thread-safe in-memory artifacts of the last `keep_versions` versions added (in arrival order, so
+    a restarted learner's lower version numbers are kept). Every chunk is verified on put."""
 
     def __init__(self, keep_versions: int = 4) -> None:
         self.keep_versions = keep_versions
-        self._versions: OrderedDict[int, _StoredVersion] = OrderedDict()
+        self._versions: OrderedDict[int, dict[str, _StoredArtifact]] = OrderedDict()
         self._changed = threading.Condition()
 
+    # writing
     def add_manifest(self, manifest: Manifest) -> None:
+        """Hold `manifest`'s artifact (no chunks yet). A different manifest under the same version and
+        payload replaces the old one and its chunks: the learner restarted and re-used the number."""
         with self._changed:
-            if manifest.policy_version not in self._versions:
-                self._versions[manifest.policy_version] = _StoredVersion(manifest)
-                self._versions = OrderedDict(sorted(self._versions.items()))
+            artifacts = self._versions.get(manifest.policy_version)
+            if artifacts is None:
+                artifacts = self._versions[manifest.policy_version] = {}
                 while len(self._versions) > self.keep_versions:
                     self._versions.popitem(last=False)
+            stored = artifacts.get(manifest.payload)
+            if stored is None or stored.manifest != manifest:
+                if stored is not None:
+                    log.info("replacing version %s: a different manifest arrived under that number", manifest.artifact)
+                artifacts[manifest.payload] = _StoredArtifact(manifest, manifest.sha256())
             self._changed.notify_all()
 
-    def put_chunk(self, policy_version: int, index: int, data: bytes) -> None:
+    def put_chunk(self, policy_version: int, index: int, data: bytes, payload: Payload = "full") -> None:
         """Store a chunk after verifying it (raises ChunkVerificationError; nothing is stored then)."""
         with self._changed:
-            stored = self._versions.get(policy_version)
+            stored = self._artifact(policy_version, payload)
             if stored is None:
-                raise KeyError(f"no manifest for version {policy_version}")
+                raise KeyError(f"no manifest for version {policy_version}/{payload}")
             verify_chunk(stored.manifest, index, data)
             stored.chunks[index] = data
             self._changed.notify_all()
@@ -66,50 +90,105 @@ class ChunkStore:
     def put_version(self, manifest: Manifest, chunks: list[bytes]) -> None:
         self.add_manifest(manifest)
         for index, chunk in enumerate(chunks):
-            self.put_chunk(manifest.policy_version, index, chunk)
+            self.put_chunk(manifest.policy_version, index, chunk, manifest.payload)
 
-    def manifest(self, policy_version: int) -> Manifest | None:
+    # reading
+    def manifest(self, policy_version: int, payload: Payload = "full") -> Manifest | None:
         with self._changed:
-            stored = self._versions.get(policy_version)
+            stored = self._artifact(policy_version, payload)
             return stored.manifest if stored else None
 
-    def get_chunk(self, policy_version: int, index: int, wait_s: float = 0.0) -> bytes | None:
-        """The chunk, waiting up to `wait_s` for it to arrive. Raises KeyError for an unknown version."""
+    def wait_for_manifest(
+        self, policy_version: int, payload: Payload, manifest_sha256: str | None, wait_s: float
+    ) -> Manifest | None:
+        """The held manifest (the one with `manifest_sha256` when given), waiting up to `wait_s` for it to
+        be added. Raises ManifestMismatchError if a different one is held when the wait ends."""
         deadline = time.monotonic() + wait_s
         with self._changed:
             while True:
-                stored = self._versions.get(policy_version)
+                stored = self._artifact(policy_version, payload)
+                if stored is not None and manifest_sha256 in (None, stored.manifest_sha256):
+                    return stored.manifest
+                remaining_s = deadline - time.monotonic()
+                if remaining_s <= 0:
+                    if stored is not None:
+                        raise ManifestMismatchError(f"version {policy_version}/{payload} is held with another manifest")
+                    return None
+                self._changed.wait(remaining_s)
+
+    def get_chunk(
+        self,
+        policy_version: int,
+        index: int,
+        wait_s: float = 0.0,
+        payload: Payload = "full",
+        manifest_sha256: str | None = None,
+    ) -> bytes | None:
+        """The chunk, waiting up to `wait_s` for it to arrive; None if it did not. Raises KeyError for an
+        artifact not held (ManifestMismatchError when held under another manifest than `manifest_sha256`)."""
+        deadline = time.monotonic() + wait_s
+        with self._changed:
+            while True:
+                stored = self._artifact(policy_version, payload)
                 if stored is None:
-                    raise KeyError(f"version {policy_version} is not held here")
+                    raise KeyError(f"version {policy_version}/{payload} is not held here")
+                if manifest_sha256 is not None and manifest_sha256 != stored.manifest_sha256:
+                    raise ManifestMismatchError(f"version {policy_version}/{payload} is held with another manifest")
                 if not 0 <= index < stored.manifest.num_chunks:
-                    raise KeyError(f"version {policy_version} has no chunk {index}")
+                    raise KeyError(f"version {policy_version}/{payload} has no chunk {index}")
                 chunk = stored.chunks.get(index)
                 remaining_s = deadline - time.monotonic()
                 if chunk is not None or remaining_s <= 0:
                     return chunk
                 self._changed.wait(remaining_s)
 
-    def is_complete(self, policy_version: int) -> bool:
+    def missing_chunks(self, manifest: Manifest) -> list[int]:
+        """Indices of `manifest`'s chunks not held (all of them if another manifest is held instead)."""
         with self._changed:
-            stored = self._versions.get(policy_version)
+            stored = self._artifact(manifest.policy_version, manifest.payload)
+            if stored is None or stored.manifest != manifest:
+                return list(range(manifest.num_chunks))
+            return [index for index in range(manifest.num_chunks) if index not in stored.chunks]
+
+    def chunks(self, manifest: Manifest) -> list[bytes]:
+        """Every chunk of `manifest`, in order; raises KeyError unless all are held under that manifest."""
+        with self._changed:
+            stored = self._artifact(manifest.policy_version, manifest.payload)
+            if stored is None or stored.manifest != manifest or not stored.complete:
+                raise KeyError(f"version {manifest.artifact} is not complete here")
+            return [stored.chunks[index] for index in range(manifest.num_chunks)]
+
+    def is_complete(self, policy_version: int, payload: Payload = "full") -> bool:
+        with self._changed:
+            stored = self._artifact(policy_version, payload)
             return bool(stored and stored.complete)
 
     def latest_complete_version(self) -> int | None:
+        """The most recently added version whose full payload is complete."""
         with self._changed:
-            complete = [version for version, stored in self._versions.items() if stored.complete]
-            return max(complete) if complete else None
+            for version in reversed(self._versions):
+                stored = self._versions[version].get("full")
+                if stored is not None and stored.complete:
+                    return version
+            return None
 
     def versions(self) -> list[int]:
         with self._changed:
-            return list(self._versions)
+            return sorted(self._versions)
+
+    def _artifact(self, policy_version: int, payload: str) -> _StoredArtifact | None:
+        artifacts = self._versions.get(policy_version)
+        return artifacts.get(payload) if artifacts else None
 
 
-_CHUNK_ROUTE = re.compile(r"^/v1/weights/(\d+)/chunks/(\d+)$")
-_MANIFEST_ROUTE = re.compile(r"^/v1/weights/(\d+)/manifest$")
+_ARTIFACT = r"^/v1/weights/(\d+)(?:/(full|delta))?"
+_MANIFEST_ROUTE = re.compile(_ARTIFACT + r"/manifest$")
+_CHUNK_ROUTE = re.compile(_ARTIFACT + r"/chunks/(\d+)$")
+_STREAM_ROUTE = re.compile(r"^/v1/weights/(\d+)/(full|delta)/stream$")
 
 
 class ChunkServer:
-    """Serves a ChunkStore over HTTP from a background thread."""
+    """Serves a ChunkStore over HTTP from a background thread (one thread per connection)."""
 
     def __init__(self, store: ChunkStore, host: str = "127.0.0.1", port: int = 0, wait_s: float = 10.0) -> None:
         self.store = store
@@ -117,7 +196,9 @@ class ChunkServer:
         handler = _make_handler(store, wait_s)
         self._httpd = ThreadingHTTPServer((host, port), handler)
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="chunk-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, name="chunk-server", daemon=True
+        )  # the poll interval bounds how long stop() takes
 
     @property
     def port(self) -> int:
@@ -145,7 +226,14 @@ def _make_handler(store: ChunkStore, wait_s: float) -> type[BaseHTTPRequestHandl
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            path = self.path.split("?", 1)[0]
+            path, _, query_string = self.path.partition("?")
+            query = {name: values[-1] for name, values in parse_qs(query_string).items()}
+            try:
+                self._route(path, query)
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client went away (a child switched holders)
+
+        def _route(self, path: str, query: dict[str, str]) -> None:
             if path == "/healthz":
                 return self._send(200, b"ok", "text/plain")
             if path == "/v1/weights/latest":
@@ -153,9 +241,12 @@ def _make_handler(store: ChunkStore, wait_s: float) -> type[BaseHTTPRequestHandl
                 manifest = store.manifest(version) if version is not None else None
                 return self._send_manifest(manifest, "no complete version held")
             if match := _MANIFEST_ROUTE.match(path):
-                return self._send_manifest(store.manifest(int(match[1])), f"version {match[1]} not held")
+                version, payload = int(match[1]), match[2] or "full"
+                return self._send_manifest(store.manifest(version, payload), f"version {version}/{payload} not held")
             if match := _CHUNK_ROUTE.match(path):
-                return self._send_chunk(int(match[1]), int(match[2]))
+                return self._send_chunk(int(match[1]), match[2] or "full", int(match[3]), query.get("manifest"))
+            if match := _STREAM_ROUTE.match(path):
+                return self._send_stream(int(match[1]), match[2], query)
             return self._send(404, f"no route {path}".encode(), "text/plain")
 
         def _send_manifest(self, manifest: Manifest | None, missing: str) -> None:
@@ -163,14 +254,51 @@ def _make_handler(store: ChunkStore, wait_s: float) -> type[BaseHTTPRequestHandl
                 return self._send(404, missing.encode(), "text/plain")
             return self._send(200, manifest.to_json(), "application/json")
 
-        def _send_chunk(self, version: int, index: int) -> None:
+        def _send_chunk(self, version: int, payload: Payload, index: int, manifest_sha256: str | None) -> None:
             try:
-                chunk = store.get_chunk(version, index, wait_s=wait_s)
+                chunk = store.get_chunk(version, index, wait_s=wait_s, payload=payload, manifest_sha256=manifest_sha256)
+            except ManifestMismatchError as exc:
+                return self._send(409, str(exc).encode(), "text/plain")
             except KeyError as exc:
                 return self._send(404, str(exc).encode(), "text/plain")
             if chunk is None:
-                return self._send(504, f"chunk {index} of version {version} still missing after {wait_s}s".encode(), "text/plain")
+                return self._send(504, f"chunk {index} of version {version}/{payload} still missing after {wait_s}s".encode(), "text/plain")
             return self._send(200, chunk, "application/octet-stream")
+
+        def _send_stream(self, version: int, payload: Payload, query: dict[str, str]) -> None:
+            """Chunks `from`.. of the artifact, each written as soon as it is held. The length is known
+            up front (the manifest), so a chunk that never comes ends the body short."""
+            manifest_sha256 = query.get("manifest")
+            try:
+                first = int(query.get("from", "0"))
+                wait_manifest_s = min(wait_s, float(query.get("wait_manifest_s", wait_s)))
+                manifest = store.wait_for_manifest(version, payload, manifest_sha256, wait_manifest_s)
+            except ValueError as exc:
+                return self._send(400, f"bad query: {exc}".encode(), "text/plain")
+            except ManifestMismatchError as exc:
+                return self._send(409, str(exc).encode(), "text/plain")
+            if manifest is None:
+                return self._send(404, f"version {version}/{payload} not held after {wait_manifest_s}s".encode(), "text/plain")
+            if not 0 <= first <= manifest.num_chunks:
+                return self._send(400, f"from={first} outside 0..{manifest.num_chunks}".encode(), "text/plain")
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(manifest.total_size_bytes - first * manifest.chunk_size_bytes))
+            self.end_headers()
+            sha256 = manifest.sha256()
+            for index in range(first, manifest.num_chunks):
+                try:
+                    chunk = store.get_chunk(version, index, wait_s=wait_s, payload=payload, manifest_sha256=sha256)
+                except KeyError as exc:  # evicted or replaced mid-stream
+                    chunk, why = None, str(exc)
+                else:
+                    why = f"still missing after {wait_s}s"
+                if chunk is None:
+                    log.warning("stream of %s ends at chunk %d: %s", manifest.artifact, index, why)
+                    self.close_connection = True
+                    return None
+                self.wfile.write(chunk)
+            return None
 
         def _send(self, status: int, body: bytes, content_type: str) -> None:
             self.send_response(status)

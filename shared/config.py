@@ -9,7 +9,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -72,6 +72,24 @@ class BroadcastConfig(Section):
     chunk_size_bytes: int = Field(1 << 20, ge=1024, description="size of one weight chunk")
     keep_versions: int = Field(4, ge=1, description="versions a chunk server keeps")
     chunk_wait_s: float = Field(10.0, gt=0, description="how long a request waits for an in-flight chunk")
+    stall_timeout_s: float = Field(
+        15.0, gt=0, description="a holder that sends nothing for this long is replaced (keep above chunk_wait_s)"
+    )
+    version_timeout_s: float = Field(120.0, gt=0, description="a worker gives up on one version after this long")
+    relay_num_seeds: int = Field(
+        1, ge=1, description="workers fed by the learner; each gets B_learner / num_seeds, so more pay only on a fast learner uplink"
+    )
+    relay_fanout: int = Field(1, ge=1, description="children per relaying worker (1: chains)")
+    delta: bool = Field(True, description="publish a version as a compressed delta against the previous one when smaller")
+    full_every: int = Field(10, ge=1, description="K: every K-th published version is a full snapshot (1: never a delta)")
+    delta_zstd_level: int = Field(3, ge=1, le=22, description="zstd level of delta payloads")
+
+    @model_validator(mode="after")
+    def _stall_outlasts_chunk_wait(self) -> BroadcastConfig:
+        # a child must not give up on a parent that is itself legitimately waiting for a chunk
+        if self.stall_timeout_s <= self.chunk_wait_s:
+            raise ValueError(f"stall_timeout_s ({self.stall_timeout_s}) must exceed chunk_wait_s ({self.chunk_wait_s})")
+        return self
 
 
 class RolloutConfig(Section):
@@ -93,6 +111,24 @@ class CoordinatorConfig(Section):
     lease_s: float = Field(5.0, gt=0, description="a worker that does not heartbeat for this long is dead")
 
 
+class ActivationConfig(Section):
+    """Cost-aware activation (shared/activation.py) and the cost ledger, run by the coordinator."""
+
+    enabled: bool = Field(True, description="false: every live worker is active (no standby)")
+    margin: float = Field(0.2, ge=0, le=10, description="provision (1 + margin) times the required throughput")
+    hysteresis: float = Field(0.15, ge=0, lt=1, description="relative band around the target inside which nothing changes")
+    min_dwell_s: float = Field(10.0, ge=0, description="a worker keeps its state at least this long unless capacity is short")
+    assumed_samples_per_s: float = Field(
+        10.0, gt=0, description="throughput assumed for a never-measured worker whose gpu_type has no measured peer"
+    )
+    activate_free_workers: bool = Field(True, description="workers with price 0 are always active")
+    replan_interval_s: float = Field(1.0, gt=0, description="seconds between planner passes (also run on join/drain/leave)")
+    learner_price_per_hour: float = Field(2.5, ge=0, description="$/h billed for the learner while it runs")
+    max_billing_gap_s: float = Field(
+        10.0, gt=0, description="longest interval billed at once (a coordinator that was down bills no more than this)"
+    )
+
+
 class RunConfig(Section):
     run_id: str = Field("demo", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     model: ModelConfig = ModelConfig()
@@ -103,6 +139,7 @@ class RunConfig(Section):
     rollout: RolloutConfig = RolloutConfig()
     data: DataConfig = DataConfig()
     coordinator: CoordinatorConfig = CoordinatorConfig()
+    activation: ActivationConfig = ActivationConfig()
 
     @property
     def max_groups_in_flight(self) -> int:
@@ -140,6 +177,7 @@ class ServiceSettings(BaseSettings):
     run_dir: Path = Field(Path("runs/demo"), description="where this run's files live")
     coordinator_url: str = Field("http://127.0.0.1:8000", description="the coordinator's base URL")
     log_level: str = Field("INFO", description="logging level")
+    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics port of this service (0: off)")
 
     def load_run(self) -> RunConfig:
         overrides: dict[str, object] = {"run_id": self.run_id} if self.run_id else {}

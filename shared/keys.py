@@ -76,10 +76,39 @@ class RunKeys:
         """coordinator: the current relay plan (who fetches weights from whom)."""
         return self.prefix + "broadcast:plan"
 
+    def broadcast_swaps(self, policy_version: int) -> str:
+        """coordinator: hash worker_id -> unix time it swapped in `policy_version` (from heartbeats)."""
+        return self.prefix + f"broadcast:swaps:{policy_version}"
+
+    @property
+    def broadcast_announced(self) -> str:
+        """coordinator: hash policy_version -> unix time the learner announced it."""
+        return self.prefix + "broadcast:announced"
+
+    @property
+    def broadcast_pending(self) -> str:
+        """coordinator: sorted set of versions whose T_bcast is not known yet (score: announced at)."""
+        return self.prefix + "broadcast:pending"
+
+    @property
+    def broadcast_last_swap(self) -> str:
+        """coordinator: hash worker_id -> "<version>:<swapped_at_s>" of its latest reported swap."""
+        return self.prefix + "broadcast:last-swap"
+
+    @property
+    def broadcast_throughput(self) -> str:
+        """coordinator: hash worker_id -> Mbit/s it achieved on its last large enough version (relay ranking)."""
+        return self.prefix + "broadcast:throughput"
+
     @property
     def cost_ledger(self) -> str:
         """coordinator: hash of cumulative cost (learner + active workers, billed while active)."""
         return self.prefix + "cost:ledger"
+
+    @property
+    def learner_history(self) -> str:
+        """coordinator: list of JSON points (version, reward, utilization, cost) for the dashboard, newest last."""
+        return self.prefix + "learner:history"
 
     @property
     def coordinator_meta(self) -> str:

@@ -211,3 +211,11 @@ class LearnerState(Message):
     last_train_s: float = 0.0
     busy_fraction: float = 0.0
     updated_at_s: float = Field(default_factory=time.time)
+    # cumulative over the run (capacity model inputs: the coordinator differences them over a window)
+    num_steps_done: int = Field(0, ge=0, description="optimizer steps taken in this run")
+    train_s_total: float = Field(0.0, ge=0, description="sum of T_train over those steps")
+    idle_s_total: float = Field(0.0, ge=0, description="seconds spent waiting for admissible rollouts")
+    wall_s: float = Field(0.0, ge=0, description="run time so far (across restarts)")
+    staleness_histogram: dict[str, int] = Field(
+        default_factory=dict, description="trained groups by lag t - v, since this learner process started"
+    )

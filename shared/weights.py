@@ -1,5 +1,13 @@
-"""Weight chunking: a policy version's safetensors bytes, split into fixed-size chunks, described by a
-signed manifest (version, sizes, the sha256 of every chunk and of the whole blob).
+"""Weight chunking: a policy version's bytes, split into fixed-size chunks, described by a signed
+manifest (version, sizes, the sha256 of every chunk and of the whole blob).
+
+A version travels as one of two payloads (an "artifact" is one version in one payload):
+  full   the safetensors bytes of the state dict
+  delta  `shared.delta` bytes that turn the full bytes of `base_version` into this version's
+Both say `full_size_bytes` and `full_sha256` of the weights they stand for, so the weights a worker
+reconstructs from a delta are checked against the same hash as a full download; a delta also names
+its base by hash (`base_sha256`), so it is never applied to other bytes that share the version number
+(a restarted learner re-uses numbers).
 
 A receiver verifies every chunk against the manifest before it stores, relays or loads it, and the
 manifest's signature against the cluster key before it trusts any of it.
@@ -28,19 +36,30 @@ class ChunkVerificationError(WeightsError):
     """A chunk (or the reassembled blob) does not hash to what the manifest says."""
 
 
+Payload = Literal["full", "delta"]
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+
 class Manifest(BaseModel):
-    """Describes one published policy version. Producer: learner. Consumers: chunk servers, workers."""
+    """Describes one published artifact (a policy version as a full or delta payload).
+    Producer: learner. Consumers: chunk servers, workers. Every field is covered by the signature."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
-    schema_version: Literal[1] = 1
+    schema_version: Literal[2] = 2
     run_id: str = Field(min_length=1)
     policy_version: int = Field(ge=0)
     format: Literal["safetensors"] = "safetensors"
-    total_size_bytes: int = Field(ge=0)
+    payload: Payload = Field("full", description="full: the safetensors bytes; delta: shared.delta bytes against base_version")
+    total_size_bytes: int = Field(ge=0, description="bytes of this payload")
     chunk_size_bytes: int = Field(ge=1)
     chunk_sha256: list[str]
-    blob_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    blob_sha256: str = Field(pattern=SHA256_PATTERN, description="sha256 of this payload's bytes")
+    full_size_bytes: int = Field(ge=0, description="bytes of the full weights this payload stands for")
+    full_sha256: str = Field(pattern=SHA256_PATTERN, description="sha256 of the full weights (after applying a delta)")
+    base_version: int = Field(-1, ge=-1, description="delta: the version it applies to; -1 for a full payload")
+    base_sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$", description="delta: full_sha256 of that base version")
+    codec: str = Field("", max_length=64, description="delta: the shared.delta codec")
     created_at_s: float
     signature: str = Field("", description="hex HMAC-SHA256 of the canonical manifest body under the cluster key")
 
@@ -50,6 +69,22 @@ class Manifest(BaseModel):
         if len(self.chunk_sha256) != expected:
             raise ValueError(f"{len(self.chunk_sha256)} chunk hashes for {self.total_size_bytes} bytes in chunks of {self.chunk_size_bytes}")
         return self
+
+    @model_validator(mode="after")
+    def _payload_fields_agree(self) -> Self:
+        if self.payload == "full":
+            if (self.full_size_bytes, self.full_sha256) != (self.total_size_bytes, self.blob_sha256):
+                raise ValueError("a full payload must describe itself: full_size_bytes/full_sha256 != total_size_bytes/blob_sha256")
+            if self.base_version != -1 or self.base_sha256 or self.codec:
+                raise ValueError("a full payload has no base_version, base_sha256 or codec")
+        elif self.base_version < 0 or not self.base_sha256 or not self.codec:
+            raise ValueError("a delta payload needs base_version, base_sha256 and codec")
+        return self
+
+    @property
+    def artifact(self) -> str:
+        """`<version>/<payload>`: what a chunk server's routes and logs call this manifest."""
+        return f"{self.policy_version}/{self.payload}"
 
     @property
     def num_chunks(self) -> int:
@@ -106,15 +141,43 @@ def verify_signature(manifest: Manifest, cluster_key: bytes) -> None:
 def build_manifest(
     blob: bytes, *, run_id: str, policy_version: int, chunk_size_bytes: int, cluster_key: bytes
 ) -> tuple[Manifest, list[bytes]]:
-    """Chunk `blob` and describe it; returns the signed manifest and the chunks in order."""
+    """Chunk the full weights `blob` and describe them; returns the signed manifest and the chunks in order."""
     chunks = split_into_chunks(blob, chunk_size_bytes)
+    blob_sha256 = sha256_hex(blob)
     manifest = Manifest(
         run_id=run_id,
         policy_version=policy_version,
         total_size_bytes=len(blob),
         chunk_size_bytes=chunk_size_bytes,
         chunk_sha256=[sha256_hex(chunk) for chunk in chunks],
-        blob_sha256=sha256_hex(blob),
+        blob_sha256=blob_sha256,
+        full_size_bytes=len(blob),
+        full_sha256=blob_sha256,
+        created_at_s=time.time(),
+    )
+    return sign(manifest, cluster_key), chunks
+
+
+def build_delta_manifest(
+    delta: bytes, *, full: Manifest, base: Manifest, codec: str, cluster_key: bytes
+) -> tuple[Manifest, list[bytes]]:
+    """Chunk `delta` (which turns `base`'s full weights into `full`'s) and describe it, signed."""
+    if full.payload != "full" or base.payload != "full":
+        raise ValueError(f"a delta is described by two full manifests, got {full.artifact} and {base.artifact}")
+    chunks = split_into_chunks(delta, full.chunk_size_bytes)
+    manifest = Manifest(
+        run_id=full.run_id,
+        policy_version=full.policy_version,
+        payload="delta",
+        total_size_bytes=len(delta),
+        chunk_size_bytes=full.chunk_size_bytes,
+        chunk_sha256=[sha256_hex(chunk) for chunk in chunks],
+        blob_sha256=sha256_hex(delta),
+        full_size_bytes=full.full_size_bytes,
+        full_sha256=full.full_sha256,
+        base_version=base.policy_version,
+        base_sha256=base.full_sha256,
+        codec=codec,
         created_at_s=time.time(),
     )
     return sign(manifest, cluster_key), chunks
@@ -125,22 +188,22 @@ def verify_chunk(manifest: Manifest, index: int, data: bytes) -> None:
     expected_length = manifest.chunk_length(index)
     if len(data) != expected_length:
         raise ChunkVerificationError(
-            f"version {manifest.policy_version} chunk {index}: {len(data)} bytes, expected {expected_length}"
+            f"version {manifest.artifact} chunk {index}: {len(data)} bytes, expected {expected_length}"
         )
     digest = sha256_hex(data)
     if digest != manifest.chunk_sha256[index]:
         raise ChunkVerificationError(
-            f"version {manifest.policy_version} chunk {index}: sha256 {digest[:12]}.. != manifest {manifest.chunk_sha256[index][:12]}.."
+            f"version {manifest.artifact} chunk {index}: sha256 {digest[:12]}.. != manifest {manifest.chunk_sha256[index][:12]}.."
         )
 
 
 def assemble(manifest: Manifest, chunks: list[bytes]) -> bytes:
     """Join verified chunks and check the whole blob's hash; raises on any mismatch."""
     if len(chunks) != manifest.num_chunks:
-        raise ChunkVerificationError(f"version {manifest.policy_version}: {len(chunks)} of {manifest.num_chunks} chunks")
+        raise ChunkVerificationError(f"version {manifest.artifact}: {len(chunks)} of {manifest.num_chunks} chunks")
     for index, chunk in enumerate(chunks):
         verify_chunk(manifest, index, chunk)
     blob = b"".join(chunks)
     if sha256_hex(blob) != manifest.blob_sha256:
-        raise ChunkVerificationError(f"version {manifest.policy_version}: blob sha256 mismatch")
+        raise ChunkVerificationError(f"version {manifest.artifact}: blob sha256 mismatch")
     return blob

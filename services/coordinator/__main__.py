@@ -22,7 +22,9 @@ environment:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m services.coordinator",
-        description="The control plane: worker registration and leases, the staleness gate, run status. "
+        description="The control plane: worker registration, leases and drains, the staleness gate, run status, "
+        "the capacity model (/v1/capacity), cost-aware activation and the cost ledger (/v1/activation, /v1/cost), "
+        "Prometheus metrics (/metrics) and a live dashboard (/dashboard). "
         "Stateless: everything lives in Redis, so it can be restarted at any time. API docs at /docs.",
         epilog=ENVIRONMENT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,

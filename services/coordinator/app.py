@@ -10,10 +10,13 @@ from collections.abc import AsyncIterator
 import redis
 from fastapi import FastAPI
 
-from services.coordinator import status, workers
+from services.coordinator import broadcast, control_routes, dashboard, status, workers
 from services.coordinator.auth import token_sha256
+from services.coordinator.control import ControlPlane
 from services.coordinator.deps import Coordinator
 from services.coordinator.errors import install_error_handlers
+from services.coordinator.heartbeat_path import HeartbeatFastPath
+from services.coordinator.prometheus import install_metrics
 from services.coordinator.worker_registry import WorkerRegistry
 from shared.bus import StreamBus
 from shared.config import RunConfig
@@ -44,10 +47,14 @@ def create_app(run: RunConfig, redis_client: redis.Redis, admin_token: str) -> F
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         sweep_interval_s = min(MAX_SWEEP_INTERVAL_S, run.coordinator.lease_s / 4)
         sweeper = asyncio.create_task(sweep_leases(coordinator.registry, sweep_interval_s), name="lease-sweeper")
+        planner = asyncio.create_task(control.run_forever(), name="control-loop")  # activation, ledger, history
         yield
-        sweeper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sweeper
+        for task in (sweeper, planner):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if hasattr(app.state, "heartbeat_fast_path"):
+            await app.state.heartbeat_fast_path.close()
 
     app = FastAPI(
         title="relay-rl coordinator",
@@ -56,8 +63,14 @@ def create_app(run: RunConfig, redis_client: redis.Redis, admin_token: str) -> F
         lifespan=lifespan,
     )
     app.state.coordinator = coordinator
+    control = app.state.control = ControlPlane(coordinator)
     app.include_router(workers.router)
     app.include_router(status.router)
+    app.include_router(broadcast.router)
+    app.include_router(control_routes.router)
+    app.include_router(dashboard.router)
+    install_metrics(app, control)
+    app.add_middleware(HeartbeatFastPath, sync_client=redis_client, state=app.state)  # a worker's own heartbeat: one round trip
     install_error_handlers(app)
 
     @app.get("/healthz", tags=["health"])

@@ -49,15 +49,17 @@ def get_caller(
     coordinator: CoordinatorDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Caller:
     if credentials is None:
-        raise _unauthorized("missing header 'Authorization: Bearer <token>'")
+        raise unauthorized("missing header 'Authorization: Bearer <token>'")
     try:
         return authenticate(credentials.credentials, coordinator.registry, coordinator.admin_token_sha256)
     except InvalidTokenError as exc:
-        raise _unauthorized(str(exc)) from exc
+        raise unauthorized(str(exc)) from exc
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]
+# the raw bearer credentials, for an async endpoint that authenticates on its own (the heartbeat)
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-def _unauthorized(reason: str) -> HTTPException:
+def unauthorized(reason: str) -> HTTPException:
     return HTTPException(status.HTTP_401_UNAUTHORIZED, detail=reason, headers={"WWW-Authenticate": "Bearer"})

@@ -18,6 +18,8 @@ class Body(BaseModel):
 class WorkerState(StrEnum):
     ACTIVE = "active"  # leased and generating (or allowed to)
     DEAD = "dead"  # lease expired; must register again
+    STANDBY = "standby"  # leased, keeps its weights fresh, takes no tasks (cost-aware activation)
+    DRAINING = "draining"  # finishing its current batch, then it deregisters and exits
 
 
 class RegisterWorkerRequest(Body):
@@ -36,6 +38,7 @@ class RegisterWorkerResponse(Body):
     lease_s: float
     heartbeat_interval_s: float
     staleness_bound: int
+    state: WorkerState = Field(WorkerState.ACTIVE, description="active: take tasks; standby: wait (heartbeats say when)")
 
 
 class WeightSwapReport(Body):
@@ -54,6 +57,8 @@ class HeartbeatRequest(Body):
     num_samples_done: int = Field(0, ge=0, description="samples published since registration")
     samples_per_s: float = Field(0.0, ge=0, description="recent generation throughput")
     generating: bool = Field(False, description="false while gated (stale) or waiting for work")
+    tokens_per_s: float = Field(0.0, ge=0, description="recent completion tokens per second of generation time")
+    group_latency_s: float = Field(0.0, ge=0, description="L_gen: mean seconds of one engine call (a batch of groups)")
     last_swap: WeightSwapReport | None = Field(None, description="the most recent weight swap, if any")
 
 
@@ -78,6 +83,9 @@ class WorkerInfo(Body):
     num_samples_done: int
     samples_per_s: float
     generating: bool
+    tokens_per_s: float = 0.0
+    group_latency_s: float = 0.0
+    state_since_s: float = Field(0.0, description="unix time of the last state change")
     registered_at_s: float
     last_heartbeat_s: float
     lease_expires_at_s: float
@@ -108,3 +116,46 @@ class StatusResponse(Body):
     stream_depths: dict[str, int] = Field(description="entries not yet finished by their consumers, per stream")
     num_dead_letters: int
     workers: list[WorkerInfo]
+    cost_usd: float = Field(0.0, description="cumulative cost so far (GET /v1/cost for the breakdown)")
+
+
+# Weight broadcast (services/coordinator/broadcast.py). Consumers: rollout workers (their parent),
+# operators and the run report (the plan, measured T_bcast).
+
+
+class RelayAssignmentInfo(Body):
+    worker_id: str
+    name: str
+    parent_id: str = Field(description='"learner" or the id of the worker to fetch from')
+    parent_url: str = Field(description="chunk server to fetch from (the learner's, when known)")
+    depth: int = Field(ge=1, description="hops from the learner (1: a seed)")
+    reported_mbps: float
+    measured_mbps: float | None = Field(None, description="throughput achieved on past versions, if measured")
+    fallback_urls: list[str] = Field(description="holders to use when the parent dies or stalls, best first")
+
+
+class RelayPlanResponse(Body):
+    learner_url: str = Field(description="the learner's chunk server, from the newest announcement ('' before any)")
+    num_seeds: int
+    fanout: int
+    max_depth: int
+    assignments: list[RelayAssignmentInfo] = Field(description="every active or standby worker, fastest first")
+
+
+class ParentResponse(Body):
+    """Where one worker fetches the next version from; asked again whenever its parent fails."""
+
+    worker_id: str
+    parent_id: str = Field(description='"learner" or a worker id')
+    parent_url: str = Field(description="the chunk server to stream from ('' : the learner, use the announcement's URL)")
+    depth: int = Field(ge=1)
+    fallback_urls: list[str] = Field(description="other holders, best first; the learner is always the last resort")
+    learner_url: str = Field(description="the learner's chunk server, from the newest announcement ('' before any)")
+
+
+class BroadcastTimesResponse(Body):
+    seconds_by_version: dict[int, float] = Field(description="T_bcast: announcement to the last active worker's swap")
+    num_versions: int
+    mean_s: float | None
+    max_s: float | None
+    last_s: float | None = Field(description="T_bcast of the newest measured version")

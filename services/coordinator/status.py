@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 
 from services.coordinator.deps import CoordinatorDep
 from services.coordinator.learner_view import read_learner_view
+from services.coordinator.ledger import CostLedger
 from services.coordinator.schemas import LearnerInfo, StalenessResponse, StatusResponse
 from shared.bus import StreamBus
 from shared.keys import ConsumerGroups, RunKeys
@@ -49,6 +50,7 @@ def run_status(coordinator: CoordinatorDep) -> StatusResponse:
         stream_depths={**stream_depths(coordinator.bus, coordinator.keys), "dead": num_dead_letters},
         num_dead_letters=num_dead_letters,
         workers=coordinator.registry.list_workers(),
+        cost_usd=CostLedger(coordinator.redis, coordinator.keys, max_billing_gap_s=1.0).totals().total_usd,
     )
 
 

@@ -17,7 +17,9 @@ from collections.abc import Callable, Mapping
 from enum import Enum
 
 import redis
+from pydantic import TypeAdapter
 
+from services.coordinator.broadcast_times import BroadcastTimes
 from services.coordinator.schemas import HeartbeatRequest, RegisterWorkerRequest, WorkerInfo, WorkerState
 from shared.keys import RunKeys
 
@@ -40,7 +42,7 @@ class WorkerRecord(WorkerInfo):
 
 
 # KEYS: worker hash, leases. ARGV: worker id, now_s, new expiry_s, then field/value pairs to set.
-# Returns 0: unknown worker, 1: dead (now marked so), 2: lease extended and fields written.
+# Returns 0: unknown worker, 1: dead (now marked so), else the worker's state: lease extended, fields written.
 _HEARTBEAT_LUA = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 0 end
@@ -53,7 +55,7 @@ if (not expiry) or tonumber(expiry) <= tonumber(ARGV[2]) then
 end
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 redis.call('HSET', KEYS[1], 'lease_expires_at_s', ARGV[3], unpack(ARGV, 4))
-return 2
+return state
 """
 
 # KEYS: worker hash, leases. ARGV: worker id, now_s. Marks the worker dead if its lease is still due.
@@ -67,6 +69,45 @@ return 1
 """
 
 
+# KEYS: worker hash. ARGV: new state, now_s, then the states it may change from. Returns the state after
+# the call ('' when the worker is unknown): the new one, or the current one when that is not allowed.
+_SET_STATE_LUA = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return '' end
+if state == ARGV[1] then return state end
+for i = 3, #ARGV do
+  if state == ARGV[i] then
+    redis.call('HSET', KEYS[1], 'state', ARGV[1], 'state_since_s', ARGV[2])
+    return ARGV[1]
+  end
+end
+return state
+"""
+
+
+# ARGV: the worker hash key prefix, then worker ids. Returns a JSON array of their records (values as
+# stored: strings), the token digest left out. Workers deregistered meanwhile have no hash: skipped.
+# (It reads keys it is not given: fine on one Redis, not on a cluster.) Called with LIST_CHUNK ids at a
+# time, so Redis is never blocked for long (~3 ms per call).
+_LIST_LUA = """
+local out = {}
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  local flat = redis.call('HGETALL', ARGV[1] .. id)
+  if #flat > 0 then
+    local record = {}
+    for i = 1, #flat, 2 do
+      if flat[i] ~= 'token_sha256' then record[flat[i]] = flat[i + 1] end
+    end
+    out[#out + 1] = record
+  end
+end
+return cjson.encode(out)
+"""
+_WORKER_LIST = TypeAdapter(list[WorkerInfo])
+LIST_CHUNK = 200
+
+
 class WorkerRegistry:
     def __init__(
         self, client: redis.Redis, keys: RunKeys, *, lease_s: float, clock: Callable[[], float] = time.time
@@ -77,13 +118,18 @@ class WorkerRegistry:
         self.clock = clock  # unix seconds; every coordinator sharing a Redis must agree on it roughly
         self._heartbeat_script = client.register_script(_HEARTBEAT_LUA)
         self._expire_script = client.register_script(_EXPIRE_LUA)
+        self._set_state_script = client.register_script(_SET_STATE_LUA)
+        self._list_script = client.register_script(_LIST_LUA)
 
     # writing
-    def register(self, worker_id: str, request: RegisterWorkerRequest, token_sha256: str) -> WorkerInfo:
+    def register(
+        self, worker_id: str, request: RegisterWorkerRequest, token_sha256: str, state: WorkerState = WorkerState.ACTIVE
+    ) -> WorkerInfo:
         now_s = self.clock()
         record = WorkerRecord(
             worker_id=worker_id,
-            state=WorkerState.ACTIVE,
+            state=state,
+            state_since_s=now_s,
             policy_version=-1,
             num_groups_done=0,
             num_samples_done=0,
@@ -105,6 +151,12 @@ class WorkerRegistry:
     def heartbeat(self, worker_id: str, request: HeartbeatRequest) -> WorkerInfo:
         """Extend the lease by `lease_s` and record what the worker reports. Raises UnknownWorkerError or
         WorkerDeadError (the lease had expired: the worker must register again)."""
+        self.extend_lease(worker_id, request)
+        return self.get(worker_id)
+
+    def extend_lease(self, worker_id: str, request: HeartbeatRequest) -> tuple[WorkerState, float]:
+        """`heartbeat` without reading the record back: the REST heartbeat's hot path (one script call,
+        plus one HSETNX when the report carries a weight swap). Returns (state, new lease expiry)."""
         now_s = self.clock()
         fields = _to_redis_fields({**request.model_dump(exclude={"last_swap"}), "last_heartbeat_s": now_s})
         flat_fields = [item for pair in fields.items() for item in pair]
@@ -116,7 +168,9 @@ class WorkerRegistry:
             raise UnknownWorkerError(f"no worker {worker_id} is registered")
         if outcome == 1:
             raise WorkerDeadError(f"worker {worker_id} is dead (its lease expired); register again")
-        return self.get(worker_id)
+        if request.last_swap is not None:  # T_bcast bookkeeping: services/coordinator/broadcast_times.py
+            BroadcastTimes(self.redis, self.keys).record_swap(worker_id, request.last_swap, self.list_workers)
+        return WorkerState(_text(outcome)), now_s + self.lease_s
 
     def deregister(self, worker_id: str) -> None:
         self.ensure_known(worker_id)
@@ -125,6 +179,28 @@ class WorkerRegistry:
             pipe.srem(self.keys.worker_ids, worker_id)
             pipe.zrem(self.keys.worker_leases, worker_id)
             pipe.execute()
+
+    def set_states(self, changes: Mapping[str, tuple[WorkerState, tuple[WorkerState, ...]]]) -> dict[str, WorkerState | None]:
+        """Per worker id: (new state, states it may change from), applied atomically per worker (a worker
+        the sweeper just marked dead stays dead). Returns each worker's state after (None: unknown)."""
+        now_s = self.clock()
+        with self.redis.pipeline(transaction=False) as pipe:
+            for worker_id, (state, allowed_from) in changes.items():
+                self._set_state_script(
+                    keys=[self.keys.worker(worker_id)], args=[state.value, now_s, *(s.value for s in allowed_from)], client=pipe
+                )
+            results = pipe.execute()
+        return {worker_id: WorkerState(_text(r)) if r else None for worker_id, r in zip(changes, results, strict=True)}
+
+    def drain(self, worker_id: str) -> WorkerInfo:
+        """Mark an active or standby worker draining (idempotent). Raises UnknownWorkerError or WorkerDeadError."""
+        self.expire_due()
+        after = self.set_states({worker_id: (WorkerState.DRAINING, (WorkerState.ACTIVE, WorkerState.STANDBY))})[worker_id]
+        if after is None:
+            raise UnknownWorkerError(f"no worker {worker_id} is registered")
+        if after == WorkerState.DEAD:
+            raise WorkerDeadError(f"worker {worker_id} is dead (its lease expired); there is nothing to drain")
+        return self.get(worker_id)
 
     def expire_due(self) -> list[str]:
         """Mark every worker whose lease has run out as dead; returns their ids."""
@@ -145,16 +221,16 @@ class WorkerRegistry:
         return record.public()
 
     def list_workers(self) -> list[WorkerInfo]:
-        """Every registered worker, dead ones included, oldest registration first."""
+        """Every registered worker, dead ones included, oldest registration first. One script call that
+        returns every record as one JSON document, validated in one pass: at 1000 workers ~10x cheaper
+        than parsing 1000 HGETALL replies in redis-py (the control loop reads this every second)."""
         self.expire_due()
-        worker_ids = sorted(_text(worker_id) for worker_id in self.redis.smembers(self.keys.worker_ids))
-        with self.redis.pipeline(transaction=False) as pipe:
-            for worker_id in worker_ids:
-                pipe.hgetall(self.keys.worker(worker_id))
-            raw_records = pipe.execute()
-        # a worker deregistered between SMEMBERS and HGETALL leaves an empty hash: skip it
-        records = [_record_from_redis(raw) for raw in raw_records if raw]
-        return [record.public() for record in sorted(records, key=lambda r: (r.registered_at_s, r.worker_id))]
+        worker_ids = [_text(worker_id) for worker_id in self.redis.smembers(self.keys.worker_ids)]
+        records: list[WorkerInfo] = []
+        for start in range(0, len(worker_ids), LIST_CHUNK):
+            raw = self._list_script(keys=[], args=[self.keys.worker(""), *worker_ids[start:start + LIST_CHUNK]])
+            records.extend(_WORKER_LIST.validate_json(raw if raw not in (b"{}", "{}") else b"[]"))  # cjson: [] is {}
+        return sorted(records, key=lambda r: (r.registered_at_s, r.worker_id))
 
     def ensure_known(self, worker_id: str) -> None:
         if not self.redis.exists(self.keys.worker(worker_id)):

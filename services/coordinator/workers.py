@@ -1,4 +1,10 @@
-"""/v1/workers: registration, heartbeats (leases), deregistration, listing."""
+"""/v1/workers: registration, heartbeats (leases), drain, deregistration, listing.
+
+Lifecycle: register (active, or standby when it has a price and the planner has not picked it yet)
+-> heartbeats; the answer carries the state the control loop decided (active / standby / draining)
+-> drain (own token or admin): the worker finishes its batch, acks it, deregisters and exits
+-> gone. A worker that stops heartbeating is dead after `lease_s` and must register again.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,15 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Response, status
 
-from services.coordinator.auth import AdminCaller, Caller, WorkerCaller, issue_worker_token, new_worker_id, token_sha256
+from services.coordinator.auth import (
+    AdminCaller,
+    Caller,
+    WorkerCaller,
+    issue_worker_token,
+    new_worker_id,
+    token_sha256,
+)
+from services.coordinator.control_routes import ControlDep
 from services.coordinator.deps import CallerDep, CoordinatorDep, RegistryDep
 from services.coordinator.errors import error_docs
 from services.coordinator.learner_view import read_learner_view
@@ -24,12 +38,15 @@ WorkerIdPath = Annotated[str, Path(min_length=1, max_length=64, description="id 
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)
-def register_worker(request: RegisterWorkerRequest, coordinator: CoordinatorDep) -> RegisterWorkerResponse:
+def register_worker(request: RegisterWorkerRequest, coordinator: CoordinatorDep, control: ControlDep) -> RegisterWorkerResponse:
     """Join the run. The answer carries the worker's id and its bearer token (shown once, stored only as
-    a sha256). The lease starts now: heartbeat every `heartbeat_interval_s`, well within `lease_s`."""
+    a sha256). The lease starts now: heartbeat every `heartbeat_interval_s`, well within `lease_s`.
+    `state` is where it starts: active, or standby until cost-aware activation picks it (heartbeat
+    answers carry every later decision)."""
     worker_id = new_worker_id()
     token = issue_worker_token(worker_id)
-    coordinator.registry.register(worker_id, request, token_sha256(token))
+    info = coordinator.registry.register(worker_id, request, token_sha256(token), state=control.initial_state(request))
+    control.request_replan()
     run = coordinator.run
     return RegisterWorkerResponse(
         worker_id=worker_id,
@@ -38,35 +55,55 @@ def register_worker(request: RegisterWorkerRequest, coordinator: CoordinatorDep)
         lease_s=run.coordinator.lease_s,
         heartbeat_interval_s=run.rollout.heartbeat_interval_s,
         staleness_bound=read_learner_view(coordinator.redis, coordinator.keys, run).staleness_bound,
+        state=info.state,
     )
 
 
 @router.post("/{worker_id}/heartbeat", responses=error_docs(401, 403, 404, 410))
 def heartbeat(
-    worker_id: WorkerIdPath, request: HeartbeatRequest, caller: CallerDep, coordinator: CoordinatorDep
+    worker_id: WorkerIdPath, request: HeartbeatRequest, caller: CallerDep, coordinator: CoordinatorDep, control: ControlDep
 ) -> HeartbeatResponse:
-    """Extend the lease by `lease_s` and report progress. 410 means the lease had already expired:
-    the worker is dead to the run and must register again."""
+    """Extend the lease by `lease_s` and report progress; the answer carries the state the control loop
+    decided (active / standby / draining) and the learner's version as of its last pass. 410 means the
+    lease had already expired: the worker is dead to the run and must register again. (A worker's own
+    heartbeat is served in one Redis round trip by services/coordinator/heartbeat_path.py, which leaves
+    every other case to this endpoint.)"""
     coordinator.registry.ensure_known(worker_id)
     ensure_is_worker(caller, worker_id)
-    info = coordinator.registry.heartbeat(worker_id, request)
-    learner = read_learner_view(coordinator.redis, coordinator.keys, coordinator.run)
+    state, lease_expires_at_s = coordinator.registry.extend_lease(worker_id, request)
+    learner = control.learner_view()
     return HeartbeatResponse(
-        state=info.state,
-        lease_expires_at_s=info.lease_expires_at_s,
+        state=state,
+        lease_expires_at_s=lease_expires_at_s,
         learner_version=learner.learner_version,
         staleness_bound=learner.staleness_bound,
     )
 
 
 @router.delete("/{worker_id}", status_code=status.HTTP_204_NO_CONTENT, responses=error_docs(401, 403, 404))
-def deregister_worker(worker_id: WorkerIdPath, caller: CallerDep, registry: RegistryDep) -> Response:
+def deregister_worker(worker_id: WorkerIdPath, caller: CallerDep, registry: RegistryDep, control: ControlDep) -> Response:
     """Leave the run (with the worker's own token), or remove a worker (with the admin token)."""
     registry.ensure_known(worker_id)
     if not isinstance(caller, AdminCaller):
         ensure_is_worker(caller, worker_id)
     registry.deregister(worker_id)
+    control.request_replan()
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post("/{worker_id}/drain", responses=error_docs(401, 403, 404, 410))
+def drain_worker(worker_id: WorkerIdPath, caller: CallerDep, registry: RegistryDep, control: ControlDep) -> WorkerInfo:
+    """Ask a worker to leave gracefully (its own token, or the admin token). It is DRAINING at once: it
+    takes no new tasks and drops out of the relay plan; its next heartbeat answer tells it, and it
+    finishes the batch in hand (published and acked), deregisters and exits. Idempotent. Tasks it
+    had read but not finished are never lost: unacked entries stay pending and another worker
+    claims them. 410 for a dead worker."""
+    registry.ensure_known(worker_id)
+    if not isinstance(caller, AdminCaller):
+        ensure_is_worker(caller, worker_id)
+    info = registry.drain(worker_id)
+    control.request_replan()
+    return info
 
 
 @router.get("")

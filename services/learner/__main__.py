@@ -2,7 +2,8 @@
 
 Environment: RL_REDIS_URL, RL_RUN_CONFIG, RL_RUN_ID, RL_RUN_DIR, RL_MODEL_DIR (default
 <run_dir>/model, built if missing), RL_CLUSTER_KEY (required), RL_LEARNER_HOST, RL_LEARNER_PORT,
-RL_LEARNER_PUBLIC_URL, RL_POLL_BLOCK_MS, RL_TORCH_NUM_THREADS, RL_LOG_LEVEL.
+RL_LEARNER_PUBLIC_URL, RL_POLL_BLOCK_MS, RL_TORCH_NUM_THREADS, RL_LOG_LEVEL, RL_METRICS_PORT
+(Prometheus /metrics; 0: off).
 
 Writes into RL_RUN_DIR: metrics.jsonl, checkpoints/latest.pt, learner_summary.json, model_final/.
 SIGTERM / SIGINT: finish the step in progress, checkpoint, stop the chunk server, exit 0.
@@ -42,6 +43,9 @@ def main() -> None:
     keys = RunKeys(run.run_id)
     bus = StreamBus(connect(settings.redis_url), run_id=run.run_id, dead_letter_stream=keys.dead, service="learner")
     learner = Learner(run, settings, bus)
+    from shared.metrics import CallbackCollector, learner_families, start_metrics_server
+
+    start_metrics_server(settings.metrics_port, CallbackCollector(lambda: learner_families(learner.state)))
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: learner.request_stop())
     with learner:

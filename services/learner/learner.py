@@ -64,6 +64,8 @@ class Learner:
         self.uncheckpointed_ids: list[str] = []  # admitted groups trained on since the last checkpoint
         self.checkpointed_version = -1
         self.last_train_s = 0.0
+        self.staleness_counts: Counter[int] = Counter()  # trained groups by lag t - v, this process
+        self.state: LearnerState | None = None  # the latest state written (read by /metrics)
         self.stop_requested = threading.Event()
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
 
@@ -84,6 +86,9 @@ class Learner:
             public_url=settings.resolved_public_url(self.server.port),
             cluster_key=settings.cluster_key.get_secret_value().encode(),
             chunk_size_bytes=run.broadcast.chunk_size_bytes,
+            full_every=run.broadcast.full_every if run.broadcast.delta else 1,
+            delta_zstd_level=run.broadcast.delta_zstd_level,
+            journal_path=self.run_dir / "broadcast.jsonl",
         )
         self._started_s = time.monotonic()
         self._wall_offset_s = 0.0  # run time before this process (restored from the checkpoint)
@@ -196,6 +201,7 @@ class Learner:
         self.totals.add_step(record)
         self.metrics.append(record)
         self.last_train_s = record.train_s
+        self.staleness_counts.update({int(lag): count for lag, count in record.staleness_histogram.items()})
         self.write_state("training")
         log.info(
             "step %d/%d reward %.3f train %.3fs idle %.3fs publish %.3fs lag %s dropped %s",
@@ -327,5 +333,11 @@ class Learner:
             last_reward_mean=self.totals.reward_mean_last or 0.0,
             last_train_s=self.last_train_s,
             busy_fraction=self.totals.busy_fraction,
+            num_steps_done=self.totals.num_steps,
+            train_s_total=self.totals.train_s,
+            idle_s_total=self.totals.idle_s,
+            wall_s=self.wall_s(),
+            staleness_histogram={str(lag): count for lag, count in sorted(self.staleness_counts.items())},
         )
+        self.state = state
         call_with_retry(lambda: self.bus.redis.set(self.keys.learner_state, state.encode()), "write learner state")

@@ -1,9 +1,16 @@
 """Publishing a policy version: serialise, chunk, sign, make servable, and only then announce.
 
     blob      = safetensors bytes of the state dict (the tied lm_head left out)
-    manifest  = build_manifest(blob): version, sizes, sha256 of every chunk, HMAC under the cluster key
-    store     = ChunkStore.put_version(manifest, chunks)    # the learner's ChunkServer serves it now
+    full      = build_manifest(blob): version, sizes, sha256 of every chunk, HMAC under the cluster key
+    delta     = encode_delta(previous blob, blob), when allowed and smaller than the blob (shared/delta.py)
+    store     = ChunkStore.put_version(full [, delta])      # the learner's ChunkServer serves them now
     announce  = XADD WeightsPublished to `weights`          # last: every chunk is servable by then
+
+The announcement names the delta when there is one, else the full payload. The full payload is
+always servable too: a worker that does not hold the delta's base (it joined late, or missed the
+previous version) fetches it instead. Every `full_every`-th version is announced full, so a worker
+that lost track catches up within K versions without asking. One line per version goes to
+`journal_path` (broadcast.jsonl): bytes announced as a fraction of the full size.
 
 A worker loads the blob with `load_weights_blob` (or its own equivalent): safetensors, HF
 state-dict names, float32; a model with tied embeddings gets lm_head back from the embedding.
@@ -11,9 +18,11 @@ state-dict names, float32; a model with tied embeddings gets lm_head back from t
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from safetensors.torch import load as safetensors_load
@@ -21,10 +30,12 @@ from safetensors.torch import save as safetensors_save
 
 from services.learner.retry import call_with_retry
 from shared.bus import StreamBus
+from shared.chunk_client import manifest_path
 from shared.chunk_server import ChunkStore
+from shared.delta import CODEC, encode_delta
 from shared.keys import RunKeys
 from shared.messages import WeightsPublished
-from shared.weights import Manifest, build_manifest
+from shared.weights import Manifest, build_delta_manifest, build_manifest
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +66,15 @@ def load_weights_blob(model: torch.nn.Module, blob: bytes) -> None:
 
 @dataclass(frozen=True)
 class PublishedVersion:
-    manifest: Manifest
+    manifest: Manifest  # the announced one: the delta when there is one, else the full payload
+    full_manifest: Manifest
     announcement: WeightsPublished
-    publish_s: float  # serialise + chunk + sign + store + announce
+    publish_s: float  # serialise + chunk + sign (+ delta) + store + announce
+
+    @property
+    def size_fraction(self) -> float:
+        """Bytes announced as a fraction of the full weights (1.0 for a full payload)."""
+        return self.manifest.total_size_bytes / max(1, self.full_manifest.total_size_bytes)
 
 
 class WeightPublisher:
@@ -72,36 +89,81 @@ class WeightPublisher:
         public_url: str,
         cluster_key: bytes,
         chunk_size_bytes: int,
+        full_every: int = 1,
+        delta_zstd_level: int = 3,
+        journal_path: Path | None = None,
     ) -> None:
+        if full_every < 1:
+            raise ValueError(f"full_every must be at least 1, got {full_every}")
         self.bus = bus
         self.keys = keys
         self.store = store
         self.public_url = public_url.rstrip("/")
         self.cluster_key = cluster_key
         self.chunk_size_bytes = chunk_size_bytes
+        self.full_every = full_every  # 1: every version full (no deltas)
+        self.delta_zstd_level = delta_zstd_level
+        self.journal_path = journal_path
         self.published_version = -1
+        self._previous: tuple[Manifest, bytes] | None = None  # full manifest and blob of the last version
+        self._num_since_full = 0  # versions announced as deltas since the last full one
 
     def publish(self, model: torch.nn.Module, policy_version: int) -> PublishedVersion:
-        # The store keeps the first manifest of a version: publishing one twice would announce a
-        # manifest it does not serve. The learner publishes each version once per process.
-        assert policy_version not in self.store.versions(), f"version {policy_version} already published"
+        # Publishing a version number twice replaces it in the store (a restarted learner re-uses
+        # numbers too): holders verify against the manifest they were announced, never the number.
         started_s = time.perf_counter()
         blob = serialize_weights(model)
-        manifest, chunks = build_manifest(
+        full, chunks = build_manifest(
             blob, run_id=self.keys.run_id, policy_version=policy_version,
             chunk_size_bytes=self.chunk_size_bytes, cluster_key=self.cluster_key,
         )
-        self.store.put_version(manifest, chunks)  # every chunk servable from here on
+        self.store.put_version(full, chunks)  # every chunk servable from here on
+        announced = self.make_delta(full, blob) or full
         announcement = WeightsPublished(
             run_id=self.keys.run_id,
             policy_version=policy_version,
-            manifest_url=f"{self.public_url}/v1/weights/{policy_version}/manifest",
-            manifest_sha256=manifest.sha256(),
-            total_size_bytes=manifest.total_size_bytes,
-            num_chunks=manifest.num_chunks,
+            manifest_url=self.public_url + manifest_path(policy_version, "delta" if announced.payload == "delta" else None),
+            manifest_sha256=announced.sha256(),
+            total_size_bytes=announced.total_size_bytes,
+            num_chunks=announced.num_chunks,
         )
         call_with_retry(lambda: self.bus.publish(self.keys.weights, announcement), "announce weights")
         self.published_version = policy_version
-        publish_s = time.perf_counter() - started_s
-        log.info("published v%d: %d bytes in %d chunks (%.3fs)", policy_version, manifest.total_size_bytes, manifest.num_chunks, publish_s)
-        return PublishedVersion(manifest, announcement, publish_s)
+        self._previous = (full, blob)
+        self._num_since_full = self._num_since_full + 1 if announced.payload == "delta" else 0
+        published = PublishedVersion(announced, full, announcement, time.perf_counter() - started_s)
+        self.write_journal(published)
+        log.info(
+            "published v%d as %s: %d bytes (%.3f of %d full) in %d chunks (%.3fs)", policy_version, announced.payload,
+            announced.total_size_bytes, published.size_fraction, full.total_size_bytes, announced.num_chunks, published.publish_s,
+        )
+        return published
+
+    def make_delta(self, full: Manifest, blob: bytes) -> Manifest | None:
+        """The delta manifest of this version against the previous one, stored and servable, or None
+        when this version goes out full (a snapshot is due, nothing to diff against, or not smaller)."""
+        if self._previous is None or self._num_since_full + 1 >= self.full_every:
+            return None
+        base, base_blob = self._previous
+        delta = encode_delta(base_blob, blob, level=self.delta_zstd_level)
+        if len(delta) >= len(blob):
+            return None
+        manifest, chunks = build_delta_manifest(delta, full=full, base=base, codec=CODEC, cluster_key=self.cluster_key)
+        self.store.put_version(manifest, chunks)
+        return manifest
+
+    def write_journal(self, published: PublishedVersion) -> None:
+        if self.journal_path is None:
+            return
+        line = {
+            "policy_version": published.manifest.policy_version,
+            "payload": published.manifest.payload,
+            "base_version": published.manifest.base_version,
+            "payload_size_bytes": published.manifest.total_size_bytes,
+            "full_size_bytes": published.full_manifest.total_size_bytes,
+            "size_fraction": round(published.size_fraction, 5),
+            "publish_s": round(published.publish_s, 4),
+            "published_at_s": published.announcement.published_at_s,
+        }
+        with open(self.journal_path, "a") as journal:
+            journal.write(json.dumps(line) + "\n")

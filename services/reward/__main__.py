@@ -1,7 +1,7 @@
 """python -m services.reward: the data plane (prompts out, scored groups in). Needs no torch.
 
 Environment: RL_REDIS_URL, RL_RUN_CONFIG, RL_RUN_ID, RL_CONSUMER_NAME, RL_POLL_BLOCK_MS,
-RL_CLAIM_IDLE_MS, RL_REFERENCE_TTL_S, RL_LOG_LEVEL.
+RL_CLAIM_IDLE_MS, RL_REFERENCE_TTL_S, RL_LOG_LEVEL, RL_METRICS_PORT (Prometheus /metrics; 0: off).
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ def main() -> None:
     keys = RunKeys(run.run_id)
     bus = StreamBus(connect(settings.redis_url), run_id=run.run_id, dead_letter_stream=keys.dead, service="reward")
     service = RewardService(run, settings, bus)
+    from shared.metrics import CallbackCollector, reward_families, start_metrics_server, stream_depth_families
+
+    start_metrics_server(settings.metrics_port, CallbackCollector(lambda: [
+        *reward_families(service.num_scored, service.num_tasks_published), *stream_depth_families(bus, keys),
+    ]))
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: service.stop_event.set())
     service.run_forever()

@@ -1,12 +1,16 @@
 """Rollout worker: samples GRPO groups for the tasks on the `tasks` stream with the newest announced,
 verified policy weights, and publishes them to `rollouts`.
 
-    RL_CLUSTER_KEY=... python -m services.rollout
+    RL_COORDINATOR_URL=http://<host>:<port> RL_REDIS_URL=redis://<host>:<port>/0 RL_CLUSTER_KEY=...
+    RL_RUN_CONFIG=<run.toml> RL_RUN_ID=<run id> RL_MODEL_DIR=<model folder> python -m services.rollout
+
+(`python -m cluster.join` does this with the settings of the newest local cluster, runs/latest/cluster.env.)
 
 Reads: the run file (RL_RUN_CONFIG), tasks and weight announcements from Redis, weight chunks over
 HTTP, the coordinator's staleness verdicts. Writes: rollouts and dead letters to Redis, heartbeats to
 the coordinator; serves the weight chunks it holds on its own chunk server. SIGTERM/SIGINT finish the
-current batch, deregister and exit 0.
+current batch, deregister and exit 0; so does a drain (POST /v1/workers/<id>/drain): the heartbeat
+answer says "draining". "standby" in that answer: no tasks, weights kept fresh, heartbeats go on.
 """
 
 from __future__ import annotations
@@ -59,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = build_engine(settings)
     worker = RolloutWorker(run, settings, engine, connect(settings.redis_url), stopping)
+    from shared.metrics import CallbackCollector, rollout_families, start_metrics_server
+
+    start_metrics_server(settings.metrics_port, CallbackCollector(lambda: rollout_families(settings.worker_name, worker.report())))
     worker.run()
     return 0
 

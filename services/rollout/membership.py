@@ -7,6 +7,11 @@ Policies at this boundary:
   partitioned longer than the lease) or lost our record; register again, carry on under the new id.
 - Anything else (CoordinatorRejectedError: bad token, bad body): a bug or misconfiguration; the heartbeat
   thread stops and `raise_if_failed` re-raises it in the main loop.
+
+The state in every registration and heartbeat answer is obeyed: ACTIVE takes tasks; STANDBY takes none
+but keeps heartbeating and keeps its weights fresh (`on_standby`, checked by the worker loop);
+DRAINING sets the worker's stop flag, so it finishes the batch in hand (published and acked),
+deregisters and exits, exactly as on SIGTERM.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from services.coordinator.schemas import (
     HeartbeatResponse,
     RegisterWorkerRequest,
     RegisterWorkerResponse,
+    WorkerState,
 )
 from services.rollout.coordinator_client import (
     Backoff,
@@ -50,6 +56,7 @@ class Membership:
         self.stopping = stopping  # the worker's stop flag: abandons registration retries
         self.last_heartbeat: HeartbeatResponse | None = None
         self.num_registrations = 0
+        self.state = WorkerState.ACTIVE  # as the coordinator last said
         self._registration: RegisterWorkerResponse | None = None
         self._lock = threading.Lock()
         self._stop_heartbeats = threading.Event()
@@ -67,6 +74,10 @@ class Membership:
     def worker_id(self) -> str:
         return self.registration.worker_id
 
+    @property
+    def on_standby(self) -> bool:
+        return self.state == WorkerState.STANDBY
+
     def register(self) -> RegisterWorkerResponse:
         """Register, retrying while the coordinator is unavailable; raises NotRegisteredError if stopped first."""
         backoff = Backoff()
@@ -81,6 +92,7 @@ class Membership:
             with self._lock:
                 self._registration = registration
                 self.num_registrations += 1
+            self.obey(registration.state)
             log.info(
                 "registered as %s (lease %.1fs, heartbeat every %.1fs, staleness bound %d)",
                 registration.worker_id, registration.lease_s, registration.heartbeat_interval_s, registration.staleness_bound,
@@ -135,3 +147,13 @@ class Membership:
     def _send_heartbeat(self) -> None:
         registration = self.registration
         self.last_heartbeat = self.client.heartbeat(registration.worker_id, registration.token, self.report())
+        self.obey(self.last_heartbeat.state)
+
+    def obey(self, state: WorkerState) -> None:
+        """Follow the state the coordinator decided (see the module doc)."""
+        if state != self.state:
+            log.info("coordinator says %s (was %s)", state.value, self.state.value)
+        self.state = state
+        if state == WorkerState.DRAINING and not self.stopping.is_set():
+            log.info("draining: finishing the current batch, then leaving")
+            self.stopping.set()

@@ -20,6 +20,9 @@ class RolloutSettings(ServiceSettings):
     worker_name: str = Field("rollout", min_length=1, max_length=64, description="label shown by the coordinator")
     worker_host: str = Field("127.0.0.1", description="interface this worker's chunk server binds and advertises")
     worker_port: int = Field(0, ge=0, le=65535, description="chunk server port (0: any free port)")
+    worker_public_url: str | None = Field(
+        None, description="how other workers reach this chunk server to relay weights; default http://<worker_host>:<bound port>"
+    )
     worker_price_per_hour: float = Field(0.0, ge=0, description="what this worker costs, $/h")
     worker_gpu_type: str = Field("cpu", min_length=1, description="accelerator kind reported at registration")
     worker_bandwidth_mbps: float = Field(1000.0, gt=0, description="link speed reported at registration, Mbit/s")
@@ -32,6 +35,10 @@ class RolloutSettings(ServiceSettings):
     @property
     def resolved_model_dir(self) -> Path:
         return self.model_dir if self.model_dir is not None else self.run_dir / "model"
+
+    def resolved_public_url(self, bound_url: str) -> str:
+        """The chunk-server URL advertised at registration: RL_WORKER_PUBLIC_URL, else the bound one."""
+        return (self.worker_public_url or bound_url).rstrip("/")
 
 
 def describe_environment() -> str:

@@ -1,55 +1,79 @@
-"""Following the learner's weight announcements: fetch, verify, keep for relaying, then swap.
+"""Following the learner's weight announcements: fetch through the relay, verify, keep for relaying,
+then swap between groups.
 
-`WeightsSync.update(engine)` is called by the worker between groups:
-1. read the newest WeightsPublished on the weights stream (XREVRANGE count=1, no consumer group);
-2. if it is not what the engine holds, fetch its manifest from the announcing chunk server and check
-   it (cluster-key signature, run id, version, and that it is the manifest the announcement names);
-3. fetch every chunk, verifying each sha256, into the worker's own ChunkStore (which its ChunkServer
-   serves to other workers), and the reassembled blob against the manifest;
-4. only then load it into the engine.
-Any failed check leaves the engine on its old weights; that announcement is retried after
-`retry_failed_after_s`.
+    background thread (`start()`), for every new announcement on `weights`:
+        manifest   from the announcing learner; signature, run id, and that it is the announced one
+        payload    the delta if we hold its base (same version AND same full sha256), else the full one
+        relay      services/rollout/relay_fetch.py: stream from our parent (the coordinator's plan),
+                   verify every chunk, store it (our chunk server relays it at once), route around
+                   dead, stalled or corrupt holders; the learner is the last resort
+        rebuild    delta -> full weights; the full sha256 from the signed manifest must match
+        ready      the verified full blob waits for the worker loop
+    worker loop, between groups: `update(engine)` loads the ready version (never an unverified or
+        incomplete one) and notes a WeightSwapReport for the next heartbeat (the coordinator's T_bcast).
 
-"Not what the engine holds" compares manifests, not version numbers: a learner that crashed and
-resumed from an older checkpoint announces lower (or re-used) version numbers, and workers must
-follow it rather than wait for it to catch up with weights it no longer has.
+Without `start()`, `update` fetches inline (tests, tools). Any failed check leaves the engine on its old
+weights; that announcement is retried after `retry_failed_after_s`.
+
+"Not what we hold" compares manifests, not version numbers: a learner that crashed and resumed from
+an older checkpoint announces lower (or re-used) version numbers, and workers must follow it rather
+than wait for it to catch up with weights it no longer has.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 import redis
 
+from services.coordinator.schemas import WeightSwapReport
 from services.rollout.engine import InferenceEngine, WeightsLoadError
+from services.rollout.relay_fetch import ArtifactFetch, RelayFetcher, SourceResolver
 from shared.bus import PAYLOAD_FIELD
-from shared.chunk_client import fetch_chunk, fetch_manifest
+from shared.chunk_client import AnnouncementError, announced_source, fetch_manifest
 from shared.chunk_server import ChunkStore
+from shared.delta import DeltaError, apply_delta
 from shared.keys import RunKeys
 from shared.messages import MessageDecodeError, WeightsPublished
-from shared.weights import Manifest, WeightsError, assemble
+from shared.weights import ChunkVerificationError, Manifest, WeightsError, sha256_hex, split_into_chunks
 
 log = logging.getLogger(__name__)
 
+POLL_BLOCK_MS = 500  # the background thread's XREAD BLOCK on `weights` (below redis-py's socket timeout)
+REDIS_RETRY_S = 1.0
 
-class AnnouncementError(WeightsError):
-    """The announcement and the manifest it points to disagree, or the announcement is unusable."""
+__all__ = ["AnnouncementError", "VerifiedVersion", "WeightsSync", "check_manifest_matches"]
+
+ParentLookup = Callable[[str], list[str]]  # learner URL -> holders to fetch from, best first
 
 
 @dataclass(frozen=True)
 class VerifiedVersion:
-    """A policy version whose manifest signature and every byte were checked."""
+    """A policy version whose manifest signature and every byte were checked; `blob` is the full weights."""
 
     announcement: WeightsPublished
-    manifest: Manifest
+    manifest: Manifest  # the announced one (full or delta)
     blob: bytes
+    num_bytes_downloaded: int = 0
+    source_url: str = ""
 
     @property
     def policy_version(self) -> int:
         return self.manifest.policy_version
+
+
+@dataclass(frozen=True)
+class _Base:
+    """The newest full weights this worker verified: what a delta applies to."""
+
+    policy_version: int
+    full_sha256: str
+    blob: bytes
 
 
 class WeightsSync:
@@ -60,38 +84,70 @@ class WeightsSync:
         store: ChunkStore,
         cluster_key: bytes,
         *,
+        parents: ParentLookup | None = None,
+        own_url: str = "",
         fetch_timeout_s: float = 30.0,
         retry_failed_after_s: float = 2.0,
+        stall_timeout_s: float = 15.0,
+        chunk_wait_s: float = 10.0,
+        version_timeout_s: float = 120.0,
     ) -> None:
         self.redis = redis_client
         self.keys = keys
         self.store = store
         self.cluster_key = cluster_key
+        self.parents = parents  # None: fetch from the learner only
         self.retry_failed_after_s = retry_failed_after_s
+        self.relay = RelayFetcher(
+            store, own_url=own_url, stall_timeout_s=stall_timeout_s, manifest_wait_s=chunk_wait_s,
+            version_timeout_s=version_timeout_s, repair_timeout_s=fetch_timeout_s,
+        )
         self.loaded: WeightsPublished | None = None
+        self.last_swap: WeightSwapReport | None = None  # read by the heartbeat thread
         self.num_rejected = 0
         self._http = httpx.Client(timeout=fetch_timeout_s)
         self._failed_at_s: dict[str, float] = {}  # manifest sha256 -> monotonic time of the last failure
+        self._fetched_sha256: str | None = None  # the announced manifest last fetched (ready or loaded)
+        self._base: _Base | None = None
+        self._ready: VerifiedVersion | None = None
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+        self._last_entry_id: bytes | str = "0-0"  # of the newest announcement seen: XREAD waits past it
+
+    # the worker loop's side
+    def start(self) -> None:
+        """Fetch in a background thread from now on; `update` then only swaps what is ready."""
+        self._thread = threading.Thread(target=self._follow_announcements, name="weights-sync", daemon=True)
+        self._thread.start()
 
     def update(self, engine: InferenceEngine) -> int | None:
-        """Load the newest announced version into `engine` if it differs from the loaded one and every
-        check passes. Returns the version loaded, or None (nothing new, waiting to retry, or rejected)."""
-        announcement = self.latest_announcement()
-        if announcement is None or not self._should_try(announcement):
+        """Load the newest verified version into `engine` if there is one it does not hold. Returns the
+        version loaded, or None (nothing new, still fetching, waiting to retry, or rejected)."""
+        if self._failure is not None:
+            raise RuntimeError("the weights-sync thread failed") from self._failure
+        if self._thread is None:
+            announcement = self.latest_announcement()
+            if announcement is not None and self._should_try(announcement):
+                self._fetch(announcement)
+        with self._lock:
+            version, self._ready = self._ready, None
+        if version is None:
             return None
         try:
-            version = self.fetch_verified(announcement)
             engine.load_weights(version.blob, version.policy_version)
-        except (WeightsError, WeightsLoadError) as exc:
-            self._failed_at_s[announcement.manifest_sha256] = time.monotonic()
-            self.num_rejected += 1
-            log.warning(
-                "rejected weights version %d (%s); keeping version %d, retrying in %.1fs",
-                announcement.policy_version, exc, engine.policy_version, self.retry_failed_after_s,
-            )
+        except WeightsLoadError as exc:
+            self._note_failure(version.announcement, exc)
             return None
-        self.loaded = announcement
-        self._failed_at_s.pop(announcement.manifest_sha256, None)
+        self.loaded = version.announcement
+        self.last_swap = WeightSwapReport(
+            policy_version=version.policy_version,
+            announced_at_s=version.announcement.published_at_s,
+            swapped_at_s=time.time(),
+            num_bytes=version.num_bytes_downloaded,
+            source_url=version.source_url[:512],
+        )
         return version.policy_version
 
     def latest_announcement(self) -> WeightsPublished | None:
@@ -99,6 +155,7 @@ class WeightsSync:
         if not entries:
             return None
         entry_id, fields = entries[0]
+        self._last_entry_id = entry_id
         try:
             return WeightsPublished.decode(fields.get(PAYLOAD_FIELD, b""))
         except MessageDecodeError as exc:
@@ -106,60 +163,121 @@ class WeightsSync:
             return None
 
     def fetch_verified(self, announcement: WeightsPublished) -> VerifiedVersion:
-        """The announced version, every check passed; raises a WeightsError subclass otherwise."""
-        base_url = source_base_url(announcement)
-        manifest = fetch_manifest(self._http, base_url, announcement.policy_version, self.cluster_key)
+        """The announced version's full weights, every check passed; raises a WeightsError subclass otherwise."""
+        learner_url, announced_payload = announced_source(announcement)
+        version = announcement.policy_version
+        manifest = fetch_manifest(self._http, learner_url, version, self.cluster_key, payload=announced_payload)
         check_manifest_matches(announcement, manifest, self.keys.run_id)
-        started_s = time.perf_counter()
-        blob = self._fetch_blob(base_url, manifest)
-        log.info(
-            "fetched version %d from %s: %d bytes in %d chunks, %.3fs",
-            manifest.policy_version, base_url, manifest.total_size_bytes, manifest.num_chunks, time.perf_counter() - started_s,
-        )
-        return VerifiedVersion(announcement, manifest, blob)
+        resolve = self._sources(learner_url)
+        if manifest.payload == "delta" and self._holds_base_of(manifest):
+            fetched = self.relay.fetch(manifest, resolve)
+            blob = rebuild_from_delta(manifest, self._base.blob, fetched.blob)
+            self._keep_full_for_relaying(manifest, blob, learner_url)
+        else:
+            full = manifest
+            if manifest.payload == "delta":  # a late joiner, or it missed the base: the full payload
+                full = fetch_manifest(self._http, learner_url, version, self.cluster_key, payload="full")
+                check_full_matches(manifest, full)
+                log.info("no base v%d (%s..) for delta v%d: fetching the full payload", manifest.base_version, manifest.base_sha256[:12], version)
+            # peers hold a delta version's full payload only once they rebuilt it: do not wait for them
+            fetched = self.relay.fetch(full, resolve, manifest_wait_s=0.0 if full is not manifest else None)
+            blob = fetched.blob
+            if sha256_hex(blob) != manifest.full_sha256:
+                raise ChunkVerificationError(f"version {full.artifact}: the assembled weights do not match full_sha256")
+        self._base = _Base(version, manifest.full_sha256, blob)
+        log_fetch(manifest, fetched)
+        return VerifiedVersion(announcement, manifest, blob, fetched.num_bytes, fetched.main_source)
 
     def close(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=POLL_BLOCK_MS / 1000 + 5.0)
+        self.relay.close()
         self._http.close()
+        close_parents = getattr(self.parents, "close", None)  # CoordinatorParents holds an HTTP client
+        if close_parents is not None:
+            close_parents()
+
+    # the background thread
+    def _follow_announcements(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                try:
+                    announcement = self.latest_announcement()
+                    if announcement is not None and self._should_try(announcement):
+                        self._fetch(announcement)
+                    else:  # wake up on the next announcement (or after the block)
+                        self.redis.xread({self.keys.weights: self._last_entry_id}, count=1, block=POLL_BLOCK_MS)
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    log.warning("redis unavailable for weight announcements (%s); retrying in %.1fs", exc, REDIS_RETRY_S)
+                    self._stopping.wait(REDIS_RETRY_S)
+        except BaseException as exc:  # noqa: B036 (handed to the worker loop, see update)
+            log.exception("weights-sync thread stopped")
+            self._failure = exc
+
+    # helpers
+    def _fetch(self, announcement: WeightsPublished) -> None:
+        """Fetch and verify; the result waits in `_ready` for the worker loop (a newer one replaces it)."""
+        try:
+            version = self.fetch_verified(announcement)
+        except WeightsError as exc:
+            self._note_failure(announcement, exc)
+            return
+        with self._lock:
+            self._ready = version
+            self._fetched_sha256 = announcement.manifest_sha256
+        self._failed_at_s.pop(announcement.manifest_sha256, None)
+
+    def _note_failure(self, announcement: WeightsPublished, exc: Exception) -> None:
+        with self._lock:
+            self._failed_at_s[announcement.manifest_sha256] = time.monotonic()
+            if self._fetched_sha256 == announcement.manifest_sha256:
+                self._fetched_sha256 = None
+        self.num_rejected += 1
+        log.warning(
+            "rejected weights version %d (%s); keeping version %s, retrying in %.1fs",
+            announcement.policy_version, exc, self.loaded.policy_version if self.loaded else "none", self.retry_failed_after_s,
+        )
 
     def _should_try(self, announcement: WeightsPublished) -> bool:
-        if self.loaded is not None and announcement.manifest_sha256 == self.loaded.manifest_sha256:
+        if announcement.manifest_sha256 == self._fetched_sha256:
             return False
         failed_at_s = self._failed_at_s.get(announcement.manifest_sha256)
         return failed_at_s is None or time.monotonic() - failed_at_s >= self.retry_failed_after_s
 
-    def _fetch_blob(self, base_url: str, manifest: Manifest) -> bytes:
-        """Every chunk, verified; chunks already in the store (an earlier, interrupted attempt) are reused."""
-        store = self._store_for(manifest)
-        chunks: list[bytes] = []
-        for index in range(manifest.num_chunks):
-            chunk = store.get_chunk(manifest.policy_version, index) if store else None
-            if chunk is None:
-                chunk = fetch_chunk(self._http, base_url, manifest, index)  # verifies its sha256
-                if store:
-                    store.put_chunk(manifest.policy_version, index, chunk)
-            chunks.append(chunk)
-        return assemble(manifest, chunks)
+    def _holds_base_of(self, delta: Manifest) -> bool:
+        base = self._base
+        return base is not None and (base.policy_version, base.full_sha256) == (delta.base_version, delta.base_sha256)
 
-    def _store_for(self, manifest: Manifest) -> ChunkStore | None:
-        """The store to keep this version in for relaying, or None when it cannot hold it: it already
-        has a different manifest under this version number (a resumed learner re-used the number), or
-        the version is older than every version it keeps (evicted on arrival)."""
-        self.store.add_manifest(manifest)
-        if self.store.manifest(manifest.policy_version) != manifest:
-            log.warning("cannot keep version %d in the chunk store; loading it without relaying", manifest.policy_version)
-            return None
-        return self.store
+    def _sources(self, learner_url: str) -> SourceResolver:
+        """Holders to stream from, best first; the learner always last (the coordinator's plan first)."""
+
+        def resolve() -> list[str]:
+            holders = self.parents(learner_url) if self.parents is not None else []
+            return [*holders, learner_url]
+
+        return resolve
+
+    def _keep_full_for_relaying(self, delta: Manifest, blob: bytes, learner_url: str) -> None:
+        """Store the rebuilt full payload under the learner's signed full manifest, so this worker can
+        serve late joiners too. Best effort: without it, they fetch the full payload elsewhere."""
+        try:
+            full = fetch_manifest(self._http, learner_url, delta.policy_version, self.cluster_key, payload="full")
+            check_full_matches(delta, full)
+            self.store.put_version(full, split_into_chunks(blob, full.chunk_size_bytes))
+        except WeightsError as exc:
+            log.warning("not relaying the full payload of v%d: %s", delta.policy_version, exc)
 
 
-def source_base_url(announcement: WeightsPublished) -> str:
-    """The chunk server that announced: `manifest_url` is `<base>/v1/weights/<v>/manifest`."""
-    suffix = f"/v1/weights/{announcement.policy_version}/manifest"
-    if not announcement.manifest_url.endswith(suffix):
-        raise AnnouncementError(f"manifest_url {announcement.manifest_url!r} does not end with {suffix!r}")
-    base_url = announcement.manifest_url.removesuffix(suffix)
-    if not base_url.startswith(("http://", "https://")):
-        raise AnnouncementError(f"manifest_url {announcement.manifest_url!r} is not an http(s) URL")
-    return base_url
+def rebuild_from_delta(delta: Manifest, base_blob: bytes, payload: bytes) -> bytes:
+    """The full weights from a verified delta payload; raises unless they hash to `full_sha256`."""
+    try:
+        blob = apply_delta(base_blob, payload)
+    except DeltaError as exc:
+        raise ChunkVerificationError(f"version {delta.artifact}: {exc}") from exc
+    if len(blob) != delta.full_size_bytes or sha256_hex(blob) != delta.full_sha256:
+        raise ChunkVerificationError(f"version {delta.artifact}: the rebuilt weights do not match full_sha256")
+    return blob
 
 
 def check_manifest_matches(announcement: WeightsPublished, manifest: Manifest, run_id: str) -> None:
@@ -167,10 +285,27 @@ def check_manifest_matches(announcement: WeightsPublished, manifest: Manifest, r
     if manifest.run_id != run_id:
         raise AnnouncementError(f"manifest of version {manifest.policy_version} is for run {manifest.run_id!r}, not {run_id!r}")
     if manifest.sha256() != announcement.manifest_sha256:
-        raise AnnouncementError(f"manifest of version {manifest.policy_version} is not the announced one (sha256 differs)")
+        raise AnnouncementError(f"manifest of version {manifest.artifact} is not the announced one (sha256 differs)")
     if (manifest.total_size_bytes, manifest.num_chunks) != (announcement.total_size_bytes, announcement.num_chunks):
         raise AnnouncementError(
-            f"version {manifest.policy_version}: manifest says {manifest.total_size_bytes} bytes in {manifest.num_chunks} chunks, "
+            f"version {manifest.artifact}: manifest says {manifest.total_size_bytes} bytes in {manifest.num_chunks} chunks, "
             f"announcement {announcement.total_size_bytes} in {announcement.num_chunks}"
         )
 
+
+def check_full_matches(announced: Manifest, full: Manifest) -> None:
+    """A (signature-checked) full manifest must describe the weights the announced manifest names."""
+    if (full.run_id, full.policy_version, full.payload) != (announced.run_id, announced.policy_version, "full"):
+        raise AnnouncementError(f"the full manifest {full.artifact} of run {full.run_id!r} does not go with {announced.artifact}")
+    if full.blob_sha256 != announced.full_sha256:
+        raise AnnouncementError(f"the full payload of version {full.policy_version} is not the weights the announced delta names")
+
+
+def log_fetch(manifest: Manifest, fetched: ArtifactFetch) -> None:
+    log.info(
+        "fetched version %s: %d bytes in %d chunks, %.3fs, from %s%s%s",
+        fetched.manifest.artifact, fetched.manifest.total_size_bytes, fetched.manifest.num_chunks, fetched.seconds,
+        ", ".join(f"{url} ({num} B)" for url, num in fetched.bytes_by_source.items()) or "the local store",
+        f"; {fetched.num_corrupt_chunks} corrupt chunks refetched" if fetched.num_corrupt_chunks else "",
+        f"; {len(fetched.failures)} source failures" if fetched.failures else "",
+    )

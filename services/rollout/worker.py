@@ -25,6 +25,7 @@ from services.coordinator.schemas import HeartbeatRequest, RegisterWorkerRequest
 from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError
 from services.rollout.engine import EngineError, InferenceEngine, Sample
 from services.rollout.membership import Membership, NotRegisteredError
+from services.rollout.relay_sources import CoordinatorParents
 from services.rollout.settings import RolloutSettings
 from services.rollout.weights_sync import WeightsSync
 from shared.bus import Delivery, StreamBus
@@ -44,22 +45,33 @@ Outcome = tuple[Delivery[TaskGroup], RolloutGroup | EngineError]
 
 
 class ThroughputMeter:
-    """Samples per second of generation time over the last `window_s` seconds (capacity, not idle time)."""
+    """Samples (and tokens) per second of generation time over the last `window_s` seconds (capacity,
+    not idle time), and the mean latency of one engine call (L_gen of the capacity model)."""
 
     def __init__(self, window_s: float = 30.0) -> None:
         self.window_s = window_s
-        self._batches: deque[tuple[float, int, float]] = deque()  # (ended at, num_samples, generation_s)
+        # (ended at, num_samples, generation_s, num_tokens)
+        self._batches: deque[tuple[float, int, float, int]] = deque()
 
-    def record(self, num_samples: int, generation_s: float) -> None:
+    def record(self, num_samples: int, generation_s: float, num_tokens: int = 0) -> None:
         now_s = time.monotonic()
-        self._batches.append((now_s, num_samples, generation_s))
+        self._batches.append((now_s, num_samples, generation_s, num_tokens))
         while self._batches and self._batches[0][0] < now_s - self.window_s:
             self._batches.popleft()
 
     def samples_per_s(self) -> float:
         batches = list(self._batches)
-        busy_s = sum(generation_s for _, _, generation_s in batches)
-        return sum(num for _, num, _ in batches) / busy_s if busy_s > 0 else 0.0
+        busy_s = sum(batch[2] for batch in batches)
+        return sum(batch[1] for batch in batches) / busy_s if busy_s > 0 else 0.0
+
+    def tokens_per_s(self) -> float:
+        batches = list(self._batches)
+        busy_s = sum(batch[2] for batch in batches)
+        return sum(batch[3] for batch in batches) / busy_s if busy_s > 0 else 0.0
+
+    def mean_batch_s(self) -> float:
+        batches = list(self._batches)
+        return sum(batch[2] for batch in batches) / len(batches) if batches else 0.0
 
 
 class RolloutWorker:
@@ -84,6 +96,12 @@ class RolloutWorker:
         self.weights = WeightsSync(
             redis_client, self.keys, self.store, settings.cluster_key.get_secret_value().encode(),
             fetch_timeout_s=run.broadcast.chunk_wait_s + 5.0,
+            # relay: stream from the parent the coordinator assigns; fetching runs on its own thread
+            parents=CoordinatorParents(settings.coordinator_url, lambda: self.membership.worker_id),
+            own_url=settings.resolved_public_url(self.chunk_server.url),
+            stall_timeout_s=run.broadcast.stall_timeout_s,
+            chunk_wait_s=run.broadcast.chunk_wait_s,
+            version_timeout_s=run.broadcast.version_timeout_s,
         )
         self.coordinator = CoordinatorClient(settings.coordinator_url)
         self.membership = Membership(
@@ -117,7 +135,7 @@ class RolloutWorker:
     def serve_once(self) -> None:
         """One turn of the loop: the table of contents of the worker."""
         self.sync_weights()
-        if not self.has_admissible_weights():
+        if self.membership.on_standby or not self.has_admissible_weights():  # standby: weights fresh, no tasks
             self.pause()
             return
         deliveries = self.receive_tasks()
@@ -139,6 +157,7 @@ class RolloutWorker:
         if registration.run_id != self.keys.run_id:
             raise ValueError(f"the coordinator at {self.settings.coordinator_url} runs {registration.run_id!r}, not {self.keys.run_id!r}")
         self.membership.start_heartbeats()
+        self.weights.start()
         log.info("waiting for the first announced weights on %s", self.keys.weights)
 
     def shut_down(self) -> None:
@@ -223,6 +242,9 @@ class RolloutWorker:
             num_samples_done=self.num_samples_done,
             samples_per_s=self.throughput.samples_per_s(),
             generating=self.generating,
+            last_swap=self.weights.last_swap,
+            tokens_per_s=self.throughput.tokens_per_s(),
+            group_latency_s=self.throughput.mean_batch_s(),
         )
 
     # helpers
@@ -240,7 +262,9 @@ class RolloutWorker:
                 return [(batch[0], exc)]
             return [outcome for delivery in batch for outcome in self._generate_batch([delivery])]
         generation_s = time.perf_counter() - started_s
-        self.throughput.record(sum(len(samples) for samples in groups), generation_s)
+        self.throughput.record(
+            sum(len(samples) for samples in groups), generation_s, sum(s.num_tokens for samples in groups for s in samples)
+        )
         worker_id = self.membership.worker_id
         return [
             (delivery, build_rollout_group(delivery.message, samples, worker_id, policy_version, generation_s))
@@ -250,7 +274,7 @@ class RolloutWorker:
     def _registration_request(self) -> RegisterWorkerRequest:
         return RegisterWorkerRequest(
             name=self.settings.worker_name,
-            endpoint_url=self.chunk_server.url,
+            endpoint_url=self.settings.resolved_public_url(self.chunk_server.url),
             gpu_type=self.settings.worker_gpu_type,
             price_per_hour=self.settings.worker_price_per_hour,
             bandwidth_mbps=self.settings.worker_bandwidth_mbps,

@@ -48,7 +48,7 @@ def small_run(run_id: str, *, num_steps: int) -> RunConfig:
         run_id=run_id,
         grpo=GRPOConfig(group_size=4, groups_per_step=4),
         schedule=ScheduleConfig(staleness_bound=1, num_steps=num_steps, checkpoint_every=2, eval_every=3, max_wall_s=120),
-        broadcast=BroadcastConfig(chunk_size_bytes=65536),
+        broadcast=BroadcastConfig(chunk_size_bytes=65536, delta=False),  # the stand-in loads full payloads only
     )
 
 
@@ -209,7 +209,7 @@ def test_killed_learner_resumes_at_its_checkpoint_and_retrains_the_unacked_group
     run_config.write_text(
         "[grpo]\ngroup_size = 4\ngroups_per_step = 4\n"
         "[schedule]\nstaleness_bound = 1\nnum_steps = 6\ncheckpoint_every = 2\neval_every = 3\nmax_wall_s = 120\n"
-        "[broadcast]\nchunk_size_bytes = 65536\n"
+        "[broadcast]\nchunk_size_bytes = 65536\ndelta = false\n"  # the stand-in loads full payloads only
     )
     worker = StandInWorker(bus, run, tiny_policy_dir)
     worker.produce_below_version = 3  # the learner can take steps 1-3, then starves at version 3

@@ -37,8 +37,8 @@ class CorruptingStore(ChunkStore):
 
     corrupt = True
 
-    def get_chunk(self, policy_version: int, index: int, wait_s: float = 0.0) -> bytes | None:
-        chunk = super().get_chunk(policy_version, index, wait_s)
+    def get_chunk(self, policy_version: int, index: int, wait_s: float = 0.0, **artifact: str | None) -> bytes | None:
+        chunk = super().get_chunk(policy_version, index, wait_s, **artifact)
         if self.corrupt and chunk is not None and index == 1:
             return bytes([chunk[0] ^ 1]) + chunk[1:]
         return chunk

@@ -1,0 +1,233 @@
+"""1000 simulated workers heartbeating once a second against one coordinator process on this machine.
+
+    python -m benchmarks.load_heartbeat                 # or: make bench-load
+    python -m benchmarks.load_heartbeat --workers 1000 --duration-s 45
+
+Starts a private redis-server and `python -m services.coordinator` (a real uvicorn process, its control
+loop and lease sweeper running), registers N workers over REST, then every simulated worker sends a
+realistic heartbeat (progress counters, throughput, its latest weight swap) once a second on its own
+keep-alive connection, phases spread evenly over the second. The load generator is a small asyncio
+HTTP/1.1 client (one event loop, raw streams) so it costs the shared 2 cores as little as possible.
+Reports latency percentiles of the heartbeats sent after a warm-up, errors (non-200 answers, timeouts,
+broken connections), the achieved rate and the coordinator's CPU use; writes
+benchmarks/results/load_heartbeat.json. Target: no errors, p99 < 100 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from shared.redis_server import RedisServer, free_port
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS = REPO_ROOT / "benchmarks" / "results" / "load_heartbeat.json"
+RUN_TOML = """\
+run_id = "load"
+[rollout]
+heartbeat_interval_s = 1.0
+[coordinator]
+lease_s = 30.0
+"""
+REQUEST_TIMEOUT_S = 5.0
+
+
+@dataclass
+class Stats:
+    latencies_s: list[float] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+    num_sent: int = 0
+
+    def error(self, kind: str) -> None:
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+
+
+SWAP_ANNOUNCED_AT_S = time.time() - 30.0
+
+
+def heartbeat_body(worker_index: int, beat: int, with_swap: bool) -> bytes:
+    body: dict[str, object] = {
+        "policy_version": 3, "num_groups_done": beat * 2, "num_samples_done": beat * 16, "samples_per_s": 8.0 + worker_index % 7,
+        "generating": True, "tokens_per_s": 120.0, "group_latency_s": 0.8,
+    }
+    if with_swap:  # every heartbeat repeats the worker's latest swap (version 3), as real workers do
+        body["last_swap"] = {"policy_version": 3, "announced_at_s": SWAP_ANNOUNCED_AT_S, "swapped_at_s": SWAP_ANNOUNCED_AT_S + 1.0,
+                             "num_bytes": 500_000, "source_url": "http://127.0.0.1:9/"}
+    return json.dumps(body).encode()
+
+
+async def worker_loop(index: int, worker_id: str, token: str, port: int, start_at: float, end_at: float,
+                      warmup_until: float, stats: Stats, with_swap: bool) -> None:
+    """One simulated worker: a keep-alive connection, a heartbeat every second at its own phase."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    path = f"/v1/workers/{worker_id}/heartbeat"
+    beat = 0
+    next_at = start_at
+    try:
+        while next_at < end_at:
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            body = heartbeat_body(index, beat, with_swap)
+            request = (
+                f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode() + body
+            sent_at = time.monotonic()
+            stats.num_sent += 1
+            try:
+                writer.write(request)
+                status = await asyncio.wait_for(read_response(reader), timeout=REQUEST_TIMEOUT_S)
+            except TimeoutError:
+                stats.error("timeout")
+                reader, writer = await reconnect(writer, port)
+            except (ConnectionError, asyncio.IncompleteReadError) as exc:
+                stats.error(type(exc).__name__)
+                reader, writer = await reconnect(writer, port)
+            else:
+                if status != 200:
+                    stats.error(f"http {status}")
+                elif sent_at >= warmup_until:
+                    stats.latencies_s.append(time.monotonic() - sent_at)
+            beat += 1
+            next_at += 1.0
+    finally:
+        writer.close()
+
+
+async def read_response(reader: asyncio.StreamReader) -> int:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    length = next((int(line.split(":", 1)[1]) for line in lines[1:] if line.lower().startswith("content-length:")), 0)
+    await reader.readexactly(length)
+    return status
+
+
+async def reconnect(writer: asyncio.StreamWriter, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    writer.close()
+    return await asyncio.open_connection("127.0.0.1", port)
+
+
+async def drive(workers: list[tuple[str, str]], port: int, duration_s: float, warmup_s: float, with_swap: bool) -> Stats:
+    stats = Stats()
+    start = time.monotonic() + 1.0
+    end = start + duration_s
+    tasks = [
+        asyncio.create_task(worker_loop(i, worker_id, token, port, start + i / len(workers), end, start + warmup_s, stats, with_swap))
+        for i, (worker_id, token) in enumerate(workers)
+    ]
+    await asyncio.gather(*tasks)
+    return stats
+
+
+def register_workers(base_url: str, num_workers: int) -> list[tuple[str, str]]:
+    workers = []
+    with httpx.Client(base_url=base_url, timeout=30.0) as client:
+        for i in range(num_workers):
+            response = client.post("/v1/workers", json={"name": f"load-{i:04d}", "price_per_hour": 0.0})
+            response.raise_for_status()
+            workers.append((response.json()["worker_id"], response.json()["token"]))
+    return workers
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.load_heartbeat", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=1000)
+    parser.add_argument("--duration-s", type=float, default=45.0)
+    parser.add_argument("--warmup-s", type=float, default=5.0)
+    parser.add_argument("--no-swap-reports", action="store_true", help="heartbeats without the latest weight swap")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="load-") as tmp, RedisServer(Path(tmp) / "redis", append_only=True) as redis_server:
+        run_file = Path(tmp) / "run.toml"
+        run_file.write_text(RUN_TOML)
+        port = free_port()
+        env = {**os.environ, "RL_ADMIN_TOKEN": secrets.token_urlsafe(24), "RL_REDIS_URL": redis_server.url,
+               "RL_RUN_CONFIG": str(run_file), "RL_COORDINATOR_PORT": str(port), "RL_LOG_LEVEL": "WARNING"}
+        coordinator = subprocess.Popen([sys.executable, "-m", "services.coordinator"], cwd=REPO_ROOT, env=env,
+                                       stdout=subprocess.DEVNULL, stderr=open(Path(tmp) / "coordinator.log", "wb"))
+        try:
+            base_url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if httpx.get(base_url + "/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if coordinator.poll() is not None or time.monotonic() > deadline:
+                    sys.exit("the coordinator did not start:\n" + (Path(tmp) / "coordinator.log").read_text()[-3000:])
+                time.sleep(0.2)
+            started = time.monotonic()
+            workers = register_workers(base_url, args.workers)
+            register_s = time.monotonic() - started
+            print(f"registered {len(workers)} workers in {register_s:.1f}s; heartbeating for {args.duration_s:.0f}s", flush=True)
+            cpu_before, wall_before = cpu_seconds(coordinator.pid), time.monotonic()
+            stats = asyncio.run(drive(workers, port, args.duration_s, args.warmup_s, not args.no_swap_reports))
+            coordinator_cpu = (cpu_seconds(coordinator.pid) - cpu_before) / (time.monotonic() - wall_before)
+            listed = httpx.get(base_url + "/v1/workers", timeout=30).json()
+            num_dead = sum(1 for w in listed if w["state"] == "dead")
+        finally:
+            coordinator.terminate()
+            coordinator.wait(timeout=20)
+            log_tail = (Path(tmp) / "coordinator.log").read_text(errors="replace")[-4000:]
+
+    latencies_ms = [1000 * s for s in stats.latencies_s] or [float("nan")]
+    result = {
+        "command": "python -m benchmarks.load_heartbeat " + " ".join(sys.argv[1:]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores shared by redis, the coordinator and the load generator",
+        "workers": args.workers,
+        "swap_reports": not args.no_swap_reports,
+        "duration_s": args.duration_s,
+        "heartbeats_sent": stats.num_sent,
+        "heartbeats_measured": len(latencies_ms),
+        "rate_per_s": round(stats.num_sent / args.duration_s, 1),
+        "errors": stats.errors,
+        "num_errors": sum(stats.errors.values()),
+        "workers_declared_dead": num_dead,
+        "latency_ms": {
+            "p50": round(statistics.median(latencies_ms), 2),
+            "p90": round(percentile(latencies_ms, 0.90), 2),
+            "p99": round(percentile(latencies_ms, 0.99), 2),
+            "p999": round(percentile(latencies_ms, 0.999), 2),
+            "max": round(max(latencies_ms), 2),
+            "mean": round(statistics.fmean(latencies_ms), 2),
+        },
+        "coordinator_cpu_cores": round(coordinator_cpu, 2),
+        "register_s": round(register_s, 1),
+        "target": "no errors, p99 < 100 ms",
+    }
+    result["target_met"] = result["num_errors"] == 0 and num_dead == 0 and result["latency_ms"]["p99"] < 100
+    if result["num_errors"]:
+        result["coordinator_log_tail"] = log_tail
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Measured T_bcast: from the swap reports workers send with their heartbeats to seconds per version.
+
+    T_bcast(v) = (latest swap of v by a worker that was ACTIVE and registered when v was announced)
+                 - (when the learner announced v)
+
+recorded in `RunKeys.broadcast_times` (version -> seconds) once every such worker is accounted for:
+it reported swapping v, or it reported a later version swapped after v was announced (a heartbeat
+carries only the latest swap, so a worker that went v-1 -> v -> v+1 within one heartbeat interval
+never shows v; it does not hold the measurement up, and its unseen swap time is not guessed). A
+worker that joined after the announcement does not count (its first fetch is a late join, not part
+of the broadcast). The capacity model reads the hash.
+
+Cost: one HSETNX per heartbeat that carries a swap; the completeness check (a pass over the worker
+list) runs only when a worker reports a swap it had not reported before.
+
+Clocks: `announced_at_s` is the learner's clock, `swapped_at_s` the worker's; on one machine (the
+local cluster) they agree, across machines T_bcast carries their skew.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import redis
+
+from services.coordinator.schemas import WeightSwapReport, WorkerInfo, WorkerState
+from shared.keys import RunKeys
+
+MIN_MEASURED_BYTES = 4 << 20  # below this a download is all latency: no throughput measurement
+MAX_PENDING_VERSIONS = 32  # versions older than this many still incomplete are given up on
+SWAPS_TTL_S = 3600  # the per-version swap hashes are only needed until the version completes
+
+
+class BroadcastTimes:
+    def __init__(self, client: redis.Redis, keys: RunKeys) -> None:
+        self.redis = client
+        self.keys = keys
+
+    def record_swap(
+        self, worker_id: str, report: WeightSwapReport, list_workers: Callable[[], list[WorkerInfo]], complete: bool = True
+    ) -> None:
+        """Note `worker_id`'s swap; when it was news, complete every version it makes complete."""
+        version = report.policy_version
+        swaps_key = self.keys.broadcast_swaps(version)
+        if not self.redis.hsetnx(swaps_key, worker_id, repr(report.swapped_at_s)):
+            return  # the same report again (every heartbeat repeats the latest swap)
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.expire(swaps_key, SWAPS_TTL_S)
+            pipe.hsetnx(self.keys.broadcast_announced, str(version), repr(report.announced_at_s))
+            if not self.redis.hexists(self.keys.broadcast_times, str(version)):
+                pipe.zadd(self.keys.broadcast_pending, {str(version): report.announced_at_s}, nx=True)
+            pipe.hset(self.keys.broadcast_last_swap, worker_id, f"{version}:{report.swapped_at_s!r}")
+            seconds = report.swapped_at_s - report.announced_at_s
+            if report.num_bytes >= MIN_MEASURED_BYTES and seconds > 0:
+                pipe.hset(self.keys.broadcast_throughput, worker_id, repr(report.num_bytes * 8 / seconds / 1e6))
+            pipe.execute()
+        if complete:  # False: the caller runs complete_pending itself (the coordinator's control loop, once a pass)
+            self.complete_pending(list_workers())
+
+    def complete_pending(self, workers: list[WorkerInfo]) -> dict[int, float]:
+        """Record T_bcast of every pending version every counted worker has accounted for; returns them."""
+        pending = [int(v) for v in self.redis.zrange(self.keys.broadcast_pending, 0, -1)]
+        if not pending:
+            return {}
+        announced = _float_hash(self.redis.hgetall(self.keys.broadcast_announced))
+        last_swap = {
+            _text(worker_id): _parse_last_swap(value) for worker_id, value in self.redis.hgetall(self.keys.broadcast_last_swap).items()
+        }
+        active = [w for w in workers if w.state == WorkerState.ACTIVE]
+        completed: dict[int, float] = {}
+        for version in pending:
+            announced_at_s = announced.get(str(version))
+            if announced_at_s is None:
+                continue
+            swaps = _float_hash(self.redis.hgetall(self.keys.broadcast_swaps(version)))
+            seconds = broadcast_seconds(version, announced_at_s, swaps, last_swap, active)
+            if seconds is not None:
+                completed[version] = seconds
+        with self.redis.pipeline(transaction=False) as pipe:
+            for version, seconds in completed.items():
+                pipe.hsetnx(self.keys.broadcast_times, str(version), repr(round(seconds, 4)))
+                pipe.zrem(self.keys.broadcast_pending, str(version))
+            pipe.zremrangebyrank(self.keys.broadcast_pending, 0, -MAX_PENDING_VERSIONS - 1)
+            pipe.execute()
+        return completed
+
+    def times(self) -> dict[int, float]:
+        """Every recorded T_bcast, by version."""
+        return {int(version): seconds for version, seconds in _float_hash(self.redis.hgetall(self.keys.broadcast_times)).items()}
+
+    def measured_mbps(self) -> dict[str, float]:
+        return _float_hash(self.redis.hgetall(self.keys.broadcast_throughput))
+
+
+def broadcast_seconds(
+    version: int,
+    announced_at_s: float,
+    swaps: dict[str, float],
+    last_swap: dict[str, tuple[int, float]],
+    active: list[WorkerInfo],
+) -> float | None:
+    """T_bcast of `version` if every counted worker is accounted for (see the module doc), else None."""
+    counted = [w.worker_id for w in active if w.registered_at_s <= announced_at_s]
+    swap_times = []
+    for worker_id in counted:
+        if worker_id in swaps:
+            swap_times.append(swaps[worker_id])
+            continue
+        later_version, swapped_at_s = last_swap.get(worker_id, (-1, 0.0))
+        if not (later_version > version and swapped_at_s >= announced_at_s):
+            return None  # still fetching (or not reported yet)
+    if not swap_times:
+        return None  # nobody was seen holding it: no measurement
+    return max(swap_times) - announced_at_s
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _float_hash(raw: dict) -> dict[str, float]:
+    return {_text(name): float(_text(value)) for name, value in raw.items()}
+
+
+def _parse_last_swap(value: bytes | str) -> tuple[int, float]:
+    version, _, swapped_at_s = _text(value).partition(":")
+    return int(version), float(swapped_at_s)

@@ -1,0 +1,89 @@
+"""The cost ledger: cumulative $ of the learner and of every worker, billed only while they run.
+
+Layout of `RunKeys.cost_ledger` (one hash, values as strings):
+    billed_until_s     unix time up to which everything is billed
+    total_usd          learner_usd + every worker's
+    learner_usd        the learner, billed while its status is starting/training
+    worker:<id>        one worker, billed while it is ACTIVE or DRAINING (standby is not billed)
+    workers_usd        the sum over workers (kept so a read needs no scan)
+
+Billing runs in one Lua script: it bills the seconds since `billed_until_s` (capped at
+`max_billing_gap_s`, so a coordinator that was down does not invent hours of cost) at the rates
+passed in, and moves `billed_until_s` forward. Two coordinators on one Redis therefore never bill
+the same second twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import redis
+
+from shared.keys import RunKeys
+
+WORKER_FIELD_PREFIX = "worker:"
+
+# KEYS: ledger. ARGV: now_s, max_gap_s, learner $/h, then (worker id, $/h) pairs. Returns billed seconds.
+_BILL_LUA = """
+local now = tonumber(ARGV[1])
+local last = tonumber(redis.call('HGET', KEYS[1], 'billed_until_s') or '')
+if not last then
+  redis.call('HSET', KEYS[1], 'billed_until_s', ARGV[1])
+  return '0'
+end
+if now <= last then return '0' end
+local dt = math.min(now - last, tonumber(ARGV[2]))
+redis.call('HSET', KEYS[1], 'billed_until_s', ARGV[1])
+local learner = dt * tonumber(ARGV[3]) / 3600
+redis.call('HINCRBYFLOAT', KEYS[1], 'learner_usd', learner)
+local workers = 0
+for i = 4, #ARGV, 2 do
+  local usd = dt * tonumber(ARGV[i + 1]) / 3600
+  redis.call('HINCRBYFLOAT', KEYS[1], 'worker:' .. ARGV[i], usd)
+  workers = workers + usd
+end
+redis.call('HINCRBYFLOAT', KEYS[1], 'workers_usd', workers)
+redis.call('HINCRBYFLOAT', KEYS[1], 'total_usd', learner + workers)
+return tostring(dt)
+"""
+
+
+@dataclass(frozen=True)
+class LedgerTotals:
+    total_usd: float
+    learner_usd: float
+    workers_usd: float
+    usd_by_worker: dict[str, float]
+    billed_until_s: float
+
+
+class CostLedger:
+    def __init__(self, client: redis.Redis, keys: RunKeys, *, max_billing_gap_s: float) -> None:
+        self.redis = client
+        self.key = keys.cost_ledger
+        self.max_billing_gap_s = max_billing_gap_s
+        self._bill_script = client.register_script(_BILL_LUA)
+
+    def bill(self, now_s: float, learner_price_per_hour: float, worker_prices_per_hour: Mapping[str, float]) -> float:
+        """Bill the time since the last call at these rates (the learner's 0 when it is not running);
+        returns the seconds billed (0 on the first call, which only starts the clock)."""
+        pairs = [item for worker_id, price in worker_prices_per_hour.items() for item in (worker_id, repr(float(price)))]
+        billed = self._bill_script(
+            keys=[self.key], args=[repr(now_s), repr(self.max_billing_gap_s), repr(float(learner_price_per_hour)), *pairs]
+        )
+        return float(billed)
+
+    def totals(self) -> LedgerTotals:
+        raw = {_text(k): float(_text(v)) for k, v in self.redis.hgetall(self.key).items()}
+        return LedgerTotals(
+            total_usd=raw.get("total_usd", 0.0),
+            learner_usd=raw.get("learner_usd", 0.0),
+            workers_usd=raw.get("workers_usd", 0.0),
+            usd_by_worker={k.removeprefix(WORKER_FIELD_PREFIX): v for k, v in raw.items() if k.startswith(WORKER_FIELD_PREFIX)},
+            billed_until_s=raw.get("billed_until_s", 0.0),
+        )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

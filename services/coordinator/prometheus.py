@@ -1,0 +1,73 @@
+"""GET /metrics: the coordinator's view in Prometheus text format, built from the control loop's last pass
+(workers, learner, capacity, activation) plus the ledger and stream depths read at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from fastapi import APIRouter, FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from services.coordinator.capacity_view import recent_broadcast_s
+from services.coordinator.control import ControlPlane, ControlSnapshot
+from services.coordinator.schemas import WorkerState
+from shared.metrics import PREFIX, CallbackCollector, gauge, learner_families, new_registry, stream_depth_families
+
+router = APIRouter(tags=["observability"])
+
+
+@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+def metrics(request: Request) -> Response:
+    """Prometheus exposition: learner steps, idle seconds, staleness, dropped groups, stream depths,
+    per-worker samples/s and tokens/s, broadcast seconds, capacity and cost."""
+    registry = request.app.state.metrics_registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def install_metrics(app: FastAPI, control: ControlPlane) -> None:
+    app.state.metrics_registry = new_registry(CallbackCollector(lambda: coordinator_families(control)))
+    app.include_router(router)
+
+
+def coordinator_families(control: ControlPlane) -> Iterator[Metric]:
+    snapshot = control.current()
+    coordinator = control.coordinator
+    yield from learner_families(snapshot.learner)
+    yield from stream_depth_families(coordinator.bus, coordinator.keys)
+    yield from worker_families(snapshot)
+    capacity = snapshot.capacity
+    if capacity.known:
+        yield gauge("capacity_required_samples_per_second", "throughput rule R / T_train", capacity.required_samples_per_s or 0.0)
+        yield gauge("capacity_current_samples_per_second", "sum of the active workers' samples/s", capacity.current_samples_per_s)
+        yield gauge("capacity_predicted_utilization", "capacity model: T_train / P*", capacity.predicted_utilization or 0.0)
+        yield gauge("capacity_staleness_feasible", "1 if S holds with a learner that never waits", float(bool(capacity.staleness_feasible)))
+    broadcast_s = recent_broadcast_s(coordinator.redis, coordinator.keys)
+    if broadcast_s is not None:
+        yield gauge("broadcast_seconds", "T_bcast: mean of the newest measured versions", broadcast_s)
+    cost = control.cost(snapshot)
+    usd = CounterMetricFamily(PREFIX + "cost_usd", "cumulative cost billed", labels=["component"])
+    usd.add_metric(["learner"], cost.learner_usd)
+    usd.add_metric(["workers"], cost.workers_usd)
+    yield usd
+    yield gauge("cost_usd_per_hour", "current burn rate", cost.usd_per_hour_now)
+
+
+def worker_families(snapshot: ControlSnapshot) -> Iterator[Metric]:
+    by_state = GaugeMetricFamily(PREFIX + "fleet_workers", "registered workers by state", labels=["state"])
+    for state in WorkerState:
+        by_state.add_metric([state.value], sum(1 for w in snapshot.workers if w.state == state))
+    yield by_state
+    names = ("samples_per_second", "tokens_per_second", "policy_version", "price_per_hour")
+    families = {
+        name: GaugeMetricFamily(PREFIX + "fleet_worker_" + name, f"per worker: {name.replace('_', ' ')}", labels=["worker", "name", "state"])
+        for name in names
+    }
+    for w in snapshot.workers:
+        labels = [w.worker_id, w.name, w.state.value]
+        families["samples_per_second"].add_metric(labels, w.samples_per_s)
+        families["tokens_per_second"].add_metric(labels, w.tokens_per_s)
+        families["policy_version"].add_metric(labels, w.policy_version)
+        families["price_per_hour"].add_metric(labels, w.price_per_hour)
+    yield from families.values()

@@ -1,0 +1,128 @@
+"""Prometheus metrics of every service, built at scrape time from the typed state each service already
+keeps (no counters scattered through the loops). Names start with `relayrl_`; seconds and totals
+follow Prometheus conventions.
+
+    learner   LearnerState (the same message it writes to Redis after every step)
+    reward    its counters and the stream depths (read from Redis at scrape time)
+    rollout   the HeartbeatRequest it would send now (throughput, tokens/s, version, last swap)
+    coordinator  serves /metrics on its own port (services/coordinator/prometheus.py) with the same helpers
+
+`start_metrics_server(port, collector)` serves one collector on `RL_METRICS_PORT` (0: off) from a
+daemon thread and returns the bound port.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from shared.keys import ConsumerGroups, RunKeys
+from shared.messages import LearnerState
+
+if TYPE_CHECKING:
+    from shared.bus import StreamBus
+
+log = logging.getLogger(__name__)
+
+PREFIX = "relayrl_"
+STREAM_GROUPS = {"tasks": ConsumerGroups.TASKS, "rollouts": ConsumerGroups.ROLLOUTS, "scored": ConsumerGroups.SCORED}
+
+
+class CallbackCollector(Collector):
+    """A collector whose families come from a function called at every scrape."""
+
+    def __init__(self, families: Callable[[], Iterable[Metric]]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            yield from self.families()
+        except Exception as exc:  # boundary: a failed scrape must not kill the service; it shows as missing series
+            log.warning("metrics scrape failed: %s: %s", type(exc).__name__, exc)
+
+
+def new_registry(*collectors: Collector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    for collector in collectors:
+        registry.register(collector)
+    return registry
+
+
+def start_metrics_server(port: int, *collectors: Collector, host: str = "127.0.0.1") -> int | None:
+    """Serve `collectors` at http://host:port/metrics; port 0 means off (returns None)."""
+    if port == 0:
+        return None
+    server, _ = start_http_server(port, addr=host, registry=new_registry(*collectors))
+    bound_port = server.server_port
+    log.info("prometheus metrics on http://%s:%d/metrics", host, bound_port)
+    return bound_port
+
+
+def gauge(name: str, documentation: str, value: float, labels: dict[str, str] | None = None) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(PREFIX + name, documentation, labels=list(labels or {}))
+    family.add_metric(list((labels or {}).values()), value)
+    return family
+
+
+def counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(PREFIX + name, documentation, value=value)
+
+
+# learner
+def learner_families(state: LearnerState | None) -> Iterator[Metric]:
+    if state is None:
+        return
+    yield gauge("learner_version", "policy version t (optimizer steps taken)", state.learner_version)
+    yield gauge("learner_published_version", "newest announced policy version", state.published_version)
+    yield counter("learner_steps", "optimizer steps taken in this run", state.num_steps_done)
+    yield counter("learner_train_seconds", "seconds spent in optimizer steps", state.train_s_total)
+    yield counter("learner_idle_seconds", "seconds spent waiting for admissible rollouts", state.idle_s_total)
+    yield gauge("learner_busy_fraction", "train seconds / wall seconds so far", state.busy_fraction)
+    yield gauge("learner_last_reward_mean", "mean reward of the last step's batch", state.last_reward_mean)
+    yield gauge("learner_staleness_bound", "S", state.staleness_bound)
+    trained = CounterMetricFamily(PREFIX + "learner_trained_groups", "groups trained on, by lag t - v", labels=["lag"])
+    for lag, count in sorted(state.staleness_histogram.items(), key=lambda item: int(item[0])):
+        trained.add_metric([lag], count)
+    yield trained
+    dropped = CounterMetricFamily(PREFIX + "learner_dropped_groups", "groups refused by the admission rule, by reason", labels=["reason"])
+    for reason, count in sorted(state.num_dropped.items()):
+        dropped.add_metric([reason], count)
+    yield dropped
+
+
+# streams (reward service and coordinator)
+def stream_depth_families(bus: StreamBus, keys: RunKeys) -> Iterator[Metric]:
+    depth = GaugeMetricFamily(PREFIX + "stream_depth", "entries not finished by the stream's consumer group", labels=["stream"])
+    for name, group in STREAM_GROUPS.items():
+        depth.add_metric([name], bus.backlog(getattr(keys, name), group))
+    depth.add_metric(["dead"], bus.length(keys.dead))
+    yield depth
+
+
+def reward_families(num_scored: int, num_tasks_published: int) -> Iterator[Metric]:
+    yield counter("reward_scored_groups", "groups scored and forwarded to the learner", num_scored)
+    yield counter("reward_tasks_published", "prompt groups published to the tasks stream", num_tasks_published)
+
+
+# rollout worker (the heartbeat it would send now)
+def rollout_families(worker: str, report: object) -> Iterator[Metric]:
+    """`report` is a services.coordinator.schemas.HeartbeatRequest (kept untyped: shared/ does not import services/)."""
+    labels = {"worker": worker}
+    yield gauge("worker_policy_version", "version the engine samples with (-1: none yet)", report.policy_version, labels)
+    yield gauge("worker_samples_per_second", "samples per second of generation time (recent window)", report.samples_per_s, labels)
+    yield gauge("worker_tokens_per_second", "completion tokens per second of generation time (recent window)", report.tokens_per_s, labels)
+    yield gauge("worker_group_latency_seconds", "mean seconds of one engine call (a batch of groups)", report.group_latency_s, labels)
+    yield gauge("worker_generating", "1 while generating, 0 while gated, on standby or waiting for tasks", float(report.generating), labels)
+    groups = CounterMetricFamily(PREFIX + "worker_groups", "groups published", labels=["worker"])
+    groups.add_metric([worker], report.num_groups_done)
+    yield groups
+    swap = report.last_swap
+    if swap is not None:
+        yield gauge("worker_broadcast_seconds", "announcement -> swap of the newest version this worker holds",
+                    max(0.0, swap.swapped_at_s - swap.announced_at_s), labels)

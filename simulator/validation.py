@@ -1,0 +1,225 @@
+"""Validate the simulator against a real run: feed it the run's measured inputs, compare learner utilization.
+
+Measured from the real run (runs/<id>/metrics.jsonl and the coordinator's /v1/dashboard, polled while
+it ran), over the steady window (steps after `warmup_steps`):
+    utilization   sum(train_s) / (wall_s[last] - wall_s[first - 1])
+    T_train       mean train_s;   T_over  mean of (wall step - train_s - idle_s)
+    T_read        10th percentile of idle_s: reading and decoding a batch costs the learner this much
+                  even when the groups are already there (the learner books it as idle)
+    mu_i          each worker's reported samples/s, averaged over the polls of the window
+    T_bcast       the coordinator's measured broadcast seconds (0 when it has none)
+    scoring_s     median of scored_at_s - rollout.created_at_s over the run's scored groups (Redis streams)
+    loop_s        a worker's time between two engine calls when tasks were waiting (gate check, read,
+                  publish + ack): median over consecutive batches, from the rollouts and tasks streams
+    engine        each worker's engine call time as a + b * groups (least squares over its calls): a small
+                  model decodes a 4-group batch almost as slowly as a 16-group one, so the simulator gets
+                  the fixed cost a (call_overhead_s) and the marginal rate G / b (mu_i), not the average
+    reward loop   the reward service tops up freed task slots once a turn: right after scoring a batch,
+                  or when its read block (RL_POLL_BLOCK_MS, 50 ms) runs out; it publishes tasks one by
+                  one, so a worker blocked on the tasks stream wakes with the first task alone
+The simulator gets those, the run file's G, B, S, k, M and batch cap, and predicts utilization; the
+analytic capacity model (shared.capacity) predicts it too, from the same inputs.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+import redis
+
+from cluster.local import ClusterOptions, LocalCluster
+from cluster.report import read_jsonl
+from shared.bus import PAYLOAD_FIELD, connect
+from shared.capacity import CapacityInputs, assess
+from shared.config import RunConfig, load_run_config
+from shared.keys import RunKeys
+from shared.messages import ScoredGroup, TaskGroup
+from simulator.engine import SimConfig, simulate
+from simulator.fleet import WorkerSpec
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    run_id: str
+    num_workers: int
+    staleness_bound: int
+    publish_every: int
+    num_steps: int  # steps in the steady window
+    utilization: float
+    train_s: float
+    step_overhead_s: float
+    idle_s: float
+    read_s: float
+    worker_samples_per_s: dict[str, float]
+    group_latency_s: float
+    broadcast_s: float
+    max_trained_staleness: int
+    scoring_s: float = 0.0
+    loop_s: float = 0.0
+    engine_fixed_s: float = 0.0  # mean a over workers
+    engine_samples_per_s: dict[str, float] | None = None  # G / b per worker id (None: use the averages)
+
+
+def measure_run(run: RunConfig, steps: list[dict], polls: list[dict], warmup_steps: int,
+                pipeline: dict[str, float] | None = None) -> MeasuredRun:
+    """`steps`: StepRecord lines of metrics.jsonl; `polls`: /v1/dashboard answers seen during the run;
+    `pipeline`: `measure_pipeline` of its streams."""
+    window = [s for s in steps if s["step"] > warmup_steps]
+    if len(window) < 5:
+        raise ValueError(f"only {len(window)} steps after the warm-up of {warmup_steps}: run longer")
+    before = [s for s in steps if s["step"] == warmup_steps]
+    start_wall_s = before[0]["wall_s"] if before else window[0]["wall_s"] - window[0]["train_s"] - window[0]["idle_s"]
+    wall_s = window[-1]["wall_s"] - start_wall_s
+    train_s = sum(s["train_s"] for s in window)
+    idle_s = sum(s["idle_s"] for s in window)
+    first_step, last_step = window[0]["step"], window[-1]["step"]
+    steady = [p for p in polls if p.get("learner") and first_step <= p["learner"]["learner_version"] <= last_step] or polls
+    mu: dict[str, list[float]] = {}
+    latencies, broadcasts = [], []
+    for poll in steady:
+        for w in poll["workers"]:
+            if w["state"] == "active" and w["samples_per_s"] > 0:
+                mu.setdefault(w["name"], []).append(w["samples_per_s"])
+                if w.get("group_latency_s"):
+                    latencies.append(w["group_latency_s"])
+        inputs = (poll.get("capacity") or {}).get("inputs") or {}
+        if inputs.get("broadcast_s"):
+            broadcasts.append(inputs["broadcast_s"])
+    return MeasuredRun(
+        run_id=run.run_id,
+        num_workers=len(mu),
+        staleness_bound=run.schedule.staleness_bound,
+        publish_every=run.schedule.publish_every,
+        num_steps=len(window),
+        utilization=train_s / wall_s,
+        train_s=train_s / len(window),
+        step_overhead_s=max(0.0, wall_s - train_s - idle_s) / len(window),
+        idle_s=idle_s / len(window),
+        read_s=statistics.quantiles([s["idle_s"] for s in window], n=10)[0],
+        worker_samples_per_s={name: statistics.fmean(values) for name, values in sorted(mu.items())},
+        group_latency_s=statistics.fmean(latencies) if latencies else 0.0,
+        broadcast_s=statistics.fmean(broadcasts) if broadcasts else 0.0,
+        max_trained_staleness=max(int(lag) for s in window for lag in s["staleness_histogram"]),
+        **(pipeline or {}),
+    )
+
+
+def measure_pipeline(client: redis.Redis, keys: RunKeys) -> dict[str, float]:
+    """Data-plane latencies from the run's streams (entries stay until the run's Redis goes)."""
+    tasks = {TaskGroup.decode(f[PAYLOAD_FIELD]).task_id: TaskGroup.decode(f[PAYLOAD_FIELD]).created_at_s
+             for _, f in client.xrange(keys.tasks)}
+    scored = [ScoredGroup.decode(f[PAYLOAD_FIELD]) for _, f in client.xrange(keys.scored)]
+    scoring = [g.scored_at_s - g.rollout.created_at_s for g in scored]
+    batches: dict[tuple[str, float], list] = {}  # (worker, generation_s) -> its groups: one engine call
+    for g in scored:
+        batches.setdefault((g.rollout.worker_id, g.rollout.generation_s), []).append(g.rollout)
+    by_worker: dict[str, list[tuple[float, float, float]]] = {}  # worker -> (start, end, last task created)
+    for (worker_id, generation_s), groups in batches.items():
+        end = max(r.created_at_s for r in groups)
+        start = min(r.created_at_s for r in groups) - generation_s
+        by_worker.setdefault(worker_id, []).append((start, end, max(tasks.get(r.task_id, 0.0) for r in groups)))
+    gaps = []
+    for spans in by_worker.values():
+        spans.sort()
+        for (_, end, _), (start, _, created) in zip(spans, spans[1:], strict=False):
+            if created <= end:  # its tasks were waiting when the previous call ended: pure loop overhead
+                gaps.append(start - end)
+    fits = {}  # worker id -> (a, b): generation_s = a + b * num_groups
+    for worker_id in by_worker:
+        calls = [(len(groups), generation_s) for (wid, generation_s), groups in batches.items() if wid == worker_id]
+        if len({n for n, _ in calls}) >= 2:
+            slope, intercept = statistics.linear_regression([n for n, _ in calls], [t for _, t in calls])
+            if slope > 0:
+                fits[worker_id] = (max(0.0, intercept), slope)
+    group_size = scored[0].rollout.num_samples if scored else 1
+    return {
+        "scoring_s": statistics.median(scoring) if scoring else 0.0,
+        "loop_s": statistics.median(gaps) if gaps else 0.0,
+        "engine_fixed_s": statistics.fmean(a for a, _ in fits.values()) if fits else 0.0,
+        "engine_samples_per_s": {w: group_size / b for w, (_, b) in fits.items()} or None,
+    }
+
+
+def predict(run: RunConfig, measured: MeasuredRun, *, reward_poll_s: float, max_groups_per_batch: int, seed: int = 0) -> dict:
+    """The simulator's and the capacity model's utilization for the measured inputs."""
+    scoring_s = measured.scoring_s
+    if measured.engine_samples_per_s:  # the affine engine model: a fixed cost per call, then G / b per group
+        rates, call_overhead_s = measured.engine_samples_per_s, measured.loop_s + measured.engine_fixed_s
+    else:
+        rates, call_overhead_s = measured.worker_samples_per_s, measured.loop_s
+    workers = [WorkerSpec(name, "cpu", 0.0, mu, 1000.0, 0.0, float("inf")) for name, mu in rates.items()]
+    config = SimConfig(
+        group_size=run.grpo.group_size, groups_per_step=run.grpo.groups_per_step, num_steps=max(50, measured.num_steps),
+        train_s=measured.train_s, staleness_bound=run.schedule.staleness_bound, publish_every=run.schedule.publish_every,
+        step_overhead_s=measured.step_overhead_s, batch_read_s=measured.read_s, max_groups_in_flight=run.max_groups_in_flight,
+        max_groups_per_batch=max_groups_per_batch, call_overhead_s=call_overhead_s, scoring_s=scoring_s,
+        reward_poll_s=reward_poll_s, trickle_tasks=True,
+        fixed_broadcast_s=measured.broadcast_s, seed=seed,
+    )
+    result = simulate(config, workers)
+    analytic = assess(CapacityInputs(
+        samples_per_step=run.grpo.group_size * run.grpo.groups_per_step, train_s=measured.train_s,
+        staleness_bound=run.schedule.staleness_bound, publish_every=run.schedule.publish_every,
+        step_overhead_s=measured.step_overhead_s + measured.read_s, broadcast_s=measured.broadcast_s,
+        group_latency_s=measured.group_latency_s, queue_delay_s=scoring_s + reward_poll_s / 2,
+        worker_samples_per_s=tuple(measured.worker_samples_per_s.values()),
+    ))
+    simulated = result.utilization
+    return {
+        "measured": asdict(measured),
+        "simulated_utilization": round(simulated, 4),
+        "analytic_utilization": round(analytic.predicted_utilization, 4),
+        "measured_utilization": round(measured.utilization, 4),
+        "simulator_relative_error": round((simulated - measured.utilization) / measured.utilization, 4),
+        "analytic_relative_error": round((analytic.predicted_utilization - measured.utilization) / measured.utilization, 4),
+        "simulated_max_staleness": max(result.staleness_histogram, default=0),
+        "simulated_dropped_stale": result.num_dropped_stale,
+        "assumed": {"reward_poll_s": reward_poll_s, "max_groups_per_batch": max_groups_per_batch,
+                    "engine": "a + b * groups" if measured.engine_samples_per_s else "average samples/s"},
+    }
+
+
+def run_cluster(
+    name: str, config: Path, num_workers: int, overrides: dict[str, int], runs_dir: Path
+) -> tuple[list[dict], list[dict], dict[str, float], RunConfig]:
+    """One real local cluster run; returns its step records, the dashboard polls, its data-plane latencies
+    (`measure_pipeline`) and its run config."""
+    base = load_run_config(config)
+    config_path = runs_dir / f"{name}.toml"
+    text = config.read_text()
+    for key, value in overrides.items():  # a top-level key of a section: `key = old` -> `key = new`
+        text = re.sub(rf"^{key} = .*$", f"{key} = {value}", text, count=1, flags=re.MULTILINE)
+    config_path.write_text(text)
+    cluster = LocalCluster(ClusterOptions(config_path=config_path, num_workers=num_workers, runs_dir=runs_dir, run_id=f"{base.run_id}-{name}"))
+    polls: list[dict] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(1.0):
+            if not cluster.coordinator_url:
+                continue
+            try:
+                polls.append(httpx.get(cluster.coordinator_url + "/v1/dashboard", timeout=5.0).json())
+            except (httpx.HTTPError, ValueError):
+                pass
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        cluster.start()
+        cluster.wait_until_done()
+        assert cluster.redis is not None
+        client = connect(cluster.redis.url)
+        pipeline = measure_pipeline(client, RunKeys(cluster.run.run_id))
+        client.close()
+    finally:
+        stop.set()
+        poller.join(timeout=10)
+        cluster.stop()
+    records = read_jsonl(cluster.run_dir / "metrics.jsonl")
+    return [r for r in records if "reward_mean" in r], polls, pipeline, cluster.run

@@ -1,0 +1,238 @@
+"""Worker lifecycle, cost-aware activation, the ledger and /v1/capacity over the real coordinator app
+(uvicorn in a thread, real redis-server). The control loop's passes are also driven by hand with
+`run_once(now_s=...)` where a test needs exact times."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+import redis
+import uvicorn
+from fastapi import FastAPI
+
+from services.coordinator.app import create_app
+from services.coordinator.control import ControlPlane
+from shared.config import ActivationConfig, CoordinatorConfig, GRPOConfig, RunConfig, ScheduleConfig
+from shared.keys import RunKeys
+from shared.messages import LearnerState
+from shared.redis_server import free_port
+
+pytestmark = pytest.mark.integration
+
+ADMIN_TOKEN = "lifecycle-admin-token-0123456789"
+
+
+@contextlib.contextmanager
+def serve(app: FastAPI) -> Iterator[str]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline_s = time.monotonic() + 10
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline_s, "coordinator did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def run_config(run_id: str, **activation: object) -> RunConfig:
+    # R = 2 * 4 = 8 samples per step
+    return RunConfig(
+        run_id=run_id,
+        grpo=GRPOConfig(group_size=2, groups_per_step=4),
+        schedule=ScheduleConfig(staleness_bound=2),
+        coordinator=CoordinatorConfig(lease_s=5.0),
+        activation=ActivationConfig(**{"min_dwell_s": 0.0, "replan_interval_s": 0.2, "max_billing_gap_s": 1e6, **activation}),
+    )
+
+
+Start = Callable[..., tuple[httpx.Client, ControlPlane]]
+
+
+@pytest.fixture
+def start(redis_client: redis.Redis, keys: RunKeys) -> Iterator[Start]:
+    with contextlib.ExitStack() as stack:
+
+        def start_app(clock: Callable[[], float] | None = None, **activation: object) -> tuple[httpx.Client, ControlPlane]:
+            app = create_app(run_config(keys.run_id, **activation), redis_client, ADMIN_TOKEN)
+            if clock is not None:
+                app.state.control.clock = clock  # before the control loop's first pass
+            url = stack.enter_context(serve(app))
+            return stack.enter_context(httpx.Client(base_url=url, timeout=10)), app.state.control
+
+        yield start_app
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def register(api: httpx.Client, name: str, price: float = 0.0, gpu_type: str = "cpu") -> dict:
+    response = api.post("/v1/workers", json={"name": name, "price_per_hour": price, "gpu_type": gpu_type})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def heartbeat(api: httpx.Client, worker: dict, **fields: object) -> httpx.Response:
+    return api.post(f"/v1/workers/{worker['worker_id']}/heartbeat", headers=bearer(worker["token"]), json=fields)
+
+
+def set_learner(client: redis.Redis, keys: RunKeys, *, num_steps: int, train_s: float, status: str = "training") -> None:
+    """A learner that took `num_steps` steps of `train_s` each and never waited."""
+    state = LearnerState(
+        run_id=keys.run_id, status=status, learner_version=num_steps, published_version=num_steps, staleness_bound=2,
+        num_steps_target=100, num_steps_done=num_steps, train_s_total=num_steps * train_s, idle_s_total=0.0,
+        wall_s=num_steps * train_s, last_reward_mean=0.5, busy_fraction=1.0, staleness_histogram={"1": 30, "2": 10},
+    )
+    client.set(keys.learner_state, state.encode())
+
+
+# drain
+
+def test_a_worker_drains_itself_the_admin_drains_anyone_and_no_worker_drains_another(start: Start) -> None:
+    api, _ = start()
+    a, b = register(api, "a"), register(api, "b")
+
+    no_token = api.post(f"/v1/workers/{a['worker_id']}/drain")
+    assert no_token.status_code == 401
+    other = api.post(f"/v1/workers/{a['worker_id']}/drain", headers=bearer(b["token"]))
+    assert other.status_code == 403 and "another worker" in other.json()["detail"]
+    assert api.get(f"/v1/workers/{a['worker_id']}").json()["state"] == "active"
+
+    own = api.post(f"/v1/workers/{a['worker_id']}/drain", headers=bearer(a["token"]))
+    assert own.status_code == 200 and own.json()["state"] == "draining"
+    assert heartbeat(api, a).json()["state"] == "draining"  # how the worker learns it
+    again = api.post(f"/v1/workers/{a['worker_id']}/drain", headers=bearer(a["token"]))
+    assert again.status_code == 200 and again.json()["state"] == "draining"  # idempotent
+
+    by_admin = api.post(f"/v1/workers/{b['worker_id']}/drain", headers=bearer(ADMIN_TOKEN))
+    assert by_admin.status_code == 200 and by_admin.json()["state"] == "draining"
+    assert api.delete(f"/v1/workers/{a['worker_id']}", headers=bearer(a["token"])).status_code == 204
+    assert api.post(f"/v1/workers/{a['worker_id']}/drain", headers=bearer(ADMIN_TOKEN)).status_code == 404
+
+
+def test_a_dead_worker_cannot_be_drained_and_the_planner_never_undoes_a_drain(start: Start, redis_client: redis.Redis,
+                                                                               keys: RunKeys) -> None:
+    api, control = start()
+    worker = register(api, "w")
+    assert api.post(f"/v1/workers/{worker['worker_id']}/drain", headers=bearer(ADMIN_TOKEN)).status_code == 200
+    for _ in range(3):
+        control.run_once()
+    assert api.get(f"/v1/workers/{worker['worker_id']}").json()["state"] == "draining"
+    redis_client.zadd(keys.worker_leases, {worker["worker_id"]: 0})  # the lease ran out
+    response = api.post(f"/v1/workers/{worker['worker_id']}/drain", headers=bearer(ADMIN_TOKEN))
+    assert response.status_code == 410 and "dead" in response.json()["detail"]
+
+
+def test_the_drain_endpoint_is_documented() -> None:
+    app = create_app(run_config("doc"), redis.Redis(), ADMIN_TOKEN)
+    operation = app.openapi()["paths"]["/v1/workers/{worker_id}/drain"]["post"]
+    assert {"401", "403", "404", "410"} <= set(operation["responses"])
+    assert "finishes the batch" in operation["description"]
+    assert {"/v1/capacity", "/v1/cost", "/v1/activation", "/dashboard", "/metrics"} <= set(app.openapi()["paths"])
+
+
+# activation
+
+def test_priced_worker_waits_on_standby_while_free_capacity_covers_the_requirement(
+    start: Start, redis_client: redis.Redis, keys: RunKeys
+) -> None:
+    api, control = start()
+    set_learner(redis_client, keys, num_steps=20, train_s=1.0)  # R / T_train = 8 samples/s, target 9.6
+    free = register(api, "free")
+    heartbeat(api, free, samples_per_s=20.0)
+    control.run_once()
+    priced = register(api, "priced", price=1.5)
+    assert priced["state"] == "standby"  # it costs money: nothing is spent before the planner picks it
+    control.run_once()
+    assert heartbeat(api, priced).json()["state"] == "standby"
+    activation = api.get("/v1/activation").json()
+    assert activation["standby_worker_ids"] == [priced["worker_id"]] and activation["target_samples_per_s"] == pytest.approx(9.6)
+
+    # the free worker leaves: the priced one is needed now
+    assert api.delete(f"/v1/workers/{free['worker_id']}", headers=bearer(free["token"])).status_code == 204
+    control.run_once()
+    assert heartbeat(api, priced).json()["state"] == "active"
+
+
+def test_cheapest_per_throughput_is_activated_first(start: Start, redis_client: redis.Redis, keys: RunKeys) -> None:
+    api, control = start()
+    set_learner(redis_client, keys, num_steps=20, train_s=1.0)  # target 9.6 samples/s
+    control.run_once()
+    pricey = register(api, "pricey", price=4.0)
+    cheap = register(api, "cheap", price=1.0)
+    heartbeat(api, pricey, samples_per_s=12.0)  # measured while it was briefly active: 0.33 $/h per sample/s
+    heartbeat(api, cheap, samples_per_s=10.0)  # 0.10
+    control.run_once()
+    states = {w["name"]: w["state"] for w in api.get("/v1/workers").json()}
+    assert states == {"pricey": "standby", "cheap": "active"}
+
+
+# ledger
+
+def test_the_ledger_bills_the_learner_and_active_workers_only_while_they_run(
+    start: Start, redis_client: redis.Redis, keys: RunKeys
+) -> None:
+    now = [1000.0]  # the control loop's clock: passes (its own and ours) bill up to now[0]
+    api, control = start(clock=lambda: now[0], learner_price_per_hour=3.6)
+    set_learner(redis_client, keys, num_steps=20, train_s=1.0)
+    active = register(api, "active", price=0.0)  # free: billed at $0
+    heartbeat(api, active, samples_per_s=20.0)
+    control.run_once()
+    standby = register(api, "standby", price=7.2)
+    control.run_once()
+    assert api.get(f"/v1/workers/{standby['worker_id']}").json()["state"] == "standby"
+
+    now[0] = 1100.0
+    control.run_once()  # 100 s: learner $0.10, the standby worker nothing
+    cost = api.get("/v1/cost").json()
+    assert cost["learner_usd"] == pytest.approx(0.1) and cost["workers_usd"] == 0.0
+    assert cost["usd_per_hour_now"] == pytest.approx(3.6)
+
+    api.delete(f"/v1/workers/{active['worker_id']}", headers=bearer(active["token"]))
+    control.run_once()  # the priced worker is activated ...
+    now[0] = 1150.0
+    control.run_once()  # ... and billed for 50 s: $0.10
+    cost = api.get("/v1/cost").json()
+    assert cost["usd_by_worker"][standby["worker_id"]] == pytest.approx(0.1)
+    assert cost["total_usd"] == pytest.approx(0.15 + 0.1)
+    assert api.get("/v1/status").json()["cost_usd"] == pytest.approx(0.25)
+
+    set_learner(redis_client, keys, num_steps=100, train_s=1.0, status="done")
+    api.post(f"/v1/workers/{standby['worker_id']}/drain", headers=bearer(standby["token"]))
+    api.delete(f"/v1/workers/{standby['worker_id']}", headers=bearer(standby["token"]))
+    now[0] = 1200.0
+    control.run_once()  # nothing runs any more: the ledger stands still
+    assert api.get("/v1/cost").json()["total_usd"] == pytest.approx(0.25)
+
+
+# capacity
+
+def test_capacity_reports_the_model_on_measured_inputs(start: Start, redis_client: redis.Redis, keys: RunKeys) -> None:
+    api, control = start()
+    unknown = api.get("/v1/capacity").json()
+    assert unknown["known"] is False and unknown["inputs"] is None
+    set_learner(redis_client, keys, num_steps=20, train_s=0.5)  # R / T_train = 16 samples/s
+    redis_client.hset(keys.broadcast_times, mapping={"1": "0.2", "2": "0.4"})
+    worker = register(api, "w")
+    heartbeat(api, worker, samples_per_s=40.0, group_latency_s=0.1)
+    control.run_once()
+    capacity = api.get("/v1/capacity").json()
+    assert capacity["known"] is True
+    assert capacity["required_samples_per_s"] == pytest.approx(16.0)
+    assert capacity["current_samples_per_s"] == pytest.approx(40.0)
+    inputs = capacity["inputs"]
+    assert inputs["train_s"] == pytest.approx(0.5) and inputs["broadcast_s"] == pytest.approx(0.3)
+    assert inputs["group_latency_s"] == pytest.approx(0.1) and inputs["worker_samples_per_s"] == {worker["worker_id"]: 40.0}
+    # k + ceil((T_bcast + L_gen + D) / C) = 1 + ceil(0.4 / 0.5) = 2 <= S = 2
+    assert capacity["min_feasible_staleness"] == 2 and capacity["staleness_feasible"] is True
+    assert capacity["predicted_utilization"] == pytest.approx(1.0) and capacity["starved"] is False

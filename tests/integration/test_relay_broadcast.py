@@ -1,0 +1,256 @@
+"""Pipelined relay over real chunk servers (services/rollout/relay_fetch.py): a chain relays while the
+learner is still publishing, bytes arrive identical everywhere, and corrupt, dead or stalled holders
+are routed around."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from services.rollout.relay_fetch import ArtifactFetch, RelayFetcher, RelayFetchError
+from shared.chunk_server import ChunkServer, ChunkStore, ManifestMismatchError
+from shared.weights import Manifest, build_manifest
+
+pytestmark = pytest.mark.integration
+
+KEY = b"relay-test-key"
+CHUNK_SIZE_BYTES = 64 * 1024
+NUM_CHUNKS = 16
+
+
+class TimedStore(ChunkStore):
+    """Records when each chunk was stored (to show that relaying overlaps receiving)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stored_at_s: dict[int, float] = {}
+
+    def put_chunk(self, policy_version: int, index: int, data: bytes, payload: str = "full") -> None:
+        super().put_chunk(policy_version, index, data, payload)
+        self.stored_at_s[index] = time.monotonic()
+
+
+class CorruptingStore(ChunkStore):
+    """A relay that serves chunk 2 with one bit flipped (bad memory, a bad disk, a malicious peer)."""
+
+    def get_chunk(self, policy_version: int, index: int, wait_s: float = 0.0, **artifact: str | None) -> bytes | None:
+        chunk = super().get_chunk(policy_version, index, wait_s, **artifact)
+        return bytes([chunk[0] ^ 1]) + chunk[1:] if chunk is not None and index == 2 else chunk
+
+
+class Holder:
+    """A chunk server with its store, and the relay fetcher a worker would run next to it."""
+
+    def __init__(self, store: ChunkStore | None = None, *, wait_s: float = 5.0, stall_timeout_s: float = 5.0) -> None:
+        self.store = store if store is not None else TimedStore()
+        self.server = ChunkServer(self.store, wait_s=wait_s).start()
+        self.fetcher = RelayFetcher(self.store, own_url=self.url, stall_timeout_s=stall_timeout_s, manifest_wait_s=wait_s,
+                                    version_timeout_s=30.0)
+        self.result: ArtifactFetch | BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def fetch_in_background(self, manifest: Manifest, sources: list[str]) -> None:
+        def fetch() -> None:
+            try:
+                self.result = self.fetcher.fetch(manifest, lambda: sources)
+            except BaseException as exc:  # noqa: B036 (re-raised by the test through `done`)
+                self.result = exc
+
+        self._thread = threading.Thread(target=fetch, daemon=True)
+        self._thread.start()
+
+    def done(self, timeout_s: float = 30.0) -> ArtifactFetch:
+        assert self._thread is not None
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "fetch did not finish"
+        if isinstance(self.result, BaseException):
+            raise self.result
+        assert isinstance(self.result, ArtifactFetch)
+        return self.result
+
+    def close(self) -> None:
+        self.fetcher.close()
+        self.server.stop()
+
+
+@pytest.fixture
+def holders() -> Iterator[list[Holder]]:
+    created: list[Holder] = []
+    yield created
+    for holder in created:
+        holder.close()
+
+
+def new_version(policy_version: int = 1) -> tuple[Manifest, list[bytes], bytes]:
+    blob = np.random.default_rng(policy_version).bytes(NUM_CHUNKS * CHUNK_SIZE_BYTES - 1000)
+    manifest, chunks = build_manifest(blob, run_id="r", policy_version=policy_version, chunk_size_bytes=CHUNK_SIZE_BYTES, cluster_key=KEY)
+    return manifest, chunks, blob
+
+
+def publish_slowly(store: ChunkStore, manifest: Manifest, chunks: list[bytes], interval_s: float = 0.05) -> threading.Thread:
+    """The learner's side while it is still publishing (or its own upload is slow): chunk after chunk."""
+    store.add_manifest(manifest)
+
+    def trickle() -> None:
+        for index, chunk in enumerate(chunks):
+            time.sleep(interval_s)
+            store.put_chunk(manifest.policy_version, index, chunk)
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_chain_of_relays_pipelines_and_every_receiver_holds_identical_bytes(holders: list[Holder]) -> None:
+    learner, a, b, c = (Holder() for _ in range(4))
+    holders += [learner, a, b, c]
+    manifest, chunks, blob = new_version()
+    publishing = publish_slowly(learner.store, manifest, chunks)
+    for child, parent in ((a, learner), (b, a), (c, b)):
+        child.fetch_in_background(manifest, [parent.url, learner.url])
+
+    results = [a.done(), b.done(), c.done()]
+    publishing.join()
+
+    for holder, result in zip((a, b, c), results, strict=True):
+        assert result.blob == blob and holder.store.is_complete(1)
+        assert result.num_corrupt_chunks == 0 and result.failures == []
+    # each receiver got every byte from its parent alone: the learner uploaded one copy
+    assert results[0].bytes_by_source == {learner.url: len(blob)}
+    assert results[1].bytes_by_source == {a.url: len(blob)}
+    assert results[2].bytes_by_source == {b.url: len(blob)}
+    # pipelined: the end of the chain had its first chunk before the learner had its last
+    assert c.store.stored_at_s[0] < learner.store.stored_at_s[NUM_CHUNKS - 1]
+    with httpx.Client() as client:  # and serves it on: byte-identical over HTTP too
+        assert client.get(f"{c.url}/v1/weights/1/chunks/7").content == chunks[7]
+
+
+def test_a_corrupt_chunk_from_a_relay_is_caught_and_refetched_from_another_holder(holders: list[Holder]) -> None:
+    manifest, chunks, blob = new_version()
+    learner, bad_relay = Holder(), Holder(CorruptingStore())
+    child, grandchild = Holder(), Holder()
+    holders += [learner, bad_relay, child, grandchild]
+    learner.store.put_version(manifest, chunks)
+    bad_relay.store.put_version(manifest, chunks)  # it holds verified chunks, but serves chunk 2 flipped
+
+    child.fetch_in_background(manifest, [bad_relay.url, learner.url])
+    grandchild.fetch_in_background(manifest, [child.url, learner.url])
+    relayed, downstream = child.done(), grandchild.done()
+
+    assert relayed.blob == blob and downstream.blob == blob
+    assert relayed.corrupt_by_source == {bad_relay.url: 1}
+    assert relayed.bytes_by_source[learner.url] == CHUNK_SIZE_BYTES  # only chunk 2 came from the learner
+    assert relayed.bytes_by_source[bad_relay.url] == len(blob)  # the corrupt copy was received, never stored
+    assert downstream.num_corrupt_chunks == 0 and downstream.bytes_by_source == {child.url: len(blob)}
+
+
+RELAY_PROGRAM = """
+import sys
+from services.rollout.relay_fetch import RelayFetcher
+from shared.chunk_server import ChunkServer, ChunkStore
+from shared.weights import Manifest
+
+manifest = Manifest.from_json(sys.stdin.readline())
+store = ChunkStore()
+server = ChunkServer(store, wait_s=5.0).start()
+print(server.url, flush=True)
+RelayFetcher(store, own_url=server.url).fetch(manifest, lambda: [sys.argv[1]])
+sys.stdin.read()  # keep relaying until the test closes stdin (or kills the process)
+"""
+
+
+def test_a_parent_killed_mid_broadcast_is_replaced_and_every_other_worker_completes(holders: list[Holder], repo_root: Path) -> None:
+    manifest, chunks, blob = new_version()
+    learner, child, grandchild = Holder(), Holder(), Holder()
+    holders += [learner, child, grandchild]
+    publishing = publish_slowly(learner.store, manifest, chunks, interval_s=0.1)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", RELAY_PROGRAM, learner.url], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=repo_root,
+    )
+    try:
+        parent.stdin.write(manifest.to_json().decode() + "\n")
+        parent.stdin.flush()
+        parent_url = parent.stdout.readline().strip()
+        child.fetch_in_background(manifest, [parent_url, learner.url])  # the plan: parent, then the learner
+        grandchild.fetch_in_background(manifest, [child.url, parent_url, learner.url])
+        deadline_s = time.monotonic() + 20
+        while len(child.store.missing_chunks(manifest)) > NUM_CHUNKS - 3:  # the child is relaying from it
+            assert time.monotonic() < deadline_s, "the child never received from its parent"
+            time.sleep(0.01)
+        assert len(learner.store.missing_chunks(manifest)) > 0  # mid-broadcast
+        parent.kill()  # SIGKILL: no goodbye
+        parent.wait(timeout=10)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+    relayed, downstream = child.done(), grandchild.done()
+    publishing.join()
+
+    assert relayed.blob == blob and downstream.blob == blob
+    assert relayed.bytes_by_source[parent_url] >= 3 * CHUNK_SIZE_BYTES  # it did relay, then it died
+    assert relayed.bytes_by_source[learner.url] > 0
+    assert len(relayed.failures) == 1 and relayed.failures[0].startswith(parent_url)
+    assert downstream.bytes_by_source == {child.url: len(blob)}  # the grandchild never noticed
+
+
+def test_a_stalled_parent_is_replaced_after_the_stall_timeout(holders: list[Holder]) -> None:
+    manifest, chunks, blob = new_version()
+    learner, stalled, child = Holder(), Holder(wait_s=20.0), Holder(stall_timeout_s=0.5)
+    holders += [learner, stalled, child]
+    learner.store.put_version(manifest, chunks)
+    stalled.store.add_manifest(manifest)  # it announced the version and never receives a chunk
+
+    started_s = time.monotonic()
+    child.fetch_in_background(manifest, [stalled.url, learner.url])
+    result = child.done()
+
+    assert result.blob == blob and result.bytes_by_source == {learner.url: len(blob)}
+    assert "stalled" in result.failures[0] and result.failures[0].startswith(stalled.url)
+    assert time.monotonic() - started_s < 10  # the stall timeout, not the holder's 20 s chunk wait
+
+
+def test_when_every_holder_fails_the_error_names_each_of_them(holders: list[Holder]) -> None:
+    manifest, _, _ = new_version()
+    nobody = Holder()
+    holders.append(nobody)
+    fetcher = RelayFetcher(ChunkStore(), stall_timeout_s=0.5, manifest_wait_s=0.1, version_timeout_s=10.0)
+    try:
+        with pytest.raises(RelayFetchError) as caught:
+            fetcher.fetch(manifest, lambda: [nobody.url, "http://127.0.0.1:9"])
+    finally:
+        fetcher.close()
+    message = str(caught.value)
+    assert f"{nobody.url}: stream 1/full" in message and "404" in message  # it never heard of the version
+    assert "http://127.0.0.1:9" in message and "ConnectionRefused" in message
+
+
+def test_a_store_replaces_a_version_whose_manifest_differs_and_pins_requests_to_a_manifest(holders: list[Holder]) -> None:
+    holder = Holder()
+    holders.append(holder)
+    old, old_chunks, _ = new_version(1)
+    holder.store.put_version(old, old_chunks)
+    blob = b"a restarted learner re-used version number 1" * 2000
+    new, new_chunks = build_manifest(blob, run_id="r", policy_version=1, chunk_size_bytes=CHUNK_SIZE_BYTES, cluster_key=KEY)
+
+    holder.store.put_version(new, new_chunks)
+
+    assert holder.store.manifest(1) == new and holder.store.is_complete(1)
+    assert holder.store.missing_chunks(old) == list(range(old.num_chunks))
+    with pytest.raises(ManifestMismatchError):
+        holder.store.get_chunk(1, 0, manifest_sha256=old.sha256())
+    with httpx.Client() as client:
+        assert client.get(f"{holder.url}/v1/weights/1/full/chunks/0?manifest={old.sha256()}").status_code == 409
+        assert client.get(f"{holder.url}/v1/weights/1/full/chunks/0?manifest={new.sha256()}").content == new_chunks[0]

@@ -1,0 +1,25 @@
+"""The simulator against a fresh real run (a short `make simulator-validation`; slow): a real local cluster
+(Redis, coordinator, reward, learner, 2 workers as processes) trains 40 steps; its measured inputs go
+into the simulator, whose learner utilization must match the measured one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simulator.validation import measure_run, predict, run_cluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a real cluster run: ~40-60 s
+
+TOLERANCE = 0.10  # the benchmark's target, on a shorter run
+
+
+def test_the_simulator_predicts_a_real_runs_learner_utilization_within_ten_percent(repo_root: Path, tmp_path: Path) -> None:
+    config = repo_root / "benchmarks" / "simulator_validation.toml"
+    steps, polls, pipeline, run = run_cluster("fast", config, 2, {"num_steps": 40}, tmp_path)
+    measured = measure_run(run, steps, polls, warmup_steps=10, pipeline=pipeline)
+    assert measured.num_workers == 2 and measured.num_steps == 30
+    row = predict(run, measured, reward_poll_s=0.05, max_groups_per_batch=16)
+    assert abs(row["simulator_relative_error"]) <= TOLERANCE, row
+    assert row["simulated_max_staleness"] <= run.schedule.staleness_bound

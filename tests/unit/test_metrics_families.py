@@ -1,0 +1,63 @@
+"""shared/metrics.py: the families every service exposes are valid Prometheus text, built from typed state."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from services.coordinator.schemas import HeartbeatRequest, WeightSwapReport
+from shared.messages import LearnerState
+from shared.metrics import (
+    CallbackCollector,
+    learner_families,
+    new_registry,
+    reward_families,
+    rollout_families,
+    start_metrics_server,
+)
+
+
+def parse(collector: CallbackCollector) -> dict[str, list]:
+    text = generate_latest(new_registry(collector)).decode()
+    return {family.name: family.samples for family in text_string_to_metric_families(text)}
+
+
+def test_learner_metrics_come_from_its_state() -> None:
+    state = LearnerState(
+        run_id="r", status="training", learner_version=12, published_version=12, staleness_bound=2, num_steps_target=100,
+        num_dropped={"stale": 3}, num_steps_done=12, train_s_total=6.0, idle_s_total=1.5, wall_s=9.0,
+        staleness_histogram={"0": 4, "1": 50, "2": 10},
+    )
+    metrics = parse(CallbackCollector(lambda: learner_families(state)))
+    assert metrics["relayrl_learner_steps"][0].value == 12
+    assert metrics["relayrl_learner_idle_seconds"][0].value == 1.5
+    assert {s.labels["lag"]: s.value for s in metrics["relayrl_learner_trained_groups"]} == {"0": 4, "1": 50, "2": 10}
+    assert metrics["relayrl_learner_dropped_groups"][0].labels == {"reason": "stale"}
+    assert parse(CallbackCollector(lambda: learner_families(None))) == {}  # before the first state
+
+
+def test_rollout_metrics_come_from_the_heartbeat_it_would_send() -> None:
+    report = HeartbeatRequest(policy_version=3, num_groups_done=7, samples_per_s=40.0, tokens_per_s=90.0, group_latency_s=0.2,
+                              last_swap=WeightSwapReport(policy_version=3, announced_at_s=100.0, swapped_at_s=100.4, num_bytes=10))
+    metrics = parse(CallbackCollector(lambda: rollout_families("w-a", report)))
+    assert metrics["relayrl_worker_tokens_per_second"][0].value == 90.0
+    assert metrics["relayrl_worker_groups"][0].value == 7
+    assert abs(metrics["relayrl_worker_broadcast_seconds"][0].value - 0.4) < 1e-9
+
+
+def test_a_failing_scrape_leaves_series_out_instead_of_failing_the_service() -> None:
+    def broken() -> list:
+        raise ConnectionError("redis is down")
+
+    assert parse(CallbackCollector(broken)) == {}
+
+
+def test_the_metrics_server_serves_on_the_port_and_port_0_is_off() -> None:
+    assert start_metrics_server(0, CallbackCollector(lambda: reward_families(1, 2))) is None
+    from shared.redis_server import free_port
+
+    port = start_metrics_server(free_port(), CallbackCollector(lambda: reward_families(5, 9)))
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    families = {f.name: f.samples for f in text_string_to_metric_families(text)}
+    assert families["relayrl_reward_scored_groups"][0].value == 5
