@@ -147,6 +147,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
+def cpu_times() -> list[int]:
+    """The machine's cumulative CPU jiffies: user nice system idle iowait irq softirq steal."""
+    return [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+
+
+def python_speed_s() -> float:
+    """Seconds for a fixed pure-Python loop: this shared machine's speed varies several-fold over a day."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(2_000_000):
+        total += i
+    return time.perf_counter() - started
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -162,6 +176,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
+    speed_s = python_speed_s()
     with tempfile.TemporaryDirectory(prefix="load-") as tmp, RedisServer(Path(tmp) / "redis", append_only=True) as redis_server:
         run_file = Path(tmp) / "run.toml"
         run_file.write_text(RUN_TOML)
@@ -186,9 +201,10 @@ def main() -> None:
             workers = register_workers(base_url, args.workers)
             register_s = time.monotonic() - started
             print(f"registered {len(workers)} workers in {register_s:.1f}s; heartbeating for {args.duration_s:.0f}s", flush=True)
-            cpu_before, wall_before = cpu_seconds(coordinator.pid), time.monotonic()
+            cpu_before, wall_before, machine_before = cpu_seconds(coordinator.pid), time.monotonic(), cpu_times()
             stats = asyncio.run(drive(workers, port, args.duration_s, args.warmup_s, not args.no_swap_reports))
             coordinator_cpu = (cpu_seconds(coordinator.pid) - cpu_before) / (time.monotonic() - wall_before)
+            machine = [after - before for before, after in zip(machine_before, cpu_times(), strict=True)]
             listed = httpx.get(base_url + "/v1/workers", timeout=30).json()
             num_dead = sum(1 for w in listed if w["state"] == "dead")
         finally:
@@ -218,6 +234,9 @@ def main() -> None:
             "mean": round(statistics.fmean(latencies_ms), 2),
         },
         "coordinator_cpu_cores": round(coordinator_cpu, 2),
+        "machine_cpu_busy_percent": round(100 * (sum(machine) - machine[3] - machine[7]) / max(1, sum(machine)), 1),
+        "machine_cpu_steal_percent": round(100 * machine[7] / max(1, sum(machine)), 1),
+        "python_loop_2M_s": round(speed_s, 3),
         "register_s": round(register_s, 1),
         "target": "no errors, p99 < 100 ms",
     }
