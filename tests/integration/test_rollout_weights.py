@@ -12,16 +12,13 @@ import redis
 import torch
 from safetensors.torch import save as safetensors_save
 
-from services.learner.model_init import build_initial_policy
 from services.rollout.torch_engine import TIED_OUTPUT_KEY, TorchEngine
 from services.rollout.weights_sync import WeightsSync
 from shared.bus import StreamBus
 from shared.chunk_client import fetch_manifest, fetch_version
 from shared.chunk_server import ChunkServer, ChunkStore
-from shared.config import ModelConfig
 from shared.keys import RunKeys
 from shared.messages import WeightsPublished
-from shared.tasks import TASKS
 from shared.weights import build_manifest
 
 pytestmark = pytest.mark.integration
@@ -71,10 +68,9 @@ class Learner:
         return announcement
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    alphabet = TASKS["arithmetic_mod10"].alphabet
-    return build_initial_policy(ModelConfig(max_position_embeddings=32), alphabet, tmp_path_factory.mktemp("policy"))
+@pytest.fixture
+def model_dir(tiny_policy_dir: Path) -> Path:
+    return tiny_policy_dir  # built once per session in tests/conftest.py
 
 
 @pytest.fixture

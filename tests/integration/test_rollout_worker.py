@@ -21,7 +21,6 @@ from safetensors.torch import save as safetensors_save
 
 from services.coordinator.app import create_app
 from services.coordinator.schemas import HeartbeatRequest, RegisterWorkerRequest, WorkerInfo
-from services.learner.model_init import build_initial_policy
 from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError
 from services.rollout.membership import Membership
 from services.rollout.settings import RolloutSettings
@@ -29,11 +28,10 @@ from services.rollout.torch_engine import TorchEngine
 from services.rollout.worker import RolloutWorker
 from shared.bus import StreamBus, connect
 from shared.chunk_server import ChunkServer, ChunkStore
-from shared.config import CoordinatorConfig, ModelConfig, RolloutConfig, RunConfig, ScheduleConfig
+from shared.config import CoordinatorConfig, RolloutConfig, RunConfig, ScheduleConfig
 from shared.keys import RunKeys
 from shared.messages import LearnerState, RolloutGroup, TaskGroup, WeightsPublished
 from shared.redis_server import RedisServer, free_port
-from shared.tasks import TASKS
 from shared.weights import build_manifest
 
 pytestmark = pytest.mark.integration
@@ -96,10 +94,9 @@ class LearnerSide:
         self.bus.redis.set(self.keys.learner_state, state.encode())
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    alphabet = TASKS["arithmetic_mod10"].alphabet
-    return build_initial_policy(ModelConfig(max_position_embeddings=32), alphabet, tmp_path_factory.mktemp("policy"))
+@pytest.fixture
+def model_dir(tiny_policy_dir: Path) -> Path:
+    return tiny_policy_dir  # built once per session in tests/conftest.py
 
 
 @pytest.fixture

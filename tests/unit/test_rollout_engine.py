@@ -9,21 +9,17 @@ import pytest
 import torch
 from safetensors.torch import save as safetensors_save
 
-from services.learner.model_init import build_initial_policy
 from services.rollout.engine import UnencodablePromptError, WeightsLoadError
 from services.rollout.torch_engine import TIED_OUTPUT_KEY, TorchEngine
-from shared.config import ModelConfig
-from shared.tasks import TASKS
 
 torch.set_num_threads(1)
 
 MIXED_PROMPTS = ["3+4=", "12+345=", "9=", "0+0+0+0="]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    alphabet = TASKS["arithmetic_mod10"].alphabet
-    return build_initial_policy(ModelConfig(max_position_embeddings=32), alphabet, tmp_path_factory.mktemp("policy"))
+@pytest.fixture
+def model_dir(tiny_policy_dir: Path) -> Path:
+    return tiny_policy_dir  # built once per session in tests/conftest.py
 
 
 @pytest.fixture
