@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
 import redis
-import uvicorn
-from fastapi import FastAPI
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -22,29 +19,11 @@ from shared.config import CoordinatorConfig, RunConfig, ScheduleConfig
 from shared.keys import RunKeys
 from shared.messages import LearnerState, TaskGroup
 from shared.redis_server import free_port
+from tests.uvicorn_thread import serve
 
 pytestmark = pytest.mark.integration
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
-
-
-@contextlib.contextmanager
-def serve(app: FastAPI) -> Iterator[str]:
-    """Run `app` under uvicorn in a thread; yields its base URL; stops it (lifespan included) on exit."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
-    thread.start()
-    deadline_s = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline_s, "coordinator did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        assert not thread.is_alive(), "coordinator did not stop"
 
 
 def run_config(run_id: str, *, lease_s: float = 5.0, staleness_bound: int = 2) -> RunConfig:

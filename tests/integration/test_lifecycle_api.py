@@ -5,43 +5,22 @@
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
 import redis
-import uvicorn
-from fastapi import FastAPI
 
 from services.coordinator.app import create_app
 from services.coordinator.control import ControlPlane
 from shared.config import ActivationConfig, CoordinatorConfig, GRPOConfig, RunConfig, ScheduleConfig
 from shared.keys import RunKeys
 from shared.messages import LearnerState
-from shared.redis_server import free_port
+from tests.uvicorn_thread import serve
 
 pytestmark = pytest.mark.integration
 
 ADMIN_TOKEN = "lifecycle-admin-token-0123456789"
-
-
-@contextlib.contextmanager
-def serve(app: FastAPI) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline_s = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline_s, "coordinator did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def run_config(run_id: str, **activation: object) -> RunConfig:
