@@ -17,6 +17,8 @@ environment:
   RL_RUN_ID             overrides run_id of the run file
   RL_LOG_LEVEL          logging level (default INFO)
 """
+GIL_SWITCH_INTERVAL_S = 0.0005
+GC_THRESHOLDS = (10_000, 20, 20)  # CPython's default is (700, 10, 10)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -35,7 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     parse_args(argv)
 
+    import gc
     import logging
+    import sys
 
     import uvicorn
 
@@ -51,7 +55,17 @@ def main(argv: list[str] | None = None) -> None:
     log.info("run %s: lease_s=%s staleness_bound=%s heartbeat_interval_s=%s", run.run_id,
              run.coordinator.lease_s, run.schedule.staleness_bound, run.rollout.heartbeat_interval_s)
     app = create_app(run, connect(settings.redis_url), settings.admin_token.get_secret_value())
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+    # The control pass runs in a thread next to the event loop. With the default 5 ms switch interval,
+    # every time the loop waits on a socket the pass keeps the GIL for up to 5 ms before the loop gets it
+    # back: at 1000 heartbeats/s that alone queued heartbeats for hundreds of ms (benchmarks/load_heartbeat.py).
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    # A full collection walked the ~90k objects of the imported libraries and stopped the loop for
+    # 65-120 ms, every ~10 s under load. Frozen, they are never walked again; a larger first generation
+    # lets most per-request garbage die by reference count before any collection runs.
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(), proxy_headers=False)
 
 
 if __name__ == "__main__":

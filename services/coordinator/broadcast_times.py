@@ -10,8 +10,11 @@ never shows v; it does not hold the measurement up, and its unseen swap time is 
 worker that joined after the announcement does not count (its first fetch is a late join, not part
 of the broadcast). The capacity model reads the hash.
 
-Cost: one HSETNX per heartbeat that carries a swap; the completeness check (a pass over the worker
-list) runs only when a worker reports a swap it had not reported before.
+Recording: the heartbeat script (services/coordinator/heartbeat_batch.py) stores a swap the first time a
+worker reports it (every heartbeat repeats the latest one): the swap time per version (`broadcast_swaps`,
+kept SWAPS_TTL_S), the announcement, the version as pending, the worker's latest swap and, for downloads
+of at least MIN_MEASURED_BYTES, its rate. Completing (`complete_pending`, a pass over the worker list)
+runs when such news arrives in a small fleet, and once per control-loop pass always.
 
 Clocks: `announced_at_s` is the learner's clock, `swapped_at_s` the worker's; on one machine (the
 local cluster) they agree, across machines T_bcast carries their skew.
@@ -19,11 +22,9 @@ local cluster) they agree, across machines T_bcast carries their skew.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import redis
 
-from services.coordinator.schemas import WeightSwapReport, WorkerInfo, WorkerState
+from services.coordinator.schemas import WorkerInfo, WorkerState
 from shared.keys import RunKeys
 
 MIN_MEASURED_BYTES = 4 << 20  # below this a download is all latency: no throughput measurement
@@ -35,27 +36,6 @@ class BroadcastTimes:
     def __init__(self, client: redis.Redis, keys: RunKeys) -> None:
         self.redis = client
         self.keys = keys
-
-    def record_swap(
-        self, worker_id: str, report: WeightSwapReport, list_workers: Callable[[], list[WorkerInfo]], complete: bool = True
-    ) -> None:
-        """Note `worker_id`'s swap; when it was news, complete every version it makes complete."""
-        version = report.policy_version
-        swaps_key = self.keys.broadcast_swaps(version)
-        if not self.redis.hsetnx(swaps_key, worker_id, repr(report.swapped_at_s)):
-            return  # the same report again (every heartbeat repeats the latest swap)
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.expire(swaps_key, SWAPS_TTL_S)
-            pipe.hsetnx(self.keys.broadcast_announced, str(version), repr(report.announced_at_s))
-            if not self.redis.hexists(self.keys.broadcast_times, str(version)):
-                pipe.zadd(self.keys.broadcast_pending, {str(version): report.announced_at_s}, nx=True)
-            pipe.hset(self.keys.broadcast_last_swap, worker_id, f"{version}:{report.swapped_at_s!r}")
-            seconds = report.swapped_at_s - report.announced_at_s
-            if report.num_bytes >= MIN_MEASURED_BYTES and seconds > 0:
-                pipe.hset(self.keys.broadcast_throughput, worker_id, repr(report.num_bytes * 8 / seconds / 1e6))
-            pipe.execute()
-        if complete:  # False: the caller runs complete_pending itself (the coordinator's control loop, once a pass)
-            self.complete_pending(list_workers())
 
     def complete_pending(self, workers: list[WorkerInfo]) -> dict[int, float]:
         """Record T_bcast of every pending version every counted worker has accounted for; returns them."""

@@ -4,9 +4,10 @@ machinery (which alone costs ~0.6 ms of CPU per request on a 2-core machine: too
 beating once a second next to Redis and the load generator; benchmarks/load_heartbeat.py).
 
     POST /v1/workers/<id>/heartbeat, "Authorization: Bearer <id>.<secret>", a valid HeartbeatRequest
-        -> one Lua script, atomically: the token's sha256 against the stored one, the lease rule of
-           WorkerRegistry.extend_lease, the reported fields, and whether the reported weight swap is
-           news for T_bcast (only then the broadcast bookkeeping runs, in a thread)
+        -> one entry of a batched call of the heartbeat script (services/coordinator/heartbeat_batch.py),
+           atomically per worker: the token's sha256 against the stored one, the lease, the reported
+           fields, and the reported weight swap recorded for T_bcast (in a small fleet a swap that is
+           news then completes the versions it can, in a thread; in a large one the control loop does)
         -> 200 with the state the control loop decided and the learner's version as of its last pass
     anything else (another token, a bad body, an unknown or dead worker, a wrong token)
         -> handed to the FastAPI endpoint unchanged (body replayed), which answers exactly as before:
@@ -25,14 +26,14 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import redis
-import redis.asyncio
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from services.coordinator.auth import TOKEN_SEPARATOR, token_sha256
 from services.coordinator.broadcast_times import BroadcastTimes
+from services.coordinator.heartbeat_batch import OK, HeartbeatBatcher, HeartbeatEntry
 from services.coordinator.schemas import HeartbeatRequest, HeartbeatResponse
-from services.coordinator.worker_registry import _to_redis_fields
+from services.coordinator.worker_registry import heartbeat_fields
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -40,40 +41,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-# KEYS: worker hash, leases, swaps hash of the reported version (any key when none). ARGV: worker id,
-# token sha256, now_s, new expiry_s, "1" to check the swap, the fields to set as a JSON object of strings.
-# Returns {code, state, swap is news}: code 0 unknown worker, -1 wrong token, 1 dead (now marked so), 2 ok.
-_HEARTBEAT_LUA = """
-local digest = redis.call('HGET', KEYS[1], 'token_sha256')
-if not digest then return {0, '', 0} end
-if digest ~= ARGV[2] then return {-1, '', 0} end
-local state = redis.call('HGET', KEYS[1], 'state')
-if state == 'dead' then return {1, state, 0} end
-local expiry = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if (not expiry) or tonumber(expiry) <= tonumber(ARGV[3]) then
-  redis.call('HSET', KEYS[1], 'state', 'dead')
-  redis.call('ZREM', KEYS[2], ARGV[1])
-  return {1, 'dead', 0}
-end
-redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
-local flat = {'lease_expires_at_s', ARGV[4]}
-for name, value in pairs(cjson.decode(ARGV[6])) do
-  flat[#flat + 1] = name
-  flat[#flat + 1] = value
-end
-redis.call('HSET', KEYS[1], unpack(flat))
-local news = 0
-if ARGV[5] == '1' and redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 then news = 1 end
-return {2, state, news}
-"""
-
-OK = 2
 PATH = re.compile(r"^/v1/workers/([A-Za-z0-9_.-]{1,64})/heartbeat$")
 MAX_BODY_BYTES = 64 * 1024
 INLINE_COMPLETION_MAX_WORKERS = 64
-MAX_CONNECTIONS = 32  # one script call holds a connection for ~0.1 ms
-POOL_WAIT_S = 5.0
-_SHARED_CONNECTION_KWARGS = ("host", "port", "db", "username", "password", "socket_timeout", "socket_connect_timeout")
 
 
 class HeartbeatFastPath:
@@ -82,12 +52,8 @@ class HeartbeatFastPath:
     def __init__(self, app: ASGIApp, sync_client: redis.Redis, state: Any) -> None:
         self.app = app
         self.state = state  # the FastAPI app's state: coordinator, control
-        kwargs = sync_client.connection_pool.connection_kwargs
-        self.connection_kwargs = {name: kwargs[name] for name in _SHARED_CONNECTION_KWARGS if name in kwargs}
-        if "path" in kwargs:  # a unix socket
-            self.connection_kwargs["unix_socket_path"] = kwargs["path"]
-        self._client: redis.asyncio.Redis | None = None
-        self._script: Any = None
+        self.sync_client = sync_client  # where to connect: the batcher dials the same Redis
+        self._batcher: HeartbeatBatcher | None = None
         state.heartbeat_fast_path = self  # so the app's lifespan can close the client
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -105,7 +71,8 @@ class HeartbeatFastPath:
                 if request is not None and await self.serve(worker_id, token, request, send):
                     return
             except (redis.ConnectionError, redis.TimeoutError) as exc:  # as services/coordinator/errors.py: retry
-                await send_json(send, 503, {"detail": f"redis is unreachable: {exc}"}, [(b"retry-after", b"1")])
+                detail = json.dumps({"detail": f"redis is unreachable: {exc}"}).encode()
+                await send_json(send, 503, detail, [(b"retry-after", b"1")])
                 return
         await self.app(scope, replay(body or b"", receive), send)  # FastAPI answers with the reason
 
@@ -130,47 +97,44 @@ class HeartbeatFastPath:
         coordinator = self.state.coordinator
         now_s = coordinator.registry.clock()
         expiry_s = now_s + coordinator.registry.lease_s
-        swap = request.last_swap
-        keys = coordinator.keys
-        fields = _to_redis_fields({**request.model_dump(exclude={"last_swap"}), "last_heartbeat_s": now_s})
-        code, state, news = await self.script()(
-            keys=[keys.worker(worker_id), keys.worker_leases, keys.broadcast_swaps(swap.policy_version) if swap else keys.worker(worker_id)],
-            args=[worker_id, token_sha256(token), repr(now_s), repr(expiry_s), "1" if swap else "0", json.dumps(fields)],
-        )
-        if int(code) != OK:
+        outcome = await self.batcher().submit(HeartbeatEntry(
+            worker_id=worker_id, token_sha256=token_sha256(token), now_s=now_s, expiry_s=expiry_s,
+            fields=heartbeat_fields(request, now_s), swap=request.last_swap,
+        ))
+        if outcome.code != OK:
             return False  # unknown, wrong token or dead: the general path says which
-        if news:  # T_bcast bookkeeping (services/coordinator/broadcast_times.py). Completing a version reads
-            # every worker, per report: O(N^2) a version. Past INLINE_COMPLETION_MAX_WORKERS the control loop
-            # completes versions instead, once a pass.
+        if outcome.swap_is_news:  # the script recorded it; completing a version reads every worker: O(N) per
+            # report, O(N^2) per version. A small fleet completes at once; past INLINE_COMPLETION_MAX_WORKERS
+            # the control loop completes versions, once a pass, and the heartbeat answers without waiting.
             snapshot = self.state.control.snapshot
-            inline = snapshot is None or len(snapshot.workers) <= INLINE_COMPLETION_MAX_WORKERS
-            times = BroadcastTimes(coordinator.redis, keys)
-            await run_in_threadpool(times.record_swap, worker_id, swap, coordinator.registry.list_workers, inline)
+            if snapshot is None or len(snapshot.workers) <= INLINE_COMPLETION_MAX_WORKERS:
+                times, registry = BroadcastTimes(coordinator.redis, coordinator.keys), coordinator.registry
+                await run_in_threadpool(lambda: times.complete_pending(registry.list_workers()))
         learner = self.state.control.learner_view()
         answer = HeartbeatResponse(
-            state=state.decode() if isinstance(state, bytes) else state, lease_expires_at_s=expiry_s,
+            state=outcome.state, lease_expires_at_s=expiry_s,
             learner_version=learner.learner_version, staleness_bound=learner.staleness_bound,
         )
-        await send_json(send, 200, answer.model_dump(mode="json"))
+        await send_json(send, 200, answer.model_dump_json().encode())
         return True
 
-    def script(self) -> Any:
-        if self._client is None:
-            # a burst of heartbeats waits for one of a few connections instead of failing ("Too many connections")
-            pool = redis.asyncio.BlockingConnectionPool(max_connections=MAX_CONNECTIONS, timeout=POOL_WAIT_S, **self.connection_kwargs)
-            self._client = redis.asyncio.Redis(connection_pool=pool)
-            self._script = self._client.register_script(_HEARTBEAT_LUA)
-        return self._script
+    def batcher(self) -> HeartbeatBatcher:
+        if self._batcher is None:  # made on first use: on the event loop that serves the requests
+            self._batcher = HeartbeatBatcher(self.sync_client, self.state.coordinator.keys)
+        return self._batcher
+
+    def batcher_counts(self) -> tuple[int, int]:
+        """(heartbeats served here, Redis script calls that carried them)."""
+        batcher = self._batcher
+        return (batcher.num_entries, batcher.num_calls) if batcher is not None else (0, 0)
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            await self._client.connection_pool.disconnect()
-            self._client = None
+        if self._batcher is not None:
+            await self._batcher.close()
+            self._batcher = None
 
 
-async def send_json(send: Send, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    payload = json.dumps(body).encode()
+async def send_json(send: Send, status: int, payload: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()), *(headers or []),
     ]})

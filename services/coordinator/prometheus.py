@@ -27,8 +27,20 @@ def metrics(request: Request) -> Response:
 
 
 def install_metrics(app: FastAPI, control: ControlPlane) -> None:
-    app.state.metrics_registry = new_registry(CallbackCollector(lambda: coordinator_families(control)))
+    def families() -> Iterator[Metric]:
+        yield from coordinator_families(control)
+        fast_path = getattr(app.state, "heartbeat_fast_path", None)
+        if fast_path is not None:
+            yield from heartbeat_families(fast_path.batcher_counts())
+
+    app.state.metrics_registry = new_registry(CallbackCollector(families))
     app.include_router(router)
+
+
+def heartbeat_families(counts: tuple[int, int]) -> Iterator[Metric]:
+    num_heartbeats, num_calls = counts
+    yield CounterMetricFamily(PREFIX + "coordinator_fast_heartbeats", "heartbeats served on the fast path", value=num_heartbeats)
+    yield CounterMetricFamily(PREFIX + "coordinator_heartbeat_script_calls", "Redis calls that carried them (batched)", value=num_calls)
 
 
 def coordinator_families(control: ControlPlane) -> Iterator[Metric]:

@@ -20,6 +20,14 @@ import redis
 from pydantic import TypeAdapter
 
 from services.coordinator.broadcast_times import BroadcastTimes
+from services.coordinator.heartbeat_batch import (
+    DEAD,
+    HEARTBEAT_LUA,
+    UNKNOWN,
+    HeartbeatEntry,
+    parse_outcomes,
+    script_arguments,
+)
 from services.coordinator.schemas import HeartbeatRequest, RegisterWorkerRequest, WorkerInfo, WorkerState
 from shared.keys import RunKeys
 
@@ -40,23 +48,6 @@ class WorkerRecord(WorkerInfo):
     def public(self) -> WorkerInfo:
         return WorkerInfo.model_validate(self.model_dump(exclude={"token_sha256"}))
 
-
-# KEYS: worker hash, leases. ARGV: worker id, now_s, new expiry_s, then field/value pairs to set.
-# Returns 0: unknown worker, 1: dead (now marked so), else the worker's state: lease extended, fields written.
-_HEARTBEAT_LUA = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return 0 end
-if state == 'dead' then return 1 end
-local expiry = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if (not expiry) or tonumber(expiry) <= tonumber(ARGV[2]) then
-  redis.call('HSET', KEYS[1], 'state', 'dead')
-  redis.call('ZREM', KEYS[2], ARGV[1])
-  return 1
-end
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-redis.call('HSET', KEYS[1], 'lease_expires_at_s', ARGV[3], unpack(ARGV, 4))
-return state
-"""
 
 # KEYS: worker hash, leases. ARGV: worker id, now_s. Marks the worker dead if its lease is still due.
 # Returns 1 when it did.
@@ -105,7 +96,7 @@ end
 return cjson.encode(out)
 """
 _WORKER_LIST = TypeAdapter(list[WorkerInfo])
-LIST_CHUNK = 200
+LIST_CHUNK = 100  # workers per script call: Redis serves no heartbeat while one runs (~5 ms each)
 
 
 class WorkerRegistry:
@@ -116,7 +107,7 @@ class WorkerRegistry:
         self.keys = keys
         self.lease_s = lease_s
         self.clock = clock  # unix seconds; every coordinator sharing a Redis must agree on it roughly
-        self._heartbeat_script = client.register_script(_HEARTBEAT_LUA)
+        self._heartbeat_script = client.register_script(HEARTBEAT_LUA)
         self._expire_script = client.register_script(_EXPIRE_LUA)
         self._set_state_script = client.register_script(_SET_STATE_LUA)
         self._list_script = client.register_script(_LIST_LUA)
@@ -155,22 +146,21 @@ class WorkerRegistry:
         return self.get(worker_id)
 
     def extend_lease(self, worker_id: str, request: HeartbeatRequest) -> tuple[WorkerState, float]:
-        """`heartbeat` without reading the record back: the REST heartbeat's hot path (one script call,
-        plus one HSETNX when the report carries a weight swap). Returns (state, new lease expiry)."""
+        """`heartbeat` without reading the record back: one call of the heartbeat script
+        (services/coordinator/heartbeat_batch.py), which also records a reported weight swap; a swap
+        reported for the first time may complete a version's T_bcast. Returns (state, new lease expiry)."""
         now_s = self.clock()
-        fields = _to_redis_fields({**request.model_dump(exclude={"last_swap"}), "last_heartbeat_s": now_s})
-        flat_fields = [item for pair in fields.items() for item in pair]
-        outcome = self._heartbeat_script(
-            keys=[self.keys.worker(worker_id), self.keys.worker_leases],
-            args=[worker_id, now_s, now_s + self.lease_s, *flat_fields],
-        )
-        if outcome == 0:
+        entry = HeartbeatEntry(worker_id=worker_id, token_sha256="", now_s=now_s, expiry_s=now_s + self.lease_s,
+                               fields=heartbeat_fields(request, now_s), swap=request.last_swap)
+        script_keys, args = script_arguments(self.keys, [entry])
+        (outcome,) = parse_outcomes(self._heartbeat_script(keys=script_keys, args=args))
+        if outcome.code == UNKNOWN:
             raise UnknownWorkerError(f"no worker {worker_id} is registered")
-        if outcome == 1:
+        if outcome.code == DEAD:
             raise WorkerDeadError(f"worker {worker_id} is dead (its lease expired); register again")
-        if request.last_swap is not None:  # T_bcast bookkeeping: services/coordinator/broadcast_times.py
-            BroadcastTimes(self.redis, self.keys).record_swap(worker_id, request.last_swap, self.list_workers)
-        return WorkerState(_text(outcome)), now_s + self.lease_s
+        if outcome.swap_is_news:  # T_bcast bookkeeping: services/coordinator/broadcast_times.py
+            BroadcastTimes(self.redis, self.keys).complete_pending(self.list_workers())
+        return WorkerState(outcome.state), entry.expiry_s
 
     def deregister(self, worker_id: str) -> None:
         self.ensure_known(worker_id)
@@ -244,6 +234,11 @@ class WorkerRegistry:
     def _read_record(self, worker_id: str) -> WorkerRecord | None:
         raw = self.redis.hgetall(self.keys.worker(worker_id))
         return _record_from_redis(raw) if raw else None
+
+
+def heartbeat_fields(request: HeartbeatRequest, now_s: float) -> dict[str, str]:
+    """The record fields a heartbeat stores (its swap report is kept apart, for T_bcast)."""
+    return _to_redis_fields({**request.model_dump(exclude={"last_swap"}), "last_heartbeat_s": now_s})
 
 
 def _to_redis_fields(values: Mapping[str, object]) -> dict[str, str]:

@@ -91,6 +91,8 @@ def test_every_service_serves_parseable_prometheus_metrics(cluster: LocalCluster
     assert set(tokens) == {"worker-0", "worker-1"} and all(value > 0 for value in tokens.values())
     assert {s.labels["component"] for s in coordinator["relayrl_cost_usd"]} == {"learner", "workers"}
     assert coordinator["relayrl_learner_version"][0].value >= 5
+    num_heartbeats = coordinator["relayrl_coordinator_fast_heartbeats"][0].value  # the workers' own heartbeats
+    assert 0 < coordinator["relayrl_coordinator_heartbeat_script_calls"][0].value <= num_heartbeats
 
 
 def chromium(*args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[bytes]:

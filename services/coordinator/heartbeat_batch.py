@@ -1,0 +1,184 @@
+"""The heartbeat script, and heartbeats coalesced into one call of it: the ones that arrive while a call
+is in flight ride the next one.
+
+At 1000 workers beating once a second, one call per heartbeat costs the coordinator's event loop more
+in the Redis client than the rest of the request, and a pause of the host (CPU steal, a GC pass) leaves
+hundreds of calls queued behind each other. Here a burst of N heartbeats is one EVALSHA with N entries:
+the per-call cost is paid once, and the queue a pause leaves behind drains in a few calls. With no
+load a heartbeat goes out alone, at once: batching adds no wait.
+
+Each entry, atomically per worker (the script runs them one after the other; a batch is not a
+transaction across workers):
+  1. the token's sha256 against the stored one (skipped when the caller authenticated already);
+  2. the lease: one that ran out -> the worker is dead (code DEAD); else extended, the reported fields stored;
+  3. the reported weight swap, the first time it is reported: recorded for T_bcast
+     (services/coordinator/broadcast_times.py: the per-version swap, the announcement, the pending
+     version, the worker's latest swap and its measured download rate). Completing a version is the
+     caller's business; the outcome says whether the swap was news.
+Both the REST endpoint (WorkerRegistry.extend_lease, one entry, synchronous) and the hot path
+(services/coordinator/heartbeat_path.py, batched) run this one script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from services.coordinator.broadcast_times import MIN_MEASURED_BYTES, SWAPS_TTL_S
+from services.coordinator.schemas import WeightSwapReport
+from shared.keys import RunKeys
+from shared.redis_script import ScriptConnection
+
+# KEYS: leases, broadcast announced, broadcast times, broadcast pending, broadcast last swap, broadcast
+#   throughput; then 2 per entry: the worker hash, the swaps hash of the reported version (the worker
+#   hash when there is no report).
+# ARGV: the swaps hashes' TTL; then 10 per entry: worker id, token sha256 ('' = authenticated already),
+#   now_s, new expiry_s, the fields to set (a JSON object of strings), the reported version ('' = no
+#   report), announced_at_s, swapped_at_s, the worker's latest-swap value, its download Mbit/s ('' = none).
+# Returns 3 per entry: code (0 unknown worker, -1 wrong token, 1 dead, 2 ok), state, swap is news (0/1).
+HEARTBEAT_LUA = """
+local leases, announced, times, pending, last_swap, throughput = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local out = {}
+for i = 0, (#ARGV - 1) / 10 - 1 do
+  local k, a = 6 + i * 2, 1 + i * 10
+  local worker, swaps = KEYS[k + 1], KEYS[k + 2]
+  local worker_id, digest_in, now_s, expiry_s, fields = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
+  local version, announced_at_s, swapped_at_s, last_swap_value, mbps = ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9], ARGV[a + 10]
+  local code, state, news = 2, '', 0
+  local digest = redis.call('HGET', worker, 'token_sha256')
+  if not digest then
+    code = 0
+  elseif digest_in ~= '' and digest ~= digest_in then
+    code = -1
+  else
+    state = redis.call('HGET', worker, 'state')
+    local expiry = redis.call('ZSCORE', leases, worker_id)
+    if state == 'dead' then
+      code = 1
+    elseif (not expiry) or tonumber(expiry) <= tonumber(now_s) then
+      redis.call('HSET', worker, 'state', 'dead')
+      redis.call('ZREM', leases, worker_id)
+      code, state = 1, 'dead'
+    else
+      redis.call('ZADD', leases, expiry_s, worker_id)
+      local flat = {'lease_expires_at_s', expiry_s}
+      for name, value in pairs(cjson.decode(fields)) do
+        flat[#flat + 1] = name
+        flat[#flat + 1] = value
+      end
+      redis.call('HSET', worker, unpack(flat))
+      if version ~= '' and redis.call('HSETNX', swaps, worker_id, swapped_at_s) == 1 then
+        news = 1
+        redis.call('EXPIRE', swaps, ARGV[1])
+        redis.call('HSETNX', announced, version, announced_at_s)
+        if redis.call('HEXISTS', times, version) == 0 then redis.call('ZADD', pending, 'NX', announced_at_s, version) end
+        redis.call('HSET', last_swap, worker_id, last_swap_value)
+        if mbps ~= '' then redis.call('HSET', throughput, worker_id, mbps) end
+      end
+    end
+  end
+  out[#out + 1] = code
+  out[#out + 1] = state
+  out[#out + 1] = news
+end
+return out
+"""
+
+OK = 2
+UNKNOWN, WRONG_TOKEN, DEAD = 0, -1, 1
+MAX_BATCH = 256  # entries per script call: Redis serves nothing else while a script runs (~5 us an entry)
+
+
+@dataclass(frozen=True)
+class HeartbeatEntry:
+    """One worker's heartbeat as the script takes it."""
+
+    worker_id: str
+    token_sha256: str  # '' when the caller has authenticated the worker already
+    now_s: float
+    expiry_s: float
+    fields: Mapping[str, str]  # the record fields to store (worker_registry.heartbeat_fields)
+    swap: WeightSwapReport | None
+
+
+@dataclass(frozen=True)
+class HeartbeatOutcome:
+    code: int  # OK, UNKNOWN, WRONG_TOKEN or DEAD
+    state: str
+    swap_is_news: bool
+
+
+def script_arguments(keys: RunKeys, entries: Sequence[HeartbeatEntry]) -> tuple[list[str], list[str]]:
+    """(KEYS, ARGV) of one script call carrying `entries`."""
+    script_keys = [keys.worker_leases, keys.broadcast_announced, keys.broadcast_times, keys.broadcast_pending,
+                   keys.broadcast_last_swap, keys.broadcast_throughput]
+    args = [str(SWAPS_TTL_S)]
+    for e in entries:
+        worker_key = keys.worker(e.worker_id)
+        swap = e.swap
+        script_keys += (worker_key, keys.broadcast_swaps(swap.policy_version) if swap else worker_key)
+        args += (e.worker_id, e.token_sha256, repr(e.now_s), repr(e.expiry_s), json.dumps(e.fields))
+        if swap is None:
+            args += ("", "", "", "", "")
+        else:
+            seconds = swap.swapped_at_s - swap.announced_at_s
+            mbps = repr(swap.num_bytes * 8 / seconds / 1e6) if swap.num_bytes >= MIN_MEASURED_BYTES and seconds > 0 else ""
+            args += (str(swap.policy_version), repr(swap.announced_at_s), repr(swap.swapped_at_s),
+                     f"{swap.policy_version}:{swap.swapped_at_s!r}", mbps)
+    return script_keys, args
+
+
+def parse_outcomes(flat: Sequence[Any]) -> list[HeartbeatOutcome]:
+    return [
+        HeartbeatOutcome(int(flat[i]), flat[i + 1].decode() if isinstance(flat[i + 1], bytes) else flat[i + 1], bool(flat[i + 2]))
+        for i in range(0, len(flat), 3)
+    ]
+
+
+class HeartbeatBatcher:
+    """`await submit(entry)` -> its outcome. One call in flight at a time; what queues meanwhile goes
+    out together in the next call. A failed call fails every heartbeat in it with the same error."""
+
+    def __init__(self, client: redis.Redis, keys: RunKeys, max_batch: int = MAX_BATCH) -> None:
+        self.connection = ScriptConnection.like(client, HEARTBEAT_LUA)  # redis-py's asyncio client costs ~8x more a call
+        self.keys = keys
+        self.max_batch = max_batch
+        self._queue: list[tuple[HeartbeatEntry, asyncio.Future[HeartbeatOutcome]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self.num_calls = 0
+        self.num_entries = 0
+
+    async def close(self) -> None:
+        await self.connection.close()
+
+    async def submit(self, entry: HeartbeatEntry) -> HeartbeatOutcome:
+        future: asyncio.Future[HeartbeatOutcome] = asyncio.get_running_loop().create_future()
+        self._queue.append((entry, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush(), name="heartbeat-batch")
+        return await future
+
+    async def _flush(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch:]
+            try:
+                outcomes = await self._call([entry for entry, _ in batch])
+            except Exception as exc:  # boundary: the error belongs to the heartbeats that rode this call
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, future), outcome in zip(batch, outcomes, strict=True):
+                if not future.done():  # the request may have been cancelled (client went away)
+                    future.set_result(outcome)
+
+    async def _call(self, entries: list[HeartbeatEntry]) -> list[HeartbeatOutcome]:
+        outcomes = parse_outcomes(await self.connection.call(*script_arguments(self.keys, entries)))
+        self.num_calls += 1
+        self.num_entries += len(entries)
+        return outcomes
