@@ -2,23 +2,27 @@
 
     python -m benchmarks.load_heartbeat                 # or: make bench-load
     python -m benchmarks.load_heartbeat --workers 1000 --duration-s 45
+    python -m benchmarks.load_heartbeat --baseline cf346b0   # alternate with an older coordinator, same host
 
 Starts a private redis-server and `python -m services.coordinator` (a real uvicorn process, its control
 loop and lease sweeper running), registers N workers over REST, then every simulated worker sends a
 realistic heartbeat (progress counters, throughput, its latest weight swap) once a second on its own
 keep-alive connection, phases spread evenly over the second. The load generator is a small asyncio
-HTTP/1.1 client (one uvloop event loop, raw streams) so it costs the shared 2 cores as little as possible.
-Reports latency percentiles of the heartbeats sent after a warm-up, errors (non-200 answers, timeouts,
-broken connections), the achieved rate, the coordinator's and the load generator's CPU use, how many
-heartbeats shared each Redis call, and the machine's CPU steal (other tenants of this shared host).
-Runs `--repeat` times (3) back to back, each with its own Redis and coordinator, and writes every run to
-benchmarks/results/load_heartbeat.json. Target: no errors, p99 < 100 ms, in every run.
+HTTP/1.1 client (one uvloop event loop, a raw protocol per connection) so it costs the shared 2 cores
+as little as possible. Reports latency percentiles of the heartbeats sent after a warm-up, errors
+(non-200 answers, timeouts, broken connections), the achieved rate, the CPU of the coordinator, Redis
+and the load generator, how many heartbeats shared each Redis call, and the machine's CPU steal (time
+the hypervisor gave to other tenants of this host). Runs `--repeat` times (3), each with its own Redis
+and coordinator; with `--baseline REV` the coordinator of that commit (a temporary git worktree) runs
+in alternation, so both see the same host. Writes every run to benchmarks/results/load_heartbeat.json.
+Target: no errors, p99 < 100 ms.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -30,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -222,23 +227,27 @@ def main() -> None:
     parser.add_argument("--warmup-s", type=float, default=5.0)
     parser.add_argument("--no-swap-reports", action="store_true", help="heartbeats without the latest weight swap")
     parser.add_argument("--repeat", type=int, default=3, help="independent runs, back to back (this machine is noisy)")
+    parser.add_argument("--baseline", metavar="GIT_REV", help="also run the coordinator of this commit, alternating with "
+                        "the working tree's, for a side-by-side comparison under the same host conditions")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
-    runs = []
-    for index in range(args.repeat):
-        print(f"run {index + 1}/{args.repeat}", flush=True)
-        runs.append(measure(args))
-        print(json.dumps(runs[-1], indent=2), flush=True)
+    with contextlib.ExitStack() as stack:
+        trees = {"working tree": REPO_ROOT}
+        if args.baseline:
+            trees = {args.baseline: stack.enter_context(git_worktree(args.baseline)), **trees}
+        runs = []
+        for index in range(args.repeat):
+            for code, tree in trees.items():
+                print(f"run {index + 1}/{args.repeat}: {code}", flush=True)
+                runs.append({"code": code, **measure(args, tree)})
+                print(json.dumps(runs[-1], indent=2), flush=True)
     result = {
         "command": "python -m benchmarks.load_heartbeat " + " ".join(sys.argv[1:]),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores shared by redis, the coordinator and the load generator",
         "workers": args.workers,
         "target": "no errors, p99 < 100 ms",
-        "target_met_in_every_run": all(run["target_met"] for run in runs),
-        "p99_ms_per_run": [run["latency_ms"]["p99"] for run in runs],
-        "errors_per_run": [run["num_errors"] for run in runs],
-        "cpu_steal_percent_per_run": [run["machine_cpu_steal_percent"] for run in runs],
+        "summary": {code: summary([run for run in runs if run["code"] == code]) for code in trees},
         "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -246,8 +255,30 @@ def main() -> None:
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
 
 
-def measure(args: argparse.Namespace) -> dict:
-    """One run: a fresh Redis and coordinator, N workers registered, heartbeats for `duration_s`."""
+def summary(runs: list[dict]) -> dict:
+    return {
+        "target_met_in_every_run": all(run["target_met"] for run in runs),
+        "p99_ms_per_run": [run["latency_ms"]["p99"] for run in runs],
+        "errors_per_run": [run["num_errors"] for run in runs],
+        "coordinator_cpu_ms_per_heartbeat": [run["coordinator_cpu_ms_per_heartbeat"] for run in runs],
+        "cpu_steal_percent_per_run": [run["machine_cpu_steal_percent"] for run in runs],
+    }
+
+
+@contextlib.contextmanager
+def git_worktree(rev: str) -> Iterator[Path]:
+    """A checkout of `rev` beside the repo, removed afterwards; `python -m services.coordinator` run in it
+    imports its code (the current directory comes first on sys.path)."""
+    path = Path(tempfile.mkdtemp(prefix="load-baseline-"))
+    subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], cwd=REPO_ROOT, check=True, capture_output=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO_ROOT, check=False, capture_output=True)
+
+
+def measure(args: argparse.Namespace, tree: Path = REPO_ROOT) -> dict:
+    """One run: a fresh Redis and the coordinator of `tree`, N workers registered, heartbeats for `duration_s`."""
     speed_s = python_speed_s()
     with tempfile.TemporaryDirectory(prefix="load-") as tmp, RedisServer(Path(tmp) / "redis", append_only=True) as redis_server:
         run_file = Path(tmp) / "run.toml"
@@ -255,7 +286,7 @@ def measure(args: argparse.Namespace) -> dict:
         port = free_port()
         env = {**os.environ, "RL_ADMIN_TOKEN": secrets.token_urlsafe(24), "RL_REDIS_URL": redis_server.url,
                "RL_RUN_CONFIG": str(run_file), "RL_COORDINATOR_PORT": str(port), "RL_LOG_LEVEL": "WARNING"}
-        coordinator = subprocess.Popen([sys.executable, "-m", "services.coordinator"], cwd=REPO_ROOT, env=env,
+        coordinator = subprocess.Popen([sys.executable, "-m", "services.coordinator"], cwd=tree, env=env,
                                        stdout=subprocess.DEVNULL, stderr=open(Path(tmp) / "coordinator.log", "wb"))
         try:
             base_url = f"http://127.0.0.1:{port}"
@@ -311,6 +342,7 @@ def measure(args: argparse.Namespace) -> dict:
             "mean": round(statistics.fmean(latencies_ms), 2),
         },
         "coordinator_cpu_cores": round(coordinator_cpu, 2),
+        "coordinator_cpu_ms_per_heartbeat": round(1000 * coordinator_cpu * wall_s / max(1, stats.num_sent), 3),
         "load_generator_cpu_cores": round(client_cpu, 2),
         "redis_cpu_cores": round(redis_cpu, 2),
         "heartbeats_per_redis_call": batching,

@@ -1,6 +1,10 @@
 """The control loop: measure -> assess capacity -> plan activation -> apply states -> bill -> record history.
 
 Runs every `activation.replan_interval_s`, and at once when membership changes (join, drain, leave).
+A pass reads every worker record (O(N): ~60 ms at 1000 workers, ~3x that on a starved host), in a
+thread of the process that also serves heartbeats; passes are spaced so they take at most
+MAX_PASS_DUTY of the time, which at 1000 workers stretches the interval past one second rather than
+let passes slow heartbeats for a tenth of every second (benchmarks/load_heartbeat.py).
 Everything it decides lands in Redis (worker states, the ledger, the history), so any coordinator
 on the same Redis serves the same answers; what it keeps in memory (the learner window, the last
 snapshot) is a cache a restarted coordinator rebuilds within a minute.
@@ -48,6 +52,7 @@ log = logging.getLogger(__name__)
 
 MAX_HISTORY_POINTS = 2000
 MIN_PASS_GAP_S = 0.2  # one pass reads every worker record: O(N), ~50 ms at 1000 workers
+MAX_PASS_DUTY = 0.05  # passes take at most this fraction of the time (the periodic ones; not joins/drains)
 BILLED_STATES = (WorkerState.ACTIVE, WorkerState.DRAINING)
 RUNNING_LEARNER_STATUSES = ("starting", "training")
 
@@ -80,6 +85,7 @@ class ControlPlane:
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_history_version = -1
+        self.last_pass_s = 0.0  # wall seconds of the loop's latest pass
 
     # the loop
     async def run_forever(self) -> None:
@@ -93,13 +99,17 @@ class ControlPlane:
                 log.warning("control pass failed: %s", exc)
             except Exception:  # boundary: a failed pass is logged and retried; the API keeps serving
                 log.exception("control pass failed")
+            self.last_pass_s = time.monotonic() - started_s
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.config.replan_interval_s)
+                await asyncio.wait_for(self._wake.wait(), timeout=self.pass_interval_s())
             except TimeoutError:
                 pass
             # a burst of joins (or a thousand workers registering) runs a pass at most every MIN_PASS_GAP_S
             await asyncio.sleep(max(0.0, started_s + MIN_PASS_GAP_S - time.monotonic()))
             self._wake.clear()
+
+    def pass_interval_s(self) -> float:
+        return pass_interval_s(self.config.replan_interval_s, self.last_pass_s)
 
     def request_replan(self) -> None:
         """Membership changed: run a pass now (callable from any thread)."""
@@ -230,6 +240,12 @@ class ControlPlane:
         if snapshot is None or snapshot.measured.inputs is None:
             return WorkerState.ACTIVE
         return WorkerState.STANDBY
+
+
+def pass_interval_s(replan_interval_s: float, pass_s: float) -> float:
+    """Seconds from one periodic pass to the next: the configured interval, or longer when a pass is
+    slow enough that it would take more than MAX_PASS_DUTY of the time."""
+    return max(replan_interval_s, pass_s / MAX_PASS_DUTY)
 
 
 def capacity_response(measured: MeasuredInputs) -> CapacityResponse:

@@ -55,6 +55,9 @@ def coordinator_families(control: ControlPlane) -> Iterator[Metric]:
         yield gauge("capacity_current_samples_per_second", "sum of the active workers' samples/s", capacity.current_samples_per_s)
         yield gauge("capacity_predicted_utilization", "capacity model: T_train / P*", capacity.predicted_utilization or 0.0)
         yield gauge("capacity_staleness_feasible", "1 if S holds with a learner that never waits", float(bool(capacity.staleness_feasible)))
+    yield gauge("control_pass_seconds", "wall seconds of the control loop's latest pass", control.last_pass_s)
+    yield gauge("control_pass_interval_seconds", "seconds between periodic passes (stretched when passes are slow)",
+                control.pass_interval_s())
     broadcast_s = recent_broadcast_s(coordinator.redis, coordinator.keys)
     if broadcast_s is not None:
         yield gauge("broadcast_seconds", "T_bcast: mean of the newest measured versions", broadcast_s)

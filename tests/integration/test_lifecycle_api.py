@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -12,7 +13,7 @@ import pytest
 import redis
 
 from services.coordinator.app import create_app
-from services.coordinator.control import ControlPlane
+from services.coordinator.control import ControlPlane, pass_interval_s
 from shared.config import ActivationConfig, CoordinatorConfig, GRPOConfig, RunConfig, ScheduleConfig
 from shared.keys import RunKeys
 from shared.messages import LearnerState
@@ -215,3 +216,19 @@ def test_capacity_reports_the_model_on_measured_inputs(start: Start, redis_clien
     # k + ceil((T_bcast + L_gen + D) / C) = 1 + ceil(0.4 / 0.5) = 2 <= S = 2
     assert capacity["min_feasible_staleness"] == 2 and capacity["staleness_feasible"] is True
     assert capacity["predicted_utilization"] == pytest.approx(1.0) and capacity["starved"] is False
+
+
+def test_slow_passes_are_spaced_out_so_they_take_at_most_a_twentieth_of_the_time() -> None:
+    assert pass_interval_s(1.0, 0.005) == 1.0
+    assert pass_interval_s(1.0, 0.15) == pytest.approx(3.0)  # a pass over a large fleet on a starved host
+
+
+def test_the_control_loop_reports_its_pass_time_and_interval(start: Start) -> None:
+    api, control = start()  # replan_interval_s = 0.2
+    deadline_s = time.monotonic() + 10
+    while control.last_pass_s == 0.0:
+        assert time.monotonic() < deadline_s, "no control pass ran"
+        time.sleep(0.05)
+    metrics = {line.split(" ")[0]: float(line.split(" ")[1]) for line in api.get("/metrics").text.splitlines() if line.startswith("relayrl_control_pass")}
+    assert metrics["relayrl_control_pass_seconds"] > 0
+    assert metrics["relayrl_control_pass_interval_seconds"] >= 0.2
