@@ -51,6 +51,8 @@ run_id = "load"
 heartbeat_interval_s = 1.0
 [coordinator]
 lease_s = 30.0
+[activation]
+replan_interval_s = {replan_interval_s}
 """
 REQUEST_TIMEOUT_S = 5.0
 
@@ -227,6 +229,8 @@ def main() -> None:
     parser.add_argument("--warmup-s", type=float, default=5.0)
     parser.add_argument("--no-swap-reports", action="store_true", help="heartbeats without the latest weight swap")
     parser.add_argument("--repeat", type=int, default=3, help="independent runs, back to back (this machine is noisy)")
+    parser.add_argument("--replan-interval-s", type=float, default=1.0,
+                        help="the coordinator's periodic control-loop pass interval (the run file's default: 1)")
     parser.add_argument("--baseline", metavar="GIT_REV", help="also run the coordinator of this commit, alternating with "
                         "the working tree's, for a side-by-side comparison under the same host conditions")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -282,7 +286,7 @@ def measure(args: argparse.Namespace, tree: Path = REPO_ROOT) -> dict:
     speed_s = python_speed_s()
     with tempfile.TemporaryDirectory(prefix="load-") as tmp, RedisServer(Path(tmp) / "redis", append_only=True) as redis_server:
         run_file = Path(tmp) / "run.toml"
-        run_file.write_text(RUN_TOML)
+        run_file.write_text(RUN_TOML.format(replan_interval_s=args.replan_interval_s))
         port = free_port()
         env = {**os.environ, "RL_ADMIN_TOKEN": secrets.token_urlsafe(24), "RL_REDIS_URL": redis_server.url,
                "RL_RUN_CONFIG": str(run_file), "RL_COORDINATOR_PORT": str(port), "RL_LOG_LEVEL": "WARNING"}
@@ -326,6 +330,7 @@ def measure(args: argparse.Namespace, tree: Path = REPO_ROOT) -> dict:
     latencies_ms = [1000 * s for s in stats.latencies_s] or [float("nan")]
     result = {
         "swap_reports": not args.no_swap_reports,
+        "replan_interval_s": args.replan_interval_s,
         "duration_s": args.duration_s,
         "heartbeats_sent": stats.num_sent,
         "heartbeats_measured": len(latencies_ms),

@@ -122,7 +122,7 @@ class ActivationConfig(Section):
         10.0, gt=0, description="throughput assumed for a never-measured worker whose gpu_type has no measured peer"
     )
     activate_free_workers: bool = Field(True, description="workers with price 0 are always active")
-    replan_interval_s: float = Field(1.0, gt=0, description="seconds between planner passes (also run on join/drain/leave)")
+    replan_interval_s: float = Field(1.0, gt=0, description="seconds between planner passes (also run on join/drain/leave; stretched so slow passes take at most 5% of the time)")
     learner_price_per_hour: float = Field(2.5, ge=0, description="$/h billed for the learner while it runs")
     max_billing_gap_s: float = Field(
         10.0, gt=0, description="longest interval billed at once (a coordinator that was down bills no more than this)"

@@ -17,7 +17,6 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-import uvicorn
 
 from services.coordinator.app import create_app
 from services.learner.publish import WeightPublisher
@@ -37,8 +36,9 @@ from shared.config import (
 )
 from shared.keys import ConsumerGroups, RunKeys
 from shared.messages import LearnerState, RolloutGroup, TaskGroup
-from shared.redis_server import RedisServer, free_port
+from shared.redis_server import RedisServer
 from shared.tasks import TASKS
+from tests.uvicorn_thread import serve
 
 pytestmark = pytest.mark.integration
 torch.set_num_threads(1)
@@ -54,19 +54,9 @@ def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 30.0
         time.sleep(interval_s)
 
 
-@contextlib.contextmanager
-def serve_coordinator(run: RunConfig, redis_url: str) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(run, connect(redis_url), ADMIN_TOKEN), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, "coordinator started", timeout_s=10)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+def serve_coordinator(run: RunConfig, redis_url: str) -> contextlib.AbstractContextManager[str]:
+    """The real coordinator app under uvicorn in a thread; yields its base URL."""
+    return serve(create_app(run, connect(redis_url), ADMIN_TOKEN))
 
 
 @pytest.fixture(scope="module")
@@ -168,9 +158,10 @@ def test_a_drained_worker_process_finishes_its_batch_loses_no_task_and_leaves(
         drained = httpx.post(f"{coordinator_url}/v1/workers/{worker['worker_id']}/drain",
                              headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
         assert drained.status_code == 200 and drained.json()["state"] == "draining"
+        # tasks keep coming until it has left: a worker that ignored the drain would never run out of work
+        assert process.wait(timeout=30) == 0
         feeding.clear()
         feeder.join(timeout=5)
-        assert process.wait(timeout=30) == 0
     finally:
         feeding.clear()
         if process.poll() is None:

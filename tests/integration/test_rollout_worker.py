@@ -16,7 +16,6 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-import uvicorn
 from safetensors.torch import save as safetensors_save
 
 from services.coordinator.app import create_app
@@ -33,6 +32,7 @@ from shared.keys import RunKeys
 from shared.messages import LearnerState, RolloutGroup, TaskGroup, WeightsPublished
 from shared.redis_server import RedisServer, free_port
 from shared.weights import build_manifest
+from tests.uvicorn_thread import serve
 
 pytestmark = pytest.mark.integration
 torch.set_num_threads(1)
@@ -42,20 +42,9 @@ ADMIN_TOKEN = "worker-test-admin-token-0123456789"
 STALENESS_BOUND = 1
 
 
-@contextlib.contextmanager
-def serve_coordinator(run: RunConfig, redis_url: str) -> Iterator[str]:
+def serve_coordinator(run: RunConfig, redis_url: str) -> contextlib.AbstractContextManager[str]:
     """The real coordinator app under uvicorn in a thread; yields its base URL."""
-    port = free_port()
-    app = create_app(run, connect(redis_url), ADMIN_TOKEN)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, name="coordinator", daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, "coordinator started", timeout_s=10)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    return serve(create_app(run, connect(redis_url), ADMIN_TOKEN))
 
 
 def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 15.0, interval_s: float = 0.02) -> None:
