@@ -1,7 +1,8 @@
-"""The heartbeat's hot path: a small ASGI layer in front of FastAPI that serves a worker's heartbeat with
-its own token in one Redis round trip, on the event loop, without FastAPI's routing and dependency
-machinery (which alone costs ~0.6 ms of CPU per request on a 2-core machine: too much for 1000 workers
-beating once a second next to Redis and the load generator; benchmarks/load_heartbeat.py).
+"""The heartbeat's hot path: a small ASGI layer in front of FastAPI (CoordinatorAPI in app.py calls it
+first) that serves a worker's heartbeat with its own token on the event loop, in one entry of a shared
+Redis call, without FastAPI's middleware, routing and dependency machinery (which alone cost more CPU
+per request than everything below, on a 2-core machine serving 1000 workers that beat once a second
+next to Redis and the load generator; benchmarks/load_heartbeat.py).
 
     POST /v1/workers/<id>/heartbeat, "Authorization: Bearer <id>.<secret>", a valid HeartbeatRequest
         -> one entry of a batched call of the heartbeat script (services/coordinator/heartbeat_batch.py),
@@ -47,7 +48,7 @@ INLINE_COMPLETION_MAX_WORKERS = 64
 
 
 class HeartbeatFastPath:
-    """ASGI middleware; `app.state.coordinator` and `app.state.control` are read per request."""
+    """An ASGI layer in front of `app`; `state.coordinator` and `state.control` are read per request."""
 
     def __init__(self, app: ASGIApp, sync_client: redis.Redis, state: Any) -> None:
         self.app = app
