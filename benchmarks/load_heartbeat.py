@@ -3,6 +3,7 @@
     python -m benchmarks.load_heartbeat                 # or: make bench-load
     python -m benchmarks.load_heartbeat --workers 1000 --duration-s 45
     python -m benchmarks.load_heartbeat --baseline cf346b0   # alternate with an older coordinator, same host
+    python -m benchmarks.load_heartbeat --burn-cores 1       # with a neighbour process spinning on one core
 
 Starts a private redis-server and `python -m services.coordinator` (a real uvicorn process, its control
 loop and lease sweeper running), registers N workers over REST, then every simulated worker sends a
@@ -231,12 +232,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="independent runs, back to back (this machine is noisy)")
     parser.add_argument("--replan-interval-s", type=float, default=1.0,
                         help="the coordinator's periodic control-loop pass interval (the run file's default: 1)")
+    parser.add_argument("--burn-cores", type=int, default=0,
+                        help="keep this many busy-loop processes running meanwhile: a noisy neighbour you can reproduce")
     parser.add_argument("--baseline", metavar="GIT_REV", help="also run the coordinator of this commit, alternating with "
                         "the working tree's, for a side-by-side comparison under the same host conditions")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
     with contextlib.ExitStack() as stack:
+        for _ in range(args.burn_cores):
+            stack.enter_context(busy_loop())
         trees = {"working tree": REPO_ROOT}
         if args.baseline:
             trees = {args.baseline: stack.enter_context(git_worktree(args.baseline)), **trees}
@@ -267,6 +272,17 @@ def summary(runs: list[dict]) -> dict:
         "coordinator_cpu_ms_per_heartbeat": [run["coordinator_cpu_ms_per_heartbeat"] for run in runs],
         "cpu_steal_percent_per_run": [run["machine_cpu_steal_percent"] for run in runs],
     }
+
+
+@contextlib.contextmanager
+def busy_loop() -> Iterator[None]:
+    """A process spinning on one core until the block ends (stopped by PID)."""
+    process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        process.kill()
+        process.wait()
 
 
 @contextlib.contextmanager
@@ -331,6 +347,7 @@ def measure(args: argparse.Namespace, tree: Path = REPO_ROOT) -> dict:
     result = {
         "swap_reports": not args.no_swap_reports,
         "replan_interval_s": args.replan_interval_s,
+        "busy_loop_processes": args.burn_cores,
         "duration_s": args.duration_s,
         "heartbeats_sent": stats.num_sent,
         "heartbeats_measured": len(latencies_ms),
