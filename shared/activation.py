@@ -105,12 +105,7 @@ def plan_activation(
     total = supply(active)
     reason = "kept: active set within the hysteresis band"
     if total < target * (1 - policy.hysteresis):
-        for c in ranked:
-            if total >= target:
-                break
-            if c.worker_id not in active:
-                active.add(c.worker_id)
-                total += estimates[c.worker_id]
+        total = _add_cheapest_until(active, total, target, ranked, estimates)
         reason = "grew: throughput below target"
     else:
         for c in reversed(ranked):  # most expensive per throughput first
@@ -124,16 +119,22 @@ def plan_activation(
     # re-pick from scratch when that is clearly cheaper (e.g. a cheap worker joined); workers activated
     # less than min_dwell_s ago stay in either way
     greedy = set(free) | {c.worker_id for c in candidates if c.worker_id in active and not settled(c)}
-    greedy_total = supply(greedy)
-    for c in ranked:
-        if greedy_total >= target:
-            break
-        if c.worker_id not in greedy:
-            greedy.add(c.worker_id)
-            greedy_total += estimates[c.worker_id]
+    greedy_total = _add_cheapest_until(greedy, supply(greedy), target, ranked, estimates)
     if greedy_total >= target and cost(greedy) < cost(active) * (1 - policy.hysteresis):
         active, reason = greedy, "re-picked: the cheapest covering set costs clearly less"
     return _plan(by_id, active, estimates, target, reason)
+
+
+def _add_cheapest_until(chosen: set[str], total: float, target: float, ranked: list[Candidate], estimates: dict[str, float]) -> float:
+    """Add workers to `chosen` in `ranked` order (cheapest per throughput first) until their summed
+    throughput `total` reaches `target`; returns the new total."""
+    for c in ranked:
+        if total >= target:
+            break
+        if c.worker_id not in chosen:
+            chosen.add(c.worker_id)
+            total += estimates[c.worker_id]
+    return total
 
 
 def _price_per_throughput(c: Candidate, estimates: dict[str, float]) -> float:

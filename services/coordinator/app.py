@@ -70,8 +70,8 @@ def create_app(run: RunConfig, redis_client: redis.Redis, admin_token: str) -> F
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if hasattr(app.state, "heartbeat_fast_path"):
-            await app.state.heartbeat_fast_path.close()
+        if isinstance(app, CoordinatorAPI) and app.heartbeat_fast_path is not None:
+            await app.heartbeat_fast_path.close()
 
     app = CoordinatorAPI(
         title="relay-rl coordinator",

@@ -55,7 +55,6 @@ class HeartbeatFastPath:
         self.state = state  # the FastAPI app's state: coordinator, control
         self.sync_client = sync_client  # where to connect: the batcher dials the same Redis
         self._batcher: HeartbeatBatcher | None = None
-        state.heartbeat_fast_path = self  # so the app's lifespan can close the client
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         worker_id, token = self.own_heartbeat(scope)

@@ -29,7 +29,7 @@ def metrics(request: Request) -> Response:
 def install_metrics(app: FastAPI, control: ControlPlane) -> None:
     def families() -> Iterator[Metric]:
         yield from coordinator_families(control)
-        fast_path = getattr(app.state, "heartbeat_fast_path", None)
+        fast_path = getattr(app, "heartbeat_fast_path", None)  # CoordinatorAPI's
         if fast_path is not None:
             yield from heartbeat_families(fast_path.batcher_counts())
 

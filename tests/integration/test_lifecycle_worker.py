@@ -29,7 +29,6 @@ from shared.config import (
     ActivationConfig,
     CoordinatorConfig,
     GRPOConfig,
-    ModelConfig,
     RolloutConfig,
     RunConfig,
     ScheduleConfig,
@@ -37,7 +36,6 @@ from shared.config import (
 from shared.keys import ConsumerGroups, RunKeys
 from shared.messages import LearnerState, RolloutGroup, TaskGroup
 from shared.redis_server import RedisServer
-from shared.tasks import TASKS
 from tests.uvicorn_thread import serve
 
 pytestmark = pytest.mark.integration
@@ -59,12 +57,9 @@ def serve_coordinator(run: RunConfig, redis_url: str) -> contextlib.AbstractCont
     return serve(create_app(run, connect(redis_url), ADMIN_TOKEN))
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from services.learner.model_init import build_initial_policy
-
-    return build_initial_policy(ModelConfig(max_position_embeddings=32), TASKS["arithmetic_mod10"].alphabet,
-                                tmp_path_factory.mktemp("policy"))
+@pytest.fixture
+def model_dir(tiny_policy_dir: Path) -> Path:
+    return tiny_policy_dir  # built once per session in tests/conftest.py
 
 
 @pytest.fixture
