@@ -73,12 +73,22 @@ SWAP_ANNOUNCED_AT_S = time.time() - 30.0
 
 def heartbeat_body(worker_index: int, beat: int, with_swap: bool) -> bytes:
     body: dict[str, object] = {
-        "policy_version": 3, "num_groups_done": beat * 2, "num_samples_done": beat * 16, "samples_per_s": 8.0 + worker_index % 7,
-        "generating": True, "tokens_per_s": 120.0, "group_latency_s": 0.8,
+        "policy_version": 3,
+        "num_groups_done": beat * 2,
+        "num_samples_done": beat * 16,
+        "samples_per_s": 8.0 + worker_index % 7,
+        "generating": True,
+        "tokens_per_s": 120.0,
+        "group_latency_s": 0.8,
     }
     if with_swap:  # every heartbeat repeats the worker's latest swap (version 3), as real workers do
-        body["last_swap"] = {"policy_version": 3, "announced_at_s": SWAP_ANNOUNCED_AT_S, "swapped_at_s": SWAP_ANNOUNCED_AT_S + 1.0,
-                             "num_bytes": 500_000, "source_url": "http://127.0.0.1:9/"}
+        body["last_swap"] = {
+            "policy_version": 3,
+            "announced_at_s": SWAP_ANNOUNCED_AT_S,
+            "swapped_at_s": SWAP_ANNOUNCED_AT_S + 1.0,
+            "num_bytes": 500_000,
+            "source_url": "http://127.0.0.1:9/",
+        }
     return json.dumps(body).encode()
 
 
@@ -106,11 +116,11 @@ class Connection(asyncio.Protocol):
             return
         head = bytes(self.buffer[:head_end]).lower()
         length_at = head.find(b"content-length:")
-        length = int(head[length_at + 15:].split(b"\r\n", 1)[0]) if length_at >= 0 else 0
+        length = int(head[length_at + 15 :].split(b"\r\n", 1)[0]) if length_at >= 0 else 0
         if len(self.buffer) < head_end + 4 + length:
             return
         status = int(head.split(b" ", 2)[1])
-        del self.buffer[:head_end + 4 + length]
+        del self.buffer[: head_end + 4 + length]
         if self.answer is not None and not self.answer.done():
             self.answer.set_result(status)
 
@@ -129,12 +139,23 @@ class Connection(asyncio.Protocol):
             self.transport.close()
 
 
-async def worker_loop(index: int, worker_id: str, token: str, port: int, start_at: float, end_at: float,
-                      warmup_until: float, stats: Stats, with_swap: bool) -> None:
+async def worker_loop(
+    index: int,
+    worker_id: str,
+    token: str,
+    port: int,
+    start_at: float,
+    end_at: float,
+    warmup_until: float,
+    stats: Stats,
+    with_swap: bool,
+) -> None:
     """One simulated worker: a keep-alive connection, a heartbeat every second at its own phase."""
     connection = await Connection.open(port)
-    head = (f"POST /v1/workers/{worker_id}/heartbeat HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
-            "Content-Type: application/json\r\n").encode()
+    head = (
+        f"POST /v1/workers/{worker_id}/heartbeat HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+        "Content-Type: application/json\r\n"
+    ).encode()
     beat = 0
     next_at = start_at
     try:
@@ -144,7 +165,9 @@ async def worker_loop(index: int, worker_id: str, token: str, port: int, start_a
             sent_at = time.monotonic()
             stats.num_sent += 1
             try:
-                status = await connection.request(head + b"Content-Length: %d\r\n\r\n" % len(body) + body, REQUEST_TIMEOUT_S)
+                status = await connection.request(
+                    head + b"Content-Length: %d\r\n\r\n" % len(body) + body, REQUEST_TIMEOUT_S
+                )
             except (TimeoutError, ConnectionError) as exc:
                 stats.error("timeout" if isinstance(exc, TimeoutError) else type(exc).__name__)
                 connection.close()
@@ -160,12 +183,16 @@ async def worker_loop(index: int, worker_id: str, token: str, port: int, start_a
         connection.close()
 
 
-async def drive(workers: list[tuple[str, str]], port: int, duration_s: float, warmup_s: float, with_swap: bool) -> Stats:
+async def drive(
+    workers: list[tuple[str, str]], port: int, duration_s: float, warmup_s: float, with_swap: bool
+) -> Stats:
     stats = Stats()
     start = time.monotonic() + 1.0
     end = start + duration_s
     tasks = [
-        asyncio.create_task(worker_loop(i, worker_id, token, port, start + i / len(workers), end, start + warmup_s, stats, with_swap))
+        asyncio.create_task(
+            worker_loop(i, worker_id, token, port, start + i / len(workers), end, start + warmup_s, stats, with_swap)
+        )
         for i, (worker_id, token) in enumerate(workers)
     ]
     await asyncio.gather(*tasks)
@@ -223,19 +250,34 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.load_heartbeat", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.load_heartbeat",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--workers", type=int, default=1000)
     parser.add_argument("--duration-s", type=float, default=45.0)
     parser.add_argument("--warmup-s", type=float, default=5.0)
     parser.add_argument("--no-swap-reports", action="store_true", help="heartbeats without the latest weight swap")
     parser.add_argument("--repeat", type=int, default=3, help="independent runs, back to back (this machine is noisy)")
-    parser.add_argument("--replan-interval-s", type=float, default=1.0,
-                        help="the coordinator's periodic control-loop pass interval (the run file's default: 1)")
-    parser.add_argument("--burn-cores", type=int, default=0,
-                        help="keep this many busy-loop processes running meanwhile: a noisy neighbour you can reproduce")
-    parser.add_argument("--baseline", metavar="GIT_REV", help="also run the coordinator of this commit, alternating with "
-                        "the working tree's, for a side-by-side comparison under the same host conditions")
+    parser.add_argument(
+        "--replan-interval-s",
+        type=float,
+        default=1.0,
+        help="the coordinator's periodic control-loop pass interval (the run file's default: 1)",
+    )
+    parser.add_argument(
+        "--burn-cores",
+        type=int,
+        default=0,
+        help="keep this many busy-loop processes running meanwhile: a noisy neighbour you can reproduce",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="GIT_REV",
+        help="also run the coordinator of this commit, alternating with "
+        "the working tree's, for a side-by-side comparison under the same host conditions",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
@@ -290,24 +332,42 @@ def git_worktree(rev: str) -> Iterator[Path]:
     """A checkout of `rev` beside the repo, removed afterwards; `python -m services.coordinator` run in it
     imports its code (the current directory comes first on sys.path)."""
     path = Path(tempfile.mkdtemp(prefix="load-baseline-"))
-    subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], cwd=REPO_ROOT, check=True, capture_output=True)
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(path), rev], cwd=REPO_ROOT, check=True, capture_output=True
+    )
     try:
         yield path
     finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO_ROOT, check=False, capture_output=True)
+        subprocess.run(
+            ["git", "worktree", "remove", "--force", str(path)], cwd=REPO_ROOT, check=False, capture_output=True
+        )
 
 
 def measure(args: argparse.Namespace, tree: Path = REPO_ROOT) -> dict:
     """One run: a fresh Redis and the coordinator of `tree`, N workers registered, heartbeats for `duration_s`."""
     speed_s = python_speed_s()
-    with tempfile.TemporaryDirectory(prefix="load-") as tmp, RedisServer(Path(tmp) / "redis", append_only=True) as redis_server:
+    with (
+        tempfile.TemporaryDirectory(prefix="load-") as tmp,
+        RedisServer(Path(tmp) / "redis", append_only=True) as redis_server,
+    ):
         run_file = Path(tmp) / "run.toml"
         run_file.write_text(RUN_TOML.format(replan_interval_s=args.replan_interval_s))
         port = free_port()
-        env = {**os.environ, "RL_ADMIN_TOKEN": secrets.token_urlsafe(24), "RL_REDIS_URL": redis_server.url,
-               "RL_RUN_CONFIG": str(run_file), "RL_COORDINATOR_PORT": str(port), "RL_LOG_LEVEL": "WARNING"}
-        coordinator = subprocess.Popen([sys.executable, "-m", "services.coordinator"], cwd=tree, env=env,
-                                       stdout=subprocess.DEVNULL, stderr=open(Path(tmp) / "coordinator.log", "wb"))
+        env = {
+            **os.environ,
+            "RL_ADMIN_TOKEN": secrets.token_urlsafe(24),
+            "RL_REDIS_URL": redis_server.url,
+            "RL_RUN_CONFIG": str(run_file),
+            "RL_COORDINATOR_PORT": str(port),
+            "RL_LOG_LEVEL": "WARNING",
+        }
+        coordinator = subprocess.Popen(
+            [sys.executable, "-m", "services.coordinator"],
+            cwd=tree,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(Path(tmp) / "coordinator.log", "wb"),
+        )
         try:
             base_url = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + 30
@@ -323,7 +383,10 @@ def measure(args: argparse.Namespace, tree: Path = REPO_ROOT) -> dict:
             started = time.monotonic()
             workers = register_workers(base_url, args.workers)
             register_s = time.monotonic() - started
-            print(f"registered {len(workers)} workers in {register_s:.1f}s; heartbeating for {args.duration_s:.0f}s", flush=True)
+            print(
+                f"registered {len(workers)} workers in {register_s:.1f}s; heartbeating for {args.duration_s:.0f}s",
+                flush=True,
+            )
             cpu_before, wall_before, machine_before = cpu_seconds(coordinator.pid), time.monotonic(), cpu_times()
             redis_before = cpu_seconds(redis_server.process.pid)
             client_before = own_cpu_seconds()

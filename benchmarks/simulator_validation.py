@@ -37,8 +37,11 @@ REWARD_POLL_S = 0.05  # the reward service's read block (RL_POLL_BLOCK_MS defaul
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.simulator_validation", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.simulator_validation",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     rows = []
@@ -47,13 +50,20 @@ def main() -> None:
             started = time.monotonic()
             steps, polls, pipeline, run = run_cluster(name, config, num_workers, overrides, Path(tmp))
             measured = measure_run(run, steps, polls, WARMUP_STEPS, pipeline)
-            row = {"name": name, "config": str(config.relative_to(REPO_ROOT)), "workers": num_workers, **predict(
-                run, measured, reward_poll_s=REWARD_POLL_S, max_groups_per_batch=16)}
+            row = {
+                "name": name,
+                "config": str(config.relative_to(REPO_ROOT)),
+                "workers": num_workers,
+                **predict(run, measured, reward_poll_s=REWARD_POLL_S, max_groups_per_batch=16),
+            }
             row["run_wall_s"] = round(time.monotonic() - started, 1)
             rows.append(row)
-            print(f"{name}: measured {row['measured_utilization']:.3f} simulated {row['simulated_utilization']:.3f}"
-                  f" ({100 * row['simulator_relative_error']:+.1f}%) analytic {row['analytic_utilization']:.3f}"
-                  f" ({100 * row['analytic_relative_error']:+.1f}%)", flush=True)
+            print(
+                f"{name}: measured {row['measured_utilization']:.3f} simulated {row['simulated_utilization']:.3f}"
+                f" ({100 * row['simulator_relative_error']:+.1f}%) analytic {row['analytic_utilization']:.3f}"
+                f" ({100 * row['analytic_relative_error']:+.1f}%)",
+                flush=True,
+            )
     result = {
         "command": "python -m benchmarks.simulator_validation",
         "machine": f"{platform.machine()}, {platform.system()}, 2 CPU cores shared by every service",

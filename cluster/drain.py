@@ -24,10 +24,13 @@ def resolve_worker_ids(client: httpx.Client, name_or_id: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m cluster.drain", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m cluster.drain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("worker", help="worker name (as shown on the dashboard) or id")
-    parser.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR, help="the cluster's run folder (default runs/latest)")
+    parser.add_argument(
+        "--run-dir", type=Path, default=DEFAULT_RUN_DIR, help="the cluster's run folder (default runs/latest)"
+    )
     args = parser.parse_args(argv)
     try:
         cluster = read_cluster_env(args.run_dir)
@@ -42,7 +45,9 @@ def main(argv: list[str] | None = None) -> None:
             response = client.post(f"/v1/workers/{worker_id}/drain")
             if response.status_code != 200:
                 sys.exit(f"drain {worker_id}: HTTP {response.status_code}: {response.text}")
-            print(f"{worker_id} ({response.json()['name']}) is {response.json()['state']}: it finishes its batch and leaves")
+            print(
+                f"{worker_id} ({response.json()['name']}) is {response.json()['state']}: it finishes its batch and leaves"
+            )
 
 
 if __name__ == "__main__":

@@ -24,14 +24,24 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RUN_DIR = REPO_ROOT / "runs" / "latest"
 # what a worker needs from cluster.env (the admin token stays out of the worker's environment)
-WORKER_VARIABLES = ("RL_COORDINATOR_URL", "RL_REDIS_URL", "RL_CLUSTER_KEY", "RL_RUN_CONFIG", "RL_RUN_ID", "RL_RUN_DIR", "RL_MODEL_DIR")
+WORKER_VARIABLES = (
+    "RL_COORDINATOR_URL",
+    "RL_REDIS_URL",
+    "RL_CLUSTER_KEY",
+    "RL_RUN_CONFIG",
+    "RL_RUN_ID",
+    "RL_RUN_DIR",
+    "RL_MODEL_DIR",
+)
 
 
 def read_cluster_env(run_dir: Path) -> dict[str, str]:
     """The KEY=VALUE lines of <run_dir>/cluster.env. Raises ValueError with what to do when it is missing."""
     path = run_dir / "cluster.env"
     if not path.exists():
-        raise ValueError(f"{path} not found: start a cluster first (make demo / python -m cluster.local) or pass --run-dir")
+        raise ValueError(
+            f"{path} not found: start a cluster first (make demo / python -m cluster.local) or pass --run-dir"
+        )
     values = {}
     for line in path.read_text().splitlines():
         line = line.strip()
@@ -58,16 +68,21 @@ def worker_environment(cluster: dict[str, str], args: argparse.Namespace) -> dic
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m cluster.join", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR, help="the cluster's run folder (default runs/latest)")
+    parser = argparse.ArgumentParser(
+        prog="python -m cluster.join", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--run-dir", type=Path, default=DEFAULT_RUN_DIR, help="the cluster's run folder (default runs/latest)"
+    )
     parser.add_argument("--name", default=f"joined-{os.getpid()}", help="label shown by the coordinator and dashboard")
     parser.add_argument("--price", type=float, default=0.0, help="$/h this worker costs (0: free, always active)")
     parser.add_argument("--gpu-type", default="cpu", help="accelerator kind reported at registration")
     parser.add_argument("--bandwidth-mbps", type=float, default=1000.0, help="link speed reported at registration")
     parser.add_argument("--region", default="local", help="where it runs")
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: off)")
-    parser.add_argument("--print-env", action="store_true", help="print the worker's environment as shell exports and exit")
+    parser.add_argument(
+        "--print-env", action="store_true", help="print the worker's environment as shell exports and exit"
+    )
     return parser.parse_args(argv)
 
 
@@ -81,9 +96,14 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(f"export {name}={value}" for name, value in env.items()))
         print("python -m services.rollout")
         return
-    print(f"joining {env['RL_COORDINATOR_URL']} (run {env['RL_RUN_ID']}) as {args.name}, ${args.price}/h; Ctrl-C drains it", flush=True)
+    print(
+        f"joining {env['RL_COORDINATOR_URL']} (run {env['RL_RUN_ID']}) as {args.name}, ${args.price}/h; Ctrl-C drains it",
+        flush=True,
+    )
     os.chdir(REPO_ROOT)
-    os.execvpe(sys.executable, [sys.executable, "-m", "services.rollout"], {**os.environ, "PYTHONUNBUFFERED": "1", **env})
+    os.execvpe(
+        sys.executable, [sys.executable, "-m", "services.rollout"], {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+    )
 
 
 if __name__ == "__main__":

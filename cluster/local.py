@@ -118,8 +118,18 @@ class LocalCluster:
         if (model_dir / "config.json").exists():
             return
         subprocess.run(
-            [sys.executable, "-m", "services.learner.model_init", "--config", str(self.config_file()), "--out", str(model_dir)],
-            check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "services.learner.model_init",
+                "--config",
+                str(self.config_file()),
+                "--out",
+                str(model_dir),
+            ],
+            check=True,
+            cwd=REPO_ROOT,
+            stdout=subprocess.DEVNULL,
         )
 
     def start_coordinator(self) -> None:
@@ -249,8 +259,9 @@ def raise_keyboard_interrupt(signum: int, frame: object) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m cluster.local", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m cluster.local", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "demo.toml", help="run TOML file")
     parser.add_argument("--workers", type=int, default=3, help="number of rollout workers")
     parser.add_argument("--run-id", default=None, help="default: <config run_id>-<timestamp>")
@@ -269,11 +280,21 @@ def main() -> None:
     failure: Exception | None = None
     try:
         cluster.start()
-        print(f"run {cluster.run.run_id}: dashboard/API at {cluster.coordinator_url}/docs, logs in {cluster.run_dir}/logs", flush=True)
-        print(f"dashboard: {cluster.coordinator_url}/dashboard | add a worker from another terminal: make worker"
-              f" (python -m cluster.join --name my-worker --price 0.5) | drain it: make drain WORKER=my-worker", flush=True)
-        print("prometheus: " + " ".join(f"{name}={url}" for name, url in cluster.metrics_urls.items())
-              + f" coordinator={cluster.coordinator_url}/metrics", flush=True)
+        print(
+            f"run {cluster.run.run_id}: dashboard/API at {cluster.coordinator_url}/docs, logs in {cluster.run_dir}/logs",
+            flush=True,
+        )
+        print(
+            f"dashboard: {cluster.coordinator_url}/dashboard | add a worker from another terminal: make worker"
+            f" (python -m cluster.join --name my-worker --price 0.5) | drain it: make drain WORKER=my-worker",
+            flush=True,
+        )
+        print(
+            "prometheus: "
+            + " ".join(f"{name}={url}" for name, url in cluster.metrics_urls.items())
+            + f" coordinator={cluster.coordinator_url}/metrics",
+            flush=True,
+        )
         final_status = cluster.wait_until_done(print_progress)
     except KeyboardInterrupt:
         print("interrupted: stopping the cluster", flush=True)
@@ -285,8 +306,17 @@ def main() -> None:
     if failure is not None:
         sys.exit(f"cluster failed: {failure}")
     print(f"report: {cluster.run_dir / 'report.json'}")
-    for key in ("num_steps", "reward_mean_first10", "reward_mean_last10", "eval_accuracy_before", "eval_accuracy_after",
-                "learner_busy_fraction", "max_trained_staleness", "num_dropped_stale", "wall_s"):
+    for key in (
+        "num_steps",
+        "reward_mean_first10",
+        "reward_mean_last10",
+        "eval_accuracy_before",
+        "eval_accuracy_after",
+        "learner_busy_fraction",
+        "max_trained_staleness",
+        "num_dropped_stale",
+        "wall_s",
+    ):
         print(f"  {key}: {report.get(key)}")
 
 

@@ -58,7 +58,12 @@ def start_service(name: str, module: str, env: dict[str, str], log_dir: Path, cw
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **env}
     with open(log_path, "ab") as log_file:
         popen = subprocess.Popen(
-            [sys.executable, "-m", module], env=child_env, cwd=cwd, stdout=log_file, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            [sys.executable, "-m", module],
+            env=child_env,
+            cwd=cwd,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
     return ServiceProcess(name, popen, log_path)

@@ -54,8 +54,15 @@ def summarize(steps: list[dict], evals: list[dict], run: RunConfig, status: dict
         "evals": [{"step": e["eval_step"], "accuracy": e["eval_accuracy"]} for e in evals],
         "num_dead_letters": status.get("num_dead_letters"),
         "cost_usd": status.get("cost_usd"),  # the coordinator's ledger: learner + workers while active
-        "workers": [{"name": w["name"], "policy_version": w["policy_version"], "state": w["state"],
-                     "num_groups_done": w["num_groups_done"]} for w in workers],
+        "workers": [
+            {
+                "name": w["name"],
+                "policy_version": w["policy_version"],
+                "state": w["state"],
+                "num_groups_done": w["num_groups_done"],
+            }
+            for w in workers
+        ],
     }
 
 
@@ -72,8 +79,11 @@ def summarize_broadcast(run_dir: Path) -> dict:
         "num_delta_versions": len(deltas),
         "full_size_bytes": versions[-1]["full_size_bytes"] if versions else None,
         "delta_size_fraction_mean": mean(deltas),
-        "bytes_fraction_overall": round(sum(v["payload_size_bytes"] for v in versions) / sum(v["full_size_bytes"] for v in versions), 4)
-        if versions else None,
+        "bytes_fraction_overall": round(
+            sum(v["payload_size_bytes"] for v in versions) / sum(v["full_size_bytes"] for v in versions), 4
+        )
+        if versions
+        else None,
         "t_bcast_num_versions": len(seconds),
         "t_bcast_mean_s": mean(seconds),
         "t_bcast_max_s": round(max(seconds), 4) if seconds else None,
@@ -90,7 +100,12 @@ def plot(steps: list[dict], evals: list[dict], report: dict, run_dir: Path) -> l
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([s["step"] for s in steps], [s["reward_mean"] for s in steps], label="train reward (mean of step)")
     if evals:
-        ax.plot([e["eval_step"] for e in evals], [e["eval_accuracy"] for e in evals], "o-", label="held-out accuracy (greedy)")
+        ax.plot(
+            [e["eval_step"] for e in evals],
+            [e["eval_accuracy"] for e in evals],
+            "o-",
+            label="held-out accuracy (greedy)",
+        )
     ax.set(xlabel="learner step", ylabel="reward / accuracy", title="Reward vs step", ylim=(0, 1.05))
     ax.legend()
     paths.append(_save(fig, run_dir / "reward_vs_step.png"))
@@ -98,7 +113,9 @@ def plot(steps: list[dict], evals: list[dict], report: dict, run_dir: Path) -> l
     fig, ax = plt.subplots(figsize=(6, 4))
     histogram = report["staleness_histogram"]
     ax.bar([int(lag) for lag in histogram], list(histogram.values()))
-    ax.axvline(report["staleness_bound"] + 0.5, color="red", linestyle="--", label=f"bound S = {report['staleness_bound']}")
+    ax.axvline(
+        report["staleness_bound"] + 0.5, color="red", linestyle="--", label=f"bound S = {report['staleness_bound']}"
+    )
     ax.set(xlabel="staleness t - v of trained groups (steps)", ylabel="groups", title="Staleness of trained groups")
     ax.legend()
     paths.append(_save(fig, run_dir / "staleness_histogram.png"))
@@ -107,8 +124,18 @@ def plot(steps: list[dict], evals: list[dict], report: dict, run_dir: Path) -> l
     step_ids = [s["step"] for s in steps]
     train = [s.get("train_s", 0.0) for s in steps]
     ax.bar(step_ids, train, label="busy (train)", color="tab:green")
-    ax.bar(step_ids, [s.get("idle_s", 0.0) for s in steps], bottom=train, label="idle (waiting for rollouts)", color="tab:red")
-    ax.set(xlabel="learner step", ylabel="seconds", title=f"Learner busy/idle (busy fraction {report['learner_busy_fraction']})")
+    ax.bar(
+        step_ids,
+        [s.get("idle_s", 0.0) for s in steps],
+        bottom=train,
+        label="idle (waiting for rollouts)",
+        color="tab:red",
+    )
+    ax.set(
+        xlabel="learner step",
+        ylabel="seconds",
+        title=f"Learner busy/idle (busy fraction {report['learner_busy_fraction']})",
+    )
     ax.legend()
     paths.append(_save(fig, run_dir / "learner_busy_idle.png"))
     return paths

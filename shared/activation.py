@@ -75,7 +75,9 @@ def estimate_throughputs(candidates: list[Candidate], assumed_samples_per_s: flo
         by_gpu.setdefault(c.gpu_type, []).append(c.samples_per_s)
     fleet_median = statistics.median([c.samples_per_s for c in measured]) if measured else assumed_samples_per_s
     gpu_medians = {gpu: statistics.median(values) for gpu, values in by_gpu.items()}
-    return {c.worker_id: c.samples_per_s if c.measured else gpu_medians.get(c.gpu_type, fleet_median) for c in candidates}
+    return {
+        c.worker_id: c.samples_per_s if c.measured else gpu_medians.get(c.gpu_type, fleet_median) for c in candidates
+    }
 
 
 def plan_activation(
@@ -88,7 +90,9 @@ def plan_activation(
         return _plan(by_id, set(by_id), estimates, math.inf, "requirement unknown: all workers active")
 
     target = required_samples_per_s * (1 + policy.margin)
-    ranked = sorted(candidates, key=lambda c: (_price_per_throughput(c, estimates), -estimates[c.worker_id], c.worker_id))
+    ranked = sorted(
+        candidates, key=lambda c: (_price_per_throughput(c, estimates), -estimates[c.worker_id], c.worker_id)
+    )
     free = {c.worker_id for c in candidates if policy.activate_free_workers and c.price_per_hour == 0}
 
     def supply(ids: set[str]) -> float:
@@ -125,7 +129,9 @@ def plan_activation(
     return _plan(by_id, active, estimates, target, reason)
 
 
-def _add_cheapest_until(chosen: set[str], total: float, target: float, ranked: list[Candidate], estimates: dict[str, float]) -> float:
+def _add_cheapest_until(
+    chosen: set[str], total: float, target: float, ranked: list[Candidate], estimates: dict[str, float]
+) -> float:
     """Add workers to `chosen` in `ranked` order (cheapest per throughput first) until their summed
     throughput `total` reaches `target`; returns the new total."""
     for c in ranked:

@@ -113,7 +113,9 @@ class StreamBus:
     ) -> list[Delivery[M]]:
         """Take over entries another consumer left pending for `min_idle_ms` (XAUTOCLAIM). Entries
         delivered more than `max_deliveries` times are dead-lettered instead of handed out again."""
-        response = self.redis.xautoclaim(stream, group, consumer, min_idle_time=min_idle_ms, start_id="0-0", count=count)
+        response = self.redis.xautoclaim(
+            stream, group, consumer, min_idle_time=min_idle_ms, start_id="0-0", count=count
+        )
         entries = [(entry_id, fields) for entry_id, fields in response[1] if fields is not None]
         deliveries = self._delivery_counts(stream, group, [entry_id for entry_id, _ in entries])
         return self._decode_entries(stream, group, message_type, entries, deliveries)
@@ -126,7 +128,12 @@ class StreamBus:
     def dead_letter(self, delivery: Delivery[Message], error: str) -> None:
         """Move a decoded entry whose processing failed to the dead-letter stream (and ack it)."""
         self._dead_letter_raw(
-            delivery.stream, delivery.group, delivery.message_id, delivery.message.encode(), error, delivery.num_deliveries
+            delivery.stream,
+            delivery.group,
+            delivery.message_id,
+            delivery.message.encode(),
+            error,
+            delivery.num_deliveries,
         )
 
     # inspecting
@@ -153,7 +160,10 @@ class StreamBus:
         return int(self.redis.xlen(stream))
 
     def dead_letters(self, count: int = 100) -> list[DeadLetter]:
-        return [DeadLetter.decode(fields[PAYLOAD_FIELD]) for _, fields in self.redis.xrange(self.dead_letter_stream, count=count)]
+        return [
+            DeadLetter.decode(fields[PAYLOAD_FIELD])
+            for _, fields in self.redis.xrange(self.dead_letter_stream, count=count)
+        ]
 
     # helpers
     def _decode_entries(
@@ -170,7 +180,9 @@ class StreamBus:
             payload = fields.get(PAYLOAD_FIELD, b"")
             num_deliveries = deliveries.get(entry_id, 1)
             if num_deliveries > self.max_deliveries:
-                self._dead_letter_raw(stream, group, entry_id, payload, f"delivered {num_deliveries} times without ack", num_deliveries)
+                self._dead_letter_raw(
+                    stream, group, entry_id, payload, f"delivered {num_deliveries} times without ack", num_deliveries
+                )
                 continue
             try:
                 message = message_type.decode(payload)

@@ -89,7 +89,9 @@ class CapacityInputs:
         if self.train_s <= 0:
             raise ValueError(f"train_s must be > 0, got {self.train_s}")
         if self.staleness_bound < 0 or self.publish_every < 1:
-            raise ValueError(f"need staleness_bound >= 0 and publish_every >= 1, got {self.staleness_bound}, {self.publish_every}")
+            raise ValueError(
+                f"need staleness_bound >= 0 and publish_every >= 1, got {self.staleness_bound}, {self.publish_every}"
+            )
         for name in ("step_overhead_s", "broadcast_s", "group_latency_s", "queue_delay_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -118,7 +120,9 @@ def required_samples_per_s(samples_per_step: int, train_s: float) -> float:
     return samples_per_step / train_s
 
 
-def overlap_required_samples_per_s(samples_per_step: int, train_s: float, broadcast_s: float, publish_every: int) -> float:
+def overlap_required_samples_per_s(
+    samples_per_step: int, train_s: float, broadcast_s: float, publish_every: int
+) -> float:
     """Overlap form: T_bcast + k*R/M <= k*T_train, i.e. M >= k*R / (k*T_train - T_bcast). Infinite when
     T_bcast >= k*T_train: no throughput can hide a broadcast longer than the publish window."""
     window_s = publish_every * train_s - broadcast_s

@@ -41,9 +41,13 @@ def announced_source(announcement: WeightsPublished) -> tuple[str, Payload | Non
     from `manifest_url` = `<base>/v1/weights/<v>[/<payload>]/manifest`."""
     match = _ANNOUNCED_MANIFEST.match(announcement.manifest_url)
     if match is None:
-        raise AnnouncementError(f"manifest_url {announcement.manifest_url!r} is not <http(s) base>/v1/weights/<v>[/<payload>]/manifest")
+        raise AnnouncementError(
+            f"manifest_url {announcement.manifest_url!r} is not <http(s) base>/v1/weights/<v>[/<payload>]/manifest"
+        )
     if int(match[2]) != announcement.policy_version:
-        raise AnnouncementError(f"manifest_url {announcement.manifest_url!r} does not name version {announcement.policy_version}")
+        raise AnnouncementError(
+            f"manifest_url {announcement.manifest_url!r} does not name version {announcement.policy_version}"
+        )
     return match[1], match[3]
 
 
@@ -51,7 +55,11 @@ def manifest_path(policy_version: int | None, payload: Payload | None = None) ->
     """Route of a manifest: the holder's newest full version (None), or version v's full/delta payload."""
     if policy_version is None:
         return "/v1/weights/latest"
-    return f"/v1/weights/{policy_version}/manifest" if payload is None else f"/v1/weights/{policy_version}/{payload}/manifest"
+    return (
+        f"/v1/weights/{policy_version}/manifest"
+        if payload is None
+        else f"/v1/weights/{policy_version}/{payload}/manifest"
+    )
 
 
 def fetch_manifest(
@@ -76,9 +84,7 @@ def fetch_chunk(client: httpx.Client, base_url: str, manifest: Manifest, index: 
     return data
 
 
-def fetch_version(
-    client: httpx.Client, base_url: str, manifest: Manifest, store: ChunkStore | None = None
-) -> bytes:
+def fetch_version(client: httpx.Client, base_url: str, manifest: Manifest, store: ChunkStore | None = None) -> bytes:
     """Every chunk of `manifest` from `base_url`, verified; the blob, verified whole."""
     if store is not None:
         store.add_manifest(manifest)

@@ -262,7 +262,11 @@ def _make_handler(store: ChunkStore, wait_s: float) -> type[BaseHTTPRequestHandl
             except KeyError as exc:
                 return self._send(404, str(exc).encode(), "text/plain")
             if chunk is None:
-                return self._send(504, f"chunk {index} of version {version}/{payload} still missing after {wait_s}s".encode(), "text/plain")
+                return self._send(
+                    504,
+                    f"chunk {index} of version {version}/{payload} still missing after {wait_s}s".encode(),
+                    "text/plain",
+                )
             return self._send(200, chunk, "application/octet-stream")
 
         def _send_stream(self, version: int, payload: Payload, query: dict[str, str]) -> None:
@@ -278,7 +282,9 @@ def _make_handler(store: ChunkStore, wait_s: float) -> type[BaseHTTPRequestHandl
             except ManifestMismatchError as exc:
                 return self._send(409, str(exc).encode(), "text/plain")
             if manifest is None:
-                return self._send(404, f"version {version}/{payload} not held after {wait_manifest_s}s".encode(), "text/plain")
+                return self._send(
+                    404, f"version {version}/{payload} not held after {wait_manifest_s}s".encode(), "text/plain"
+                )
             if not 0 <= first <= manifest.num_chunks:
                 return self._send(400, f"from={first} outside 0..{manifest.num_chunks}".encode(), "text/plain")
             self.send_response(200)

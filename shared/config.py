@@ -77,11 +77,17 @@ class BroadcastConfig(Section):
     )
     version_timeout_s: float = Field(120.0, gt=0, description="a worker gives up on one version after this long")
     relay_num_seeds: int = Field(
-        1, ge=1, description="workers fed by the learner; each gets B_learner / num_seeds, so more pay only on a fast learner uplink"
+        1,
+        ge=1,
+        description="workers fed by the learner; each gets B_learner / num_seeds, so more pay only on a fast learner uplink",
     )
     relay_fanout: int = Field(1, ge=1, description="children per relaying worker (1: chains)")
-    delta: bool = Field(True, description="publish a version as a compressed delta against the previous one when smaller")
-    full_every: int = Field(10, ge=1, description="K: every K-th published version is a full snapshot (1: never a delta)")
+    delta: bool = Field(
+        True, description="publish a version as a compressed delta against the previous one when smaller"
+    )
+    full_every: int = Field(
+        10, ge=1, description="K: every K-th published version is a full snapshot (1: never a delta)"
+    )
     delta_zstd_level: int = Field(3, ge=1, le=22, description="zstd level of delta payloads")
 
     @model_validator(mode="after")
@@ -103,7 +109,9 @@ class DataConfig(Section):
     """Data plane backpressure."""
 
     max_groups_in_flight: int = Field(
-        0, ge=0, description="tasks+rollouts+scored not yet read by the learner; 0 means groups_per_step * max(1, S - 1)"
+        0,
+        ge=0,
+        description="tasks+rollouts+scored not yet read by the learner; 0 means groups_per_step * max(1, S - 1)",
     )
 
 
@@ -116,13 +124,21 @@ class ActivationConfig(Section):
 
     enabled: bool = Field(True, description="false: every live worker is active (no standby)")
     margin: float = Field(0.2, ge=0, le=10, description="provision (1 + margin) times the required throughput")
-    hysteresis: float = Field(0.15, ge=0, lt=1, description="relative band around the target inside which nothing changes")
-    min_dwell_s: float = Field(10.0, ge=0, description="a worker keeps its state at least this long unless capacity is short")
+    hysteresis: float = Field(
+        0.15, ge=0, lt=1, description="relative band around the target inside which nothing changes"
+    )
+    min_dwell_s: float = Field(
+        10.0, ge=0, description="a worker keeps its state at least this long unless capacity is short"
+    )
     assumed_samples_per_s: float = Field(
         10.0, gt=0, description="throughput assumed for a never-measured worker whose gpu_type has no measured peer"
     )
     activate_free_workers: bool = Field(True, description="workers with price 0 are always active")
-    replan_interval_s: float = Field(1.0, gt=0, description="seconds between planner passes (also run on join/drain/leave; stretched so slow passes take at most 5% of the time)")
+    replan_interval_s: float = Field(
+        1.0,
+        gt=0,
+        description="seconds between planner passes (also run on join/drain/leave; stretched so slow passes take at most 5% of the time)",
+    )
     learner_price_per_hour: float = Field(2.5, ge=0, description="$/h billed for the learner while it runs")
     max_billing_gap_s: float = Field(
         10.0, gt=0, description="longest interval billed at once (a coordinator that was down bills no more than this)"

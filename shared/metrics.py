@@ -90,7 +90,9 @@ def learner_families(state: LearnerState | None) -> Iterator[Metric]:
     for lag, count in sorted(state.staleness_histogram.items(), key=lambda item: int(item[0])):
         trained.add_metric([lag], count)
     yield trained
-    dropped = CounterMetricFamily(PREFIX + "learner_dropped_groups", "groups refused by the admission rule, by reason", labels=["reason"])
+    dropped = CounterMetricFamily(
+        PREFIX + "learner_dropped_groups", "groups refused by the admission rule, by reason", labels=["reason"]
+    )
     for reason, count in sorted(state.num_dropped.items()):
         dropped.add_metric([reason], count)
     yield dropped
@@ -98,7 +100,9 @@ def learner_families(state: LearnerState | None) -> Iterator[Metric]:
 
 # streams (reward service and coordinator)
 def stream_depth_families(bus: StreamBus, keys: RunKeys) -> Iterator[Metric]:
-    depth = GaugeMetricFamily(PREFIX + "stream_depth", "entries not finished by the stream's consumer group", labels=["stream"])
+    depth = GaugeMetricFamily(
+        PREFIX + "stream_depth", "entries not finished by the stream's consumer group", labels=["stream"]
+    )
     for name, group in STREAM_GROUPS.items():
         depth.add_metric([name], bus.backlog(getattr(keys, name), group))
     depth.add_metric(["dead"], bus.length(keys.dead))
@@ -114,15 +118,41 @@ def reward_families(num_scored: int, num_tasks_published: int) -> Iterator[Metri
 def rollout_families(worker: str, report: object) -> Iterator[Metric]:
     """`report` is a services.coordinator.schemas.HeartbeatRequest (kept untyped: shared/ does not import services/)."""
     labels = {"worker": worker}
-    yield gauge("worker_policy_version", "version the engine samples with (-1: none yet)", report.policy_version, labels)
-    yield gauge("worker_samples_per_second", "samples per second of generation time (recent window)", report.samples_per_s, labels)
-    yield gauge("worker_tokens_per_second", "completion tokens per second of generation time (recent window)", report.tokens_per_s, labels)
-    yield gauge("worker_group_latency_seconds", "mean seconds of one engine call (a batch of groups)", report.group_latency_s, labels)
-    yield gauge("worker_generating", "1 while generating, 0 while gated, on standby or waiting for tasks", float(report.generating), labels)
+    yield gauge(
+        "worker_policy_version", "version the engine samples with (-1: none yet)", report.policy_version, labels
+    )
+    yield gauge(
+        "worker_samples_per_second",
+        "samples per second of generation time (recent window)",
+        report.samples_per_s,
+        labels,
+    )
+    yield gauge(
+        "worker_tokens_per_second",
+        "completion tokens per second of generation time (recent window)",
+        report.tokens_per_s,
+        labels,
+    )
+    yield gauge(
+        "worker_group_latency_seconds",
+        "mean seconds of one engine call (a batch of groups)",
+        report.group_latency_s,
+        labels,
+    )
+    yield gauge(
+        "worker_generating",
+        "1 while generating, 0 while gated, on standby or waiting for tasks",
+        float(report.generating),
+        labels,
+    )
     groups = CounterMetricFamily(PREFIX + "worker_groups", "groups published", labels=["worker"])
     groups.add_metric([worker], report.num_groups_done)
     yield groups
     swap = report.last_swap
     if swap is not None:
-        yield gauge("worker_broadcast_seconds", "announcement -> swap of the newest version this worker holds",
-                    max(0.0, swap.swapped_at_s - swap.announced_at_s), labels)
+        yield gauge(
+            "worker_broadcast_seconds",
+            "announcement -> swap of the newest version this worker holds",
+            max(0.0, swap.swapped_at_s - swap.announced_at_s),
+            labels,
+        )

@@ -37,8 +37,16 @@ class ScriptConnection:
     One call at a time per connection (callers batch: services/coordinator/heartbeat_batch.py)."""
 
     def __init__(
-        self, script: str, *, host: str = "127.0.0.1", port: int = 6379, db: int = 0, username: str | None = None,
-        password: str | None = None, unix_socket_path: str | None = None, timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        self,
+        script: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 6379,
+        db: int = 0,
+        username: str | None = None,
+        password: str | None = None,
+        unix_socket_path: str | None = None,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
         tls: bool = False,
     ) -> None:
         self.script = script
@@ -57,9 +65,15 @@ class ScriptConnection:
         """A connection to the same Redis (address, database, credentials) as a redis-py client."""
         kwargs = client.connection_pool.connection_kwargs
         return cls(
-            script, host=kwargs.get("host", "127.0.0.1"), port=kwargs.get("port", 6379), db=kwargs.get("db", 0),
-            username=kwargs.get("username"), password=kwargs.get("password"), unix_socket_path=kwargs.get("path"),
-            timeout_s=kwargs.get("socket_timeout"), tls=issubclass(client.connection_pool.connection_class, redis.SSLConnection),
+            script,
+            host=kwargs.get("host", "127.0.0.1"),
+            port=kwargs.get("port", 6379),
+            db=kwargs.get("db", 0),
+            username=kwargs.get("username"),
+            password=kwargs.get("password"),
+            unix_socket_path=kwargs.get("path"),
+            timeout_s=kwargs.get("socket_timeout"),
+            tls=issubclass(client.connection_pool.connection_class, redis.SSLConnection),
         )
 
     async def call(self, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
@@ -101,10 +115,14 @@ class ScriptConnection:
         if self.unix_socket_path:
             self._reader, self._writer = await asyncio.open_unix_connection(self.unix_socket_path)
         else:
-            self._reader, self._writer = await asyncio.open_connection(self.host, self.port, ssl=True if self.tls else None)
+            self._reader, self._writer = await asyncio.open_connection(
+                self.host, self.port, ssl=True if self.tls else None
+            )
         self._parser = hiredis.Reader()
         if self.password is not None:
-            reply = await self._round_trip(pack_command("AUTH", *([self.username] if self.username else []), self.password))
+            reply = await self._round_trip(
+                pack_command("AUTH", *([self.username] if self.username else []), self.password)
+            )
             if isinstance(reply, hiredis.ReplyError):
                 await self.close()
                 raise redis.AuthenticationError(str(reply))

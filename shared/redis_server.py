@@ -56,18 +56,29 @@ class RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [
             find_server_binary(),
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", str(self.data_dir.resolve()),
-            "--save", "",
-            "--appendonly", "yes" if self.append_only else "no",
-            "--appendfsync", "everysec",
-            "--protected-mode", "no",
-            "--loglevel", "warning",
-            "--logfile", str((self.data_dir / "redis.log").resolve()),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.data_dir.resolve()),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.append_only else "no",
+            "--appendfsync",
+            "everysec",
+            "--protected-mode",
+            "no",
+            "--loglevel",
+            "warning",
+            "--logfile",
+            str((self.data_dir / "redis.log").resolve()),
         ]
         # Its own session: a terminal's Ctrl-C must not kill Redis before the services using it stop.
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         self._wait_ready(timeout_s)
         return self
 
@@ -76,7 +87,9 @@ class RedisServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
-                raise RedisServerError(f"redis-server exited with {self.process.returncode}; see {self.data_dir}/redis.log")
+                raise RedisServerError(
+                    f"redis-server exited with {self.process.returncode}; see {self.data_dir}/redis.log"
+                )
             try:
                 version = client.info("server")["redis_version"]
             except redis.ConnectionError:

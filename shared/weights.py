@@ -50,7 +50,9 @@ class Manifest(BaseModel):
     run_id: str = Field(min_length=1)
     policy_version: int = Field(ge=0)
     format: Literal["safetensors"] = "safetensors"
-    payload: Payload = Field("full", description="full: the safetensors bytes; delta: shared.delta bytes against base_version")
+    payload: Payload = Field(
+        "full", description="full: the safetensors bytes; delta: shared.delta bytes against base_version"
+    )
     total_size_bytes: int = Field(ge=0, description="bytes of this payload")
     chunk_size_bytes: int = Field(ge=1)
     chunk_sha256: list[str]
@@ -67,14 +69,18 @@ class Manifest(BaseModel):
     def _chunk_count_matches_size(self) -> Self:
         expected = -(-self.total_size_bytes // self.chunk_size_bytes)
         if len(self.chunk_sha256) != expected:
-            raise ValueError(f"{len(self.chunk_sha256)} chunk hashes for {self.total_size_bytes} bytes in chunks of {self.chunk_size_bytes}")
+            raise ValueError(
+                f"{len(self.chunk_sha256)} chunk hashes for {self.total_size_bytes} bytes in chunks of {self.chunk_size_bytes}"
+            )
         return self
 
     @model_validator(mode="after")
     def _payload_fields_agree(self) -> Self:
         if self.payload == "full":
             if (self.full_size_bytes, self.full_sha256) != (self.total_size_bytes, self.blob_sha256):
-                raise ValueError("a full payload must describe itself: full_size_bytes/full_sha256 != total_size_bytes/blob_sha256")
+                raise ValueError(
+                    "a full payload must describe itself: full_size_bytes/full_sha256 != total_size_bytes/blob_sha256"
+                )
             if self.base_version != -1 or self.base_sha256 or self.codec:
                 raise ValueError("a full payload has no base_version, base_sha256 or codec")
         elif self.base_version < 0 or not self.base_sha256 or not self.codec:

@@ -41,11 +41,16 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m simulator", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=int, nargs="+", default=[10, 100, 1000, 5000], help="fleet sizes (10 to 5000)")
+    parser = argparse.ArgumentParser(
+        prog="python -m simulator", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=[10, 100, 1000, 5000], help="fleet sizes (10 to 5000)"
+    )
     parser.add_argument("--steps", type=int, default=30, help="learner steps per simulated run")
-    parser.add_argument("--payload-gb", type=float, default=0.32, help="bytes broadcast per version (0.32: LoRA r=64; 15.2: bf16 7B)")
+    parser.add_argument(
+        "--payload-gb", type=float, default=0.32, help="bytes broadcast per version (0.32: LoRA r=64; 15.2: bf16 7B)"
+    )
     parser.add_argument("--staleness-bound", type=int, default=4, help="S")
     parser.add_argument("--publish-every", type=int, default=1, help="k")
     parser.add_argument("--seed", type=int, default=0)
@@ -57,22 +62,39 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for num_workers in args.workers:
         started = time.monotonic()
-        row = compare(Scenario(num_workers=num_workers, num_steps=args.steps, payload_gb=args.payload_gb,
-                               staleness_bound=args.staleness_bound, publish_every=args.publish_every, seed=args.seed))
+        row = compare(
+            Scenario(
+                num_workers=num_workers,
+                num_steps=args.steps,
+                payload_gb=args.payload_gb,
+                staleness_bound=args.staleness_bound,
+                publish_every=args.publish_every,
+                seed=args.seed,
+            )
+        )
         rows.append(row)
-        print(f"{num_workers} workers: cost ratio {row['cost_ratio']:.2f}, utilization "
-              f"{row['decentralized']['learner_utilization']:.3f} vs {row['centralized']['learner_utilization']:.3f}"
-              f" ({time.monotonic() - started:.1f}s)", flush=True)
+        print(
+            f"{num_workers} workers: cost ratio {row['cost_ratio']:.2f}, utilization "
+            f"{row['decentralized']['learner_utilization']:.3f} vs {row['centralized']['learner_utilization']:.3f}"
+            f" ({time.monotonic() - started:.1f}s)",
+            flush=True,
+        )
     table = markdown_table(rows)
     print(table)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({
-            "command": " ".join(["python -m simulator", *(sys.argv[1:] if argv is None else argv)]),
-            "assumptions": {"fleet": fleet.__doc__, "workload_and_baseline": cost.__doc__},
-            "table_markdown": table,
-            "rows": rows,
-        }, indent=2) + "\n")
+        args.out.write_text(
+            json.dumps(
+                {
+                    "command": " ".join(["python -m simulator", *(sys.argv[1:] if argv is None else argv)]),
+                    "assumptions": {"fleet": fleet.__doc__, "workload_and_baseline": cost.__doc__},
+                    "table_markdown": table,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         print(f"wrote {args.out}")
 
 

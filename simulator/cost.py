@@ -57,16 +57,38 @@ class Scenario:
         return max(1, math.ceil(samples_per_s / LEARNER_SAMPLES_PER_S_PER_H100))
 
 
-def sim_config(scenario: Scenario, assumptions: FleetAssumptions, *, activation: ActivationPolicy | None, learner_price: float,
-               fabric: bool) -> SimConfig:
+def sim_config(
+    scenario: Scenario,
+    assumptions: FleetAssumptions,
+    *,
+    activation: ActivationPolicy | None,
+    learner_price: float,
+    fabric: bool,
+) -> SimConfig:
     return SimConfig(
-        group_size=scenario.group_size, groups_per_step=scenario.groups_per_step(assumptions), num_steps=scenario.num_steps,
-        train_s=scenario.train_s, train_s_sigma=0.05, staleness_bound=scenario.staleness_bound,
-        publish_every=scenario.publish_every, step_overhead_s=1.0, max_groups_per_batch=scenario.max_groups_per_batch,
-        call_overhead_s=0.5, scoring_s=0.5, payload_bytes=scenario.payload_gb * 1e9, chunk_bytes=4 << 20,
-        learner_uplink_mbps=100_000.0 if fabric else scenario.learner_uplink_mbps, relay_num_seeds=4, relay_fanout=2,
-        claim_idle_s=60.0, lease_s=15.0, replan_interval_s=10.0, activation=activation,
-        learner_price_per_hour=learner_price, max_sim_s=scenario.num_steps * scenario.train_s * 50, seed=scenario.seed,
+        group_size=scenario.group_size,
+        groups_per_step=scenario.groups_per_step(assumptions),
+        num_steps=scenario.num_steps,
+        train_s=scenario.train_s,
+        train_s_sigma=0.05,
+        staleness_bound=scenario.staleness_bound,
+        publish_every=scenario.publish_every,
+        step_overhead_s=1.0,
+        max_groups_per_batch=scenario.max_groups_per_batch,
+        call_overhead_s=0.5,
+        scoring_s=0.5,
+        payload_bytes=scenario.payload_gb * 1e9,
+        chunk_bytes=4 << 20,
+        learner_uplink_mbps=100_000.0 if fabric else scenario.learner_uplink_mbps,
+        relay_num_seeds=4,
+        relay_fanout=2,
+        claim_idle_s=60.0,
+        lease_s=15.0,
+        replan_interval_s=10.0,
+        activation=activation,
+        learner_price_per_hour=learner_price,
+        max_sim_s=scenario.num_steps * scenario.train_s * 50,
+        seed=scenario.seed,
     )
 
 
@@ -75,16 +97,23 @@ def compare(scenario: Scenario, assumptions: FleetAssumptions | None = None) -> 
     assumptions = assumptions or FleetAssumptions()
     learner_gpus = scenario.learner_gpus(assumptions)
     learner_price = learner_gpus * GPU_TYPES["H100"].price_per_hour
-    policy = ActivationPolicy(margin=scenario.margin, hysteresis=0.15, min_dwell_s=60.0,
-                              assumed_samples_per_s=sum(GPU_TYPES[n].samples_per_s * s for n, s in WAN_MIX.items()))
+    policy = ActivationPolicy(
+        margin=scenario.margin,
+        hysteresis=0.15,
+        min_dwell_s=60.0,
+        assumed_samples_per_s=sum(GPU_TYPES[n].samples_per_s * s for n, s in WAN_MIX.items()),
+    )
     sampler = FleetSampler(assumptions, seed=scenario.seed)
     fleet = [sampler.draw() for _ in range(scenario.num_workers)]
-    decentralized = simulate(sim_config(scenario, assumptions, activation=policy, learner_price=learner_price, fabric=False),
-                             fleet, sampler)
+    decentralized = simulate(
+        sim_config(scenario, assumptions, activation=policy, learner_price=learner_price, fabric=False), fleet, sampler
+    )
     required = scenario.groups_per_step(assumptions) * scenario.group_size / scenario.train_s
     num_h100 = math.ceil(required * (1 + scenario.margin) / GPU_TYPES["H100"].samples_per_s)
-    centralized = simulate(sim_config(scenario, assumptions, activation=None, learner_price=learner_price, fabric=True),
-                           centralized_fleet(num_h100))
+    centralized = simulate(
+        sim_config(scenario, assumptions, activation=None, learner_price=learner_price, fabric=True),
+        centralized_fleet(num_h100),
+    )
     return {
         "num_workers": scenario.num_workers,
         "learner_h100s": learner_gpus,
@@ -94,7 +123,9 @@ def compare(scenario: Scenario, assumptions: FleetAssumptions | None = None) -> 
         "centralized": {**summarize(centralized), "rollout_h100s": num_h100},
         "cost_ratio": round(decentralized.usd_per_step / centralized.usd_per_step, 3),
         "rollout_cost_ratio": round(
-            (decentralized.workers_usd / max(1, decentralized.num_steps)) / (centralized.workers_usd / max(1, centralized.num_steps)), 3
+            (decentralized.workers_usd / max(1, decentralized.num_steps))
+            / (centralized.workers_usd / max(1, centralized.num_steps)),
+            3,
         ),
         "scenario": asdict(scenario),
     }

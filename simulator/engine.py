@@ -254,7 +254,9 @@ class Simulation:
         self.set_state(w, "dead")
         self.schedule(self.now + self.config.lease_s, Kind.DEATH_DETECTED, w.index)
         if self.sampler is not None:
-            self.schedule(self.now + self.sampler.rejoin_delay_s(), Kind.JOIN, self.add_worker(self.sampler.draw(self.now)))
+            self.schedule(
+                self.now + self.sampler.rejoin_delay_s(), Kind.JOIN, self.add_worker(self.sampler.draw(self.now))
+            )
 
     def set_state(self, w: SimWorker, state: str) -> None:
         if state == w.state:
@@ -279,7 +281,9 @@ class Simulation:
         return -1
 
     def next_arrival_s(self, w: SimWorker, held: int) -> float | None:
-        arrivals = [v.published_at_s + v.offsets[w.index] for v in self.versions if v.version > held and w.index in v.offsets]
+        arrivals = [
+            v.published_at_s + v.offsets[w.index] for v in self.versions if v.version > held and w.index in v.offsets
+        ]
         if w.late_version is not None and w.late_version[0] > held:
             arrivals.append(w.late_version[1])
         future = [a for a in arrivals if a > self.now]
@@ -366,7 +370,9 @@ class Simulation:
             self.batch_count = 0
             self.staleness.update(self.batch_lags)
             self.batch_lags = Counter()
-            train_s = config.train_s * (math.exp(self.rng.gauss(0, config.train_s_sigma)) if config.train_s_sigma else 1.0)
+            train_s = config.train_s * (
+                math.exp(self.rng.gauss(0, config.train_s_sigma)) if config.train_s_sigma else 1.0
+            )
             self.train_s_total += train_s
             self.step_train_s.append(train_s)
             self.learner_busy = True
@@ -389,8 +395,11 @@ class Simulation:
         else:
             nodes = [RelayNode(w.index, w.spec.bandwidth_mbps, w.spec.latency_s, w.state == "active") for w in live]
             offsets = broadcast_offsets(
-                nodes, payload_bytes=self.config.payload_bytes, chunk_bytes=self.config.chunk_bytes,
-                learner_uplink_mbps=self.config.learner_uplink_mbps, num_seeds=self.config.relay_num_seeds,
+                nodes,
+                payload_bytes=self.config.payload_bytes,
+                chunk_bytes=self.config.chunk_bytes,
+                learner_uplink_mbps=self.config.learner_uplink_mbps,
+                num_seeds=self.config.relay_num_seeds,
                 fanout=self.config.relay_fanout,
             )
         self.versions.append(Version(version, self.now, offsets))
@@ -414,7 +423,14 @@ class Simulation:
         if self.config.activation is None:
             return
         candidates = [
-            Candidate(w.spec.worker_id, w.spec.price_per_hour, w.measured_mu, w.spec.gpu_type, w.state == "active", w.state_since_s)
+            Candidate(
+                w.spec.worker_id,
+                w.spec.price_per_hour,
+                w.measured_mu,
+                w.spec.gpu_type,
+                w.state == "active",
+                w.state_since_s,
+            )
             for w in self.workers
             if w.state != "dead"
         ]
@@ -448,7 +464,9 @@ class Simulation:
             step_overhead_s=c.step_overhead_s,
             broadcast_s=statistics.fmean(self.broadcast_s[-10:]) if self.broadcast_s else 0.0,
             group_latency_s=max((w.batch_latency_s for w in active if w.measured_mu > 0), default=0.0),
-            queue_delay_s=max(0, queued - c.groups_per_step) / c.groups_per_step * (statistics.fmean(recent) + c.step_overhead_s),
+            queue_delay_s=max(0, queued - c.groups_per_step)
+            / c.groups_per_step
+            * (statistics.fmean(recent) + c.step_overhead_s),
             worker_samples_per_s=tuple(w.measured_mu for w in active if w.measured_mu > 0),
         )
 

@@ -83,7 +83,9 @@ class FleetSampler:
         gpu = GPU_TYPES[rng.choices(names, weights=weights)[0]]
         low, high = a.bandwidth_range_mbps
         bandwidth = min(high, max(low, a.bandwidth_median_mbps * math.exp(rng.gauss(0.0, a.bandwidth_sigma))))
-        fails_after = rng.expovariate(1.0 / a.mean_time_to_failure_s) if math.isfinite(a.mean_time_to_failure_s) else math.inf
+        fails_after = (
+            rng.expovariate(1.0 / a.mean_time_to_failure_s) if math.isfinite(a.mean_time_to_failure_s) else math.inf
+        )
         self.num_drawn += 1
         return WorkerSpec(
             worker_id=f"sim-{self.num_drawn:05d}",

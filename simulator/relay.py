@@ -23,7 +23,13 @@ class RelayNode:
 
 
 def broadcast_offsets(
-    nodes: list[RelayNode], *, payload_bytes: float, chunk_bytes: float, learner_uplink_mbps: float, num_seeds: int, fanout: int
+    nodes: list[RelayNode],
+    *,
+    payload_bytes: float,
+    chunk_bytes: float,
+    learner_uplink_mbps: float,
+    num_seeds: int,
+    fanout: int,
 ) -> dict[int, float]:
     """Seconds from publication to each node holding the whole version."""
     ranked = sorted(nodes, key=lambda n: (not n.active, -n.bandwidth_mbps, n.index))

@@ -65,8 +65,9 @@ class MeasuredRun:
     engine_samples_per_s: dict[str, float] | None = None  # G / b per worker id (None: use the averages)
 
 
-def measure_run(run: RunConfig, steps: list[dict], polls: list[dict], warmup_steps: int,
-                pipeline: dict[str, float] | None = None) -> MeasuredRun:
+def measure_run(
+    run: RunConfig, steps: list[dict], polls: list[dict], warmup_steps: int, pipeline: dict[str, float] | None = None
+) -> MeasuredRun:
     """`steps`: StepRecord lines of metrics.jsonl; `polls`: /v1/dashboard answers seen during the run;
     `pipeline`: `measure_pipeline` of its streams."""
     window = [s for s in steps if s["step"] > warmup_steps]
@@ -78,7 +79,9 @@ def measure_run(run: RunConfig, steps: list[dict], polls: list[dict], warmup_ste
     train_s = sum(s["train_s"] for s in window)
     idle_s = sum(s["idle_s"] for s in window)
     first_step, last_step = window[0]["step"], window[-1]["step"]
-    steady = [p for p in polls if p.get("learner") and first_step <= p["learner"]["learner_version"] <= last_step] or polls
+    steady = [
+        p for p in polls if p.get("learner") and first_step <= p["learner"]["learner_version"] <= last_step
+    ] or polls
     mu: dict[str, list[float]] = {}
     latencies, broadcasts = [], []
     for poll in steady:
@@ -111,8 +114,10 @@ def measure_run(run: RunConfig, steps: list[dict], polls: list[dict], warmup_ste
 
 def measure_pipeline(client: redis.Redis, keys: RunKeys) -> dict[str, float]:
     """Data-plane latencies from the run's streams (entries stay until the run's Redis goes)."""
-    tasks = {TaskGroup.decode(f[PAYLOAD_FIELD]).task_id: TaskGroup.decode(f[PAYLOAD_FIELD]).created_at_s
-             for _, f in client.xrange(keys.tasks)}
+    tasks = {
+        TaskGroup.decode(f[PAYLOAD_FIELD]).task_id: TaskGroup.decode(f[PAYLOAD_FIELD]).created_at_s
+        for _, f in client.xrange(keys.tasks)
+    }
     scored = [ScoredGroup.decode(f[PAYLOAD_FIELD]) for _, f in client.xrange(keys.scored)]
     scoring = [g.scored_at_s - g.rollout.created_at_s for g in scored]
     batches: dict[tuple[str, float], list] = {}  # (worker, generation_s) -> its groups: one engine call
@@ -145,7 +150,9 @@ def measure_pipeline(client: redis.Redis, keys: RunKeys) -> dict[str, float]:
     }
 
 
-def predict(run: RunConfig, measured: MeasuredRun, *, reward_poll_s: float, max_groups_per_batch: int, seed: int = 0) -> dict:
+def predict(
+    run: RunConfig, measured: MeasuredRun, *, reward_poll_s: float, max_groups_per_batch: int, seed: int = 0
+) -> dict:
     """The simulator's and the capacity model's utilization for the measured inputs."""
     scoring_s = measured.scoring_s
     if measured.engine_samples_per_s:  # the affine engine model: a fixed cost per call, then G / b per group
@@ -154,21 +161,37 @@ def predict(run: RunConfig, measured: MeasuredRun, *, reward_poll_s: float, max_
         rates, call_overhead_s = measured.worker_samples_per_s, measured.loop_s
     workers = [WorkerSpec(name, "cpu", 0.0, mu, 1000.0, 0.0, float("inf")) for name, mu in rates.items()]
     config = SimConfig(
-        group_size=run.grpo.group_size, groups_per_step=run.grpo.groups_per_step, num_steps=max(50, measured.num_steps),
-        train_s=measured.train_s, staleness_bound=run.schedule.staleness_bound, publish_every=run.schedule.publish_every,
-        step_overhead_s=measured.step_overhead_s, batch_read_s=measured.read_s, max_groups_in_flight=run.max_groups_in_flight,
-        max_groups_per_batch=max_groups_per_batch, call_overhead_s=call_overhead_s, scoring_s=scoring_s,
-        reward_poll_s=reward_poll_s, trickle_tasks=True,
-        fixed_broadcast_s=measured.broadcast_s, seed=seed,
+        group_size=run.grpo.group_size,
+        groups_per_step=run.grpo.groups_per_step,
+        num_steps=max(50, measured.num_steps),
+        train_s=measured.train_s,
+        staleness_bound=run.schedule.staleness_bound,
+        publish_every=run.schedule.publish_every,
+        step_overhead_s=measured.step_overhead_s,
+        batch_read_s=measured.read_s,
+        max_groups_in_flight=run.max_groups_in_flight,
+        max_groups_per_batch=max_groups_per_batch,
+        call_overhead_s=call_overhead_s,
+        scoring_s=scoring_s,
+        reward_poll_s=reward_poll_s,
+        trickle_tasks=True,
+        fixed_broadcast_s=measured.broadcast_s,
+        seed=seed,
     )
     result = simulate(config, workers)
-    analytic = assess(CapacityInputs(
-        samples_per_step=run.grpo.group_size * run.grpo.groups_per_step, train_s=measured.train_s,
-        staleness_bound=run.schedule.staleness_bound, publish_every=run.schedule.publish_every,
-        step_overhead_s=measured.step_overhead_s + measured.read_s, broadcast_s=measured.broadcast_s,
-        group_latency_s=measured.group_latency_s, queue_delay_s=scoring_s + reward_poll_s / 2,
-        worker_samples_per_s=tuple(measured.worker_samples_per_s.values()),
-    ))
+    analytic = assess(
+        CapacityInputs(
+            samples_per_step=run.grpo.group_size * run.grpo.groups_per_step,
+            train_s=measured.train_s,
+            staleness_bound=run.schedule.staleness_bound,
+            publish_every=run.schedule.publish_every,
+            step_overhead_s=measured.step_overhead_s + measured.read_s,
+            broadcast_s=measured.broadcast_s,
+            group_latency_s=measured.group_latency_s,
+            queue_delay_s=scoring_s + reward_poll_s / 2,
+            worker_samples_per_s=tuple(measured.worker_samples_per_s.values()),
+        )
+    )
     simulated = result.utilization
     return {
         "measured": asdict(measured),
@@ -176,11 +199,16 @@ def predict(run: RunConfig, measured: MeasuredRun, *, reward_poll_s: float, max_
         "analytic_utilization": round(analytic.predicted_utilization, 4),
         "measured_utilization": round(measured.utilization, 4),
         "simulator_relative_error": round((simulated - measured.utilization) / measured.utilization, 4),
-        "analytic_relative_error": round((analytic.predicted_utilization - measured.utilization) / measured.utilization, 4),
+        "analytic_relative_error": round(
+            (analytic.predicted_utilization - measured.utilization) / measured.utilization, 4
+        ),
         "simulated_max_staleness": max(result.staleness_histogram, default=0),
         "simulated_dropped_stale": result.num_dropped_stale,
-        "assumed": {"reward_poll_s": reward_poll_s, "max_groups_per_batch": max_groups_per_batch,
-                    "engine": "a + b * groups" if measured.engine_samples_per_s else "average samples/s"},
+        "assumed": {
+            "reward_poll_s": reward_poll_s,
+            "max_groups_per_batch": max_groups_per_batch,
+            "engine": "a + b * groups" if measured.engine_samples_per_s else "average samples/s",
+        },
     }
 
 
@@ -195,7 +223,11 @@ def run_cluster(
     for key, value in overrides.items():  # a top-level key of a section: `key = old` -> `key = new`
         text = re.sub(rf"^{key} = .*$", f"{key} = {value}", text, count=1, flags=re.MULTILINE)
     config_path.write_text(text)
-    cluster = LocalCluster(ClusterOptions(config_path=config_path, num_workers=num_workers, runs_dir=runs_dir, run_id=f"{base.run_id}-{name}"))
+    cluster = LocalCluster(
+        ClusterOptions(
+            config_path=config_path, num_workers=num_workers, runs_dir=runs_dir, run_id=f"{base.run_id}-{name}"
+        )
+    )
     polls: list[dict] = []
     stop = threading.Event()
 

@@ -42,13 +42,17 @@ def serve_learner(args: argparse.Namespace) -> None:
     store = ChunkStore(keep_versions=4)
     server = ChunkServer(store, host=args.host, port=PORT, wait_s=args.chunk_wait_s).start()
     blob = np.random.default_rng(args.seed).bytes(args.size_bytes)
-    template, chunks = build_manifest(blob, run_id="bench", policy_version=0, chunk_size_bytes=args.chunk_size_bytes, cluster_key=CLUSTER_KEY)
+    template, chunks = build_manifest(
+        blob, run_id="bench", policy_version=0, chunk_size_bytes=args.chunk_size_bytes, cluster_key=CLUSTER_KEY
+    )
     emit({"event": "ready", "url": server.url, "size_bytes": len(blob), "num_chunks": template.num_chunks})
     for line in sys.stdin:
         command = json.loads(line)
         if command["cmd"] == "quit":
             break
-        manifest = sign(template.model_copy(update={"policy_version": command["version"], "created_at_s": time.time()}), CLUSTER_KEY)
+        manifest = sign(
+            template.model_copy(update={"policy_version": command["version"], "created_at_s": time.time()}), CLUSTER_KEY
+        )
         store.put_version(manifest, chunks)  # the same bytes under a new version: no copy
         emit({"event": "published", "manifest": manifest.to_json().decode()})
     server.stop()
@@ -58,7 +62,11 @@ def serve_receiver(args: argparse.Namespace) -> None:
     store = ChunkStore(keep_versions=1)  # a new run's version evicts the last one
     server = ChunkServer(store, host=args.host, port=PORT, wait_s=args.chunk_wait_s).start()
     fetcher = RelayFetcher(
-        store, own_url=server.url, stall_timeout_s=args.stall_timeout_s, manifest_wait_s=args.chunk_wait_s, version_timeout_s=600.0,
+        store,
+        own_url=server.url,
+        stall_timeout_s=args.stall_timeout_s,
+        manifest_wait_s=args.chunk_wait_s,
+        version_timeout_s=600.0,
     )
     emit({"event": "ready", "url": server.url})
     for line in sys.stdin:
@@ -96,8 +104,11 @@ def fetch_once(fetcher: RelayFetcher, command: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.broadcast.node", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.broadcast.node",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--role", choices=["learner", "receiver"], required=True)
     parser.add_argument("--host", required=True, help="address to bind (the node's namespace address)")
     parser.add_argument("--size-bytes", type=int, default=256 << 20)

@@ -113,8 +113,17 @@ class Bench:
             self.wan.add_node(name, Link(self.args.mbps, self.args.mbps))
         calibration = [calibrate(self.wan, "l", "w0", 64 << 20)]
         log.info("calibration: %s", calibration[0])
-        self.start_node("l", ["--role", "learner", "--size-bytes", str(self.args.size_bytes),
-                              "--chunk-size-bytes", str(self.args.chunk_size_bytes)])
+        self.start_node(
+            "l",
+            [
+                "--role",
+                "learner",
+                "--size-bytes",
+                str(self.args.size_bytes),
+                "--chunk-size-bytes",
+                str(self.args.chunk_size_bytes),
+            ],
+        )
         for name in self.workers:
             self.start_node(name, ["--role", "receiver"])
         for node in self.nodes.values():
@@ -125,7 +134,12 @@ class Bench:
         argv = [sys.executable, "-m", "benchmarks.broadcast.node", "--host", self.wan.address[name], *role_args]
         stderr = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 (closed when the process exits)
         popen = subprocess.Popen(
-            self.wan.command(name, argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=REPO_ROOT,
+            self.wan.command(name, argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            cwd=REPO_ROOT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         self.nodes[name] = node = Node(name, popen)
@@ -137,8 +151,15 @@ class Bench:
         self.wan.remove()
 
     # one broadcast
-    def broadcast(self, receivers: list[str], sources: dict[str, list[str]], *, kill: str | None = None,
-                  kill_after_s: float = 0.0, check_blob: bool = False) -> dict:
+    def broadcast(
+        self,
+        receivers: list[str],
+        sources: dict[str, list[str]],
+        *,
+        kill: str | None = None,
+        kill_after_s: float = 0.0,
+        check_blob: bool = False,
+    ) -> dict:
         """Publish a new version and have `receivers` fetch it from `sources` at the same instant.
         Returns per-receiver results and T = last finish - start."""
         self.version += 1
@@ -147,11 +168,20 @@ class Bench:
         manifest = learner.next_event()["manifest"]
         start_at_s = time.time() + 0.5
         for name in receivers:
-            self.nodes[name].send({"cmd": "fetch", "manifest": manifest, "sources": sources[name], "start_at": start_at_s,
-                                   "check_blob": check_blob})
+            self.nodes[name].send(
+                {
+                    "cmd": "fetch",
+                    "manifest": manifest,
+                    "sources": sources[name],
+                    "start_at": start_at_s,
+                    "check_blob": check_blob,
+                }
+            )
         killer = None
         if kill is not None:
-            killer = threading.Timer(start_at_s + kill_after_s - time.time(), os.kill, (self.nodes[kill].popen.pid, signal.SIGKILL))
+            killer = threading.Timer(
+                start_at_s + kill_after_s - time.time(), os.kill, (self.nodes[kill].popen.pid, signal.SIGKILL)
+            )
             killer.start()
         results = {}
         for name in receivers:
@@ -212,11 +242,25 @@ class Bench:
             receivers = self.workers[:num_workers]
             for mode, sources in (("one_to_many", self.one_to_many(receivers)), ("pipelined", self.planned(receivers))):
                 result = self.broadcast(receivers, sources, check_blob=num_workers == max(NUM_WORKERS))
-                run = {"mode": mode, "num_workers": num_workers, "seconds": result["seconds"],
-                       "bytes": result["bytes"], "learner_bytes": result["learner_bytes"],
-                       "floor_s": round(self.floor_s, 3), "ratio": round(result["seconds"] / self.floor_s, 3),
-                       "blob_ok": result["blob_ok"], "failures": result["failures"]}
-                log.info("N=%2d %-11s %7.2fs  floor %.2fs  ratio %.3f", num_workers, mode, run["seconds"], self.floor_s, run["ratio"])
+                run = {
+                    "mode": mode,
+                    "num_workers": num_workers,
+                    "seconds": result["seconds"],
+                    "bytes": result["bytes"],
+                    "learner_bytes": result["learner_bytes"],
+                    "floor_s": round(self.floor_s, 3),
+                    "ratio": round(result["seconds"] / self.floor_s, 3),
+                    "blob_ok": result["blob_ok"],
+                    "failures": result["failures"],
+                }
+                log.info(
+                    "N=%2d %-11s %7.2fs  floor %.2fs  ratio %.3f",
+                    num_workers,
+                    mode,
+                    run["seconds"],
+                    self.floor_s,
+                    run["ratio"],
+                )
                 runs.append(run)
         return runs
 
@@ -228,22 +272,36 @@ class Bench:
         fast_peer = [n for n, s in speeds.items() if s == 400][1]
         slow_peer = [n for n, s in speeds.items() if s == 100][1]
         calibration = [calibrate(self.wan, fast, fast_peer, 64 << 20), calibrate(self.wan, slow, slow_peer, 32 << 20)]
-        own_floor_s = {name: self.args.size_bytes * 8 / (min(self.args.mbps, mbps) * 1e6) for name, mbps in speeds.items()}
-        outcome = {"link_mbps": speeds, "learner_uplink_mbps": self.args.mbps, "calibration": calibration,
-                   "floor_s": round(max(own_floor_s.values()), 3)}
+        own_floor_s = {
+            name: self.args.size_bytes * 8 / (min(self.args.mbps, mbps) * 1e6) for name, mbps in speeds.items()
+        }
+        outcome = {
+            "link_mbps": speeds,
+            "learner_uplink_mbps": self.args.mbps,
+            "calibration": calibration,
+            "floor_s": round(max(own_floor_s.values()), 3),
+        }
         for label, ranked in (("ranked_by_bandwidth", True), ("registration_order", False)):
             sources = self.planned(self.workers, ranked=ranked)
             result = self.broadcast(self.workers, sources, check_blob=True)
             per_worker_ratio = [result["per_worker_s"][n] / own_floor_s[n] for n in self.workers]
             outcome[label] = {
-                "seconds": result["seconds"], "ratio": round(result["seconds"] / outcome["floor_s"], 3),
+                "seconds": result["seconds"],
+                "ratio": round(result["seconds"] / outcome["floor_s"], 3),
                 "mean_worker_s": round(sum(result["per_worker_s"].values()) / len(self.workers), 3),
                 "mean_ratio_to_own_floor": round(sum(per_worker_ratio) / len(per_worker_ratio), 3),
-                "chain": self.depth_order(sources), "per_worker_s": result["per_worker_s"],
-                "learner_bytes": result["learner_bytes"], "blob_ok": result["blob_ok"],
+                "chain": self.depth_order(sources),
+                "per_worker_s": result["per_worker_s"],
+                "learner_bytes": result["learner_bytes"],
+                "blob_ok": result["blob_ok"],
             }
-            log.info("heterogeneous %-19s %7.2fs (floor %.2fs), mean worker/own floor %.3f", label, result["seconds"],
-                     outcome["floor_s"], outcome[label]["mean_ratio_to_own_floor"])
+            log.info(
+                "heterogeneous %-19s %7.2fs (floor %.2fs), mean worker/own floor %.3f",
+                label,
+                result["seconds"],
+                outcome["floor_s"],
+                outcome[label]["mean_ratio_to_own_floor"],
+            )
         for name in self.workers:
             self.wan.set_link(name, Link(self.args.mbps, self.args.mbps))
         return outcome
@@ -255,14 +313,31 @@ class Bench:
         kill_after_s = 0.4 * self.floor_s
         result = self.broadcast(self.workers, sources, kill=victim, kill_after_s=kill_after_s, check_blob=True)
         outcome = {
-            "num_workers": len(self.workers), "killed": victim, "killed_depth": 4, "killed_after_s": round(kill_after_s, 3),
-            "orphan": orphan, "orphan_failover": result["failures"].get(orphan, []),
-            "num_completed": len(result["per_worker_s"]), "seconds": result["seconds"], "floor_s": round(self.floor_s, 3),
-            "ratio": round(result["seconds"] / self.floor_s, 3), "per_worker_s": result["per_worker_s"],
-            "blob_ok": result["blob_ok"], "learner_bytes": result["learner_bytes"],
+            "num_workers": len(self.workers),
+            "killed": victim,
+            "killed_depth": 4,
+            "killed_after_s": round(kill_after_s, 3),
+            "orphan": orphan,
+            "orphan_failover": result["failures"].get(orphan, []),
+            "num_completed": len(result["per_worker_s"]),
+            "seconds": result["seconds"],
+            "floor_s": round(self.floor_s, 3),
+            "ratio": round(result["seconds"] / self.floor_s, 3),
+            "per_worker_s": result["per_worker_s"],
+            "blob_ok": result["blob_ok"],
+            "learner_bytes": result["learner_bytes"],
         }
-        log.info("parent killed: %s at %.1fs; %d of %d completed in %.2fs (ratio %.3f); %s failed over: %s", victim, kill_after_s,
-                 outcome["num_completed"], len(self.workers) - 1, result["seconds"], outcome["ratio"], orphan, outcome["orphan_failover"])
+        log.info(
+            "parent killed: %s at %.1fs; %d of %d completed in %.2fs (ratio %.3f); %s failed over: %s",
+            victim,
+            kill_after_s,
+            outcome["num_completed"],
+            len(self.workers) - 1,
+            result["seconds"],
+            outcome["ratio"],
+            orphan,
+            outcome["orphan_failover"],
+        )
         return outcome
 
 
@@ -277,8 +352,13 @@ def plot(results: dict, path: Path) -> None:
         runs = [r for r in results["runs"] if r["mode"] == mode]
         left.plot([r["num_workers"] for r in runs], [r["seconds"] for r in runs], style, label=mode.replace("_", "-"))
     left.plot(NUM_WORKERS, [results["floor_s"]] * len(NUM_WORKERS), "k--", label="floor size / B")
-    left.set(xscale="log", yscale="log", xlabel="receivers N", ylabel="seconds to the last receiver",
-             title=f"{results['payload_bytes'] >> 20} MiB, every link {results['link_mbps']:g} Mbit/s (tc tbf)")
+    left.set(
+        xscale="log",
+        yscale="log",
+        xlabel="receivers N",
+        ylabel="seconds to the last receiver",
+        title=f"{results['payload_bytes'] >> 20} MiB, every link {results['link_mbps']:g} Mbit/s (tc tbf)",
+    )
     left.set_xticks(NUM_WORKERS, [str(n) for n in NUM_WORKERS])
     left.legend()
     het = results["heterogeneous"]
@@ -286,7 +366,9 @@ def plot(results: dict, path: Path) -> None:
         times = sorted(het[label]["per_worker_s"].values())
         right.plot(range(1, len(times) + 1), times, style, label=f"heterogeneous, {label.replace('_', ' ')}")
     killed = sorted(results["parent_killed"]["per_worker_s"].values())
-    right.plot(range(1, len(killed) + 1), killed, "^", label=f"parent killed at depth 4 (homogeneous, {len(killed)} left)")
+    right.plot(
+        range(1, len(killed) + 1), killed, "^", label=f"parent killed at depth 4 (homogeneous, {len(killed)} left)"
+    )
     right.axhline(results["floor_s"], color="k", linestyle="--", label="floor at B")
     right.axhline(het["floor_s"], color="grey", linestyle=":", label="floor of the slowest link")
     right.set(xlabel="receivers, by finish time", ylabel="seconds to finish", title="16 receivers: pipelined relay")
@@ -310,11 +392,14 @@ def raise_keyboard_interrupt(signum: int, frame: object) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.broadcast", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.broadcast", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--size-bytes", type=int, default=256 << 20, help="payload (default 256 MiB)")
     parser.add_argument("--chunk-size-bytes", type=int, default=512 << 10, help="chunk (default 512 KiB)")
-    parser.add_argument("--mbps", type=float, default=200.0, help="B: the learner's uplink and every worker's link, Mbit/s")
+    parser.add_argument(
+        "--mbps", type=float, default=200.0, help="B: the learner's uplink and every worker's link, Mbit/s"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -330,14 +415,21 @@ def main() -> None:
         bench.stop()
     results = {
         "command": "make bench-broadcast  (python -m benchmarks.broadcast, as root)",
-        "payload_bytes": args.size_bytes, "chunk_size_bytes": args.chunk_size_bytes, "link_mbps": args.mbps,
+        "payload_bytes": args.size_bytes,
+        "chunk_size_bytes": args.chunk_size_bytes,
+        "link_mbps": args.mbps,
         "floor_s": round(bench.floor_s, 3),
         "link_emulation": "network namespace per node, veth into one bridge, tc tbf on both directions of every link "
-                          "(rate B, burst 256kb, a 5 s drop-tail queue: no fair queueing in this kernel), MTU 65000 so the cap is the goodput",
+        "(rate B, burst 256kb, a 5 s drop-tail queue: no fair queueing in this kernel), MTU 65000 so the cap is the goodput",
         "calibration": calibration,
         "plan": "shared/relay_plan.py: num_seeds=1, fanout=1 (a chain ranked by bandwidth), fallbacks = other ancestors then other branches",
-        "runs": runs, "table": table(runs, bench.floor_s), "heterogeneous": heterogeneous, "parent_killed": killed,
-        "wall_s": round(time.monotonic() - started_s, 1), "cpu_count": os.cpu_count(), "node_logs": str(bench.log_dir),
+        "runs": runs,
+        "table": table(runs, bench.floor_s),
+        "heterogeneous": heterogeneous,
+        "parent_killed": killed,
+        "wall_s": round(time.monotonic() - started_s, 1),
+        "cpu_count": os.cpu_count(),
+        "node_logs": str(bench.log_dir),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "broadcast.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -89,7 +89,21 @@ class Wan:
         namespace, host_end, node_end = f"{PREFIX}-{name}", f"{PREFIX}{name}-h", f"{PREFIX}{name}-n"
         address = f"{SUBNET}.{index}"
         _run("ip", "netns", "add", namespace)
-        _run("ip", "link", "add", host_end, "mtu", str(MTU_BYTES), "type", "veth", "peer", "name", node_end, "mtu", str(MTU_BYTES))
+        _run(
+            "ip",
+            "link",
+            "add",
+            host_end,
+            "mtu",
+            str(MTU_BYTES),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            node_end,
+            "mtu",
+            str(MTU_BYTES),
+        )
         _run("ip", "link", "set", node_end, "netns", namespace)
         _run("ip", "link", "set", host_end, "master", BRIDGE, "up")
         _run("ip", "netns", "exec", namespace, "ip", "addr", "add", f"{address}/24", "dev", node_end)
@@ -125,7 +139,9 @@ def calibrate(wan: Wan, sender: str, receiver: str, num_bytes: int) -> dict:
     how exact the emulated link is. Returns the nominal cap, the measured rate and their ratio."""
     port = 9009
     server = subprocess.Popen(
-        wan.command(sender, [sys.executable, "-c", _SEND_PROGRAM, str(port), str(num_bytes)]), stdout=subprocess.PIPE, text=True
+        wan.command(sender, [sys.executable, "-c", _SEND_PROGRAM, str(port), str(num_bytes)]),
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert server.stdout is not None
@@ -140,8 +156,13 @@ def calibrate(wan: Wan, sender: str, receiver: str, num_bytes: int) -> dict:
     nominal_mbps = min(wan.links[sender].up_mbps, wan.links[receiver].down_mbps)
     measured_mbps = int(num_received) * 8 / float(seconds) / 1e6
     return {
-        "sender": sender, "receiver": receiver, "num_bytes": int(num_received), "seconds": round(float(seconds), 3),
-        "nominal_mbps": nominal_mbps, "measured_mbps": round(measured_mbps, 2), "ratio": round(measured_mbps / nominal_mbps, 4),
+        "sender": sender,
+        "receiver": receiver,
+        "num_bytes": int(num_received),
+        "seconds": round(float(seconds), 3),
+        "nominal_mbps": nominal_mbps,
+        "measured_mbps": round(measured_mbps, 2),
+        "ratio": round(measured_mbps / nominal_mbps, 4),
     }
 
 
@@ -165,4 +186,3 @@ while data := connection.recv(1 << 20):
     received += len(data)
 print(received, time.perf_counter() - started)
 """
-

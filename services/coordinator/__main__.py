@@ -52,8 +52,13 @@ def main(argv: list[str] | None = None) -> None:
     log = logging.getLogger("services.coordinator")
     run = settings.load_run()
     log.info("settings: %s", settings.model_dump(mode="json"))  # the admin token prints as '**********'
-    log.info("run %s: lease_s=%s staleness_bound=%s heartbeat_interval_s=%s", run.run_id,
-             run.coordinator.lease_s, run.schedule.staleness_bound, run.rollout.heartbeat_interval_s)
+    log.info(
+        "run %s: lease_s=%s staleness_bound=%s heartbeat_interval_s=%s",
+        run.run_id,
+        run.coordinator.lease_s,
+        run.schedule.staleness_bound,
+        run.rollout.heartbeat_interval_s,
+    )
     app = create_app(run, connect(settings.redis_url), settings.admin_token.get_secret_value())
     # The control pass runs in a thread next to the event loop. With the default 5 ms switch interval,
     # every time the loop waits on a socket the pass keeps the GIL for up to 5 ms before the loop gets it

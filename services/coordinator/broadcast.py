@@ -85,9 +85,16 @@ def worker_parent(worker_id: WorkerIdPath, coordinator: CoordinatorDep) -> Paren
     assignment = plan.parent_of(worker_id)
     if assignment is None:
         relayers = sorted(plan.assignments.values(), key=lambda a: a.depth)
-        fallbacks = [w.endpoint_url for w in workers if w.worker_id in {a.worker_id for a in relayers} and w.endpoint_url]
+        fallbacks = [
+            w.endpoint_url for w in workers if w.worker_id in {a.worker_id for a in relayers} and w.endpoint_url
+        ]
         return ParentResponse(
-            worker_id=worker_id, parent_id=LEARNER, parent_url="", depth=1, fallback_urls=fallbacks[:8], learner_url=learner_url
+            worker_id=worker_id,
+            parent_id=LEARNER,
+            parent_url="",
+            depth=1,
+            fallback_urls=fallbacks[:8],
+            learner_url=learner_url,
         )
     return ParentResponse(
         worker_id=worker_id,

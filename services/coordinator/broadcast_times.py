@@ -44,7 +44,8 @@ class BroadcastTimes:
             return {}
         announced = _float_hash(self.redis.hgetall(self.keys.broadcast_announced))
         last_swap = {
-            _text(worker_id): _parse_last_swap(value) for worker_id, value in self.redis.hgetall(self.keys.broadcast_last_swap).items()
+            _text(worker_id): _parse_last_swap(value)
+            for worker_id, value in self.redis.hgetall(self.keys.broadcast_last_swap).items()
         }
         active = [w for w in workers if w.state == WorkerState.ACTIVE]
         completed: dict[int, float] = {}
@@ -66,7 +67,10 @@ class BroadcastTimes:
 
     def times(self) -> dict[int, float]:
         """Every recorded T_bcast, by version."""
-        return {int(version): seconds for version, seconds in _float_hash(self.redis.hgetall(self.keys.broadcast_times)).items()}
+        return {
+            int(version): seconds
+            for version, seconds in _float_hash(self.redis.hgetall(self.keys.broadcast_times)).items()
+        }
 
     def measured_mbps(self) -> dict[str, float]:
         return _float_hash(self.redis.hgetall(self.keys.broadcast_throughput))

@@ -1,15 +1,15 @@
 """The capacity model's inputs, measured from what the coordinator sees in Redis.
 
-    R        grpo.group_size * grpo.groups_per_step (run file)
-    T_train  LearnerState: d(train_s_total) / d(num_steps_done) over the last `window_s` seconds of
-             learner states (the whole run's mean until the window holds `MIN_WINDOW_STEPS` steps)
-    T_over   the same window: (d(wall) - d(train) - d(idle)) / d(steps)  (publish, eval, checkpoint)
-    T_bcast  mean of the newest `NUM_BROADCASTS` entries of RunKeys.broadcast_times (0 when none yet)
-    L_gen    the largest group_latency_s an active worker reports (worst case: freshness is a bound)
-    D        groups finished but not read by the learner (rollouts backlog + scored lag) beyond one
-             batch, in batches of groups_per_step, times C: how many extra steps the newest waits
-             (waiting for the next batch read itself is already in the model's ceil)
-    mu_i     samples_per_s of every ACTIVE worker that has measured one
+R        grpo.group_size * grpo.groups_per_step (run file)
+T_train  LearnerState: d(train_s_total) / d(num_steps_done) over the last `window_s` seconds of
+         learner states (the whole run's mean until the window holds `MIN_WINDOW_STEPS` steps)
+T_over   the same window: (d(wall) - d(train) - d(idle)) / d(steps)  (publish, eval, checkpoint)
+T_bcast  mean of the newest `NUM_BROADCASTS` entries of RunKeys.broadcast_times (0 when none yet)
+L_gen    the largest group_latency_s an active worker reports (worst case: freshness is a bound)
+D        groups finished but not read by the learner (rollouts backlog + scored lag) beyond one
+         batch, in batches of groups_per_step, times C: how many extra steps the newest waits
+         (waiting for the next batch read itself is already in the model's ceil)
+mu_i     samples_per_s of every ACTIVE worker that has measured one
 """
 
 from __future__ import annotations
@@ -78,8 +78,13 @@ class LearnerWindow:
             first, last = self._snapshots[0], self._snapshots[-1]
             num_steps = last.num_steps - first.num_steps
             if num_steps >= MIN_WINDOW_STEPS:
-                return _means(last.train_s_total - first.train_s_total, last.idle_s_total - first.idle_s_total,
-                              last.wall_s - first.wall_s, num_steps, "window")
+                return _means(
+                    last.train_s_total - first.train_s_total,
+                    last.idle_s_total - first.idle_s_total,
+                    last.wall_s - first.wall_s,
+                    num_steps,
+                    "window",
+                )
         if state is None or state.num_steps_done == 0:
             return None
         return _means(state.train_s_total, state.idle_s_total, state.wall_s, state.num_steps_done, "run")
@@ -116,17 +121,25 @@ def queued_groups(bus: StreamBus, keys: RunKeys) -> int:
 
 
 def measure_inputs(
-    run: RunConfig, state: LearnerState | None, window: LearnerWindow, workers: list[WorkerInfo],
-    broadcast_s: float | None, num_queued_groups: int,
+    run: RunConfig,
+    state: LearnerState | None,
+    window: LearnerWindow,
+    workers: list[WorkerInfo],
+    broadcast_s: float | None,
+    num_queued_groups: int,
 ) -> MeasuredInputs:
     active = [w for w in workers if w.state == WorkerState.ACTIVE]
     latencies = [w.group_latency_s for w in active if w.group_latency_s > 0]
     step_times = window.step_times(state)
     sources = {
         "samples_per_step": "run file: group_size * groups_per_step",
-        "train_s": f"learner state ({step_times.source} mean over {step_times.num_steps} steps)" if step_times else "unknown",
+        "train_s": f"learner state ({step_times.source} mean over {step_times.num_steps} steps)"
+        if step_times
+        else "unknown",
         "step_overhead_s": "learner state: wall - train - idle per step" if step_times else "unknown",
-        "broadcast_s": "broadcast_times (mean of newest versions)" if broadcast_s is not None else "not measured yet: 0",
+        "broadcast_s": "broadcast_times (mean of newest versions)"
+        if broadcast_s is not None
+        else "not measured yet: 0",
         "group_latency_s": "max over active workers' heartbeats" if latencies else "not measured yet: 0",
         "queue_delay_s": "rollouts backlog + scored lag beyond one batch, in batches, times C",
         "worker_samples_per_s": "active workers' heartbeats (measured ones only)",

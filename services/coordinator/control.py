@@ -74,8 +74,11 @@ class ControlPlane:
         self.coordinator = coordinator
         self.config = coordinator.run.activation
         self.policy = ActivationPolicy(
-            margin=self.config.margin, hysteresis=self.config.hysteresis, min_dwell_s=self.config.min_dwell_s,
-            assumed_samples_per_s=self.config.assumed_samples_per_s, activate_free_workers=self.config.activate_free_workers,
+            margin=self.config.margin,
+            hysteresis=self.config.hysteresis,
+            min_dwell_s=self.config.min_dwell_s,
+            assumed_samples_per_s=self.config.assumed_samples_per_s,
+            activate_free_workers=self.config.activate_free_workers,
         )
         self.ledger = CostLedger(coordinator.redis, coordinator.keys, max_billing_gap_s=self.config.max_billing_gap_s)
         self.window = LearnerWindow()
@@ -164,8 +167,12 @@ class ControlPlane:
     def plan(self, workers: list[WorkerInfo], measured: MeasuredInputs, now_s: float) -> ActivationPlan:
         candidates = [
             Candidate(
-                worker_id=w.worker_id, price_per_hour=w.price_per_hour, samples_per_s=w.samples_per_s, gpu_type=w.gpu_type,
-                active=w.state == WorkerState.ACTIVE, state_since_s=w.state_since_s,
+                worker_id=w.worker_id,
+                price_per_hour=w.price_per_hour,
+                samples_per_s=w.samples_per_s,
+                gpu_type=w.gpu_type,
+                active=w.state == WorkerState.ACTIVE,
+                state_since_s=w.state_since_s,
             )
             for w in workers
             if w.state in (WorkerState.ACTIVE, WorkerState.STANDBY)
@@ -204,8 +211,11 @@ class ControlPlane:
             return
         self._last_history_version = learner.learner_version
         point = HistoryPoint(
-            learner_version=learner.learner_version, reward_mean=learner.last_reward_mean,
-            utilization=learner.busy_fraction, cost_usd=self.ledger.totals().total_usd, at_s=now_s,
+            learner_version=learner.learner_version,
+            reward_mean=learner.last_reward_mean,
+            utilization=learner.busy_fraction,
+            cost_usd=self.ledger.totals().total_usd,
+            at_s=now_s,
         )
         key = self.coordinator.keys.learner_history
         with self.coordinator.redis.pipeline(transaction=True) as pipe:
@@ -225,9 +235,13 @@ class ControlPlane:
             w.price_per_hour for w in snapshot.workers if w.state in BILLED_STATES
         )
         return CostResponse(
-            total_usd=totals.total_usd, learner_usd=totals.learner_usd, workers_usd=totals.workers_usd,
-            usd_by_worker=totals.usd_by_worker, usd_per_hour_now=burn,
-            learner_price_per_hour=self.config.learner_price_per_hour, billed_until_s=totals.billed_until_s,
+            total_usd=totals.total_usd,
+            learner_usd=totals.learner_usd,
+            workers_usd=totals.workers_usd,
+            usd_by_worker=totals.usd_by_worker,
+            usd_per_hour_now=burn,
+            learner_price_per_hour=self.config.learner_price_per_hour,
+            billed_until_s=totals.billed_until_s,
         )
 
     def initial_state(self, request: RegisterWorkerRequest) -> WorkerState:
@@ -252,10 +266,20 @@ def capacity_response(measured: MeasuredInputs) -> CapacityResponse:
     inputs = measured.inputs
     if inputs is None:
         return CapacityResponse(
-            known=False, required_samples_per_s=None, overlap_required_samples_per_s=None, provisioning_samples_per_s=None,
-            current_samples_per_s=0.0, predicted_step_s=None, predicted_utilization=None, measured_utilization=None,
-            max_lag_steps=None, min_feasible_staleness=None, staleness_feasible=None, admissible_fraction=None,
-            starved=None, inputs=None,
+            known=False,
+            required_samples_per_s=None,
+            overlap_required_samples_per_s=None,
+            provisioning_samples_per_s=None,
+            current_samples_per_s=0.0,
+            predicted_step_s=None,
+            predicted_utilization=None,
+            measured_utilization=None,
+            max_lag_steps=None,
+            min_feasible_staleness=None,
+            staleness_feasible=None,
+            admissible_fraction=None,
+            starved=None,
+            inputs=None,
         )
     result = assess(inputs)
     times = measured.step_times
@@ -277,10 +301,16 @@ def capacity_response(measured: MeasuredInputs) -> CapacityResponse:
         admissible_fraction=result.admissible_fraction,
         starved=result.starved,
         inputs=CapacityInputsInfo(
-            samples_per_step=inputs.samples_per_step, train_s=inputs.train_s, step_overhead_s=inputs.step_overhead_s,
-            broadcast_s=inputs.broadcast_s, group_latency_s=inputs.group_latency_s, queue_delay_s=inputs.queue_delay_s,
-            publish_every=inputs.publish_every, staleness_bound=inputs.staleness_bound,
-            worker_samples_per_s=dict(measured.active_samples_per_s), sources=measured.sources,
+            samples_per_step=inputs.samples_per_step,
+            train_s=inputs.train_s,
+            step_overhead_s=inputs.step_overhead_s,
+            broadcast_s=inputs.broadcast_s,
+            group_latency_s=inputs.group_latency_s,
+            queue_delay_s=inputs.queue_delay_s,
+            publish_every=inputs.publish_every,
+            staleness_bound=inputs.staleness_bound,
+            worker_samples_per_s=dict(measured.active_samples_per_s),
+            sources=measured.sources,
         ),
     )
 

@@ -27,7 +27,9 @@ class CapacityInputsInfo(Body):
 class CapacityResponse(Body):
     known: bool = Field(description="false until the learner has reported a step time (then only inputs are shown)")
     required_samples_per_s: float | None = Field(description="throughput rule: R / T_train")
-    overlap_required_samples_per_s: float | None = Field(description="overlap form: k*R / (k*T_train - T_bcast); null: infeasible")
+    overlap_required_samples_per_s: float | None = Field(
+        description="overlap form: k*R / (k*T_train - T_bcast); null: infeasible"
+    )
     provisioning_samples_per_s: float | None = Field(description="what activation provisions for (before its margin)")
     current_samples_per_s: float = Field(description="sum of the active workers' measured samples/s")
     predicted_step_s: float | None = Field(description="P*: predicted seconds per learner step; null: no throughput")
@@ -48,7 +50,9 @@ class ActivationInfo(Body):
     planned_price_per_hour: float = Field(description="$/h of the active workers")
     active_worker_ids: list[str]
     standby_worker_ids: list[str]
-    estimated_samples_per_s: dict[str, float] = Field(description="throughput used per worker (measured, else estimated)")
+    estimated_samples_per_s: dict[str, float] = Field(
+        description="throughput used per worker (measured, else estimated)"
+    )
     reason: str
     planned_at_s: float
 
@@ -58,7 +62,9 @@ class CostResponse(Body):
     learner_usd: float
     workers_usd: float
     usd_by_worker: dict[str, float]
-    usd_per_hour_now: float = Field(description="current burn rate: learner (while running) + active and draining workers")
+    usd_per_hour_now: float = Field(
+        description="current burn rate: learner (while running) + active and draining workers"
+    )
     learner_price_per_hour: float
     billed_until_s: float
 

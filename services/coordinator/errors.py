@@ -52,6 +52,7 @@ async def _redis_unreachable(request: Request, exc: Exception) -> JSONResponse:
     # connection broke left consistent state (at worst an orphan registration, which simply expires).
     log.warning("%s %s: redis unreachable: %s", request.method, request.url.path, exc)
     return JSONResponse(
-        {"detail": f"redis is unreachable: {exc}"}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+        {"detail": f"redis is unreachable: {exc}"},
+        status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
         headers={"Retry-After": "1"},
     )

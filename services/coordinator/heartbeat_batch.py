@@ -115,8 +115,14 @@ class HeartbeatOutcome:
 
 def script_arguments(keys: RunKeys, entries: Sequence[HeartbeatEntry]) -> tuple[list[str], list[str]]:
     """(KEYS, ARGV) of one script call carrying `entries`."""
-    script_keys = [keys.worker_leases, keys.broadcast_announced, keys.broadcast_times, keys.broadcast_pending,
-                   keys.broadcast_last_swap, keys.broadcast_throughput]
+    script_keys = [
+        keys.worker_leases,
+        keys.broadcast_announced,
+        keys.broadcast_times,
+        keys.broadcast_pending,
+        keys.broadcast_last_swap,
+        keys.broadcast_throughput,
+    ]
     args = [str(SWAPS_TTL_S)]
     for e in entries:
         worker_key = keys.worker(e.worker_id)
@@ -127,15 +133,24 @@ def script_arguments(keys: RunKeys, entries: Sequence[HeartbeatEntry]) -> tuple[
             args += ("", "", "", "", "")
         else:
             seconds = swap.swapped_at_s - swap.announced_at_s
-            mbps = repr(swap.num_bytes * 8 / seconds / 1e6) if swap.num_bytes >= MIN_MEASURED_BYTES and seconds > 0 else ""
-            args += (str(swap.policy_version), repr(swap.announced_at_s), repr(swap.swapped_at_s),
-                     f"{swap.policy_version}:{swap.swapped_at_s!r}", mbps)
+            mbps = (
+                repr(swap.num_bytes * 8 / seconds / 1e6) if swap.num_bytes >= MIN_MEASURED_BYTES and seconds > 0 else ""
+            )
+            args += (
+                str(swap.policy_version),
+                repr(swap.announced_at_s),
+                repr(swap.swapped_at_s),
+                f"{swap.policy_version}:{swap.swapped_at_s!r}",
+                mbps,
+            )
     return script_keys, args
 
 
 def parse_outcomes(flat: Sequence[Any]) -> list[HeartbeatOutcome]:
     return [
-        HeartbeatOutcome(int(flat[i]), flat[i + 1].decode() if isinstance(flat[i + 1], bytes) else flat[i + 1], bool(flat[i + 2]))
+        HeartbeatOutcome(
+            int(flat[i]), flat[i + 1].decode() if isinstance(flat[i + 1], bytes) else flat[i + 1], bool(flat[i + 2])
+        )
         for i in range(0, len(flat), 3)
     ]
 
@@ -145,7 +160,9 @@ class HeartbeatBatcher:
     out together in the next call. A failed call fails every heartbeat in it with the same error."""
 
     def __init__(self, client: redis.Redis, keys: RunKeys, max_batch: int = MAX_BATCH) -> None:
-        self.connection = ScriptConnection.like(client, HEARTBEAT_LUA)  # redis-py's asyncio client costs ~8x more a call
+        self.connection = ScriptConnection.like(
+            client, HEARTBEAT_LUA
+        )  # redis-py's asyncio client costs ~8x more a call
         self.keys = keys
         self.max_batch = max_batch
         self._queue: list[tuple[HeartbeatEntry, asyncio.Future[HeartbeatOutcome]]] = []
@@ -165,7 +182,7 @@ class HeartbeatBatcher:
 
     async def _flush(self) -> None:
         while self._queue:
-            batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch:]
+            batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
             try:
                 outcomes = await self._call([entry for entry, _ in batch])
             except Exception as exc:  # boundary: the error belongs to the heartbeats that rode this call

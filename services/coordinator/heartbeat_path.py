@@ -97,10 +97,16 @@ class HeartbeatFastPath:
         coordinator = self.state.coordinator
         now_s = coordinator.registry.clock()
         expiry_s = now_s + coordinator.registry.lease_s
-        outcome = await self.batcher().submit(HeartbeatEntry(
-            worker_id=worker_id, token_sha256=token_sha256(token), now_s=now_s, expiry_s=expiry_s,
-            fields=heartbeat_fields(request, now_s), swap=request.last_swap,
-        ))
+        outcome = await self.batcher().submit(
+            HeartbeatEntry(
+                worker_id=worker_id,
+                token_sha256=token_sha256(token),
+                now_s=now_s,
+                expiry_s=expiry_s,
+                fields=heartbeat_fields(request, now_s),
+                swap=request.last_swap,
+            )
+        )
         if outcome.code != OK:
             return False  # unknown, wrong token or dead: the general path says which
         if outcome.swap_is_news:  # the script recorded it; completing a version reads every worker: O(N) per
@@ -112,8 +118,10 @@ class HeartbeatFastPath:
                 await run_in_threadpool(lambda: times.complete_pending(registry.list_workers()))
         learner = self.state.control.learner_view()
         answer = HeartbeatResponse(
-            state=outcome.state, lease_expires_at_s=expiry_s,
-            learner_version=learner.learner_version, staleness_bound=learner.staleness_bound,
+            state=outcome.state,
+            lease_expires_at_s=expiry_s,
+            learner_version=learner.learner_version,
+            staleness_bound=learner.staleness_bound,
         )
         await send_json(send, 200, answer.model_dump_json().encode())
         return True
@@ -135,9 +143,17 @@ class HeartbeatFastPath:
 
 
 async def send_json(send: Send, status: int, payload: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()), *(headers or []),
-    ]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": payload})
 
 

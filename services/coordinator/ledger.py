@@ -68,9 +68,12 @@ class CostLedger:
     def bill(self, now_s: float, learner_price_per_hour: float, worker_prices_per_hour: Mapping[str, float]) -> float:
         """Bill the time since the last call at these rates (the learner's 0 when it is not running);
         returns the seconds billed (0 on the first call, which only starts the clock)."""
-        pairs = [item for worker_id, price in worker_prices_per_hour.items() for item in (worker_id, repr(float(price)))]
+        pairs = [
+            item for worker_id, price in worker_prices_per_hour.items() for item in (worker_id, repr(float(price)))
+        ]
         billed = self._bill_script(
-            keys=[self.key], args=[repr(now_s), repr(self.max_billing_gap_s), repr(float(learner_price_per_hour)), *pairs]
+            keys=[self.key],
+            args=[repr(now_s), repr(self.max_billing_gap_s), repr(float(learner_price_per_hour)), *pairs],
         )
         return float(billed)
 
@@ -80,7 +83,9 @@ class CostLedger:
             total_usd=raw.get("total_usd", 0.0),
             learner_usd=raw.get("learner_usd", 0.0),
             workers_usd=raw.get("workers_usd", 0.0),
-            usd_by_worker={k.removeprefix(WORKER_FIELD_PREFIX): v for k, v in raw.items() if k.startswith(WORKER_FIELD_PREFIX)},
+            usd_by_worker={
+                k.removeprefix(WORKER_FIELD_PREFIX): v for k, v in raw.items() if k.startswith(WORKER_FIELD_PREFIX)
+            },
             billed_until_s=raw.get("billed_until_s", 0.0),
         )
 

@@ -39,8 +39,12 @@ def install_metrics(app: FastAPI, control: ControlPlane) -> None:
 
 def heartbeat_families(counts: tuple[int, int]) -> Iterator[Metric]:
     num_heartbeats, num_calls = counts
-    yield CounterMetricFamily(PREFIX + "coordinator_fast_heartbeats", "heartbeats served on the fast path", value=num_heartbeats)
-    yield CounterMetricFamily(PREFIX + "coordinator_heartbeat_script_calls", "Redis calls that carried them (batched)", value=num_calls)
+    yield CounterMetricFamily(
+        PREFIX + "coordinator_fast_heartbeats", "heartbeats served on the fast path", value=num_heartbeats
+    )
+    yield CounterMetricFamily(
+        PREFIX + "coordinator_heartbeat_script_calls", "Redis calls that carried them (batched)", value=num_calls
+    )
 
 
 def coordinator_families(control: ControlPlane) -> Iterator[Metric]:
@@ -51,13 +55,30 @@ def coordinator_families(control: ControlPlane) -> Iterator[Metric]:
     yield from worker_families(snapshot)
     capacity = snapshot.capacity
     if capacity.known:
-        yield gauge("capacity_required_samples_per_second", "throughput rule R / T_train", capacity.required_samples_per_s or 0.0)
-        yield gauge("capacity_current_samples_per_second", "sum of the active workers' samples/s", capacity.current_samples_per_s)
-        yield gauge("capacity_predicted_utilization", "capacity model: T_train / P*", capacity.predicted_utilization or 0.0)
-        yield gauge("capacity_staleness_feasible", "1 if S holds with a learner that never waits", float(bool(capacity.staleness_feasible)))
+        yield gauge(
+            "capacity_required_samples_per_second",
+            "throughput rule R / T_train",
+            capacity.required_samples_per_s or 0.0,
+        )
+        yield gauge(
+            "capacity_current_samples_per_second",
+            "sum of the active workers' samples/s",
+            capacity.current_samples_per_s,
+        )
+        yield gauge(
+            "capacity_predicted_utilization", "capacity model: T_train / P*", capacity.predicted_utilization or 0.0
+        )
+        yield gauge(
+            "capacity_staleness_feasible",
+            "1 if S holds with a learner that never waits",
+            float(bool(capacity.staleness_feasible)),
+        )
     yield gauge("control_pass_seconds", "wall seconds of the control loop's latest pass", control.last_pass_s)
-    yield gauge("control_pass_interval_seconds", "seconds between periodic passes (stretched when passes are slow)",
-                control.pass_interval_s())
+    yield gauge(
+        "control_pass_interval_seconds",
+        "seconds between periodic passes (stretched when passes are slow)",
+        control.pass_interval_s(),
+    )
     broadcast_s = recent_broadcast_s(coordinator.redis, coordinator.keys)
     if broadcast_s is not None:
         yield gauge("broadcast_seconds", "T_bcast: mean of the newest measured versions", broadcast_s)
@@ -76,7 +97,9 @@ def worker_families(snapshot: ControlSnapshot) -> Iterator[Metric]:
     yield by_state
     names = ("samples_per_second", "tokens_per_second", "policy_version", "price_per_hour")
     families = {
-        name: GaugeMetricFamily(PREFIX + "fleet_worker_" + name, f"per worker: {name.replace('_', ' ')}", labels=["worker", "name", "state"])
+        name: GaugeMetricFamily(
+            PREFIX + "fleet_worker_" + name, f"per worker: {name.replace('_', ' ')}", labels=["worker", "name", "state"]
+        )
         for name in names
     }
     for w in snapshot.workers:

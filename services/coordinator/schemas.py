@@ -38,14 +38,18 @@ class RegisterWorkerResponse(Body):
     lease_s: float
     heartbeat_interval_s: float
     staleness_bound: int
-    state: WorkerState = Field(WorkerState.ACTIVE, description="active: take tasks; standby: wait (heartbeats say when)")
+    state: WorkerState = Field(
+        WorkerState.ACTIVE, description="active: take tasks; standby: wait (heartbeats say when)"
+    )
 
 
 class WeightSwapReport(Body):
     """A worker's account of its latest weight swap: the input of the measured T_bcast."""
 
     policy_version: int = Field(ge=0, description="the version now loaded in the engine")
-    announced_at_s: float = Field(ge=0, description="unix time the learner announced it (WeightsPublished.published_at_s)")
+    announced_at_s: float = Field(
+        ge=0, description="unix time the learner announced it (WeightsPublished.published_at_s)"
+    )
     swapped_at_s: float = Field(ge=0, description="unix time the engine started sampling with it")
     num_bytes: int = Field(ge=0, description="bytes this worker downloaded for it")
     source_url: str = Field("", max_length=512, description="where the chunks came from (parent, holder or learner)")
@@ -147,7 +151,9 @@ class ParentResponse(Body):
 
     worker_id: str
     parent_id: str = Field(description='"learner" or a worker id')
-    parent_url: str = Field(description="the chunk server to stream from ('' : the learner, use the announcement's URL)")
+    parent_url: str = Field(
+        description="the chunk server to stream from ('' : the learner, use the announcement's URL)"
+    )
     depth: int = Field(ge=1)
     fallback_urls: list[str] = Field(description="other holders, best first; the learner is always the last resort")
     learner_url: str = Field(description="the learner's chunk server, from the newest announcement ('' before any)")

@@ -18,7 +18,11 @@ from shared.staleness import is_admissible, steps_remaining
 router = APIRouter(prefix="/v1", tags=["run"])
 
 # stream (as named in RunKeys) -> the consumer group whose unfinished entries are its depth
-CONSUMER_GROUP_OF_STREAM = {"tasks": ConsumerGroups.TASKS, "rollouts": ConsumerGroups.ROLLOUTS, "scored": ConsumerGroups.SCORED}
+CONSUMER_GROUP_OF_STREAM = {
+    "tasks": ConsumerGroups.TASKS,
+    "rollouts": ConsumerGroups.ROLLOUTS,
+    "scored": ConsumerGroups.SCORED,
+}
 
 
 @router.get("/staleness")

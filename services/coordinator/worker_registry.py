@@ -150,8 +150,14 @@ class WorkerRegistry:
         (services/coordinator/heartbeat_batch.py), which also records a reported weight swap; a swap
         reported for the first time may complete a version's T_bcast. Returns (state, new lease expiry)."""
         now_s = self.clock()
-        entry = HeartbeatEntry(worker_id=worker_id, token_sha256="", now_s=now_s, expiry_s=now_s + self.lease_s,
-                               fields=heartbeat_fields(request, now_s), swap=request.last_swap)
+        entry = HeartbeatEntry(
+            worker_id=worker_id,
+            token_sha256="",
+            now_s=now_s,
+            expiry_s=now_s + self.lease_s,
+            fields=heartbeat_fields(request, now_s),
+            swap=request.last_swap,
+        )
         script_keys, args = script_arguments(self.keys, [entry])
         (outcome,) = parse_outcomes(self._heartbeat_script(keys=script_keys, args=args))
         if outcome.code == UNKNOWN:
@@ -170,14 +176,18 @@ class WorkerRegistry:
             pipe.zrem(self.keys.worker_leases, worker_id)
             pipe.execute()
 
-    def set_states(self, changes: Mapping[str, tuple[WorkerState, tuple[WorkerState, ...]]]) -> dict[str, WorkerState | None]:
+    def set_states(
+        self, changes: Mapping[str, tuple[WorkerState, tuple[WorkerState, ...]]]
+    ) -> dict[str, WorkerState | None]:
         """Per worker id: (new state, states it may change from), applied atomically per worker (a worker
         the sweeper just marked dead stays dead). Returns each worker's state after (None: unknown)."""
         now_s = self.clock()
         with self.redis.pipeline(transaction=False) as pipe:
             for worker_id, (state, allowed_from) in changes.items():
                 self._set_state_script(
-                    keys=[self.keys.worker(worker_id)], args=[state.value, now_s, *(s.value for s in allowed_from)], client=pipe
+                    keys=[self.keys.worker(worker_id)],
+                    args=[state.value, now_s, *(s.value for s in allowed_from)],
+                    client=pipe,
                 )
             results = pipe.execute()
         return {worker_id: WorkerState(_text(r)) if r else None for worker_id, r in zip(changes, results, strict=True)}
@@ -185,7 +195,9 @@ class WorkerRegistry:
     def drain(self, worker_id: str) -> WorkerInfo:
         """Mark an active or standby worker draining (idempotent). Raises UnknownWorkerError or WorkerDeadError."""
         self.expire_due()
-        after = self.set_states({worker_id: (WorkerState.DRAINING, (WorkerState.ACTIVE, WorkerState.STANDBY))})[worker_id]
+        after = self.set_states({worker_id: (WorkerState.DRAINING, (WorkerState.ACTIVE, WorkerState.STANDBY))})[
+            worker_id
+        ]
         if after is None:
             raise UnknownWorkerError(f"no worker {worker_id} is registered")
         if after == WorkerState.DEAD:
@@ -218,7 +230,7 @@ class WorkerRegistry:
         worker_ids = [_text(worker_id) for worker_id in self.redis.smembers(self.keys.worker_ids)]
         records: list[WorkerInfo] = []
         for start in range(0, len(worker_ids), LIST_CHUNK):
-            raw = self._list_script(keys=[], args=[self.keys.worker(""), *worker_ids[start:start + LIST_CHUNK]])
+            raw = self._list_script(keys=[], args=[self.keys.worker(""), *worker_ids[start : start + LIST_CHUNK]])
             records.extend(_WORKER_LIST.validate_json(raw if raw not in (b"{}", "{}") else b"[]"))  # cjson: [] is {}
         return sorted(records, key=lambda r: (r.registered_at_s, r.worker_id))
 

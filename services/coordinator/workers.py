@@ -38,7 +38,9 @@ WorkerIdPath = Annotated[str, Path(min_length=1, max_length=64, description="id 
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)
-def register_worker(request: RegisterWorkerRequest, coordinator: CoordinatorDep, control: ControlDep) -> RegisterWorkerResponse:
+def register_worker(
+    request: RegisterWorkerRequest, coordinator: CoordinatorDep, control: ControlDep
+) -> RegisterWorkerResponse:
     """Join the run. The answer carries the worker's id and its bearer token (shown once, stored only as
     a sha256). The lease starts now: heartbeat every `heartbeat_interval_s`, well within `lease_s`.
     `state` is where it starts: active, or standby until cost-aware activation picks it (heartbeat
@@ -61,7 +63,11 @@ def register_worker(request: RegisterWorkerRequest, coordinator: CoordinatorDep,
 
 @router.post("/{worker_id}/heartbeat", responses=error_docs(401, 403, 404, 410))
 def heartbeat(
-    worker_id: WorkerIdPath, request: HeartbeatRequest, caller: CallerDep, coordinator: CoordinatorDep, control: ControlDep
+    worker_id: WorkerIdPath,
+    request: HeartbeatRequest,
+    caller: CallerDep,
+    coordinator: CoordinatorDep,
+    control: ControlDep,
 ) -> HeartbeatResponse:
     """Extend the lease by `lease_s` and report progress; the answer carries the state the control loop
     decided (active / standby / draining) and the learner's version as of its last pass. 410 means the
@@ -81,7 +87,9 @@ def heartbeat(
 
 
 @router.delete("/{worker_id}", status_code=status.HTTP_204_NO_CONTENT, responses=error_docs(401, 403, 404))
-def deregister_worker(worker_id: WorkerIdPath, caller: CallerDep, registry: RegistryDep, control: ControlDep) -> Response:
+def deregister_worker(
+    worker_id: WorkerIdPath, caller: CallerDep, registry: RegistryDep, control: ControlDep
+) -> Response:
     """Leave the run (with the worker's own token), or remove a worker (with the admin token)."""
     registry.ensure_known(worker_id)
     if not isinstance(caller, AdminCaller):

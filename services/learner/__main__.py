@@ -18,8 +18,9 @@ import sys
 
 
 def main() -> None:
-    argparse.ArgumentParser(prog="python -m services.learner", description=__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    argparse.ArgumentParser(
+        prog="python -m services.learner", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     from pydantic import ValidationError
 
     from services.learner.settings import LearnerSettings

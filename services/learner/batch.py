@@ -150,7 +150,12 @@ class BatchCollector:
         # Acked at once: the effect of a drop is only this count, which the next checkpoint records.
         self.num_dropped[reason.value] += 1
         call_with_retry(lambda: self.bus.ack(delivery.stream, delivery.group, [delivery.message_id]), "ack drop")
-        log.debug("dropped group %s (v%d): %s", delivery.message.rollout.group_id, delivery.message.rollout.policy_version, reason)
+        log.debug(
+            "dropped group %s (v%d): %s",
+            delivery.message.rollout.group_id,
+            delivery.message.rollout.policy_version,
+            reason,
+        )
 
     def _next_deliveries(self, count: int) -> list[tuple[Delivery[ScoredGroup], bool]]:
         if self._reply_maybe_lost:
@@ -161,8 +166,12 @@ class BatchCollector:
             return [(self._replay.popleft(), True) for _ in range(min(count, len(self._replay)))]
         deliveries = call_with_retry(
             lambda: self.bus.read(
-                self.keys.scored, ConsumerGroups.SCORED, LEARNER_CONSUMER, ScoredGroup,
-                count=count, block_ms=self.poll_block_ms,
+                self.keys.scored,
+                ConsumerGroups.SCORED,
+                LEARNER_CONSUMER,
+                ScoredGroup,
+                count=count,
+                block_ms=self.poll_block_ms,
             ),
             "read scored",
             on_retry=self._note_lost_reply,

@@ -37,7 +37,10 @@ def checkpoint_path(run_dir: Path) -> Path:
 
 
 def capture(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, policy_version: int, counters: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    policy_version: int,
+    counters: dict[str, Any],
     covered_message_ids: list[str],
 ) -> Checkpoint:
     return Checkpoint(

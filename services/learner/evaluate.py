@@ -22,13 +22,23 @@ class EvalResult:
 
 
 def evaluate_greedy(
-    model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, task: TaskAdapter, *, max_new_tokens: int, eos_token_id: int
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    task: TaskAdapter,
+    *,
+    max_new_tokens: int,
+    eos_token_id: int,
 ) -> EvalResult:
     """Decode every held-out prompt greedily and score it with the task's verifier."""
     prompts = [tokenizer(item.prompt, add_special_tokens=False)["input_ids"] for item in task.eval_set]
     completions = generate(
-        model, prompts, num_samples=1, max_new_tokens=max_new_tokens, temperature=1.0,
-        eos_token_id=eos_token_id, greedy=True,
+        model,
+        prompts,
+        num_samples=1,
+        max_new_tokens=max_new_tokens,
+        temperature=1.0,
+        eos_token_id=eos_token_id,
+        greedy=True,
     )
     rewards = []
     for item, (completion,) in zip(task.eval_set, completions, strict=True):

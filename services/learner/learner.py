@@ -70,7 +70,8 @@ class Learner:
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
 
         self.collector = BatchCollector(
-            bus, self.keys,
+            bus,
+            self.keys,
             staleness_bound=run.schedule.staleness_bound,
             groups_per_step=run.grpo.groups_per_step,
             vocab_size=self.model.get_input_embeddings().num_embeddings,
@@ -82,7 +83,9 @@ class Learner:
             self.store, settings.learner_host, settings.learner_port, wait_s=run.broadcast.chunk_wait_s
         )
         self.publisher = WeightPublisher(
-            bus, self.keys, self.store,
+            bus,
+            self.keys,
+            self.store,
             public_url=settings.resolved_public_url(self.server.port),
             cluster_key=settings.cluster_key.get_secret_value().encode(),
             chunk_size_bytes=run.broadcast.chunk_size_bytes,
@@ -205,8 +208,14 @@ class Learner:
         self.write_state("training")
         log.info(
             "step %d/%d reward %.3f train %.3fs idle %.3fs publish %.3fs lag %s dropped %s",
-            record.step, self.config.schedule.num_steps, record.reward_mean, record.train_s, record.idle_s,
-            record.publish_s, record.staleness_histogram, record.num_dropped or "{}",
+            record.step,
+            self.config.schedule.num_steps,
+            record.reward_mean,
+            record.train_s,
+            record.idle_s,
+            record.publish_s,
+            record.staleness_histogram,
+            record.num_dropped or "{}",
         )
 
     def evaluate_if_due(self) -> None:
@@ -216,16 +225,28 @@ class Learner:
     def evaluate(self) -> None:
         started_s = time.perf_counter()
         result = evaluate_greedy(
-            self.model, self.tokenizer, self.task,
-            max_new_tokens=self.config.grpo.max_new_tokens, eos_token_id=self.tokenizer.eos_token_id,
+            self.model,
+            self.tokenizer,
+            self.task,
+            max_new_tokens=self.config.grpo.max_new_tokens,
+            eos_token_id=self.tokenizer.eos_token_id,
         )
         record = EvalRecord(
-            eval_step=self.version, eval_accuracy=result.accuracy, eval_reward_mean=result.reward_mean,
-            num_eval_prompts=result.num_prompts, eval_s=time.perf_counter() - started_s, wall_s=self.wall_s(),
+            eval_step=self.version,
+            eval_accuracy=result.accuracy,
+            eval_reward_mean=result.reward_mean,
+            num_eval_prompts=result.num_prompts,
+            eval_s=time.perf_counter() - started_s,
+            wall_s=self.wall_s(),
         )
         self.totals.add_eval(record)
         self.metrics.append(record)
-        log.info("eval at version %d: accuracy %.3f on %d held-out prompts", self.version, result.accuracy, result.num_prompts)
+        log.info(
+            "eval at version %d: accuracy %.3f on %d held-out prompts",
+            self.version,
+            result.accuracy,
+            result.num_prompts,
+        )
 
     def checkpoint_if_due(self) -> None:
         if self.version % self.config.schedule.checkpoint_every == 0:
@@ -254,7 +275,13 @@ class Learner:
         write_summary(self.run_dir / "learner_summary.json", summary)
         # On a signal the run is not over (a restart continues it): the status stays "training".
         self.write_state("done" if finished else "training")
-        log.info("stopped (%s) at version %d after %.1fs, busy %.0f%%", stop_reason, self.version, summary.wall_s, 100 * summary.busy_fraction)
+        log.info(
+            "stopped (%s) at version %d after %.1fs, busy %.0f%%",
+            stop_reason,
+            self.version,
+            summary.wall_s,
+            100 * summary.busy_fraction,
+        )
         return summary
 
     # helpers
@@ -277,7 +304,9 @@ class Learner:
         self.totals.num_dead_lettered = self.collector.num_dead_lettered
 
     def ack(self, message_ids: list[str]) -> None:
-        call_with_retry(lambda: self.bus.ack(self.keys.scored, ConsumerGroups.SCORED, message_ids), "ack trained groups")
+        call_with_retry(
+            lambda: self.bus.ack(self.keys.scored, ConsumerGroups.SCORED, message_ids), "ack trained groups"
+        )
 
     def ensure_initial_policy(self) -> Path:
         model_dir = self.settings.resolved_model_dir()

@@ -29,8 +29,12 @@ def build_tokenizer(alphabet: str, out_dir: Path) -> None:
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD_TOKEN))
     tokenizer.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")  # every character alone
     wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token=PAD_TOKEN, eos_token=EOS_TOKEN, bos_token=BOS_TOKEN,
-        padding_side="left", clean_up_tokenization_spaces=False,
+        tokenizer_object=tokenizer,
+        pad_token=PAD_TOKEN,
+        eos_token=EOS_TOKEN,
+        bos_token=BOS_TOKEN,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
     )
     wrapped.save_pretrained(out_dir)
 

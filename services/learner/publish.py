@@ -114,15 +114,19 @@ class WeightPublisher:
         started_s = time.perf_counter()
         blob = serialize_weights(model)
         full, chunks = build_manifest(
-            blob, run_id=self.keys.run_id, policy_version=policy_version,
-            chunk_size_bytes=self.chunk_size_bytes, cluster_key=self.cluster_key,
+            blob,
+            run_id=self.keys.run_id,
+            policy_version=policy_version,
+            chunk_size_bytes=self.chunk_size_bytes,
+            cluster_key=self.cluster_key,
         )
         self.store.put_version(full, chunks)  # every chunk servable from here on
         announced = self.make_delta(full, blob) or full
         announcement = WeightsPublished(
             run_id=self.keys.run_id,
             policy_version=policy_version,
-            manifest_url=self.public_url + manifest_path(policy_version, "delta" if announced.payload == "delta" else None),
+            manifest_url=self.public_url
+            + manifest_path(policy_version, "delta" if announced.payload == "delta" else None),
             manifest_sha256=announced.sha256(),
             total_size_bytes=announced.total_size_bytes,
             num_chunks=announced.num_chunks,
@@ -134,8 +138,14 @@ class WeightPublisher:
         published = PublishedVersion(announced, full, announcement, time.perf_counter() - started_s)
         self.write_journal(published)
         log.info(
-            "published v%d as %s: %d bytes (%.3f of %d full) in %d chunks (%.3fs)", policy_version, announced.payload,
-            announced.total_size_bytes, published.size_fraction, full.total_size_bytes, announced.num_chunks, published.publish_s,
+            "published v%d as %s: %d bytes (%.3f of %d full) in %d chunks (%.3fs)",
+            policy_version,
+            announced.payload,
+            announced.total_size_bytes,
+            published.size_fraction,
+            full.total_size_bytes,
+            announced.num_chunks,
+            published.publish_s,
         )
         return published
 

@@ -37,8 +37,13 @@ def sample_scored_groups(
     """One GRPO group of `group_size` samples per prompt, sampled by `model` (as `policy_version`)."""
     prompt_ids = [tokenizer(item.prompt, add_special_tokens=False)["input_ids"] for item in prompts]
     samples = generate(
-        model, prompt_ids, num_samples=group_size, max_new_tokens=max_new_tokens, temperature=temperature,
-        eos_token_id=tokenizer.eos_token_id, generator=generator,
+        model,
+        prompt_ids,
+        num_samples=group_size,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        eos_token_id=tokenizer.eos_token_id,
+        generator=generator,
     )
     groups = []
     for item, ids, completions in zip(prompts, prompt_ids, samples, strict=True):

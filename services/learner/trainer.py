@@ -1,8 +1,8 @@
 """The policy, its optimizer, and one GRPO training step.
 
-    logprobs  = log pi_theta(completion tokens)            # one forward, teacher forcing
-    loss      = decoupled clipped surrogate (grpo.py)      # pi_prox = pi_theta at the step's start
-    backward, clip the gradient norm, AdamW step
+logprobs  = log pi_theta(completion tokens)            # one forward, teacher forcing
+loss      = decoupled clipped surrogate (grpo.py)      # pi_prox = pi_theta at the step's start
+backward, clip the gradient norm, AdamW step
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ class StepResult:
     train_s: float  # forward + backward + optimizer step
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch, grpo: GRPOConfig) -> StepResult:
+def train_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch, grpo: GRPOConfig
+) -> StepResult:
     """One optimizer step on `batch`: the learner's version advances by one after it."""
     started_s = time.perf_counter()
     model.train()

@@ -12,8 +12,9 @@ import signal
 
 
 def main() -> None:
-    argparse.ArgumentParser(prog="python -m services.reward", description=__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    argparse.ArgumentParser(
+        prog="python -m services.reward", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     from services.reward.service import RewardService
     from services.reward.settings import RewardSettings
     from shared.bus import StreamBus, connect
@@ -29,9 +30,15 @@ def main() -> None:
     service = RewardService(run, settings, bus)
     from shared.metrics import CallbackCollector, reward_families, start_metrics_server, stream_depth_families
 
-    start_metrics_server(settings.metrics_port, CallbackCollector(lambda: [
-        *reward_families(service.num_scored, service.num_tasks_published), *stream_depth_families(bus, keys),
-    ]))
+    start_metrics_server(
+        settings.metrics_port,
+        CallbackCollector(
+            lambda: [
+                *reward_families(service.num_scored, service.num_tasks_published),
+                *stream_depth_families(bus, keys),
+            ]
+        ),
+    )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: service.stop_event.set())
     service.run_forever()

@@ -15,7 +15,9 @@ class UnscorableGroupError(ValueError):
 
 def score_group(group: RolloutGroup, task: TaskAdapter, redis_client: redis.Redis, keys: RunKeys) -> ScoredGroup:
     if group.task_name != task.name:
-        raise UnscorableGroupError(f"group {group.group_id} is for task {group.task_name!r}, this run scores {task.name!r}")
+        raise UnscorableGroupError(
+            f"group {group.group_id} is for task {group.task_name!r}, this run scores {task.name!r}"
+        )
     reference = redis_client.get(keys.task_reference(group.task_id))
     if reference is None:
         raise UnscorableGroupError(f"no reference for task {group.task_id} (never issued by this run, or expired)")

@@ -34,7 +34,9 @@ class RewardService:
         self.settings = settings
         self.bus = bus
         self.keys = RunKeys(run.run_id)
-        self.task: TaskAdapter = make_task(run.task.name, num_eval_prompts=run.task.num_eval_prompts, seed=run.task.seed)
+        self.task: TaskAdapter = make_task(
+            run.task.name, num_eval_prompts=run.task.num_eval_prompts, seed=run.task.seed
+        )
         self.stop_event = threading.Event()
         self.num_scored = 0
         self.num_tasks_published = 0
@@ -56,7 +58,9 @@ class RewardService:
                 backoff_s = min(2 * backoff_s, MAX_BACKOFF_S)
 
     def serve_once(self) -> None:
-        self.num_tasks_published += top_up_tasks(self.bus, self.keys, self.task, self.run, self.settings.reference_ttl_s)
+        self.num_tasks_published += top_up_tasks(
+            self.bus, self.keys, self.task, self.run, self.settings.reference_ttl_s
+        )
         self.score_and_forward(self.receive_rollouts())
 
     def create_groups(self) -> None:
@@ -69,19 +73,29 @@ class RewardService:
     def finish_own_pending(self) -> None:
         """After a restart: rollouts this consumer read but never acked are scored first."""
         self.score_and_forward(
-            self.bus.read_own_pending(self.keys.rollouts, ConsumerGroups.ROLLOUTS, self.settings.consumer_name, RolloutGroup)
+            self.bus.read_own_pending(
+                self.keys.rollouts, ConsumerGroups.ROLLOUTS, self.settings.consumer_name, RolloutGroup
+            )
         )
 
     def receive_rollouts(self) -> list[Delivery[RolloutGroup]]:
         claimed = self.bus.claim_stale(
-            self.keys.rollouts, ConsumerGroups.ROLLOUTS, self.settings.consumer_name, RolloutGroup,
-            min_idle_ms=self.settings.claim_idle_ms, count=32,
+            self.keys.rollouts,
+            ConsumerGroups.ROLLOUTS,
+            self.settings.consumer_name,
+            RolloutGroup,
+            min_idle_ms=self.settings.claim_idle_ms,
+            count=32,
         )
         if claimed:
             return claimed
         return self.bus.read(
-            self.keys.rollouts, ConsumerGroups.ROLLOUTS, self.settings.consumer_name, RolloutGroup,
-            count=32, block_ms=self.settings.poll_block_ms,
+            self.keys.rollouts,
+            ConsumerGroups.ROLLOUTS,
+            self.settings.consumer_name,
+            RolloutGroup,
+            count=32,
+            block_ms=self.settings.poll_block_ms,
         )
 
     def score_and_forward(self, deliveries: list[Delivery[RolloutGroup]]) -> None:

@@ -22,7 +22,9 @@ def groups_in_flight(bus: StreamBus, keys: RunKeys) -> int:
     """Groups produced but not yet read by the learner."""
     tasks_lag, tasks_pending = bus.group_progress(keys.tasks, ConsumerGroups.TASKS)
     rollouts_lag, rollouts_pending = bus.group_progress(keys.rollouts, ConsumerGroups.ROLLOUTS)
-    scored_lag, _ = bus.group_progress(keys.scored, ConsumerGroups.SCORED)  # pending there = trained, awaiting checkpoint
+    scored_lag, _ = bus.group_progress(
+        keys.scored, ConsumerGroups.SCORED
+    )  # pending there = trained, awaiting checkpoint
     return tasks_lag + tasks_pending + rollouts_lag + rollouts_pending + scored_lag
 
 

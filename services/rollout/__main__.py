@@ -65,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     worker = RolloutWorker(run, settings, engine, connect(settings.redis_url), stopping)
     from shared.metrics import CallbackCollector, rollout_families, start_metrics_server
 
-    start_metrics_server(settings.metrics_port, CallbackCollector(lambda: rollout_families(settings.worker_name, worker.report())))
+    start_metrics_server(
+        settings.metrics_port, CallbackCollector(lambda: rollout_families(settings.worker_name, worker.report()))
+    )
     worker.run()
     return 0
 

@@ -95,7 +95,10 @@ class Membership:
             self.obey(registration.state)
             log.info(
                 "registered as %s (lease %.1fs, heartbeat every %.1fs, staleness bound %d)",
-                registration.worker_id, registration.lease_s, registration.heartbeat_interval_s, registration.staleness_bound,
+                registration.worker_id,
+                registration.lease_s,
+                registration.heartbeat_interval_s,
+                registration.staleness_bound,
             )
             return registration
         raise NotRegisteredError("stopped before the coordinator accepted the registration")

@@ -83,7 +83,9 @@ class RelayFetcher:
         self.version_timeout_s = version_timeout_s
         self._http = httpx.Client(timeout=repair_timeout_s)
 
-    def fetch(self, manifest: Manifest, resolve: SourceResolver, *, manifest_wait_s: float | None = None) -> ArtifactFetch:
+    def fetch(
+        self, manifest: Manifest, resolve: SourceResolver, *, manifest_wait_s: float | None = None
+    ) -> ArtifactFetch:
         """Every chunk of `manifest` into the store, verified; returns the payload bytes.
         Raises RelayFetchError when the deadline passes with chunks still missing."""
         started_s = time.monotonic()
@@ -103,7 +105,11 @@ class RelayFetcher:
                 candidates = sources
                 time.sleep(min(RETRY_ALL_FAILED_S, max(0.0, deadline_s - time.monotonic())))
             if time.monotonic() >= deadline_s or num_rounds > MAX_ROUNDS or not candidates:
-                why = f"after {self.version_timeout_s}s" if time.monotonic() >= deadline_s else f"after {num_rounds - 1} rounds over every source"
+                why = (
+                    f"after {self.version_timeout_s}s"
+                    if time.monotonic() >= deadline_s
+                    else f"after {num_rounds - 1} rounds over every source"
+                )
                 raise RelayFetchError(
                     f"version {manifest.artifact}: {len(missing)} of {manifest.num_chunks} chunks still missing {why}; "
                     f"failures: {'; '.join(result.failures) or 'no source to ask'}"
@@ -148,7 +154,9 @@ class RelayFetcher:
                     self._store(manifest, index, data)
                 except ChunkVerificationError as exc:
                     result.corrupt_by_source[source] += 1
-                    log.warning("version %s chunk %d from %s is corrupt (%s); repairing", manifest.artifact, index, source, exc)
+                    log.warning(
+                        "version %s chunk %d from %s is corrupt (%s); repairing", manifest.artifact, index, source, exc
+                    )
                     self._repair(manifest, index, [url for url in sources if url != source], result)
                     if result.corrupt_by_source[source] >= MAX_CORRUPT_PER_SOURCE:
                         return f"sent {result.corrupt_by_source[source]} corrupt chunks"

@@ -35,12 +35,22 @@ class CoordinatorParents:
             if response.status_code != 200:
                 raise ValueError(f"HTTP {response.status_code}: {response.text[:200]}")
             parent = ParentResponse.model_validate_json(response.content)
-        except (httpx.HTTPError, ValidationError, ValueError, RuntimeError) as exc:  # NotRegisteredError is a RuntimeError
+        except (
+            httpx.HTTPError,
+            ValidationError,
+            ValueError,
+            RuntimeError,
+        ) as exc:  # NotRegisteredError is a RuntimeError
             log.warning("no relay parent from %s (%s): fetching from the learner", self.coordinator_url, exc)
             return [learner_url]
         if parent != self.last:
-            log.info("relay parent %s (%s), depth %d, %d fallbacks", parent.parent_id, parent.parent_url or learner_url,
-                     parent.depth, len(parent.fallback_urls))
+            log.info(
+                "relay parent %s (%s), depth %d, %d fallbacks",
+                parent.parent_id,
+                parent.parent_url or learner_url,
+                parent.depth,
+                len(parent.fallback_urls),
+            )
         self.last = parent
         return [parent.parent_url or learner_url, *parent.fallback_urls]
 

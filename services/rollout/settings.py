@@ -21,7 +21,8 @@ class RolloutSettings(ServiceSettings):
     worker_host: str = Field("127.0.0.1", description="interface this worker's chunk server binds and advertises")
     worker_port: int = Field(0, ge=0, le=65535, description="chunk server port (0: any free port)")
     worker_public_url: str | None = Field(
-        None, description="how other workers reach this chunk server to relay weights; default http://<worker_host>:<bound port>"
+        None,
+        description="how other workers reach this chunk server to relay weights; default http://<worker_host>:<bound port>",
     )
     worker_price_per_hour: float = Field(0.0, ge=0, description="what this worker costs, $/h")
     worker_gpu_type: str = Field("cpu", min_length=1, description="accelerator kind reported at registration")

@@ -42,7 +42,9 @@ class TorchEngine(InferenceEngine):
         self.pad_token_id = self._pad_token_id()
         self.eos_token_ids = torch.tensor(sorted(self._eos_token_ids()), device=self.device)
         self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
-        self.ties_output_to_input = self.model.get_output_embeddings().weight is self.model.get_input_embeddings().weight
+        self.ties_output_to_input = (
+            self.model.get_output_embeddings().weight is self.model.get_input_embeddings().weight
+        )
         self._policy_version = -1
 
     @property
@@ -53,12 +55,16 @@ class TorchEngine(InferenceEngine):
         self, prompts: list[str], num_samples: int, max_new_tokens: int, temperature: float, greedy: bool = False
     ) -> list[list[Sample]]:
         if num_samples < 1 or max_new_tokens < 1 or temperature <= 0:
-            raise ValueError(f"need num_samples >= 1, max_new_tokens >= 1, temperature > 0; got {num_samples}, {max_new_tokens}, {temperature}")
+            raise ValueError(
+                f"need num_samples >= 1, max_new_tokens >= 1, temperature > 0; got {num_samples}, {max_new_tokens}, {temperature}"
+            )
         if not prompts:
             return []
         prompt_ids = self.encode_prompts(prompts, max_new_tokens)
         with torch.inference_mode():
-            tokens, logprobs, lengths, stopped = self._sample(prompt_ids, num_samples, max_new_tokens, temperature, greedy)
+            tokens, logprobs, lengths, stopped = self._sample(
+                prompt_ids, num_samples, max_new_tokens, temperature, greedy
+            )
         return self._to_samples(prompt_ids, num_samples, tokens, logprobs, lengths, stopped)
 
     def encode_prompts(self, prompts: list[str], max_new_tokens: int = 0) -> list[list[int]]:
@@ -93,7 +99,11 @@ class TorchEngine(InferenceEngine):
         input_ids, attention_mask = self._left_pad(prompt_ids)  # (P, L) each
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # pads sit at 0; real tokens count from 0
         out = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, logits_to_keep=1
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            logits_to_keep=1,
         )
         cache = out.past_key_values
         cache.batch_repeat_interleave(num_samples)  # (P, ...) -> (B, ...): sample j of prompt i is row i*G + j
@@ -118,8 +128,11 @@ class TorchEngine(InferenceEngine):
                 break
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((num_rows, 1))], dim=1)
             out = self.model(
-                input_ids=token[:, None], attention_mask=attention_mask, position_ids=next_position,
-                past_key_values=cache, use_cache=True,
+                input_ids=token[:, None],
+                attention_mask=attention_mask,
+                position_ids=next_position,
+                past_key_values=cache,
+                use_cache=True,
             )
             logits = out.logits[:, -1]
             next_position = next_position + 1
@@ -146,9 +159,17 @@ class TorchEngine(InferenceEngine):
         token_rows, logprob_rows = tokens.tolist(), logprobs.tolist()
         length_list, stopped_list = lengths.tolist(), stopped.tolist()
         completions = [tuple(token_row[:length]) for token_row, length in zip(token_rows, length_list, strict=True)]
-        visible = [c[:-1] if stop else c for c, stop in zip(completions, stopped_list, strict=True)]  # text excludes EOS
+        visible = [
+            c[:-1] if stop else c for c, stop in zip(completions, stopped_list, strict=True)
+        ]  # text excludes EOS
         distinct = list(dict.fromkeys(visible))  # tiny vocabularies repeat completions: decode each once
-        texts = dict(zip(distinct, self.tokenizer.batch_decode([list(c) for c in distinct], clean_up_tokenization_spaces=False), strict=True))
+        texts = dict(
+            zip(
+                distinct,
+                self.tokenizer.batch_decode([list(c) for c in distinct], clean_up_tokenization_spaces=False),
+                strict=True,
+            )
+        )
         return [
             [
                 Sample(
@@ -178,7 +199,11 @@ class TorchEngine(InferenceEngine):
         unexpected = sorted(state.keys() - expected.keys())
         if missing or unexpected:
             raise WeightsLoadError(f"blob does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        wrong_shapes = [f"{k}: {tuple(v.shape)} != {tuple(expected[k].shape)}" for k, v in state.items() if v.shape != expected[k].shape]
+        wrong_shapes = [
+            f"{k}: {tuple(v.shape)} != {tuple(expected[k].shape)}"
+            for k, v in state.items()
+            if v.shape != expected[k].shape
+        ]
         if wrong_shapes:
             raise WeightsLoadError(f"blob has tensors of the wrong shape: {wrong_shapes[:5]}")
         if TIED_OUTPUT_KEY in optional and TIED_OUTPUT_KEY in state:

@@ -99,8 +99,12 @@ class WeightsSync:
         self.parents = parents  # None: fetch from the learner only
         self.retry_failed_after_s = retry_failed_after_s
         self.relay = RelayFetcher(
-            store, own_url=own_url, stall_timeout_s=stall_timeout_s, manifest_wait_s=chunk_wait_s,
-            version_timeout_s=version_timeout_s, repair_timeout_s=fetch_timeout_s,
+            store,
+            own_url=own_url,
+            stall_timeout_s=stall_timeout_s,
+            manifest_wait_s=chunk_wait_s,
+            version_timeout_s=version_timeout_s,
+            repair_timeout_s=fetch_timeout_s,
         )
         self.loaded: WeightsPublished | None = None
         self.last_swap: WeightSwapReport | None = None  # read by the heartbeat thread
@@ -178,7 +182,12 @@ class WeightsSync:
             if manifest.payload == "delta":  # a late joiner, or it missed the base: the full payload
                 full = fetch_manifest(self._http, learner_url, version, self.cluster_key, payload="full")
                 check_full_matches(manifest, full)
-                log.info("no base v%d (%s..) for delta v%d: fetching the full payload", manifest.base_version, manifest.base_sha256[:12], version)
+                log.info(
+                    "no base v%d (%s..) for delta v%d: fetching the full payload",
+                    manifest.base_version,
+                    manifest.base_sha256[:12],
+                    version,
+                )
             # peers hold a delta version's full payload only once they rebuilt it: do not wait for them
             fetched = self.relay.fetch(full, resolve, manifest_wait_s=0.0 if full is not manifest else None)
             blob = fetched.blob
@@ -209,7 +218,9 @@ class WeightsSync:
                     else:  # wake up on the next announcement (or after the block)
                         self.redis.xread({self.keys.weights: self._last_entry_id}, count=1, block=POLL_BLOCK_MS)
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
-                    log.warning("redis unavailable for weight announcements (%s); retrying in %.1fs", exc, REDIS_RETRY_S)
+                    log.warning(
+                        "redis unavailable for weight announcements (%s); retrying in %.1fs", exc, REDIS_RETRY_S
+                    )
                     self._stopping.wait(REDIS_RETRY_S)
         except BaseException as exc:  # noqa: B036 (handed to the worker loop, see update)
             log.exception("weights-sync thread stopped")
@@ -236,7 +247,10 @@ class WeightsSync:
         self.num_rejected += 1
         log.warning(
             "rejected weights version %d (%s); keeping version %s, retrying in %.1fs",
-            announcement.policy_version, exc, self.loaded.policy_version if self.loaded else "none", self.retry_failed_after_s,
+            announcement.policy_version,
+            exc,
+            self.loaded.policy_version if self.loaded else "none",
+            self.retry_failed_after_s,
         )
 
     def _should_try(self, announcement: WeightsPublished) -> bool:
@@ -283,7 +297,9 @@ def rebuild_from_delta(delta: Manifest, base_blob: bytes, payload: bytes) -> byt
 def check_manifest_matches(announcement: WeightsPublished, manifest: Manifest, run_id: str) -> None:
     """The (signature-checked) manifest must be the one the announcement names, for this run."""
     if manifest.run_id != run_id:
-        raise AnnouncementError(f"manifest of version {manifest.policy_version} is for run {manifest.run_id!r}, not {run_id!r}")
+        raise AnnouncementError(
+            f"manifest of version {manifest.policy_version} is for run {manifest.run_id!r}, not {run_id!r}"
+        )
     if manifest.sha256() != announcement.manifest_sha256:
         raise AnnouncementError(f"manifest of version {manifest.artifact} is not the announced one (sha256 differs)")
     if (manifest.total_size_bytes, manifest.num_chunks) != (announcement.total_size_bytes, announcement.num_chunks):
@@ -296,15 +312,22 @@ def check_manifest_matches(announcement: WeightsPublished, manifest: Manifest, r
 def check_full_matches(announced: Manifest, full: Manifest) -> None:
     """A (signature-checked) full manifest must describe the weights the announced manifest names."""
     if (full.run_id, full.policy_version, full.payload) != (announced.run_id, announced.policy_version, "full"):
-        raise AnnouncementError(f"the full manifest {full.artifact} of run {full.run_id!r} does not go with {announced.artifact}")
+        raise AnnouncementError(
+            f"the full manifest {full.artifact} of run {full.run_id!r} does not go with {announced.artifact}"
+        )
     if full.blob_sha256 != announced.full_sha256:
-        raise AnnouncementError(f"the full payload of version {full.policy_version} is not the weights the announced delta names")
+        raise AnnouncementError(
+            f"the full payload of version {full.policy_version} is not the weights the announced delta names"
+        )
 
 
 def log_fetch(manifest: Manifest, fetched: ArtifactFetch) -> None:
     log.info(
         "fetched version %s: %d bytes in %d chunks, %.3fs, from %s%s%s",
-        fetched.manifest.artifact, fetched.manifest.total_size_bytes, fetched.manifest.num_chunks, fetched.seconds,
+        fetched.manifest.artifact,
+        fetched.manifest.total_size_bytes,
+        fetched.manifest.num_chunks,
+        fetched.seconds,
         ", ".join(f"{url} ({num} B)" for url, num in fetched.bytes_by_source.items()) or "the local store",
         f"; {fetched.num_corrupt_chunks} corrupt chunks refetched" if fetched.num_corrupt_chunks else "",
         f"; {len(fetched.failures)} source failures" if fetched.failures else "",

@@ -94,7 +94,10 @@ class RolloutWorker:
             self.store, host=settings.worker_host, port=settings.worker_port, wait_s=run.broadcast.chunk_wait_s
         )
         self.weights = WeightsSync(
-            redis_client, self.keys, self.store, settings.cluster_key.get_secret_value().encode(),
+            redis_client,
+            self.keys,
+            self.store,
+            settings.cluster_key.get_secret_value().encode(),
             fetch_timeout_s=run.broadcast.chunk_wait_s + 5.0,
             # relay: stream from the parent the coordinator assigns; fetching runs on its own thread
             parents=CoordinatorParents(settings.coordinator_url, lambda: self.membership.worker_id),
@@ -155,7 +158,9 @@ class RolloutWorker:
         self.bus.ensure_group(self.keys.tasks, CONSUMER_GROUP)
         registration = self.membership.register()
         if registration.run_id != self.keys.run_id:
-            raise ValueError(f"the coordinator at {self.settings.coordinator_url} runs {registration.run_id!r}, not {self.keys.run_id!r}")
+            raise ValueError(
+                f"the coordinator at {self.settings.coordinator_url} runs {registration.run_id!r}, not {self.keys.run_id!r}"
+            )
         self.membership.start_heartbeats()
         self.weights.start()
         log.info("waiting for the first announced weights on %s", self.keys.weights)
@@ -168,7 +173,10 @@ class RolloutWorker:
         self.coordinator.close()
         self.membership.client.close()
         log.info(
-            "stopped: %d groups, %d samples, %d dead-lettered", self.num_groups_done, self.num_samples_done, self.num_dead_lettered
+            "stopped: %d groups, %d samples, %d dead-lettered",
+            self.num_groups_done,
+            self.num_samples_done,
+            self.num_dead_lettered,
         )
 
     # the loop's steps
@@ -189,10 +197,13 @@ class RolloutWorker:
             self._note_gate("failing open", f"coordinator unavailable ({exc})")
             return True
         if verdict.admissible:
-            self._note_gate("open", f"version {verdict.policy_version} admissible for {verdict.steps_remaining} more steps")
+            self._note_gate(
+                "open", f"version {verdict.policy_version} admissible for {verdict.steps_remaining} more steps"
+            )
             return True
         self._note_gate(
-            "closed", f"version {verdict.policy_version} too old for learner {verdict.learner_version} (S={verdict.staleness_bound})"
+            "closed",
+            f"version {verdict.policy_version} too old for learner {verdict.learner_version} (S={verdict.staleness_bound})",
         )
         return False
 
@@ -204,13 +215,19 @@ class RolloutWorker:
         """Tasks a dead consumer left pending first, then new ones (blocking up to READ_BLOCK_MS)."""
         count = self.settings.worker_max_groups_per_batch
         claimed = self.bus.claim_stale(
-            self.keys.tasks, CONSUMER_GROUP, self.consumer_name, TaskGroup,
-            min_idle_ms=self.run_config.rollout.claim_idle_ms, count=count,
+            self.keys.tasks,
+            CONSUMER_GROUP,
+            self.consumer_name,
+            TaskGroup,
+            min_idle_ms=self.run_config.rollout.claim_idle_ms,
+            count=count,
         )
         if claimed:
             log.info("claimed %d stale tasks", len(claimed))
             return claimed
-        return self.bus.read(self.keys.tasks, CONSUMER_GROUP, self.consumer_name, TaskGroup, count=count, block_ms=READ_BLOCK_MS)
+        return self.bus.read(
+            self.keys.tasks, CONSUMER_GROUP, self.consumer_name, TaskGroup, count=count, block_ms=READ_BLOCK_MS
+        )
 
     def generate_groups(self, deliveries: list[Delivery[TaskGroup]]) -> list[Outcome]:
         """Sample every task; tasks sharing sampling parameters go through the engine in one call."""
@@ -226,7 +243,9 @@ class RolloutWorker:
     def publish_and_ack(self, outcomes: list[Outcome]) -> None:
         """The batch's groups go to `rollouts` and their tasks are acked in one transaction."""
         groups = [(delivery, result) for delivery, result in outcomes if isinstance(result, RolloutGroup)]
-        self.bus.publish_and_ack(self.keys.rollouts, [group for _, group in groups], [delivery for delivery, _ in groups])
+        self.bus.publish_and_ack(
+            self.keys.rollouts, [group for _, group in groups], [delivery for delivery, _ in groups]
+        )
         self.num_groups_done += len(groups)
         self.num_samples_done += sum(group.num_samples for _, group in groups)
         for delivery, result in outcomes:
@@ -263,7 +282,9 @@ class RolloutWorker:
             return [outcome for delivery in batch for outcome in self._generate_batch([delivery])]
         generation_s = time.perf_counter() - started_s
         self.throughput.record(
-            sum(len(samples) for samples in groups), generation_s, sum(s.num_tokens for samples in groups for s in samples)
+            sum(len(samples) for samples in groups),
+            generation_s,
+            sum(s.num_tokens for samples in groups for s in samples),
         )
         worker_id = self.membership.worker_id
         return [

@@ -22,7 +22,9 @@ class TaskAdapter(ABC):
     def __init__(self, *, num_eval_prompts: int, seed: int) -> None:
         universe = self.all_prompts()
         if num_eval_prompts >= len(universe):
-            raise ValueError(f"{self.name}: {num_eval_prompts} held-out prompts leave none of {len(universe)} to train on")
+            raise ValueError(
+                f"{self.name}: {num_eval_prompts} held-out prompts leave none of {len(universe)} to train on"
+            )
         shuffled = random.Random(seed).sample(universe, len(universe))
         self.eval_set: list[TaskPrompt] = shuffled[:num_eval_prompts]
         self.train_set: list[TaskPrompt] = shuffled[num_eval_prompts:]

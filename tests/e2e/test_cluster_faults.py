@@ -18,10 +18,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_the_run_survives_a_killed_worker_and_a_killed_learner(tmp_path: Path, repo_root: Path) -> None:
-    cluster = LocalCluster(ClusterOptions(
-        config_path=repo_root / "tests" / "e2e" / "cluster_test.toml", num_workers=3, runs_dir=tmp_path,
-        progress_interval_s=0.5,
-    ))
+    cluster = LocalCluster(
+        ClusterOptions(
+            config_path=repo_root / "tests" / "e2e" / "cluster_test.toml",
+            num_workers=3,
+            runs_dir=tmp_path,
+            progress_interval_s=0.5,
+        )
+    )
     injected: list[str] = []
 
     def inject_faults(status: dict) -> None:

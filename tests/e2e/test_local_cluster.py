@@ -14,10 +14,14 @@ pytestmark = pytest.mark.e2e
 
 
 def test_a_short_run_learns_within_the_staleness_bound_and_stops_every_process(tmp_path: Path, repo_root: Path) -> None:
-    cluster = LocalCluster(ClusterOptions(
-        config_path=repo_root / "tests" / "e2e" / "cluster_test.toml", num_workers=3, runs_dir=tmp_path,
-        progress_interval_s=1.0,
-    ))
+    cluster = LocalCluster(
+        ClusterOptions(
+            config_path=repo_root / "tests" / "e2e" / "cluster_test.toml",
+            num_workers=3,
+            runs_dir=tmp_path,
+            progress_interval_s=1.0,
+        )
+    )
     try:
         cluster.start()
         status = cluster.wait_until_done()

@@ -37,7 +37,9 @@ def api(redis_client: redis.Redis, keys: RunKeys) -> Iterator[httpx.Client]:
 
 
 def register(api: httpx.Client, name: str, mbps: float) -> RegisterWorkerResponse:
-    response = api.post("/v1/workers", json={"name": name, "endpoint_url": f"http://{name}:9000", "bandwidth_mbps": mbps})
+    response = api.post(
+        "/v1/workers", json={"name": name, "endpoint_url": f"http://{name}:9000", "bandwidth_mbps": mbps}
+    )
     assert response.status_code == 201, response.text
     return RegisterWorkerResponse.model_validate(response.json())
 
@@ -55,16 +57,31 @@ def parent(api: httpx.Client, worker: RegisterWorkerResponse) -> ParentResponse:
 
 
 def heartbeat(api: httpx.Client, worker: RegisterWorkerResponse, **last_swap: float) -> None:
-    body = {"policy_version": int(last_swap["policy_version"]), "last_swap": {**last_swap, "num_bytes": 1000}} if last_swap else {}
-    response = api.post(f"/v1/workers/{worker.worker_id}/heartbeat", json=body, headers={"Authorization": f"Bearer {worker.token}"})
+    body = (
+        {"policy_version": int(last_swap["policy_version"]), "last_swap": {**last_swap, "num_bytes": 1000}}
+        if last_swap
+        else {}
+    )
+    response = api.post(
+        f"/v1/workers/{worker.worker_id}/heartbeat", json=body, headers={"Authorization": f"Bearer {worker.token}"}
+    )
     assert response.status_code == 200, response.text
 
 
 def test_the_plan_chains_workers_by_bandwidth_and_follows_joins_and_deaths(
     api: httpx.Client, bus: StreamBus, keys: RunKeys, redis_client: redis.Redis
 ) -> None:
-    bus.publish(keys.weights, WeightsPublished(run_id=keys.run_id, policy_version=0, manifest_url=f"{LEARNER_URL}/v1/weights/0/manifest",
-                                               manifest_sha256="0" * 64, total_size_bytes=10, num_chunks=1))
+    bus.publish(
+        keys.weights,
+        WeightsPublished(
+            run_id=keys.run_id,
+            policy_version=0,
+            manifest_url=f"{LEARNER_URL}/v1/weights/0/manifest",
+            manifest_sha256="0" * 64,
+            total_size_bytes=10,
+            num_chunks=1,
+        ),
+    )
     slow, fast, middle = register(api, "slow", 100), register(api, "fast", 900), register(api, "middle", 500)
 
     assert plan(api) == {"fast": ("learner", 1), "middle": (fast.worker_id, 2), "slow": (middle.worker_id, 3)}
@@ -84,13 +101,17 @@ def test_the_plan_chains_workers_by_bandwidth_and_follows_joins_and_deaths(
     assert api.get("/v1/workers/w-unknown/parent").status_code == 404
 
 
-def test_swap_reports_in_heartbeats_become_the_broadcast_time_of_each_version(api: httpx.Client, redis_client: redis.Redis, keys: RunKeys) -> None:
+def test_swap_reports_in_heartbeats_become_the_broadcast_time_of_each_version(
+    api: httpx.Client, redis_client: redis.Redis, keys: RunKeys
+) -> None:
     first, second = register(api, "first", 100), register(api, "second", 100)
     announced_at_s = time.time()
 
     heartbeat(api, first, policy_version=3, announced_at_s=announced_at_s, swapped_at_s=announced_at_s + 1.5)
     assert redis_client.hget(keys.broadcast_times, "3") is None  # the second worker has not swapped yet
-    heartbeat(api, first, policy_version=3, announced_at_s=announced_at_s, swapped_at_s=announced_at_s + 1.5)  # repeated
+    heartbeat(
+        api, first, policy_version=3, announced_at_s=announced_at_s, swapped_at_s=announced_at_s + 1.5
+    )  # repeated
     heartbeat(api, second, policy_version=3, announced_at_s=announced_at_s, swapped_at_s=announced_at_s + 2.25)
 
     assert float(redis_client.hget(keys.broadcast_times, "3")) == pytest.approx(2.25)  # announcement -> last swap

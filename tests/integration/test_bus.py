@@ -17,8 +17,13 @@ pytestmark = pytest.mark.integration
 
 def make_task(run_id: str, index: int) -> TaskGroup:
     return TaskGroup(
-        run_id=run_id, task_id=f"t{index}", task_name="arithmetic_mod10", prompt=f"{index % 10}+1=",
-        num_samples=4, max_new_tokens=2, temperature=1.0,
+        run_id=run_id,
+        task_id=f"t{index}",
+        task_name="arithmetic_mod10",
+        prompt=f"{index % 10}+1=",
+        num_samples=4,
+        max_new_tokens=2,
+        temperature=1.0,
     )
 
 
@@ -57,7 +62,9 @@ def test_messages_of_a_consumer_killed_before_ack_are_claimed_and_processed_once
     bus.ensure_group(keys.tasks, "rollout")
     for i in range(2):
         bus.publish(keys.tasks, make_task(keys.run_id, i))
-    doomed = multiprocessing.get_context("spawn").Process(target=_consume_without_ack_then_die, args=(redis_server.url, keys.run_id))
+    doomed = multiprocessing.get_context("spawn").Process(
+        target=_consume_without_ack_then_die, args=(redis_server.url, keys.run_id)
+    )
     doomed.start()
     doomed.join(timeout=60)
     assert doomed.exitcode == -signal.SIGKILL

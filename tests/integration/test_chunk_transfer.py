@@ -37,7 +37,9 @@ def test_a_version_arrives_byte_identical_and_lands_in_the_local_store(server: C
 
 
 def test_a_chunk_still_in_flight_is_waited_for(server: ChunkServer) -> None:
-    manifest, chunks = build_manifest(os.urandom(200_000), run_id="r", policy_version=1, chunk_size_bytes=65536, cluster_key=KEY)
+    manifest, chunks = build_manifest(
+        os.urandom(200_000), run_id="r", policy_version=1, chunk_size_bytes=65536, cluster_key=KEY
+    )
     server.store.add_manifest(manifest)
 
     def arrive_later() -> None:
@@ -74,6 +76,8 @@ def test_the_store_refuses_corrupt_chunks_and_clients_refuse_forged_manifests(se
 def test_the_store_keeps_only_the_newest_versions() -> None:
     store = ChunkStore(keep_versions=2)
     for version in range(4):
-        manifest, chunks = build_manifest(b"v" * 10, run_id="r", policy_version=version, chunk_size_bytes=1024, cluster_key=KEY)
+        manifest, chunks = build_manifest(
+            b"v" * 10, run_id="r", policy_version=version, chunk_size_bytes=1024, cluster_key=KEY
+        )
         store.put_version(manifest, chunks)
     assert store.versions() == [2, 3] and store.latest_complete_version() == 3

@@ -67,14 +67,21 @@ def bearer(token: str) -> dict[str, str]:
 
 def write_learner_state(client: redis.Redis, keys: RunKeys, *, learner_version: int, staleness_bound: int) -> None:
     state = LearnerState(
-        run_id=keys.run_id, status="training", learner_version=learner_version,
-        published_version=learner_version, staleness_bound=staleness_bound, num_steps_target=100,
-        num_dropped={"stale": 3}, last_reward_mean=0.25, busy_fraction=0.9,
+        run_id=keys.run_id,
+        status="training",
+        learner_version=learner_version,
+        published_version=learner_version,
+        staleness_bound=staleness_bound,
+        num_steps_target=100,
+        num_dropped={"stale": 3},
+        last_reward_mean=0.25,
+        busy_fraction=0.9,
     )
     client.set(keys.learner_state, state.encode())
 
 
 # workers and leases
+
 
 def test_registered_worker_heartbeats_and_is_listed_with_its_version(api: httpx.Client, keys: RunKeys) -> None:
     worker = register(api, name="gpu-a", price_per_hour=0.4)
@@ -82,8 +89,15 @@ def test_registered_worker_heartbeats_and_is_listed_with_its_version(api: httpx.
     assert (worker.run_id, worker.lease_s, worker.staleness_bound) == (keys.run_id, 5.0, 2)
 
     response = api.post(
-        f"/v1/workers/{worker.worker_id}/heartbeat", headers=bearer(worker.token),
-        json={"policy_version": 3, "num_groups_done": 2, "num_samples_done": 16, "samples_per_s": 8.0, "generating": True},
+        f"/v1/workers/{worker.worker_id}/heartbeat",
+        headers=bearer(worker.token),
+        json={
+            "policy_version": 3,
+            "num_groups_done": 2,
+            "num_samples_done": 16,
+            "samples_per_s": 8.0,
+            "generating": True,
+        },
     )
 
     assert response.status_code == 200, response.text
@@ -122,7 +136,10 @@ def test_heartbeats_keep_a_short_lease_alive(start_coordinator: StartCoordinator
     worker = register(api)
     for _ in range(6):  # 0.9 s in all: well past one lease
         time.sleep(0.15)
-        assert api.post(f"/v1/workers/{worker.worker_id}/heartbeat", headers=bearer(worker.token), json={}).status_code == 200
+        assert (
+            api.post(f"/v1/workers/{worker.worker_id}/heartbeat", headers=bearer(worker.token), json={}).status_code
+            == 200
+        )
     assert api.get(f"/v1/workers/{worker.worker_id}").json()["state"] == "active"
 
 
@@ -140,6 +157,7 @@ def test_sweeper_marks_expired_workers_dead_without_any_reader(
 
 # authentication and authorization
 
+
 def test_heartbeat_needs_the_workers_own_token(api: httpx.Client) -> None:
     worker, other = register(api), register(api)
     url = f"/v1/workers/{worker.worker_id}/heartbeat"
@@ -153,7 +171,9 @@ def test_heartbeat_needs_the_workers_own_token(api: httpx.Client) -> None:
         assert response.headers["www-authenticate"] == "Bearer"
     assert api.post(url, json={}, headers=bearer(other.token)).status_code == 403
     assert api.post(url, json={}, headers=bearer(ADMIN_TOKEN)).status_code == 403
-    assert api.post("/v1/workers/w-0000000000000000/heartbeat", json={}, headers=bearer(worker.token)).status_code == 404
+    assert (
+        api.post("/v1/workers/w-0000000000000000/heartbeat", json={}, headers=bearer(worker.token)).status_code == 404
+    )
     assert api.post(url, json={}, headers=bearer(worker.token)).status_code == 200
 
 
@@ -179,6 +199,7 @@ def test_unknown_worker_is_404(api: httpx.Client) -> None:
 
 
 # validation
+
 
 @pytest.mark.parametrize(
     ("body", "field"),
@@ -221,13 +242,18 @@ def test_body_that_is_not_json_is_422(api: httpx.Client) -> None:
 
 # staleness gate
 
+
 @pytest.mark.parametrize(
     ("learner_version", "policy_version", "staleness_bound"),
     [(0, 0, 0), (5, 5, 0), (5, 4, 0), (10, 8, 2), (10, 7, 2), (10, 3, 7), (10, 2, 7), (3, 4, 2), (100, 0, 100)],
 )
 def test_staleness_follows_t_minus_v_within_s(
-    start_coordinator: StartCoordinator, redis_client: redis.Redis, keys: RunKeys,
-    learner_version: int, policy_version: int, staleness_bound: int,
+    start_coordinator: StartCoordinator,
+    redis_client: redis.Redis,
+    keys: RunKeys,
+    learner_version: int,
+    policy_version: int,
+    staleness_bound: int,
 ) -> None:
     api = start_coordinator(staleness_bound=staleness_bound)
     write_learner_state(redis_client, keys, learner_version=learner_version, staleness_bound=staleness_bound)
@@ -247,7 +273,12 @@ def test_staleness_follows_t_minus_v_within_s(
 def test_staleness_before_the_learner_starts_is_against_version_0(start_coordinator: StartCoordinator) -> None:
     api = start_coordinator(staleness_bound=1)
     body = api.get("/v1/staleness", params={"policy_version": 0}).json()
-    assert (body["learner_version"], body["staleness_bound"], body["admissible"], body["steps_remaining"]) == (0, 1, True, 1)
+    assert (body["learner_version"], body["staleness_bound"], body["admissible"], body["steps_remaining"]) == (
+        0,
+        1,
+        True,
+        1,
+    )
 
 
 @pytest.mark.parametrize("params", [{}, {"policy_version": -1}, {"policy_version": "new"}])
@@ -259,6 +290,7 @@ def test_staleness_needs_a_non_negative_version(api: httpx.Client, params: dict)
 
 # status
 
+
 def test_status_shows_stream_depths_dead_letters_learner_and_workers(
     api: httpx.Client, bus: StreamBus, redis_client: redis.Redis, keys: RunKeys
 ) -> None:
@@ -266,10 +298,18 @@ def test_status_shows_stream_depths_dead_letters_learner_and_workers(
     for stream, group in [(keys.tasks, "rollout"), (keys.rollouts, "reward"), (keys.scored, "learner")]:
         bus.ensure_group(stream, group)
     for index in range(3):
-        bus.publish(keys.tasks, TaskGroup(
-            run_id=keys.run_id, task_id=f"t{index}", task_name="arithmetic_mod10", prompt="1+1=",
-            num_samples=4, max_new_tokens=2, temperature=1.0,
-        ))
+        bus.publish(
+            keys.tasks,
+            TaskGroup(
+                run_id=keys.run_id,
+                task_id=f"t{index}",
+                task_name="arithmetic_mod10",
+                prompt="1+1=",
+                num_samples=4,
+                max_new_tokens=2,
+                temperature=1.0,
+            ),
+        )
     delivered = bus.read(keys.tasks, "rollout", "w1", TaskGroup, count=1, block_ms=100)  # pending: still counted
     bus.publish_raw(keys.rollouts, b"\xc1 not msgpack")
     assert bus.read(keys.rollouts, "reward", "r1", TaskGroup, count=1, block_ms=100) == []  # dead-lettered
@@ -282,13 +322,18 @@ def test_status_shows_stream_depths_dead_letters_learner_and_workers(
     assert status.stream_depths == {"tasks": 3, "rollouts": 0, "scored": 0, "dead": 1}
     assert status.num_dead_letters == 1
     assert status.learner is not None
-    assert (status.learner.learner_version, status.learner.status, status.learner.num_dropped) == (12, "training", {"stale": 3})
+    assert (status.learner.learner_version, status.learner.status, status.learner.num_dropped) == (
+        12,
+        "training",
+        {"stale": 3},
+    )
     assert [w.worker_id for w in status.workers] == [worker.worker_id]
     bus.ack(keys.tasks, "rollout", [d.message_id for d in delivered])
     assert api.get("/v1/status").json()["stream_depths"]["tasks"] == 2
 
 
 # restarts and service plumbing
+
 
 def test_a_restarted_coordinator_sees_every_worker_and_accepts_their_tokens(
     redis_client: redis.Redis, keys: RunKeys
@@ -301,7 +346,9 @@ def test_a_restarted_coordinator_sees_every_worker_and_accepts_their_tokens(
         listed = second.get("/v1/workers").json()
         assert sorted(w["worker_id"] for w in listed) == sorted(w.worker_id for w in workers)
         assert all(w["state"] == "active" for w in listed)
-        response = second.post(f"/v1/workers/{workers[0].worker_id}/heartbeat", headers=bearer(workers[0].token), json={})
+        response = second.post(
+            f"/v1/workers/{workers[0].worker_id}/heartbeat", headers=bearer(workers[0].token), json={}
+        )
         assert response.status_code == 200
 
 
@@ -309,8 +356,12 @@ def test_healthz_and_openapi_document_every_endpoint(api: httpx.Client) -> None:
     assert api.get("/healthz").json() == {"ok": True}
     paths = api.get("/openapi.json").json()["paths"]
     assert set(paths) >= {
-        "/v1/workers", "/v1/workers/{worker_id}", "/v1/workers/{worker_id}/heartbeat",
-        "/v1/staleness", "/v1/status", "/healthz",
+        "/v1/workers",
+        "/v1/workers/{worker_id}",
+        "/v1/workers/{worker_id}/heartbeat",
+        "/v1/staleness",
+        "/v1/status",
+        "/healthz",
     }
     assert "410" in paths["/v1/workers/{worker_id}/heartbeat"]["post"]["responses"]
     assert api.get("/docs").status_code == 200

@@ -74,7 +74,9 @@ def test_heartbeat_extends_the_lease_and_records_progress(registry: WorkerRegist
     assert registry.get(worker_id).state == WorkerState.ACTIVE
 
 
-def test_expired_lease_makes_the_worker_dead_and_its_heartbeat_fails(registry: WorkerRegistry, clock: ManualClock) -> None:
+def test_expired_lease_makes_the_worker_dead_and_its_heartbeat_fails(
+    registry: WorkerRegistry, clock: ManualClock
+) -> None:
     dying, living = register(registry), register(registry)
     clock.advance(LEASE_S / 2)
     registry.heartbeat(living, HeartbeatRequest())

@@ -22,8 +22,15 @@ from cluster.local import ClusterOptions, LocalCluster
 pytestmark = pytest.mark.integration
 
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
 ]
 RUN_TOML = """\
 run_id = "dash"
@@ -77,7 +84,9 @@ def test_every_service_serves_parseable_prometheus_metrics(cluster: LocalCluster
     assert set(cluster.metrics_urls) == {"reward", "learner", "worker-0", "worker-1"}
     learner = scrape(cluster.metrics_urls["learner"])
     assert learner["relayrl_learner_steps"][0].value >= 5
-    assert {"relayrl_learner_idle_seconds", "relayrl_learner_trained_groups", "relayrl_learner_dropped_groups"} <= set(learner)
+    assert {"relayrl_learner_idle_seconds", "relayrl_learner_trained_groups", "relayrl_learner_dropped_groups"} <= set(
+        learner
+    )
     assert {s.labels["lag"] for s in learner["relayrl_learner_trained_groups"]} <= {"0", "1", "2"}  # S = 2
     reward = scrape(cluster.metrics_urls["reward"])
     assert reward["relayrl_reward_scored_groups"][0].value > 0
@@ -102,7 +111,9 @@ def chromium(*args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess
     return subprocess.run([binary, *CHROMIUM_FLAGS, *args], capture_output=True, timeout=timeout_s, check=False)
 
 
-def test_the_dashboard_renders_workers_learner_and_cost_in_headless_chromium(cluster: LocalCluster, tmp_path: Path) -> None:
+def test_the_dashboard_renders_workers_learner_and_cost_in_headless_chromium(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
     url = cluster.coordinator_url + "/dashboard"
     # virtual time lets the page's fetches and first render finish before the DOM is dumped
     dom = chromium(f"--user-data-dir={tmp_path / 'profile-dom'}", "--virtual-time-budget=8000", "--dump-dom", url)
@@ -116,8 +127,13 @@ def test_the_dashboard_renders_workers_learner_and_cost_in_headless_chromium(clu
     assert "<rect" in html  # the staleness histogram has bars
 
     shot = tmp_path / "dashboard.png"
-    result = chromium(f"--user-data-dir={tmp_path / 'profile-shot'}", "--virtual-time-budget=8000", "--window-size=1280,1000",
-                      f"--screenshot={shot}", url)
+    result = chromium(
+        f"--user-data-dir={tmp_path / 'profile-shot'}",
+        "--virtual-time-budget=8000",
+        "--window-size=1280,1000",
+        f"--screenshot={shot}",
+        url,
+    )
     assert result.returncode == 0 and shot.exists(), result.stderr.decode(errors="replace")[-2000:]
     pixels = np.asarray(Image.open(io.BytesIO(shot.read_bytes())).convert("RGB"), dtype=np.float64)
     assert pixels.shape == (1000, 1280, 3)

@@ -60,27 +60,51 @@ def assert_same_weights(engine: TorchEngine, model: torch.nn.Module) -> None:
         assert torch.equal(loaded[name], expected[name]), name
 
 
-def new_worker(redis_client: redis.Redis, keys: RunKeys, model_dir: Path, servers: list[ChunkServer], parents=None) -> tuple[WeightsSync, TorchEngine]:
+def new_worker(
+    redis_client: redis.Redis, keys: RunKeys, model_dir: Path, servers: list[ChunkServer], parents=None
+) -> tuple[WeightsSync, TorchEngine]:
     store = ChunkStore(keep_versions=4)
     servers.append(ChunkServer(store, wait_s=2.0).start())
-    sync = WeightsSync(redis_client, keys, store, KEY, parents=parents, own_url=servers[-1].url, retry_failed_after_s=0.0,
-                       chunk_wait_s=1.0, stall_timeout_s=2.0)
+    sync = WeightsSync(
+        redis_client,
+        keys,
+        store,
+        KEY,
+        parents=parents,
+        own_url=servers[-1].url,
+        retry_failed_after_s=0.0,
+        chunk_wait_s=1.0,
+        stall_timeout_s=2.0,
+    )
     return sync, TorchEngine(model_dir)
 
 
 def test_deltas_rebuild_the_learners_exact_weights_and_late_joiners_get_the_full_payload(
-    bus: StreamBus, keys: RunKeys, redis_client: redis.Redis, learner_server: ChunkServer,
-    worker_servers: list[ChunkServer], tiny_policy_dir: Path, tmp_path: Path,
+    bus: StreamBus,
+    keys: RunKeys,
+    redis_client: redis.Redis,
+    learner_server: ChunkServer,
+    worker_servers: list[ChunkServer],
+    tiny_policy_dir: Path,
+    tmp_path: Path,
 ) -> None:
     model, _ = load_policy(tiny_policy_dir)
     publisher = WeightPublisher(
-        bus, keys, learner_server.store, public_url=learner_server.url, cluster_key=KEY, chunk_size_bytes=16384,
-        full_every=FULL_EVERY, journal_path=tmp_path / "broadcast.jsonl",
+        bus,
+        keys,
+        learner_server.store,
+        public_url=learner_server.url,
+        cluster_key=KEY,
+        chunk_size_bytes=16384,
+        full_every=FULL_EVERY,
+        journal_path=tmp_path / "broadcast.jsonl",
     )
     first, first_engine = new_worker(redis_client, keys, tiny_policy_dir, worker_servers)
     first_url = worker_servers[-1].url
     # the second worker relays from the first: its plan names the first as parent, the learner last
-    second, second_engine = new_worker(redis_client, keys, tiny_policy_dir, worker_servers, parents=lambda learner_url: [first_url])
+    second, second_engine = new_worker(
+        redis_client, keys, tiny_policy_dir, worker_servers, parents=lambda learner_url: [first_url]
+    )
 
     payloads = []
     for version in range(5):
@@ -103,7 +127,9 @@ def test_deltas_rebuild_the_learners_exact_weights_and_late_joiners_get_the_full
     assert first.store.is_complete(4, "delta") and first.store.is_complete(4, "full")
 
     # a late joiner holds no base for the delta of version 4: it fetches the full payload instead
-    late, late_engine = new_worker(redis_client, keys, tiny_policy_dir, worker_servers, parents=lambda learner_url: [first_url])
+    late, late_engine = new_worker(
+        redis_client, keys, tiny_policy_dir, worker_servers, parents=lambda learner_url: [first_url]
+    )
     assert late.update(late_engine) == 4
     assert_same_weights(late_engine, model)
     assert late.last_swap.num_bytes == journal[-1]["full_size_bytes"] and late.last_swap.source_url == first_url
@@ -120,18 +146,36 @@ def test_deltas_rebuild_the_learners_exact_weights_and_late_joiners_get_the_full
 
 
 def test_a_forged_delta_is_refused_and_the_engine_keeps_its_weights(
-    bus: StreamBus, keys: RunKeys, redis_client: redis.Redis, learner_server: ChunkServer,
-    worker_servers: list[ChunkServer], tiny_policy_dir: Path,
+    bus: StreamBus,
+    keys: RunKeys,
+    redis_client: redis.Redis,
+    learner_server: ChunkServer,
+    worker_servers: list[ChunkServer],
+    tiny_policy_dir: Path,
 ) -> None:
     model, _ = load_policy(tiny_policy_dir)
-    honest = WeightPublisher(bus, keys, learner_server.store, public_url=learner_server.url, cluster_key=KEY,
-                             chunk_size_bytes=16384, full_every=10)
+    honest = WeightPublisher(
+        bus,
+        keys,
+        learner_server.store,
+        public_url=learner_server.url,
+        cluster_key=KEY,
+        chunk_size_bytes=16384,
+        full_every=10,
+    )
     sync, engine = new_worker(redis_client, keys, tiny_policy_dir, worker_servers)
     honest.publish(model, 0)
     assert sync.update(engine) == 0
 
-    forger = WeightPublisher(bus, keys, learner_server.store, public_url=learner_server.url, cluster_key=b"not-the-cluster-key",
-                             chunk_size_bytes=16384, full_every=10)
+    forger = WeightPublisher(
+        bus,
+        keys,
+        learner_server.store,
+        public_url=learner_server.url,
+        cluster_key=b"not-the-cluster-key",
+        chunk_size_bytes=16384,
+        full_every=10,
+    )
     forger._previous = honest._previous  # noqa: SLF001 (a forger that knows the base: it can build a valid-looking delta)
     train_a_little(model, seed=1)
     assert forger.publish(model, 1).manifest.payload == "delta"

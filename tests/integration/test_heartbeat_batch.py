@@ -48,7 +48,9 @@ def test_script_runs_by_sha_after_loading_itself_once(redis_client: redis.Redis,
     assert redis_client.get(keys.prefix + "echo") == b"hello"
 
 
-def test_script_error_reply_is_a_response_error_and_the_connection_stays_usable(redis_client: redis.Redis, keys: RunKeys) -> None:
+def test_script_error_reply_is_a_response_error_and_the_connection_stays_usable(
+    redis_client: redis.Redis, keys: RunKeys
+) -> None:
     connection = ScriptConnection.like(redis_client, ECHO_LUA)
 
     async def calls() -> tuple[str, list]:
@@ -109,17 +111,27 @@ def test_unreachable_redis_is_a_connection_error() -> None:
         asyncio.run(connection.call(["k"], ["v", "1"]))
 
 
-def entry(worker_id: str, digest: str, now_s: float, *, swap_version: int | None = None, samples_per_s: float = 1.0) -> HeartbeatEntry:
+def entry(
+    worker_id: str, digest: str, now_s: float, *, swap_version: int | None = None, samples_per_s: float = 1.0
+) -> HeartbeatEntry:
     swap = None
     if swap_version is not None:
-        swap = WeightSwapReport(policy_version=swap_version, announced_at_s=now_s - 2.0, swapped_at_s=now_s - 1.0, num_bytes=8 << 20)
+        swap = WeightSwapReport(
+            policy_version=swap_version, announced_at_s=now_s - 2.0, swapped_at_s=now_s - 1.0, num_bytes=8 << 20
+        )
     return HeartbeatEntry(
-        worker_id=worker_id, token_sha256=digest, now_s=now_s, expiry_s=now_s + 30.0,
-        fields={"samples_per_s": repr(samples_per_s), "last_heartbeat_s": repr(now_s)}, swap=swap,
+        worker_id=worker_id,
+        token_sha256=digest,
+        now_s=now_s,
+        expiry_s=now_s + 30.0,
+        fields={"samples_per_s": repr(samples_per_s), "last_heartbeat_s": repr(now_s)},
+        swap=swap,
     )
 
 
-def test_concurrent_heartbeats_share_script_calls_and_each_gets_its_own_outcome(redis_client: redis.Redis, keys: RunKeys) -> None:
+def test_concurrent_heartbeats_share_script_calls_and_each_gets_its_own_outcome(
+    redis_client: redis.Redis, keys: RunKeys
+) -> None:
     registry = WorkerRegistry(redis_client, keys, lease_s=30.0)
     now_s = registry.clock()
     for i in range(40):
@@ -166,7 +178,10 @@ def test_a_swap_is_news_once(redis_client: redis.Redis, keys: RunKeys) -> None:
 
     async def beat_three_times() -> list[bool]:
         try:
-            return [(await batcher.submit(entry("w", "d", registry.clock(), swap_version=v))).swap_is_news for v in (3, 3, 4)]
+            return [
+                (await batcher.submit(entry("w", "d", registry.clock(), swap_version=v))).swap_is_news
+                for v in (3, 3, 4)
+            ]
         finally:
             await batcher.close()
 
@@ -183,7 +198,9 @@ def test_a_failed_call_fails_the_heartbeats_that_rode_it_and_the_batcher_recover
 
     async def across_an_outage() -> tuple[list, int]:
         server.stop()
-        failed = await asyncio.gather(*(batcher.submit(entry("w", "d", registry.clock())) for _ in range(5)), return_exceptions=True)
+        failed = await asyncio.gather(
+            *(batcher.submit(entry("w", "d", registry.clock())) for _ in range(5)), return_exceptions=True
+        )
         server.start()
         ok = await batcher.submit(entry("w", "d", registry.clock()))
         await batcher.close()

@@ -36,18 +36,35 @@ class LosesOneReply:
 
 def scored(run_id: str, policy_version: int, *, completion: tuple[int, ...] = (5, 1)) -> ScoredGroup:
     rollout = RolloutGroup(
-        run_id=run_id, group_id=f"g-v{policy_version}", task_id="t", task_name="arithmetic_mod10", prompt="3+4=",
-        worker_id="w", policy_version=policy_version, temperature=1.0,
-        prompt_token_ids=pack_int32([7, 3, 8, 14]), completion_token_ids=pack_int32(completion),
-        completion_lengths=pack_int32([len(completion)]), behaviour_logprobs=pack_float32([-1.0] * len(completion)),
-        completion_texts=["1"], finish_reasons=["stop"], generation_s=0.0,
+        run_id=run_id,
+        group_id=f"g-v{policy_version}",
+        task_id="t",
+        task_name="arithmetic_mod10",
+        prompt="3+4=",
+        worker_id="w",
+        policy_version=policy_version,
+        temperature=1.0,
+        prompt_token_ids=pack_int32([7, 3, 8, 14]),
+        completion_token_ids=pack_int32(completion),
+        completion_lengths=pack_int32([len(completion)]),
+        behaviour_logprobs=pack_float32([-1.0] * len(completion)),
+        completion_texts=["1"],
+        finish_reasons=["stop"],
+        generation_s=0.0,
     )
     return ScoredGroup(run_id=run_id, rollout=rollout, rewards=[1.0])
 
 
-def make_collector(bus: StreamBus | LosesOneReply, keys: RunKeys, staleness_bound: int, groups_per_step: int) -> BatchCollector:
+def make_collector(
+    bus: StreamBus | LosesOneReply, keys: RunKeys, staleness_bound: int, groups_per_step: int
+) -> BatchCollector:
     collector = BatchCollector(
-        bus, keys, staleness_bound=staleness_bound, groups_per_step=groups_per_step, vocab_size=16, max_positions=32,
+        bus,
+        keys,
+        staleness_bound=staleness_bound,
+        groups_per_step=groups_per_step,
+        vocab_size=16,
+        max_positions=32,
         poll_block_ms=50,
     )
     collector.ensure_group()
@@ -55,15 +72,26 @@ def make_collector(bus: StreamBus | LosesOneReply, keys: RunKeys, staleness_boun
 
 
 def pending_ids(bus: StreamBus, keys: RunKeys) -> list[str]:
-    return [entry["message_id"].decode() for entry in bus.redis.xpending_range(keys.scored, ConsumerGroups.SCORED, "-", "+", 100)]
+    return [
+        entry["message_id"].decode()
+        for entry in bus.redis.xpending_range(keys.scored, ConsumerGroups.SCORED, "-", "+", 100)
+    ]
 
 
-def test_mixed_versions_only_lags_within_the_bound_are_admitted_and_drops_are_counted(bus: StreamBus, keys: RunKeys) -> None:
+def test_mixed_versions_only_lags_within_the_bound_are_admitted_and_drops_are_counted(
+    bus: StreamBus, keys: RunKeys
+) -> None:
     collector = make_collector(bus, keys, staleness_bound=2, groups_per_step=3)
     for group in [
-        scored(keys.run_id, 0), scored(keys.run_id, 5), scored(keys.run_id, 2), scored(keys.run_id, 7),
-        scored("another-run", 5), scored(keys.run_id, 4, completion=(5, 99)), scored(keys.run_id, 4),
-        scored(keys.run_id, 3), scored(keys.run_id, 5),  # the last one is never read: the batch is full
+        scored(keys.run_id, 0),
+        scored(keys.run_id, 5),
+        scored(keys.run_id, 2),
+        scored(keys.run_id, 7),
+        scored("another-run", 5),
+        scored(keys.run_id, 4, completion=(5, 99)),
+        scored(keys.run_id, 4),
+        scored(keys.run_id, 3),
+        scored(keys.run_id, 5),  # the last one is never read: the batch is full
     ]:
         bus.publish(keys.scored, group)
 
@@ -99,7 +127,9 @@ def test_after_a_restart_pending_groups_come_first_and_are_decided_again_at_the_
     assert dict(restarted.num_dropped) == {"stale": 1}  # v2 was admissible at t=3, not at t=4
 
 
-def test_collect_gives_up_when_asked_to_stop_and_leaves_the_partial_batch_pending(bus: StreamBus, keys: RunKeys) -> None:
+def test_collect_gives_up_when_asked_to_stop_and_leaves_the_partial_batch_pending(
+    bus: StreamBus, keys: RunKeys
+) -> None:
     collector = make_collector(bus, keys, staleness_bound=0, groups_per_step=4)
     bus.publish(keys.scored, scored(keys.run_id, 0))
     polls = iter([False, False, True])

@@ -47,7 +47,9 @@ def small_run(run_id: str, *, num_steps: int) -> RunConfig:
     return RunConfig(
         run_id=run_id,
         grpo=GRPOConfig(group_size=4, groups_per_step=4),
-        schedule=ScheduleConfig(staleness_bound=1, num_steps=num_steps, checkpoint_every=2, eval_every=3, max_wall_s=120),
+        schedule=ScheduleConfig(
+            staleness_bound=1, num_steps=num_steps, checkpoint_every=2, eval_every=3, max_wall_s=120
+        ),
         broadcast=BroadcastConfig(chunk_size_bytes=65536, delta=False),  # the stand-in loads full payloads only
     )
 
@@ -75,7 +77,9 @@ class StandInWorker(threading.Thread):
     def run(self) -> None:
         with httpx.Client(timeout=5.0) as client:
             while not self.stop_event.wait(0.02):
-                entries = call_with_retry(lambda: self.bus.redis.xrange(self.keys.weights, min=self._cursor, count=2), "xrange")
+                entries = call_with_retry(
+                    lambda: self.bus.redis.xrange(self.keys.weights, min=self._cursor, count=2), "xrange"
+                )
                 if not entries:
                     continue
                 entry_id, fields = entries[0]
@@ -102,13 +106,23 @@ class StandInWorker(threading.Thread):
         self.previous_model.load_state_dict(self.model.state_dict())
         load_weights_blob(self.model, blob)
 
-    def sample(self, model: torch.nn.Module, version: int, num_groups: int, run_id: str | None = None) -> list[ScoredGroup]:
+    def sample(
+        self, model: torch.nn.Module, version: int, num_groups: int, run_id: str | None = None
+    ) -> list[ScoredGroup]:
         grpo = self.run_config.grpo
         prompts = [self.rng.choice(self.task.train_set) for _ in range(num_groups)]
         return sample_scored_groups(
-            model, self.tokenizer, self.task, prompts, run_id=run_id or self.run_config.run_id, policy_version=version,
-            group_size=grpo.group_size, max_new_tokens=grpo.max_new_tokens, temperature=grpo.temperature,
-            worker_id="stand-in", generator=self.generator,
+            model,
+            self.tokenizer,
+            self.task,
+            prompts,
+            run_id=run_id or self.run_config.run_id,
+            policy_version=version,
+            group_size=grpo.group_size,
+            max_new_tokens=grpo.max_new_tokens,
+            temperature=grpo.temperature,
+            worker_id="stand-in",
+            generator=self.generator,
         )
 
     def groups_for(self, version: int) -> list[ScoredGroup]:
@@ -120,10 +134,16 @@ class StandInWorker(threading.Thread):
             refused += self.sample(self.model, version - 2, 1)
         if version == 1:
             (good,) = self.sample(self.model, version, 1)
-            broken = good.rollout.model_copy(update={"completion_token_ids": pack_int32([999] * good.rollout.num_samples),
-                                                     "completion_lengths": pack_int32([1] * good.rollout.num_samples),
-                                                     "behaviour_logprobs": good.rollout.behaviour_logprobs[: 4 * good.rollout.num_samples]})
-            refused += self.sample(self.model, version + 5, 1) + self.sample(self.model, version, 1, run_id="another-run")
+            broken = good.rollout.model_copy(
+                update={
+                    "completion_token_ids": pack_int32([999] * good.rollout.num_samples),
+                    "completion_lengths": pack_int32([1] * good.rollout.num_samples),
+                    "behaviour_logprobs": good.rollout.behaviour_logprobs[: 4 * good.rollout.num_samples],
+                }
+            )
+            refused += self.sample(self.model, version + 5, 1) + self.sample(
+                self.model, version, 1, run_id="another-run"
+            )
             refused.append(ScoredGroup(run_id=self.run_config.run_id, rollout=broken, rewards=good.rewards))
         lagging = self.sample(self.previous_model, version - 1, 1) if version >= 1 else []
         return refused + lagging + self.sample(self.model, version, num_fresh - len(lagging))
@@ -136,7 +156,9 @@ def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
 
 
 def pending_count(bus: StreamBus, keys: RunKeys) -> int:
-    return len(bus.redis.xpending_range(keys.scored, ConsumerGroups.SCORED, "-", "+", 1000, consumername=LEARNER_CONSUMER))
+    return len(
+        bus.redis.xpending_range(keys.scored, ConsumerGroups.SCORED, "-", "+", 1000, consumername=LEARNER_CONSUMER)
+    )
 
 
 def test_the_loop_trains_publishes_and_never_trains_on_what_the_bound_forbids(
@@ -144,8 +166,12 @@ def test_the_loop_trains_publishes_and_never_trains_on_what_the_bound_forbids(
 ) -> None:
     run = small_run(keys.run_id, num_steps=6)
     settings = LearnerSettings(
-        redis_url=redis_server.url, run_dir=tmp_path, model_dir=tiny_policy_dir, cluster_key=CLUSTER_KEY,
-        learner_port=0, poll_block_ms=50,
+        redis_url=redis_server.url,
+        run_dir=tmp_path,
+        model_dir=tiny_policy_dir,
+        cluster_key=CLUSTER_KEY,
+        learner_port=0,
+        poll_block_ms=50,
     )
     worker = StandInWorker(bus, run, tiny_policy_dir, inject_bad=True)
     worker.start()
@@ -181,21 +207,35 @@ def test_the_loop_trains_publishes_and_never_trains_on_what_the_bound_forbids(
     assert torch.equal(final.get_input_embeddings().weight, learner.model.get_input_embeddings().weight)
 
 
-def start_learner_process(run_config: Path, run_dir: Path, policy_dir: Path, redis_url: str, run_id: str, repo_root: Path) -> subprocess.Popen:
+def start_learner_process(
+    run_config: Path, run_dir: Path, policy_dir: Path, redis_url: str, run_id: str, repo_root: Path
+) -> subprocess.Popen:
     env = {
-        **os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-        "RL_REDIS_URL": redis_url, "RL_RUN_CONFIG": str(run_config), "RL_RUN_ID": run_id, "RL_RUN_DIR": str(run_dir),
-        "RL_MODEL_DIR": str(policy_dir), "RL_CLUSTER_KEY": CLUSTER_KEY, "RL_LEARNER_PORT": "0", "RL_POLL_BLOCK_MS": "50",
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "RL_REDIS_URL": redis_url,
+        "RL_RUN_CONFIG": str(run_config),
+        "RL_RUN_ID": run_id,
+        "RL_RUN_DIR": str(run_dir),
+        "RL_MODEL_DIR": str(policy_dir),
+        "RL_CLUSTER_KEY": CLUSTER_KEY,
+        "RL_LEARNER_PORT": "0",
+        "RL_POLL_BLOCK_MS": "50",
     }
     log_file = open(run_dir / "learner.log", "ab")  # noqa: SIM115 (closed with the test's tmp dir)
-    return subprocess.Popen([sys.executable, "-m", "services.learner"], env=env, cwd=repo_root, stdout=log_file, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "services.learner"], env=env, cwd=repo_root, stdout=log_file, stderr=subprocess.STDOUT
+    )
 
 
 def wait_for(condition, what: str, process: subprocess.Popen, run_dir: Path, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         if process.poll() is not None and not condition():
-            raise AssertionError(f"learner exited with {process.returncode} before {what}:\n{(run_dir / 'learner.log').read_text()[-3000:]}")
+            raise AssertionError(
+                f"learner exited with {process.returncode} before {what}:\n{(run_dir / 'learner.log').read_text()[-3000:]}"
+            )
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}:\n{(run_dir / 'learner.log').read_text()[-3000:]}")
         time.sleep(0.05)
@@ -268,14 +308,20 @@ def test_killed_learner_resumes_at_its_checkpoint_and_retrains_the_unacked_group
     assert (tmp_path / "model_final" / "config.json").exists()
 
 
-def test_the_learner_rides_out_a_redis_restart_without_losing_admitted_groups(tiny_policy_dir: Path, tmp_path: Path) -> None:
+def test_the_learner_rides_out_a_redis_restart_without_losing_admitted_groups(
+    tiny_policy_dir: Path, tmp_path: Path
+) -> None:
     server = RedisServer(tmp_path / "redis").start()  # private: this test takes it down
     keys = RunKeys("redis-restart")
     bus = StreamBus(connect(server.url), run_id=keys.run_id, dead_letter_stream=keys.dead, service="test")
     run = small_run(keys.run_id, num_steps=6)
     settings = LearnerSettings(
-        redis_url=server.url, run_dir=tmp_path / "run", model_dir=tiny_policy_dir, cluster_key=CLUSTER_KEY,
-        learner_port=0, poll_block_ms=50,
+        redis_url=server.url,
+        run_dir=tmp_path / "run",
+        model_dir=tiny_policy_dir,
+        cluster_key=CLUSTER_KEY,
+        learner_port=0,
+        poll_block_ms=50,
     )
     worker = StandInWorker(bus, run, tiny_policy_dir)
 

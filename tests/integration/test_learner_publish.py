@@ -57,7 +57,9 @@ def test_a_published_version_is_fetched_verified_and_loads_into_a_fresh_model_id
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.01)
     checking_bus = ServabilityCheckingBus(bus, server.url)
-    publisher = WeightPublisher(checking_bus, keys, server.store, public_url=server.url, cluster_key=KEY, chunk_size_bytes=16384)
+    publisher = WeightPublisher(
+        checking_bus, keys, server.store, public_url=server.url, cluster_key=KEY, chunk_size_bytes=16384
+    )
 
     published = publisher.publish(model, policy_version=3)
 
@@ -83,4 +85,3 @@ def test_a_published_version_is_fetched_verified_and_loads_into_a_fresh_model_id
     for name in expected:
         assert torch.equal(expected[name], loaded[name]), name
     assert fresh.lm_head.weight.data_ptr() == fresh.get_input_embeddings().weight.data_ptr()  # still tied
-

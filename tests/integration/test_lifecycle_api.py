@@ -31,7 +31,9 @@ def run_config(run_id: str, **activation: object) -> RunConfig:
         grpo=GRPOConfig(group_size=2, groups_per_step=4),
         schedule=ScheduleConfig(staleness_bound=2),
         coordinator=CoordinatorConfig(lease_s=5.0),
-        activation=ActivationConfig(**{"min_dwell_s": 0.0, "replan_interval_s": 0.2, "max_billing_gap_s": 1e6, **activation}),
+        activation=ActivationConfig(
+            **{"min_dwell_s": 0.0, "replan_interval_s": 0.2, "max_billing_gap_s": 1e6, **activation}
+        ),
     )
 
 
@@ -42,7 +44,9 @@ Start = Callable[..., tuple[httpx.Client, ControlPlane]]
 def start(redis_client: redis.Redis, keys: RunKeys) -> Iterator[Start]:
     with contextlib.ExitStack() as stack:
 
-        def start_app(clock: Callable[[], float] | None = None, **activation: object) -> tuple[httpx.Client, ControlPlane]:
+        def start_app(
+            clock: Callable[[], float] | None = None, **activation: object
+        ) -> tuple[httpx.Client, ControlPlane]:
             app = create_app(run_config(keys.run_id, **activation), redis_client, ADMIN_TOKEN)
             if clock is not None:
                 app.state.control.clock = clock  # before the control loop's first pass
@@ -66,17 +70,30 @@ def heartbeat(api: httpx.Client, worker: dict, **fields: object) -> httpx.Respon
     return api.post(f"/v1/workers/{worker['worker_id']}/heartbeat", headers=bearer(worker["token"]), json=fields)
 
 
-def set_learner(client: redis.Redis, keys: RunKeys, *, num_steps: int, train_s: float, status: str = "training") -> None:
+def set_learner(
+    client: redis.Redis, keys: RunKeys, *, num_steps: int, train_s: float, status: str = "training"
+) -> None:
     """A learner that took `num_steps` steps of `train_s` each and never waited."""
     state = LearnerState(
-        run_id=keys.run_id, status=status, learner_version=num_steps, published_version=num_steps, staleness_bound=2,
-        num_steps_target=100, num_steps_done=num_steps, train_s_total=num_steps * train_s, idle_s_total=0.0,
-        wall_s=num_steps * train_s, last_reward_mean=0.5, busy_fraction=1.0, staleness_histogram={"1": 30, "2": 10},
+        run_id=keys.run_id,
+        status=status,
+        learner_version=num_steps,
+        published_version=num_steps,
+        staleness_bound=2,
+        num_steps_target=100,
+        num_steps_done=num_steps,
+        train_s_total=num_steps * train_s,
+        idle_s_total=0.0,
+        wall_s=num_steps * train_s,
+        last_reward_mean=0.5,
+        busy_fraction=1.0,
+        staleness_histogram={"1": 30, "2": 10},
     )
     client.set(keys.learner_state, state.encode())
 
 
 # drain
+
 
 def test_a_worker_drains_itself_the_admin_drains_anyone_and_no_worker_drains_another(start: Start) -> None:
     api, _ = start()
@@ -100,8 +117,9 @@ def test_a_worker_drains_itself_the_admin_drains_anyone_and_no_worker_drains_ano
     assert api.post(f"/v1/workers/{a['worker_id']}/drain", headers=bearer(ADMIN_TOKEN)).status_code == 404
 
 
-def test_a_dead_worker_cannot_be_drained_and_the_planner_never_undoes_a_drain(start: Start, redis_client: redis.Redis,
-                                                                               keys: RunKeys) -> None:
+def test_a_dead_worker_cannot_be_drained_and_the_planner_never_undoes_a_drain(
+    start: Start, redis_client: redis.Redis, keys: RunKeys
+) -> None:
     api, control = start()
     worker = register(api, "w")
     assert api.post(f"/v1/workers/{worker['worker_id']}/drain", headers=bearer(ADMIN_TOKEN)).status_code == 200
@@ -123,6 +141,7 @@ def test_the_drain_endpoint_is_documented() -> None:
 
 # activation
 
+
 def test_priced_worker_waits_on_standby_while_free_capacity_covers_the_requirement(
     start: Start, redis_client: redis.Redis, keys: RunKeys
 ) -> None:
@@ -136,7 +155,9 @@ def test_priced_worker_waits_on_standby_while_free_capacity_covers_the_requireme
     control.run_once()
     assert heartbeat(api, priced).json()["state"] == "standby"
     activation = api.get("/v1/activation").json()
-    assert activation["standby_worker_ids"] == [priced["worker_id"]] and activation["target_samples_per_s"] == pytest.approx(9.6)
+    assert activation["standby_worker_ids"] == [priced["worker_id"]] and activation[
+        "target_samples_per_s"
+    ] == pytest.approx(9.6)
 
     # the free worker leaves: the priced one is needed now
     assert api.delete(f"/v1/workers/{free['worker_id']}", headers=bearer(free["token"])).status_code == 204
@@ -158,6 +179,7 @@ def test_cheapest_per_throughput_is_activated_first(start: Start, redis_client: 
 
 
 # ledger
+
 
 def test_the_ledger_bills_the_learner_and_active_workers_only_while_they_run(
     start: Start, redis_client: redis.Redis, keys: RunKeys
@@ -197,6 +219,7 @@ def test_the_ledger_bills_the_learner_and_active_workers_only_while_they_run(
 
 # capacity
 
+
 def test_capacity_reports_the_model_on_measured_inputs(start: Start, redis_client: redis.Redis, keys: RunKeys) -> None:
     api, control = start()
     unknown = api.get("/v1/capacity").json()
@@ -212,7 +235,9 @@ def test_capacity_reports_the_model_on_measured_inputs(start: Start, redis_clien
     assert capacity["current_samples_per_s"] == pytest.approx(40.0)
     inputs = capacity["inputs"]
     assert inputs["train_s"] == pytest.approx(0.5) and inputs["broadcast_s"] == pytest.approx(0.3)
-    assert inputs["group_latency_s"] == pytest.approx(0.1) and inputs["worker_samples_per_s"] == {worker["worker_id"]: 40.0}
+    assert inputs["group_latency_s"] == pytest.approx(0.1) and inputs["worker_samples_per_s"] == {
+        worker["worker_id"]: 40.0
+    }
     # k + ceil((T_bcast + L_gen + D) / C) = 1 + ceil(0.4 / 0.5) = 2 <= S = 2
     assert capacity["min_feasible_staleness"] == 2 and capacity["staleness_feasible"] is True
     assert capacity["predicted_utilization"] == pytest.approx(1.0) and capacity["starved"] is False
@@ -229,6 +254,10 @@ def test_the_control_loop_reports_its_pass_time_and_interval(start: Start) -> No
     while control.last_pass_s == 0.0:
         assert time.monotonic() < deadline_s, "no control pass ran"
         time.sleep(0.05)
-    metrics = {line.split(" ")[0]: float(line.split(" ")[1]) for line in api.get("/metrics").text.splitlines() if line.startswith("relayrl_control_pass")}
+    metrics = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in api.get("/metrics").text.splitlines()
+        if line.startswith("relayrl_control_pass")
+    }
     assert metrics["relayrl_control_pass_seconds"] > 0
     assert metrics["relayrl_control_pass_interval_seconds"] >= 0.2

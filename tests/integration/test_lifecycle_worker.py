@@ -85,7 +85,9 @@ def publish_version_0(bus: StreamBus, keys: RunKeys, model_dir: Path) -> Iterato
     """The learner's side: version 0 announced and servable, the learner at version 0."""
     store = ChunkStore()
     server = ChunkServer(store, wait_s=1.0).start()
-    publisher = WeightPublisher(bus, keys, store, public_url=server.url, cluster_key=CLUSTER_KEY.encode(), chunk_size_bytes=64 * 1024)
+    publisher = WeightPublisher(
+        bus, keys, store, public_url=server.url, cluster_key=CLUSTER_KEY.encode(), chunk_size_bytes=64 * 1024
+    )
     publisher.publish(TorchEngine(model_dir).model, 0)
     set_learner(bus, keys, train_s=1.0)
     yield
@@ -93,16 +95,35 @@ def publish_version_0(bus: StreamBus, keys: RunKeys, model_dir: Path) -> Iterato
 
 
 def set_learner(bus: StreamBus, keys: RunKeys, *, train_s: float) -> None:
-    state = LearnerState(run_id=keys.run_id, status="training", learner_version=0, published_version=0, staleness_bound=2,
-                         num_steps_target=100, num_steps_done=10, train_s_total=10 * train_s, wall_s=10 * train_s)
+    state = LearnerState(
+        run_id=keys.run_id,
+        status="training",
+        learner_version=0,
+        published_version=0,
+        staleness_bound=2,
+        num_steps_target=100,
+        num_steps_done=10,
+        train_s_total=10 * train_s,
+        wall_s=10 * train_s,
+    )
     bus.redis.set(keys.learner_state, state.encode())
 
 
 def publish_tasks(bus: StreamBus, keys: RunKeys, prefix: str, count: int, num_samples: int = 16) -> list[str]:
     task_ids = [f"{prefix}-{i}" for i in range(count)]
     for i, task_id in enumerate(task_ids):
-        bus.publish(keys.tasks, TaskGroup(run_id=keys.run_id, task_id=task_id, task_name="arithmetic_mod10",
-                                          prompt=f"{i % 10}+{(i * 7) % 10}=", num_samples=num_samples, max_new_tokens=8, temperature=1.0))
+        bus.publish(
+            keys.tasks,
+            TaskGroup(
+                run_id=keys.run_id,
+                task_id=task_id,
+                task_name="arithmetic_mod10",
+                prompt=f"{i % 10}+{(i * 7) % 10}=",
+                num_samples=num_samples,
+                max_new_tokens=8,
+                temperature=1.0,
+            ),
+        )
     return task_ids
 
 
@@ -115,8 +136,15 @@ def workers_named(url: str, name: str) -> list[dict]:
 
 
 def test_a_drained_worker_process_finishes_its_batch_loses_no_task_and_leaves(
-    run: RunConfig, redis_server: RedisServer, coordinator_url: str, publish_version_0: None,
-    bus: StreamBus, keys: RunKeys, model_dir: Path, repo_root: Path, tmp_path: Path,
+    run: RunConfig,
+    redis_server: RedisServer,
+    coordinator_url: str,
+    publish_version_0: None,
+    bus: StreamBus,
+    keys: RunKeys,
+    model_dir: Path,
+    repo_root: Path,
+    tmp_path: Path,
 ) -> None:
     run_file = tmp_path / "run.toml"
     run_file.write_text(f'run_id = "{keys.run_id}"\n[rollout]\nheartbeat_interval_s = 0.2\nclaim_idle_ms = 60000\n')
@@ -134,8 +162,13 @@ def test_a_drained_worker_process_finishes_its_batch_loses_no_task_and_leaves(
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
     env = {
-        **os.environ, "RL_CLUSTER_KEY": CLUSTER_KEY, "RL_COORDINATOR_URL": coordinator_url, "RL_REDIS_URL": redis_server.url,
-        "RL_RUN_CONFIG": str(run_file), "RL_MODEL_DIR": str(model_dir), "RL_WORKER_NAME": "to-drain",
+        **os.environ,
+        "RL_CLUSTER_KEY": CLUSTER_KEY,
+        "RL_COORDINATOR_URL": coordinator_url,
+        "RL_REDIS_URL": redis_server.url,
+        "RL_RUN_CONFIG": str(run_file),
+        "RL_MODEL_DIR": str(model_dir),
+        "RL_WORKER_NAME": "to-drain",
         "RL_WORKER_MAX_GROUPS_PER_BATCH": "4",
     }
     process = subprocess.Popen([sys.executable, "-m", "services.rollout"], cwd=repo_root, env=env)
@@ -144,14 +177,18 @@ def test_a_drained_worker_process_finishes_its_batch_loses_no_task_and_leaves(
         [worker] = workers_named(coordinator_url, "to-drain")
         other = httpx.post(f"{coordinator_url}/v1/workers", json={"name": "other"}).json()
 
-        refused = httpx.post(f"{coordinator_url}/v1/workers/{worker['worker_id']}/drain",
-                             headers={"Authorization": f"Bearer {other['token']}"})
+        refused = httpx.post(
+            f"{coordinator_url}/v1/workers/{worker['worker_id']}/drain",
+            headers={"Authorization": f"Bearer {other['token']}"},
+        )
         assert refused.status_code == 403
         time.sleep(0.5)
         assert process.poll() is None and workers_named(coordinator_url, "to-drain")[0]["state"] == "active"
 
-        drained = httpx.post(f"{coordinator_url}/v1/workers/{worker['worker_id']}/drain",
-                             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        drained = httpx.post(
+            f"{coordinator_url}/v1/workers/{worker['worker_id']}/drain",
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        )
         assert drained.status_code == 200 and drained.json()["state"] == "draining"
         # tasks keep coming until it has left: a worker that ignored the drain would never run out of work
         assert process.wait(timeout=30) == 0
@@ -171,13 +208,22 @@ def test_a_drained_worker_process_finishes_its_batch_loses_no_task_and_leaves(
     assert pending["pending"] == 0, pending
     assert bus.backlog(keys.tasks, ConsumerGroups.TASKS) == len(task_ids) - len(set(done))
     # a second worker takes over: every task ends up sampled exactly once
-    settings = RolloutSettings(cluster_key=CLUSTER_KEY, coordinator_url=coordinator_url, redis_url=redis_server.url,
-                               model_dir=model_dir, worker_name="successor", worker_max_groups_per_batch=16, worker_poll_s=0.05)
+    settings = RolloutSettings(
+        cluster_key=CLUSTER_KEY,
+        coordinator_url=coordinator_url,
+        redis_url=redis_server.url,
+        model_dir=model_dir,
+        worker_name="successor",
+        worker_max_groups_per_batch=16,
+        worker_poll_s=0.05,
+    )
     successor = RolloutWorker(run, settings, TorchEngine(model_dir), connect(redis_server.url))
     thread = threading.Thread(target=successor.run, daemon=True)
     thread.start()
     try:
-        wait_for(lambda: len(rollout_task_ids(bus, keys)) == len(task_ids), "the successor samples the rest", timeout_s=60)
+        wait_for(
+            lambda: len(rollout_task_ids(bus, keys)) == len(task_ids), "the successor samples the rest", timeout_s=60
+        )
     finally:
         successor.stop()
         thread.join(timeout=15)
@@ -185,16 +231,31 @@ def test_a_drained_worker_process_finishes_its_batch_loses_no_task_and_leaves(
 
 
 def test_a_standby_worker_keeps_heartbeating_and_fresh_weights_but_takes_no_tasks_until_activated(
-    run: RunConfig, redis_server: RedisServer, coordinator_url: str, publish_version_0: None,
-    bus: StreamBus, keys: RunKeys, model_dir: Path,
+    run: RunConfig,
+    redis_server: RedisServer,
+    coordinator_url: str,
+    publish_version_0: None,
+    bus: StreamBus,
+    keys: RunKeys,
+    model_dir: Path,
 ) -> None:
     # a free worker already covers the requirement (R / T_train = 32 samples/s, target 38.4)
     free = httpx.post(f"{coordinator_url}/v1/workers", json={"name": "free"}).json()
-    httpx.post(f"{coordinator_url}/v1/workers/{free['worker_id']}/heartbeat", headers={"Authorization": f"Bearer {free['token']}"},
-               json={"samples_per_s": 100.0})
+    httpx.post(
+        f"{coordinator_url}/v1/workers/{free['worker_id']}/heartbeat",
+        headers={"Authorization": f"Bearer {free['token']}"},
+        json={"samples_per_s": 100.0},
+    )
     wait_for(lambda: httpx.get(f"{coordinator_url}/v1/capacity").json()["known"], "the planner knows the requirement")
-    settings = RolloutSettings(cluster_key=CLUSTER_KEY, coordinator_url=coordinator_url, redis_url=redis_server.url,
-                               model_dir=model_dir, worker_name="priced", worker_price_per_hour=2.0, worker_poll_s=0.05)
+    settings = RolloutSettings(
+        cluster_key=CLUSTER_KEY,
+        coordinator_url=coordinator_url,
+        redis_url=redis_server.url,
+        model_dir=model_dir,
+        worker_name="priced",
+        worker_price_per_hour=2.0,
+        worker_poll_s=0.05,
+    )
     engine = TorchEngine(model_dir)
     worker = RolloutWorker(run, settings, engine, connect(redis_server.url))
     thread = threading.Thread(target=worker.run, daemon=True)
@@ -211,7 +272,9 @@ def test_a_standby_worker_keeps_heartbeating_and_fresh_weights_but_takes_no_task
         assert priced["last_heartbeat_s"] > first_beat  # heartbeats go on
         assert rollout_task_ids(bus, keys) == [] and bus.backlog(keys.tasks, ConsumerGroups.TASKS) == 6
 
-        set_learner(bus, keys, train_s=0.1)  # the learner got faster: 320 samples/s needed, the free worker is not enough
+        set_learner(
+            bus, keys, train_s=0.1
+        )  # the learner got faster: 320 samples/s needed, the free worker is not enough
         wait_for(lambda: len(rollout_task_ids(bus, keys)) == 6, "activated, it samples the tasks")
         assert workers_named(coordinator_url, "priced")[0]["state"] == "active"
     finally:

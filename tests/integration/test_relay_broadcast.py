@@ -52,8 +52,13 @@ class Holder:
     def __init__(self, store: ChunkStore | None = None, *, wait_s: float = 5.0, stall_timeout_s: float = 5.0) -> None:
         self.store = store if store is not None else TimedStore()
         self.server = ChunkServer(self.store, wait_s=wait_s).start()
-        self.fetcher = RelayFetcher(self.store, own_url=self.url, stall_timeout_s=stall_timeout_s, manifest_wait_s=wait_s,
-                                    version_timeout_s=30.0)
+        self.fetcher = RelayFetcher(
+            self.store,
+            own_url=self.url,
+            stall_timeout_s=stall_timeout_s,
+            manifest_wait_s=wait_s,
+            version_timeout_s=30.0,
+        )
         self.result: ArtifactFetch | BaseException | None = None
         self._thread: threading.Thread | None = None
 
@@ -95,11 +100,15 @@ def holders() -> Iterator[list[Holder]]:
 
 def new_version(policy_version: int = 1) -> tuple[Manifest, list[bytes], bytes]:
     blob = np.random.default_rng(policy_version).bytes(NUM_CHUNKS * CHUNK_SIZE_BYTES - 1000)
-    manifest, chunks = build_manifest(blob, run_id="r", policy_version=policy_version, chunk_size_bytes=CHUNK_SIZE_BYTES, cluster_key=KEY)
+    manifest, chunks = build_manifest(
+        blob, run_id="r", policy_version=policy_version, chunk_size_bytes=CHUNK_SIZE_BYTES, cluster_key=KEY
+    )
     return manifest, chunks, blob
 
 
-def publish_slowly(store: ChunkStore, manifest: Manifest, chunks: list[bytes], interval_s: float = 0.05) -> threading.Thread:
+def publish_slowly(
+    store: ChunkStore, manifest: Manifest, chunks: list[bytes], interval_s: float = 0.05
+) -> threading.Thread:
     """The learner's side while it is still publishing (or its own upload is slow): chunk after chunk."""
     store.add_manifest(manifest)
 
@@ -171,13 +180,19 @@ sys.stdin.read()  # keep relaying until the test closes stdin (or kills the proc
 """
 
 
-def test_a_parent_killed_mid_broadcast_is_replaced_and_every_other_worker_completes(holders: list[Holder], repo_root: Path) -> None:
+def test_a_parent_killed_mid_broadcast_is_replaced_and_every_other_worker_completes(
+    holders: list[Holder], repo_root: Path
+) -> None:
     manifest, chunks, blob = new_version()
     learner, child, grandchild = Holder(), Holder(), Holder()
     holders += [learner, child, grandchild]
     publishing = publish_slowly(learner.store, manifest, chunks, interval_s=0.1)
     parent = subprocess.Popen(
-        [sys.executable, "-c", RELAY_PROGRAM, learner.url], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=repo_root,
+        [sys.executable, "-c", RELAY_PROGRAM, learner.url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=repo_root,
     )
     try:
         parent.stdin.write(manifest.to_json().decode() + "\n")
@@ -237,13 +252,17 @@ def test_when_every_holder_fails_the_error_names_each_of_them(holders: list[Hold
     assert "http://127.0.0.1:9" in message and "ConnectionRefused" in message
 
 
-def test_a_store_replaces_a_version_whose_manifest_differs_and_pins_requests_to_a_manifest(holders: list[Holder]) -> None:
+def test_a_store_replaces_a_version_whose_manifest_differs_and_pins_requests_to_a_manifest(
+    holders: list[Holder],
+) -> None:
     holder = Holder()
     holders.append(holder)
     old, old_chunks, _ = new_version(1)
     holder.store.put_version(old, old_chunks)
     blob = b"a restarted learner re-used version number 1" * 2000
-    new, new_chunks = build_manifest(blob, run_id="r", policy_version=1, chunk_size_bytes=CHUNK_SIZE_BYTES, cluster_key=KEY)
+    new, new_chunks = build_manifest(
+        blob, run_id="r", policy_version=1, chunk_size_bytes=CHUNK_SIZE_BYTES, cluster_key=KEY
+    )
 
     holder.store.put_version(new, new_chunks)
 

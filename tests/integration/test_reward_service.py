@@ -21,7 +21,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def run(run_id: str) -> RunConfig:
-    return RunConfig.model_validate({"run_id": run_id, "grpo": {"group_size": 4, "groups_per_step": 3}, "schedule": {"staleness_bound": 3}})
+    return RunConfig.model_validate(
+        {"run_id": run_id, "grpo": {"group_size": 4, "groups_per_step": 3}, "schedule": {"staleness_bound": 3}}
+    )
 
 
 @pytest.fixture
@@ -48,11 +50,21 @@ def wait_for(predicate, timeout_s: float = 10.0):
 
 def rollout_for(task: TaskGroup, texts: list[str], task_id: str | None = None) -> RolloutGroup:
     return RolloutGroup(
-        run_id=task.run_id, group_id=uuid.uuid4().hex, task_id=task_id or task.task_id, task_name=task.task_name,
-        prompt=task.prompt, worker_id="w-test", policy_version=0, temperature=1.0,
-        prompt_token_ids=pack_int32([3, 4, 5, 6]), completion_token_ids=pack_int32([7] * len(texts)),
-        completion_lengths=pack_int32([1] * len(texts)), behaviour_logprobs=pack_float32([-1.0] * len(texts)),
-        completion_texts=texts, finish_reasons=["stop"] * len(texts), generation_s=0.01,
+        run_id=task.run_id,
+        group_id=uuid.uuid4().hex,
+        task_id=task_id or task.task_id,
+        task_name=task.task_name,
+        prompt=task.prompt,
+        worker_id="w-test",
+        policy_version=0,
+        temperature=1.0,
+        prompt_token_ids=pack_int32([3, 4, 5, 6]),
+        completion_token_ids=pack_int32([7] * len(texts)),
+        completion_lengths=pack_int32([1] * len(texts)),
+        behaviour_logprobs=pack_float32([-1.0] * len(texts)),
+        completion_texts=texts,
+        finish_reasons=["stop"] * len(texts),
+        generation_s=0.01,
     )
 
 
@@ -80,7 +92,9 @@ def test_rollouts_are_scored_by_the_verifier_and_acked(service, bus, keys) -> No
     wrong = str((a + b + 1) % 10)
     bus.publish(keys.rollouts, rollout_for(task, [right, wrong, right + right, ""]))
 
-    scored = wait_for(lambda: bus.read(keys.scored, ConsumerGroups.SCORED, "learner-test", ScoredGroup, count=1, block_ms=50))
+    scored = wait_for(
+        lambda: bus.read(keys.scored, ConsumerGroups.SCORED, "learner-test", ScoredGroup, count=1, block_ms=50)
+    )
     assert scored[0].message.rewards == [1.0, 0.0, 0.5, 0.0]
     wait_for(lambda: bus.backlog(keys.rollouts, ConsumerGroups.ROLLOUTS) == 0)
     assert bus.dead_letters() == []
@@ -107,7 +121,9 @@ def test_the_service_waits_out_a_redis_restart_and_loses_nothing(run: RunConfig,
 
     server = RedisServer(tmp_path / "redis").start()
     keys = RunKeys(run.run_id)
-    own_bus = StreamBus(connect(server.url, socket_timeout_s=2.0), run_id=run.run_id, dead_letter_stream=keys.dead, service="reward")
+    own_bus = StreamBus(
+        connect(server.url, socket_timeout_s=2.0), run_id=run.run_id, dead_letter_stream=keys.dead, service="reward"
+    )
     reward = RewardService(run, RewardSettings(redis_url=server.url, poll_block_ms=50), own_bus)
     thread = threading.Thread(target=reward.run_forever, daemon=True)
     thread.start()

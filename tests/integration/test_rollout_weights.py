@@ -48,21 +48,32 @@ class Learner:
         self.bus, self.keys, self.store = bus, keys, store
         self.server = ChunkServer(store, wait_s=1.0).start()
 
-    def publish(self, engine: TorchEngine, policy_version: int, noise_scale: float, cluster_key: bytes = CLUSTER_KEY) -> WeightsPublished:
+    def publish(
+        self, engine: TorchEngine, policy_version: int, noise_scale: float, cluster_key: bytes = CLUSTER_KEY
+    ) -> WeightsPublished:
         generator = torch.Generator().manual_seed(policy_version)
-        blob = safetensors_save({
-            name: (tensor + noise_scale * torch.randn(tensor.shape, generator=generator)).contiguous()
-            for name, tensor in engine.model.state_dict().items()
-            if name != TIED_OUTPUT_KEY
-        })
+        blob = safetensors_save(
+            {
+                name: (tensor + noise_scale * torch.randn(tensor.shape, generator=generator)).contiguous()
+                for name, tensor in engine.model.state_dict().items()
+                if name != TIED_OUTPUT_KEY
+            }
+        )
         manifest, chunks = build_manifest(
-            blob, run_id=self.keys.run_id, policy_version=policy_version, chunk_size_bytes=CHUNK_SIZE_BYTES, cluster_key=cluster_key
+            blob,
+            run_id=self.keys.run_id,
+            policy_version=policy_version,
+            chunk_size_bytes=CHUNK_SIZE_BYTES,
+            cluster_key=cluster_key,
         )
         self.store.put_version(manifest, chunks)
         announcement = WeightsPublished(
-            run_id=self.keys.run_id, policy_version=policy_version,
-            manifest_url=f"{self.server.url}/v1/weights/{policy_version}/manifest", manifest_sha256=manifest.sha256(),
-            total_size_bytes=manifest.total_size_bytes, num_chunks=manifest.num_chunks,
+            run_id=self.keys.run_id,
+            policy_version=policy_version,
+            manifest_url=f"{self.server.url}/v1/weights/{policy_version}/manifest",
+            manifest_sha256=manifest.sha256(),
+            total_size_bytes=manifest.total_size_bytes,
+            num_chunks=manifest.num_chunks,
         )
         self.bus.publish(self.keys.weights, announcement)
         return announcement
@@ -147,7 +158,9 @@ def test_a_corrupt_chunk_is_never_loaded_and_the_version_is_retried_later(
     assert engine.policy_version == 1
 
 
-def test_a_manifest_signed_with_another_key_is_never_loaded(engine: TorchEngine, learner: Learner, sync: WeightsSync) -> None:
+def test_a_manifest_signed_with_another_key_is_never_loaded(
+    engine: TorchEngine, learner: Learner, sync: WeightsSync
+) -> None:
     learner.publish(engine, policy_version=0, noise_scale=0.3, cluster_key=b"someone-else")
 
     assert sync.update(engine) is None

@@ -64,21 +64,37 @@ class LearnerSide:
 
     def publish(self, policy_version: int) -> None:
         generator = torch.Generator().manual_seed(policy_version)
-        blob = safetensors_save({k: (v + 0.1 * torch.randn(v.shape, generator=generator)).contiguous() for k, v in self.state_dict.items()})
+        blob = safetensors_save(
+            {k: (v + 0.1 * torch.randn(v.shape, generator=generator)).contiguous() for k, v in self.state_dict.items()}
+        )
         manifest, chunks = build_manifest(
-            blob, run_id=self.keys.run_id, policy_version=policy_version, chunk_size_bytes=128 * 1024, cluster_key=CLUSTER_KEY.encode()
+            blob,
+            run_id=self.keys.run_id,
+            policy_version=policy_version,
+            chunk_size_bytes=128 * 1024,
+            cluster_key=CLUSTER_KEY.encode(),
         )
         self.server.store.put_version(manifest, chunks)
-        self.bus.publish(self.keys.weights, WeightsPublished(
-            run_id=self.keys.run_id, policy_version=policy_version,
-            manifest_url=f"{self.server.url}/v1/weights/{policy_version}/manifest", manifest_sha256=manifest.sha256(),
-            total_size_bytes=manifest.total_size_bytes, num_chunks=manifest.num_chunks,
-        ))
+        self.bus.publish(
+            self.keys.weights,
+            WeightsPublished(
+                run_id=self.keys.run_id,
+                policy_version=policy_version,
+                manifest_url=f"{self.server.url}/v1/weights/{policy_version}/manifest",
+                manifest_sha256=manifest.sha256(),
+                total_size_bytes=manifest.total_size_bytes,
+                num_chunks=manifest.num_chunks,
+            ),
+        )
 
     def set_version(self, learner_version: int) -> None:
         state = LearnerState(
-            run_id=self.keys.run_id, status="training", learner_version=learner_version, published_version=learner_version,
-            staleness_bound=STALENESS_BOUND, num_steps_target=100,
+            run_id=self.keys.run_id,
+            status="training",
+            learner_version=learner_version,
+            published_version=learner_version,
+            staleness_bound=STALENESS_BOUND,
+            num_steps_target=100,
         )
         self.bus.redis.set(self.keys.learner_state, state.encode())
 
@@ -113,8 +129,13 @@ def learner(bus: StreamBus, keys: RunKeys, model_dir: Path) -> Iterator[LearnerS
 
 def make_task(run_id: str, task_id: str, prompt: str, num_samples: int = 4) -> TaskGroup:
     return TaskGroup(
-        run_id=run_id, task_id=task_id, task_name="arithmetic_mod10", prompt=prompt,
-        num_samples=num_samples, max_new_tokens=2, temperature=1.0,
+        run_id=run_id,
+        task_id=task_id,
+        task_name="arithmetic_mod10",
+        prompt=prompt,
+        num_samples=num_samples,
+        max_new_tokens=2,
+        temperature=1.0,
     )
 
 
@@ -129,12 +150,22 @@ def worker_info(coordinator_url: str, worker_id: str) -> WorkerInfo | None:
 
 
 def test_worker_samples_with_announced_versions_gates_on_staleness_and_dead_letters_poison(
-    run: RunConfig, redis_server: RedisServer, coordinator_url: str, learner: LearnerSide,
-    bus: StreamBus, keys: RunKeys, model_dir: Path,
+    run: RunConfig,
+    redis_server: RedisServer,
+    coordinator_url: str,
+    learner: LearnerSide,
+    bus: StreamBus,
+    keys: RunKeys,
+    model_dir: Path,
 ) -> None:
     settings = RolloutSettings(
-        cluster_key=CLUSTER_KEY, coordinator_url=coordinator_url, redis_url=redis_server.url, model_dir=model_dir,
-        worker_name="in-process", worker_max_groups_per_batch=4, worker_poll_s=0.05,
+        cluster_key=CLUSTER_KEY,
+        coordinator_url=coordinator_url,
+        redis_url=redis_server.url,
+        model_dir=model_dir,
+        worker_name="in-process",
+        worker_max_groups_per_batch=4,
+        worker_poll_s=0.05,
     )
     engine = TorchEngine(model_dir)
     worker = RolloutWorker(run, settings, engine, connect(redis_server.url))
@@ -200,7 +231,9 @@ def test_a_worker_declared_dead_registers_again(redis_server: RedisServer, keys:
         run_id=keys.run_id, rollout=RolloutConfig(heartbeat_interval_s=0.6), coordinator=CoordinatorConfig(lease_s=0.3)
     )
     with serve_coordinator(run, redis_server.url) as url:
-        membership = Membership(CoordinatorClient(url), RegisterWorkerRequest(name="flaky"), HeartbeatRequest, threading.Event())
+        membership = Membership(
+            CoordinatorClient(url), RegisterWorkerRequest(name="flaky"), HeartbeatRequest, threading.Event()
+        )
         first_id = membership.register().worker_id
         membership.start_heartbeats()
         wait_for(lambda: membership.num_registrations >= 2, "re-registration after 410")
@@ -216,19 +249,31 @@ def test_an_unreachable_coordinator_is_reported_as_unavailable() -> None:
 
 
 def test_the_worker_process_exits_cleanly_on_sigterm(
-    run: RunConfig, redis_server: RedisServer, coordinator_url: str, learner: LearnerSide,
-    keys: RunKeys, model_dir: Path, repo_root: Path, tmp_path: Path,
+    run: RunConfig,
+    redis_server: RedisServer,
+    coordinator_url: str,
+    learner: LearnerSide,
+    keys: RunKeys,
+    model_dir: Path,
+    repo_root: Path,
+    tmp_path: Path,
 ) -> None:
     run_file = tmp_path / "run.toml"
     run_file.write_text(f'run_id = "{keys.run_id}"\n[rollout]\nheartbeat_interval_s = 0.2\n')
     learner.set_version(0)
     learner.publish(0)
     env = {
-        **os.environ, "RL_CLUSTER_KEY": CLUSTER_KEY, "RL_COORDINATOR_URL": coordinator_url, "RL_REDIS_URL": redis_server.url,
-        "RL_RUN_CONFIG": str(run_file), "RL_MODEL_DIR": str(model_dir), "RL_WORKER_NAME": "subprocess",
+        **os.environ,
+        "RL_CLUSTER_KEY": CLUSTER_KEY,
+        "RL_COORDINATOR_URL": coordinator_url,
+        "RL_REDIS_URL": redis_server.url,
+        "RL_RUN_CONFIG": str(run_file),
+        "RL_MODEL_DIR": str(model_dir),
+        "RL_WORKER_NAME": "subprocess",
     }
     process = subprocess.Popen([sys.executable, "-m", "services.rollout"], cwd=repo_root, env=env)
     try:
+
         def loaded_version_0() -> bool:
             workers = [w for w in httpx.get(f"{coordinator_url}/v1/workers").json() if w["name"] == "subprocess"]
             return bool(workers) and workers[0]["policy_version"] == 0
@@ -241,4 +286,3 @@ def test_the_worker_process_exits_cleanly_on_sigterm(
         if process.poll() is None:
             process.kill()
             process.wait()
-

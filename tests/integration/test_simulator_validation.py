@@ -15,7 +15,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a real cluster run: 
 TOLERANCE = 0.10  # the benchmark's target, on a shorter run
 
 
-def test_the_simulator_predicts_a_real_runs_learner_utilization_within_ten_percent(repo_root: Path, tmp_path: Path) -> None:
+def test_the_simulator_predicts_a_real_runs_learner_utilization_within_ten_percent(
+    repo_root: Path, tmp_path: Path
+) -> None:
     config = repo_root / "benchmarks" / "simulator_validation.toml"
     steps, polls, pipeline, run = run_cluster("fast", config, 2, {"num_steps": 40}, tmp_path)
     measured = measure_run(run, steps, polls, warmup_steps=10, pipeline=pipeline)

@@ -87,6 +87,8 @@ def test_unmeasured_workers_take_their_gpu_peers_median_then_the_fleet_median_th
 
 
 def test_changes_are_relative_to_the_current_set() -> None:
-    plan = plan_activation(fleet(("a", 1.0, 10.0), ("b", 5.0, 10.0), active={"b"}, since_s=0.0), 5.0, POLICY, now_s=100.0)
+    plan = plan_activation(
+        fleet(("a", 1.0, 10.0), ("b", 5.0, 10.0), active={"b"}, since_s=0.0), 5.0, POLICY, now_s=100.0
+    )
     to_activate, to_standby = plan.changes({"b"})
     assert (to_activate, to_standby) == ({"a"}, {"b"})  # re-picked: a is five times cheaper

@@ -25,8 +25,14 @@ EPS = Fraction(1, 10**9)
 
 
 def timeline_lags(
-    period: Fraction, min_step: Fraction, broadcast: Fraction, latency: Fraction, queue: Fraction, k: int,
-    start_times: list[Fraction], fetch_blocks: bool,
+    period: Fraction,
+    min_step: Fraction,
+    broadcast: Fraction,
+    latency: Fraction,
+    queue: Fraction,
+    k: int,
+    start_times: list[Fraction],
+    fetch_blocks: bool,
 ) -> list[int]:
     """The docstring's timeline, literally: step t+1 starts (and reads its batch) at t * P; version v
     (a multiple of k) is published at (v - 1) * P + C and every worker holds it T_bcast later; a group
@@ -50,8 +56,15 @@ def timeline_lags(
     return lags
 
 
-def start_time_grid(period: Fraction, k: int, min_step: Fraction, broadcast: Fraction, latency: Fraction,
-                    queue: Fraction, num_points: int) -> list[Fraction]:
+def start_time_grid(
+    period: Fraction,
+    k: int,
+    min_step: Fraction,
+    broadcast: Fraction,
+    latency: Fraction,
+    queue: Fraction,
+    num_points: int,
+) -> list[Fraction]:
     """A dense grid over whole cycles in steady state (the lags repeat every k*P), plus every boundary
     approached from both sides."""
     begin = (3 * k - 1) * period + min_step + broadcast  # version 3k arrives
@@ -74,8 +87,12 @@ def random_case(rng: random.Random) -> dict:
     min_step = frac(5, 40)
     period = min_step + (frac(0, 20) if rng.random() < 0.5 else 0)
     return {
-        "period": period, "min_step": min_step, "broadcast": frac(0, 30), "latency": frac(0, 30),
-        "queue": frac(0, 10), "k": rng.choice([1, 1, 2, 3]),
+        "period": period,
+        "min_step": min_step,
+        "broadcast": frac(0, 30),
+        "latency": frac(0, 30),
+        "queue": frac(0, 10),
+        "k": rng.choice([1, 1, 2, 3]),
     }
 
 
@@ -86,7 +103,9 @@ def test_max_lag_formula_equals_the_simulated_timeline(seed: int) -> None:
     if seed % 4 == 0:
         case["latency"] = case["period"] * 2 - case["broadcast"] - case["queue"] - case["min_step"] + case["period"]
         case["latency"] = max(case["latency"], Fraction(0))
-    starts = start_time_grid(case["period"], case["k"], case["min_step"], case["broadcast"], case["latency"], case["queue"], 300)
+    starts = start_time_grid(
+        case["period"], case["k"], case["min_step"], case["broadcast"], case["latency"], case["queue"], 300
+    )
     lags = timeline_lags(**case, start_times=starts, fetch_blocks=False)
     x = case["broadcast"] + case["latency"] + case["queue"]
     assert max(lags) == max_lag_steps(float(case["period"]), float(case["min_step"]), float(x), case["k"])
@@ -99,14 +118,21 @@ def test_admissible_share_equals_the_simulated_timeline(seed: int) -> None:
     staleness_bound = rng.randint(0, 4)
     fetch_blocks = seed % 2 == 0
     num_points = 2000
-    starts = start_time_grid(case["period"], case["k"], case["min_step"], case["broadcast"], case["latency"], case["queue"], num_points)
+    starts = start_time_grid(
+        case["period"], case["k"], case["min_step"], case["broadcast"], case["latency"], case["queue"], num_points
+    )
     starts = starts[:num_points]  # the uniform grid only: a share, not a maximum
     lags = timeline_lags(**case, start_times=starts, fetch_blocks=fetch_blocks)
     total_starts = len(starts)
     simulated = sum(1 for lag in lags if lag <= staleness_bound) / total_starts
     inputs = CapacityInputs(
-        samples_per_step=64, train_s=float(case["min_step"]), staleness_bound=staleness_bound, publish_every=case["k"],
-        broadcast_s=float(case["broadcast"]), group_latency_s=float(case["latency"]), queue_delay_s=float(case["queue"]),
+        samples_per_step=64,
+        train_s=float(case["min_step"]),
+        staleness_bound=staleness_bound,
+        publish_every=case["k"],
+        broadcast_s=float(case["broadcast"]),
+        group_latency_s=float(case["latency"]),
+        queue_delay_s=float(case["queue"]),
         fetch_blocks_generation=fetch_blocks,
     )
     period = float(case["period"])
@@ -115,12 +141,16 @@ def test_admissible_share_equals_the_simulated_timeline(seed: int) -> None:
 
 
 def test_the_never_waiting_condition_is_k_plus_ceil_of_the_lag_window() -> None:
-    inputs = CapacityInputs(samples_per_step=512, train_s=1.0, staleness_bound=2, broadcast_s=0.3, group_latency_s=0.5, queue_delay_s=0.2)
+    inputs = CapacityInputs(
+        samples_per_step=512, train_s=1.0, staleness_bound=2, broadcast_s=0.3, group_latency_s=0.5, queue_delay_s=0.2
+    )
     assert min_feasible_staleness(inputs) == 1 + math.ceil(1.0 / 1.0) == 2  # x / C is exactly 1: no extra step
     assert assess(inputs).staleness_feasible
     slower = CapacityInputs(**{**inputs.__dict__, "group_latency_s": 0.51})
     assert min_feasible_staleness(slower) == 3 and not assess(slower).staleness_feasible
-    assert min_feasible_staleness(CapacityInputs(samples_per_step=8, train_s=1.0, staleness_bound=0)) == 1  # S = 0 never holds
+    assert (
+        min_feasible_staleness(CapacityInputs(samples_per_step=8, train_s=1.0, staleness_bound=0)) == 1
+    )  # S = 0 never holds
 
 
 def test_throughput_and_overlap_rules() -> None:
@@ -134,9 +164,14 @@ def test_predicted_period_is_the_smallest_one_whose_admissible_supply_covers_a_s
     rng = random.Random(7)
     for _ in range(200):
         inputs = CapacityInputs(
-            samples_per_step=rng.choice([64, 512, 4096]), train_s=rng.uniform(0.2, 30), staleness_bound=rng.randint(0, 6),
-            publish_every=rng.choice([1, 2, 4]), step_overhead_s=rng.uniform(0, 2), broadcast_s=rng.uniform(0, 40),
-            group_latency_s=rng.uniform(0, 20), queue_delay_s=rng.uniform(0, 5),
+            samples_per_step=rng.choice([64, 512, 4096]),
+            train_s=rng.uniform(0.2, 30),
+            staleness_bound=rng.randint(0, 6),
+            publish_every=rng.choice([1, 2, 4]),
+            step_overhead_s=rng.uniform(0, 2),
+            broadcast_s=rng.uniform(0, 40),
+            group_latency_s=rng.uniform(0, 20),
+            queue_delay_s=rng.uniform(0, 5),
             worker_samples_per_s=tuple(rng.uniform(0.5, 50) for _ in range(rng.randint(1, 30))),
             fetch_blocks_generation=rng.random() < 0.5,
         )
@@ -155,14 +190,28 @@ def covers_a_step(inputs: CapacityInputs, period: float) -> bool:
 
 
 def test_synchronous_baseline_overlaps_nothing() -> None:
-    inputs = CapacityInputs(samples_per_step=512, train_s=2.0, staleness_bound=0, step_overhead_s=0.5, broadcast_s=1.0,
-                            group_latency_s=0.8, queue_delay_s=0.2, worker_samples_per_s=(128.0, 128.0))
+    inputs = CapacityInputs(
+        samples_per_step=512,
+        train_s=2.0,
+        staleness_bound=0,
+        step_overhead_s=0.5,
+        broadcast_s=1.0,
+        group_latency_s=0.8,
+        queue_delay_s=0.2,
+        worker_samples_per_s=(128.0, 128.0),
+    )
     assert predicted_step_s(inputs) == pytest.approx(2.5 + 1.0 + 0.8 + 0.2 + 512 / 256)
 
 
 def test_ample_throughput_and_freshness_keep_the_learner_busy_and_provisioning_is_finite() -> None:
-    inputs = CapacityInputs(samples_per_step=512, train_s=2.0, staleness_bound=3, broadcast_s=0.5, group_latency_s=0.5,
-                            worker_samples_per_s=(400.0, 400.0))
+    inputs = CapacityInputs(
+        samples_per_step=512,
+        train_s=2.0,
+        staleness_bound=3,
+        broadcast_s=0.5,
+        group_latency_s=0.5,
+        worker_samples_per_s=(400.0, 400.0),
+    )
     result = assess(inputs)
     assert result.predicted_utilization == 1.0 and not result.starved and result.admissible_fraction == 1.0
     # fetching on its own thread: the throughput rule R / C = 256 binds (freshness: k*R / (S*C - x) = 512 / 5)

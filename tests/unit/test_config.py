@@ -23,7 +23,7 @@ def test_overrides_replace_top_level_keys(repo_root: Path) -> None:
 
 def test_bad_values_and_unknown_keys_are_named(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
-    bad.write_text('[grpo]\ngroup_size = 1\nlearning_rat = 0.1\n')
+    bad.write_text("[grpo]\ngroup_size = 1\nlearning_rat = 0.1\n")
     with pytest.raises(ValueError) as excinfo:
         load_run_config(bad)
     assert "group_size" in str(excinfo.value) and "learning_rat" in str(excinfo.value)

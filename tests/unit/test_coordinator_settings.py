@@ -53,7 +53,11 @@ def test_bad_port_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_help_answers_fast_and_lists_the_environment(repo_root: Path) -> None:
     started_s = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "services.coordinator", "--help"], cwd=repo_root, capture_output=True, text=True, timeout=30
+        [sys.executable, "-m", "services.coordinator", "--help"],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     elapsed_s = time.monotonic() - started_s
     assert result.returncode == 0, result.stderr
@@ -62,11 +66,26 @@ def test_help_answers_fast_and_lists_the_environment(repo_root: Path) -> None:
 
 
 def test_the_whole_coordinator_imports_without_torch(repo_root: Path) -> None:
-    modules = ["app", "auth", "deps", "errors", "learner_view", "schemas", "settings", "status", "worker_registry", "workers"]
-    script = "import sys\n" + "".join(f"import services.coordinator.{m}\n" for m in modules) + (
-        "import services.coordinator.__main__ as main\n"
-        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'transformers', 'vllm'})\n"
-        "assert not heavy, heavy\n"
+    modules = [
+        "app",
+        "auth",
+        "deps",
+        "errors",
+        "learner_view",
+        "schemas",
+        "settings",
+        "status",
+        "worker_registry",
+        "workers",
+    ]
+    script = (
+        "import sys\n"
+        + "".join(f"import services.coordinator.{m}\n" for m in modules)
+        + (
+            "import services.coordinator.__main__ as main\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'transformers', 'vllm'})\n"
+            "assert not heavy, heavy\n"
+        )
     )
     result = subprocess.run([sys.executable, "-c", script], cwd=repo_root, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

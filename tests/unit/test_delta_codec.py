@@ -35,14 +35,20 @@ def test_a_delta_rebuilds_the_target_bit_for_bit_and_is_much_smaller_for_one_opt
     assert len(delta) < 0.6 * len(target)  # ~0.41 on this data; plain zstd of the target saves ~8%
 
 
-@pytest.mark.parametrize(("base", "target"), [
-    (b"", b""),
-    (b"abc", b"abcdefg"),  # target longer than the base
-    (b"abcdefghij", b"xy"),  # shorter
-    (os.urandom(1001), os.urandom(999)),  # unrelated, not whole words
-    (b"", os.urandom(10)),
-    (np.array([np.nan, np.inf, -0.0], dtype=np.float32).tobytes(), np.array([1.0, -np.inf, 0.0], dtype=np.float32).tobytes()),
-])
+@pytest.mark.parametrize(
+    ("base", "target"),
+    [
+        (b"", b""),
+        (b"abc", b"abcdefg"),  # target longer than the base
+        (b"abcdefghij", b"xy"),  # shorter
+        (os.urandom(1001), os.urandom(999)),  # unrelated, not whole words
+        (b"", os.urandom(10)),
+        (
+            np.array([np.nan, np.inf, -0.0], dtype=np.float32).tobytes(),
+            np.array([1.0, -np.inf, 0.0], dtype=np.float32).tobytes(),
+        ),
+    ],
+)
 def test_any_bytes_round_trip(base: bytes, target: bytes) -> None:
     assert apply_delta(base, encode_delta(base, target)) == target
 

@@ -21,7 +21,6 @@ from shared.tasks import make_task
 torch.set_num_threads(1)
 
 
-
 def train_on_self_play(policy_dir: Path, num_steps: int, seed: int = 0) -> tuple[list[float], list[float]]:
     """Returns (train reward mean per step, held-out greedy accuracy before and after)."""
     grpo = GRPOConfig()
@@ -31,14 +30,24 @@ def train_on_self_play(policy_dir: Path, num_steps: int, seed: int = 0) -> tuple
     prompt_rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
 
     def accuracy() -> float:
-        return evaluate_greedy(model, tokenizer, task, max_new_tokens=grpo.max_new_tokens, eos_token_id=tokenizer.eos_token_id).accuracy
+        return evaluate_greedy(
+            model, tokenizer, task, max_new_tokens=grpo.max_new_tokens, eos_token_id=tokenizer.eos_token_id
+        ).accuracy
 
     accuracies, rewards = [accuracy()], []
     for step in range(num_steps):
         prompts = [prompt_rng.choice(task.train_set) for _ in range(grpo.groups_per_step)]
         groups = sample_scored_groups(
-            model, tokenizer, task, prompts, run_id="learning-check", policy_version=step, group_size=grpo.group_size,
-            max_new_tokens=grpo.max_new_tokens, temperature=grpo.temperature, generator=generator,
+            model,
+            tokenizer,
+            task,
+            prompts,
+            run_id="learning-check",
+            policy_version=step,
+            group_size=grpo.group_size,
+            max_new_tokens=grpo.max_new_tokens,
+            temperature=grpo.temperature,
+            generator=generator,
         )
         batch = tensorize(groups, tokenizer.pad_token_id, grpo.normalize_advantage_by_std)
         train_step(model, optimizer, batch, grpo)

@@ -14,7 +14,6 @@ from services.learner.trainer import load_policy
 torch.set_num_threads(1)
 
 
-
 def test_advantages_subtract_the_group_mean_and_divide_by_the_population_std() -> None:
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5])
     mean, std = 0.5, math.sqrt((4 * 0.25) / 5)
@@ -32,12 +31,19 @@ def test_equal_rewards_and_single_samples_carry_no_signal(normalize_by_std: bool
 def test_policy_loss_matches_a_hand_computation_with_clipping_on_both_sides_and_truncation() -> None:
     eps, cap = 0.2, 2.0
     # Row 0 has advantage +2, row 1 advantage -1. Per token: (log pi_theta, log pi_prox, log mu).
-    new = torch.tensor([[math.log(0.6), math.log(0.45), math.log(0.3), 0.0],
-                        [math.log(0.2), math.log(0.5), math.log(0.5), 0.0]], requires_grad=True)
-    prox = torch.tensor([[math.log(0.4), math.log(0.5), math.log(0.3), 0.0],
-                         [math.log(0.4), math.log(0.5), math.log(0.1), 0.0]])
-    behaviour = torch.tensor([[math.log(0.4), math.log(0.5), math.log(0.05), -1e30],  # last: padding, garbage
-                              [math.log(0.8), math.log(0.5), math.log(0.5), -1e30]])
+    new = torch.tensor(
+        [[math.log(0.6), math.log(0.45), math.log(0.3), 0.0], [math.log(0.2), math.log(0.5), math.log(0.5), 0.0]],
+        requires_grad=True,
+    )
+    prox = torch.tensor(
+        [[math.log(0.4), math.log(0.5), math.log(0.3), 0.0], [math.log(0.4), math.log(0.5), math.log(0.1), 0.0]]
+    )
+    behaviour = torch.tensor(
+        [
+            [math.log(0.4), math.log(0.5), math.log(0.05), -1e30],  # last: padding, garbage
+            [math.log(0.8), math.log(0.5), math.log(0.5), -1e30],
+        ]
+    )
     mask = torch.tensor([[True, True, True, False], [True, True, True, False]])
     advantages = torch.tensor([[2.0], [-1.0]])
 
@@ -67,8 +73,9 @@ def test_with_one_update_per_batch_the_gradient_is_the_truncated_weight_times_th
     logprobs = torch.tensor([[-0.5, -1.0, -2.0]], requires_grad=True)
     behaviour = torch.tensor([[-0.5, -3.0, -2.5]])
     mask = torch.tensor([[True, True, False]])
-    loss, stats = policy_loss(logprobs, logprobs.detach(), behaviour, torch.tensor([[1.5]]), mask,
-                              clip_eps=0.2, max_importance_weight=5.0)
+    loss, stats = policy_loss(
+        logprobs, logprobs.detach(), behaviour, torch.tensor([[1.5]]), mask, clip_eps=0.2, max_importance_weight=5.0
+    )
     loss.backward()
     # d loss / d logprob = -min(exp(prox - mu), cap) * A / num_tokens; nothing at masked positions.
     expected = [-1.0 * 1.5 / 2, -min(math.exp(2.0), 5.0) * 1.5 / 2, 0.0]

@@ -14,17 +14,30 @@ PAD = 0
 
 
 def scored_group(
-    prompt: list[int], completions: list[list[int]], rewards: list[float], *, logprobs: list[float] | None = None,
+    prompt: list[int],
+    completions: list[list[int]],
+    rewards: list[float],
+    *,
+    logprobs: list[float] | None = None,
     temperature: float = 1.0,
 ) -> ScoredGroup:
     flat = [token for completion in completions for token in completion]
     rollout = RolloutGroup(
-        run_id="r", group_id="g", task_id="t", task_name="arithmetic_mod10", prompt="p", worker_id="w",
-        policy_version=0, temperature=temperature,
-        prompt_token_ids=pack_int32(prompt), completion_token_ids=pack_int32(flat),
+        run_id="r",
+        group_id="g",
+        task_id="t",
+        task_name="arithmetic_mod10",
+        prompt="p",
+        worker_id="w",
+        policy_version=0,
+        temperature=temperature,
+        prompt_token_ids=pack_int32(prompt),
+        completion_token_ids=pack_int32(flat),
         completion_lengths=pack_int32([len(c) for c in completions]),
         behaviour_logprobs=pack_float32(logprobs if logprobs is not None else [-0.5 - i for i in range(len(flat))]),
-        completion_texts=["x"] * len(completions), finish_reasons=["stop"] * len(completions), generation_s=0.0,
+        completion_texts=["x"] * len(completions),
+        finish_reasons=["stop"] * len(completions),
+        generation_s=0.0,
     )
     return ScoredGroup(run_id="r", rollout=rollout, rewards=rewards)
 
@@ -47,7 +60,9 @@ def test_tensorize_right_pads_and_masks_exactly_the_completion_tokens() -> None:
     assert batch.behaviour_logprobs[0, 3:5].tolist() == [-0.5, -1.5]
     assert batch.behaviour_logprobs[1, 3].item() == -2.5
     assert batch.behaviour_logprobs[2, 1:3].tolist() == [-0.5, -1.5]
-    assert batch.advantages[:, 0].tolist() == pytest.approx([0.5 / (0.5 + ADVANTAGE_EPS), -0.5 / (0.5 + ADVANTAGE_EPS), 0.0])
+    assert batch.advantages[:, 0].tolist() == pytest.approx(
+        [0.5 / (0.5 + ADVANTAGE_EPS), -0.5 / (0.5 + ADVANTAGE_EPS), 0.0]
+    )
     assert batch.temperatures.tolist() == [0.5, 0.5, 1.0]
     assert batch.rewards.tolist() == [1.0, 0.0, 0.5]
     assert (batch.num_samples, batch.num_tokens) == (3, 5)

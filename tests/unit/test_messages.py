@@ -17,11 +17,21 @@ from shared.messages import (
 
 def make_rollout(**overrides) -> RolloutGroup:
     fields = dict(
-        run_id="r", group_id="g", task_id="t", task_name="arithmetic_mod10", prompt="1+2=", worker_id="w",
-        policy_version=3, temperature=1.0, prompt_token_ids=pack_int32([4, 3, 5, 14]),
-        completion_token_ids=pack_int32([7, 1, 7, 7]), completion_lengths=pack_int32([2, 2]),
-        behaviour_logprobs=pack_float32([-0.5, -0.1, -2.0, -3.0]), completion_texts=["3", "33"],
-        finish_reasons=["stop", "length"], generation_s=0.01,
+        run_id="r",
+        group_id="g",
+        task_id="t",
+        task_name="arithmetic_mod10",
+        prompt="1+2=",
+        worker_id="w",
+        policy_version=3,
+        temperature=1.0,
+        prompt_token_ids=pack_int32([4, 3, 5, 14]),
+        completion_token_ids=pack_int32([7, 1, 7, 7]),
+        completion_lengths=pack_int32([2, 2]),
+        behaviour_logprobs=pack_float32([-0.5, -0.1, -2.0, -3.0]),
+        completion_texts=["3", "33"],
+        finish_reasons=["stop", "length"],
+        generation_s=0.01,
     )
     fields.update(overrides)
     return RolloutGroup(**fields)
@@ -38,39 +48,127 @@ def test_scored_group_round_trips_with_its_arrays() -> None:
     assert decoded.rollout.num_samples == 2
 
 
-@pytest.mark.parametrize("message", [
-    TaskGroup(run_id="r", task_id="t", task_name="x", prompt="1+1=", num_samples=8, max_new_tokens=2, temperature=1.0),
-    WeightsPublished(run_id="r", policy_version=0, manifest_url="http://h/v1/weights/0/manifest", manifest_sha256="a" * 64, total_size_bytes=10, num_chunks=1),
-    DeadLetter(run_id="r", source_stream="s", source_message_id="1-0", consumer_group="g", service="x", error="e", payload=b"\x00", num_deliveries=1),
-    LearnerState(run_id="r", status="training", learner_version=3, published_version=3, staleness_bound=2, num_steps_target=10),
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        TaskGroup(
+            run_id="r", task_id="t", task_name="x", prompt="1+1=", num_samples=8, max_new_tokens=2, temperature=1.0
+        ),
+        WeightsPublished(
+            run_id="r",
+            policy_version=0,
+            manifest_url="http://h/v1/weights/0/manifest",
+            manifest_sha256="a" * 64,
+            total_size_bytes=10,
+            num_chunks=1,
+        ),
+        DeadLetter(
+            run_id="r",
+            source_stream="s",
+            source_message_id="1-0",
+            consumer_group="g",
+            service="x",
+            error="e",
+            payload=b"\x00",
+            num_deliveries=1,
+        ),
+        LearnerState(
+            run_id="r",
+            status="training",
+            learner_version=3,
+            published_version=3,
+            staleness_bound=2,
+            num_steps_target=10,
+        ),
+    ],
+)
 def test_every_message_type_round_trips(message) -> None:
     assert type(message).decode(message.encode()) == message
 
 
-@pytest.mark.parametrize("payload, reason", [
-    (b"\xc1", "not msgpack"),
-    (msgpack.packb([1, 2]), "expected a map"),
-    (msgpack.packb({"run_id": "r"}), "task_id: Field required"),
-    (msgpack.packb({"run_id": "r", "task_id": "t", "task_name": "x", "prompt": "p", "num_samples": "8", "max_new_tokens": 2, "temperature": 1.0}), "num_samples"),
-    (msgpack.packb({"run_id": "r", "task_id": "t", "task_name": "x", "prompt": "p", "num_samples": 0, "max_new_tokens": 2, "temperature": 1.0}), "num_samples"),
-    (msgpack.packb({"schema_version": 2, "run_id": "r", "task_id": "t", "task_name": "x", "prompt": "p", "num_samples": 8, "max_new_tokens": 2, "temperature": 1.0}), "schema_version"),
-    (msgpack.packb({"run_id": "r", "task_id": "t", "task_name": "x", "prompt": "p", "num_samples": 8, "max_new_tokens": 2, "temperature": 1.0, "admin": True}), "admin"),
-])
+@pytest.mark.parametrize(
+    "payload, reason",
+    [
+        (b"\xc1", "not msgpack"),
+        (msgpack.packb([1, 2]), "expected a map"),
+        (msgpack.packb({"run_id": "r"}), "task_id: Field required"),
+        (
+            msgpack.packb(
+                {
+                    "run_id": "r",
+                    "task_id": "t",
+                    "task_name": "x",
+                    "prompt": "p",
+                    "num_samples": "8",
+                    "max_new_tokens": 2,
+                    "temperature": 1.0,
+                }
+            ),
+            "num_samples",
+        ),
+        (
+            msgpack.packb(
+                {
+                    "run_id": "r",
+                    "task_id": "t",
+                    "task_name": "x",
+                    "prompt": "p",
+                    "num_samples": 0,
+                    "max_new_tokens": 2,
+                    "temperature": 1.0,
+                }
+            ),
+            "num_samples",
+        ),
+        (
+            msgpack.packb(
+                {
+                    "schema_version": 2,
+                    "run_id": "r",
+                    "task_id": "t",
+                    "task_name": "x",
+                    "prompt": "p",
+                    "num_samples": 8,
+                    "max_new_tokens": 2,
+                    "temperature": 1.0,
+                }
+            ),
+            "schema_version",
+        ),
+        (
+            msgpack.packb(
+                {
+                    "run_id": "r",
+                    "task_id": "t",
+                    "task_name": "x",
+                    "prompt": "p",
+                    "num_samples": 8,
+                    "max_new_tokens": 2,
+                    "temperature": 1.0,
+                    "admin": True,
+                }
+            ),
+            "admin",
+        ),
+    ],
+)
 def test_malformed_task_payloads_are_rejected_with_the_reason(payload: bytes, reason: str) -> None:
     with pytest.raises(MessageDecodeError, match=reason):
         TaskGroup.decode(payload)
 
 
-@pytest.mark.parametrize("overrides, reason", [
-    ({"completion_lengths": pack_int32([2, 1])}, "sum to 3 but there are 4 tokens"),
-    ({"behaviour_logprobs": pack_float32([-1.0])}, "1 behaviour logprobs for 4 tokens"),
-    ({"completion_texts": ["3"]}, "2 samples but 1 texts"),
-    ({"prompt_token_ids": b"\x00\x01\x02"}, "not a multiple of 4"),
-    ({"completion_lengths": b"", "completion_token_ids": b"", "behaviour_logprobs": b""}, "at least one sample"),
-    ({"finish_reasons": ["stop", "exploded"]}, "finish_reasons"),
-    ({"policy_version": -1}, "policy_version"),
-])
+@pytest.mark.parametrize(
+    "overrides, reason",
+    [
+        ({"completion_lengths": pack_int32([2, 1])}, "sum to 3 but there are 4 tokens"),
+        ({"behaviour_logprobs": pack_float32([-1.0])}, "1 behaviour logprobs for 4 tokens"),
+        ({"completion_texts": ["3"]}, "2 samples but 1 texts"),
+        ({"prompt_token_ids": b"\x00\x01\x02"}, "not a multiple of 4"),
+        ({"completion_lengths": b"", "completion_token_ids": b"", "behaviour_logprobs": b""}, "at least one sample"),
+        ({"finish_reasons": ["stop", "exploded"]}, "finish_reasons"),
+        ({"policy_version": -1}, "policy_version"),
+    ],
+)
 def test_rollout_groups_whose_arrays_disagree_are_rejected(overrides, reason) -> None:
     payload = msgpack.packb({**make_rollout().model_dump(), **overrides}, use_bin_type=True)
     with pytest.raises(MessageDecodeError, match=reason):

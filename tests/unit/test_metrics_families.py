@@ -25,8 +25,17 @@ def parse(collector: CallbackCollector) -> dict[str, list]:
 
 def test_learner_metrics_come_from_its_state() -> None:
     state = LearnerState(
-        run_id="r", status="training", learner_version=12, published_version=12, staleness_bound=2, num_steps_target=100,
-        num_dropped={"stale": 3}, num_steps_done=12, train_s_total=6.0, idle_s_total=1.5, wall_s=9.0,
+        run_id="r",
+        status="training",
+        learner_version=12,
+        published_version=12,
+        staleness_bound=2,
+        num_steps_target=100,
+        num_dropped={"stale": 3},
+        num_steps_done=12,
+        train_s_total=6.0,
+        idle_s_total=1.5,
+        wall_s=9.0,
         staleness_histogram={"0": 4, "1": 50, "2": 10},
     )
     metrics = parse(CallbackCollector(lambda: learner_families(state)))
@@ -38,8 +47,14 @@ def test_learner_metrics_come_from_its_state() -> None:
 
 
 def test_rollout_metrics_come_from_the_heartbeat_it_would_send() -> None:
-    report = HeartbeatRequest(policy_version=3, num_groups_done=7, samples_per_s=40.0, tokens_per_s=90.0, group_latency_s=0.2,
-                              last_swap=WeightSwapReport(policy_version=3, announced_at_s=100.0, swapped_at_s=100.4, num_bytes=10))
+    report = HeartbeatRequest(
+        policy_version=3,
+        num_groups_done=7,
+        samples_per_s=40.0,
+        tokens_per_s=90.0,
+        group_latency_s=0.2,
+        last_swap=WeightSwapReport(policy_version=3, announced_at_s=100.0, swapped_at_s=100.4, num_bytes=10),
+    )
     metrics = parse(CallbackCollector(lambda: rollout_families("w-a", report)))
     assert metrics["relayrl_worker_tokens_per_second"][0].value == 90.0
     assert metrics["relayrl_worker_groups"][0].value == 7

@@ -7,7 +7,9 @@ import pytest
 from shared.relay_plan import LEARNER, RelayCandidate, RelayPlan, plan_relay
 
 
-def worker(worker_id: str, mbps: float, *, measured: float | None = None, alive: bool = True, relays: bool = True) -> RelayCandidate:
+def worker(
+    worker_id: str, mbps: float, *, measured: float | None = None, alive: bool = True, relays: bool = True
+) -> RelayCandidate:
     return RelayCandidate(worker_id, f"http://{worker_id}" if relays else "", mbps, measured, alive)
 
 
@@ -19,9 +21,12 @@ def test_the_fastest_workers_are_seeds_and_the_rest_form_chains_fastest_first() 
     plan = plan_relay([worker(f"w{mbps}", mbps) for mbps in (100, 400, 200, 300, 50, 250)], num_seeds=2)
 
     assert parents(plan) == {
-        "w400": LEARNER, "w300": LEARNER,  # seeds: the two fastest
-        "w250": "w400", "w200": "w300",  # then round-robin onto the chains, so each chain runs fast to slow
-        "w100": "w250", "w50": "w200",
+        "w400": LEARNER,
+        "w300": LEARNER,  # seeds: the two fastest
+        "w250": "w400",
+        "w200": "w300",  # then round-robin onto the chains, so each chain runs fast to slow
+        "w100": "w250",
+        "w50": "w200",
     }
     assert [a.depth for a in plan.assignments.values()] == [1, 1, 2, 2, 3, 3]
     assert plan.assignments["w400"].parent_url == ""  # the learner: the worker uses the announcement's URL
@@ -30,7 +35,13 @@ def test_the_fastest_workers_are_seeds_and_the_rest_form_chains_fastest_first() 
 
 
 def test_fanout_builds_a_tree_and_a_worker_that_cannot_relay_is_a_leaf() -> None:
-    candidates = [worker("a", 500), worker("b", 400, relays=False), worker("c", 300), worker("d", 200), worker("e", 100)]
+    candidates = [
+        worker("a", 500),
+        worker("b", 400, relays=False),
+        worker("c", 300),
+        worker("d", 200),
+        worker("e", 100),
+    ]
 
     plan = plan_relay(candidates, num_seeds=1, fanout=2)
 
@@ -67,12 +78,22 @@ def test_the_plan_follows_deaths_and_joins() -> None:
     assert parents(plan_relay(w1_dead)) == {"w0": LEARNER, "w2": "w0", "w3": "w2"}  # w2 moves up to w0
 
     joined = [*alive, worker("fast-newcomer", 1000)]
-    assert parents(plan_relay(joined)) == {"fast-newcomer": LEARNER, "w0": "fast-newcomer", "w1": "w0", "w2": "w1", "w3": "w2"}
+    assert parents(plan_relay(joined)) == {
+        "fast-newcomer": LEARNER,
+        "w0": "fast-newcomer",
+        "w1": "w0",
+        "w2": "w1",
+        "w3": "w2",
+    }
 
 
 def test_ties_are_broken_by_id_so_every_coordinator_computes_the_same_plan() -> None:
     candidates = [worker(name, 100) for name in ("c", "a", "b")]
-    assert parents(plan_relay(candidates)) == parents(plan_relay(list(reversed(candidates)))) == {"a": LEARNER, "b": "a", "c": "b"}
+    assert (
+        parents(plan_relay(candidates))
+        == parents(plan_relay(list(reversed(candidates))))
+        == {"a": LEARNER, "b": "a", "c": "b"}
+    )
 
 
 def test_bad_parameters_and_an_empty_cluster() -> None:

@@ -30,14 +30,18 @@ def engine(model_dir: Path) -> TorchEngine:
 def weights_blob(engine: TorchEngine, noise_scale: float = 0.0, seed: int = 0) -> bytes:
     """safetensors bytes of the engine's weights (tied lm_head left out, as the learner sends them)."""
     generator = torch.Generator().manual_seed(seed)
-    return safetensors_save({
-        name: (tensor + noise_scale * torch.randn(tensor.shape, generator=generator)).contiguous()
-        for name, tensor in engine.model.state_dict().items()
-        if name != TIED_OUTPUT_KEY
-    })
+    return safetensors_save(
+        {
+            name: (tensor + noise_scale * torch.randn(tensor.shape, generator=generator)).contiguous()
+            for name, tensor in engine.model.state_dict().items()
+            if name != TIED_OUTPUT_KEY
+        }
+    )
 
 
-def teacher_forced_logprobs(engine: TorchEngine, prompt_ids: list[int], completion_ids: list[int], temperature: float) -> torch.Tensor:
+def teacher_forced_logprobs(
+    engine: TorchEngine, prompt_ids: list[int], completion_ids: list[int], temperature: float
+) -> torch.Tensor:
     """What the learner computes: one forward on prompt + completion, log_softmax(logits / T) at each completion token."""
     ids = torch.tensor([prompt_ids + completion_ids])
     with torch.no_grad():

@@ -27,8 +27,14 @@ def test_the_simulator_reproduces_every_recorded_real_run_within_ten_percent(rep
     for row in runs:
         run = load_run_config(repo_root / row["config"])
         measured = MeasuredRun(**row["measured"])
-        run = run.model_copy(update={"schedule": run.schedule.model_copy(update={"staleness_bound": measured.staleness_bound})})
-        prediction = predict(run, measured, reward_poll_s=row["assumed"]["reward_poll_s"],
-                             max_groups_per_batch=row["assumed"]["max_groups_per_batch"])
+        run = run.model_copy(
+            update={"schedule": run.schedule.model_copy(update={"staleness_bound": measured.staleness_bound})}
+        )
+        prediction = predict(
+            run,
+            measured,
+            reward_poll_s=row["assumed"]["reward_poll_s"],
+            max_groups_per_batch=row["assumed"]["max_groups_per_batch"],
+        )
         assert prediction["simulated_utilization"] == pytest.approx(row["simulated_utilization"], abs=0.02), row["name"]
         assert abs(prediction["simulator_relative_error"]) <= 0.10, (row["name"], prediction)

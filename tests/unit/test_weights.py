@@ -25,7 +25,9 @@ def test_chunks_reassemble_to_the_blob_and_the_last_chunk_is_short() -> None:
 
 
 def test_a_flipped_byte_in_any_chunk_is_caught() -> None:
-    manifest, chunks = build_manifest(os.urandom(9000), run_id="r", policy_version=0, chunk_size_bytes=4096, cluster_key=KEY)
+    manifest, chunks = build_manifest(
+        os.urandom(9000), run_id="r", policy_version=0, chunk_size_bytes=4096, cluster_key=KEY
+    )
     corrupt = bytearray(chunks[1])
     corrupt[100] ^= 0xFF
     with pytest.raises(ChunkVerificationError, match="chunk 1: sha256"):
