@@ -42,7 +42,7 @@ from pathlib import Path
 import httpx
 import uvloop
 
-from shared.redis_server import RedisServer, free_port
+from cluster.redis_server import RedisServer, free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "load_heartbeat.json"

@@ -13,14 +13,18 @@ import sys
 from pathlib import Path
 
 import httpx
+from pydantic import TypeAdapter
 
 from cluster.join import DEFAULT_RUN_DIR, read_cluster_env
+from shared.api import WorkerInfo, WorkerState
+
+WORKER_LIST = TypeAdapter(list[WorkerInfo])
 
 
 def resolve_worker_ids(client: httpx.Client, name_or_id: str) -> list[str]:
     """The live workers called `name_or_id` (a name may be shared), or that id."""
-    workers = client.get("/v1/workers").raise_for_status().json()
-    return [w["worker_id"] for w in workers if name_or_id in (w["worker_id"], w["name"]) and w["state"] != "dead"]
+    workers = WORKER_LIST.validate_json(client.get("/v1/workers").raise_for_status().content)
+    return [w.worker_id for w in workers if name_or_id in (w.worker_id, w.name) and w.state != WorkerState.DEAD]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,9 +49,8 @@ def main(argv: list[str] | None = None) -> None:
             response = client.post(f"/v1/workers/{worker_id}/drain")
             if response.status_code != 200:
                 sys.exit(f"drain {worker_id}: HTTP {response.status_code}: {response.text}")
-            print(
-                f"{worker_id} ({response.json()['name']}) is {response.json()['state']}: it finishes its batch and leaves"
-            )
+            drained = WorkerInfo.model_validate_json(response.content)
+            print(f"{worker_id} ({drained.name}) is {drained.state.value}: it finishes its batch and leaves")
 
 
 if __name__ == "__main__":

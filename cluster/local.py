@@ -21,14 +21,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from cluster.processes import ServiceProcess, start_service
+from cluster.redis_server import RedisServer, free_port
+from shared.api import StatusResponse, WorkerState
 from shared.config import RunConfig, load_run_config
-from shared.redis_server import RedisServer, free_port
 
 log = logging.getLogger("cluster")
 
@@ -76,16 +78,20 @@ class LocalCluster:
         for index in range(self.options.num_workers):
             self.start_worker(index)
 
-    def wait_until_done(self, on_progress=None, ignore_dead: frozenset[str] | set[str] = frozenset()) -> dict:
-        """Block until the learner finishes (or dies); returns the last status seen. A service other
-        than the learner that dies is an error, unless named in `ignore_dead` (fault-injection runs)."""
+    def wait_until_done(
+        self,
+        on_progress: Callable[[StatusResponse], None] | None = None,
+        ignore_dead: frozenset[str] | set[str] = frozenset(),
+    ) -> StatusResponse | None:
+        """Block until the learner finishes (or dies); returns the last status seen (None: none yet). A
+        service other than the learner that dies is an error, unless named in `ignore_dead` (fault runs)."""
         deadline = time.monotonic() + self.run.schedule.max_wall_s + self.options.startup_timeout_s
-        status: dict = {}
+        status: StatusResponse | None = None
         with httpx.Client(base_url=self.coordinator_url, timeout=5.0) as client:
             while time.monotonic() < deadline:
                 status = self.fetch_status(client) or status
                 self.save_broadcast_times(client)  # T_bcast per version, for the report's broadcast section
-                if on_progress and status:
+                if on_progress is not None and status is not None:
                     on_progress(status)
                 learner = self.services["learner"]
                 if not learner.alive():
@@ -211,13 +217,13 @@ class LocalCluster:
         if response.status_code == 200:
             (self.run_dir / "broadcast_times.json").write_text(response.text)
 
-    def fetch_status(self, client: httpx.Client) -> dict | None:
+    def fetch_status(self, client: httpx.Client) -> StatusResponse | None:
         try:
             response = client.get("/v1/status")
         except httpx.HTTPError as exc:
             log.warning("status unavailable: %s", exc)
             return None
-        return response.json() if response.status_code == 200 else None
+        return StatusResponse.model_validate_json(response.content) if response.status_code == 200 else None
 
     def check_services_alive(self, ignore_dead: frozenset[str] | set[str] = frozenset()) -> None:
         for name, process in self.services.items():
@@ -232,24 +238,22 @@ def point_latest_at(run_dir: Path) -> None:
     latest.symlink_to(run_dir.name)
 
 
-def print_progress(status: dict) -> None:
-    learner = status.get("learner")
-    if not learner:
+def print_progress(status: StatusResponse) -> None:
+    learner = status.learner
+    if learner is None:
         print("waiting for the learner to publish version 0 ...", flush=True)
         return
-    workers = status.get("workers", [])
-    versions = ",".join(str(w["policy_version"]) for w in workers if w["state"] != "dead") or "-"
-    depths = status.get("stream_depths", {})
-    dropped = sum((learner.get("num_dropped") or {}).values())
+    versions = ",".join(str(w.policy_version) for w in status.workers if w.state != WorkerState.DEAD) or "-"
+    depths = status.stream_depths  # a stream nobody has written to yet is absent
     print(
-        f"step {learner.get('learner_version', 0):>4}/{learner.get('num_steps_target', '?')}"
-        f" | reward {learner.get('last_reward_mean', 0.0):.2f}"
-        f" | busy {100 * learner.get('busy_fraction', 0.0):3.0f}%"
-        f" | dropped {dropped}"
+        f"step {learner.learner_version:>4}/{learner.num_steps_target}"
+        f" | reward {learner.last_reward_mean:.2f}"
+        f" | busy {100 * learner.busy_fraction:3.0f}%"
+        f" | dropped {sum(learner.num_dropped.values())}"
         f" | worker versions {versions}"
         f" | tasks {depths.get('tasks', 0)} rollouts {depths.get('rollouts', 0)} scored {depths.get('scored', 0)}"
-        f" | dead letters {status.get('num_dead_letters', 0)}"
-        f" | cost ${status.get('cost_usd', 0.0):.4f}",
+        f" | dead letters {status.num_dead_letters}"
+        f" | cost ${status.cost_usd:.4f}",
         flush=True,
     )
 
@@ -276,7 +280,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, raise_keyboard_interrupt)
     signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
     started_s = time.monotonic()
-    final_status: dict = {}
+    final_status: StatusResponse | None = None
     failure: Exception | None = None
     try:
         cluster.start()
@@ -317,7 +321,7 @@ def main() -> None:
         "num_dropped_stale",
         "wall_s",
     ):
-        print(f"  {key}: {report.get(key)}")
+        print(f"  {key}: {report[key]}")
 
 
 if __name__ == "__main__":

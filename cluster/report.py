@@ -1,7 +1,9 @@
 """The run report: runs/<run-id>/report.json plus PNG plots, built from the learner's files.
 
-Reads <run_dir>/metrics.jsonl (one line per learner step, plus evaluation lines) and the cluster's
-last coordinator status (workers and their versions, dead letters).
+Reads <run_dir>/metrics.jsonl (one StepRecord per learner step, plus EvalRecords), broadcast.jsonl
+(PublishRecords), the coordinator's T_bcast per version (broadcast_times.json) and the cluster's last
+coordinator status (workers and their versions, dead letters); all parsed into the typed records of
+shared/run_records.py and shared/api.py.
 """
 
 from __future__ import annotations
@@ -10,30 +12,28 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from shared.api import BroadcastTimesResponse, StatusResponse
 from shared.config import RunConfig
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+from shared.run_records import EvalRecord, StepRecord, read_metrics, read_publish_journal
 
 
 def mean(values: list[float]) -> float | None:
     return round(sum(values) / len(values), 4) if values else None
 
 
-def summarize(steps: list[dict], evals: list[dict], run: RunConfig, status: dict, wall_s: float) -> dict:
-    rewards = [step["reward_mean"] for step in steps]
-    staleness = Counter()
+def summarize(
+    steps: list[StepRecord], evals: list[EvalRecord], run: RunConfig, status: StatusResponse | None, wall_s: float
+) -> dict:
+    rewards = [step.reward_mean for step in steps]
+    staleness: Counter[int] = Counter()
     for step in steps:
-        for lag, count in step.get("staleness_histogram", {}).items():
-            staleness[int(lag)] += int(count)
-    train_s = sum(step.get("train_s", 0.0) for step in steps)
-    idle_s = sum(step.get("idle_s", 0.0) for step in steps)
-    learner_wall_s = steps[-1].get("wall_s", train_s + idle_s) if steps else 0.0
-    dropped = steps[-1].get("num_dropped", {}) if steps else {}
-    workers = [w for w in status.get("workers", [])]
+        for lag, count in step.staleness_histogram.items():
+            staleness[int(lag)] += count
+    train_s = sum(step.train_s for step in steps)
+    idle_s = sum(step.idle_s for step in steps)
+    learner_wall_s = steps[-1].wall_s if steps else 0.0
+    dropped = steps[-1].num_dropped if steps else {}
+    workers = status.workers if status is not None else []
     return {
         "run_id": run.run_id,
         "num_steps": len(steps),
@@ -49,17 +49,18 @@ def summarize(steps: list[dict], evals: list[dict], run: RunConfig, status: dict
         "staleness_histogram": {str(lag): staleness[lag] for lag in sorted(staleness)},
         "num_dropped_stale": int(dropped.get("stale", 0)),
         "num_dropped": dropped,
-        "eval_accuracy_before": evals[0]["eval_accuracy"] if evals else None,
-        "eval_accuracy_after": evals[-1]["eval_accuracy"] if evals else None,
-        "evals": [{"step": e["eval_step"], "accuracy": e["eval_accuracy"]} for e in evals],
-        "num_dead_letters": status.get("num_dead_letters"),
-        "cost_usd": status.get("cost_usd"),  # the coordinator's ledger: learner + workers while active
+        "eval_accuracy_before": evals[0].eval_accuracy if evals else None,
+        "eval_accuracy_after": evals[-1].eval_accuracy if evals else None,
+        "evals": [{"step": e.eval_step, "accuracy": e.eval_accuracy} for e in evals],
+        "num_dead_letters": status.num_dead_letters if status is not None else None,
+        # the coordinator's ledger: learner + workers while active
+        "cost_usd": status.cost_usd if status is not None else None,
         "workers": [
             {
-                "name": w["name"],
-                "policy_version": w["policy_version"],
-                "state": w["state"],
-                "num_groups_done": w["num_groups_done"],
+                "name": w.name,
+                "policy_version": w.policy_version,
+                "state": w.state.value,
+                "num_groups_done": w.num_groups_done,
             }
             for w in workers
         ],
@@ -69,18 +70,18 @@ def summarize(steps: list[dict], evals: list[dict], run: RunConfig, status: dict
 def summarize_broadcast(run_dir: Path) -> dict:
     """Weight broadcast: bytes announced per version as a fraction of the full weights (the learner's
     broadcast.jsonl) and measured T_bcast (the coordinator's, saved by the runner in broadcast_times.json)."""
-    versions = read_jsonl(run_dir / "broadcast.jsonl")
-    deltas = [v["size_fraction"] for v in versions if v["payload"] == "delta"]
+    versions = read_publish_journal(run_dir / "broadcast.jsonl")
+    deltas = [v.size_fraction for v in versions if v.payload == "delta"]
     times_path = run_dir / "broadcast_times.json"
-    times = json.loads(times_path.read_text()) if times_path.exists() else {}
-    seconds = list((times.get("seconds_by_version") or {}).values())
+    times = BroadcastTimesResponse.model_validate_json(times_path.read_text()) if times_path.exists() else None
+    seconds = list(times.seconds_by_version.values()) if times is not None else []
     return {
         "num_versions": len(versions),
         "num_delta_versions": len(deltas),
-        "full_size_bytes": versions[-1]["full_size_bytes"] if versions else None,
+        "full_size_bytes": versions[-1].full_size_bytes if versions else None,
         "delta_size_fraction_mean": mean(deltas),
         "bytes_fraction_overall": round(
-            sum(v["payload_size_bytes"] for v in versions) / sum(v["full_size_bytes"] for v in versions), 4
+            sum(v.payload_size_bytes for v in versions) / sum(v.full_size_bytes for v in versions), 4
         )
         if versions
         else None,
@@ -90,7 +91,7 @@ def summarize_broadcast(run_dir: Path) -> dict:
     }
 
 
-def plot(steps: list[dict], evals: list[dict], report: dict, run_dir: Path) -> list[Path]:
+def plot(steps: list[StepRecord], evals: list[EvalRecord], report: dict, run_dir: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -98,11 +99,11 @@ def plot(steps: list[dict], evals: list[dict], report: dict, run_dir: Path) -> l
 
     paths = []
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([s["step"] for s in steps], [s["reward_mean"] for s in steps], label="train reward (mean of step)")
+    ax.plot([s.step for s in steps], [s.reward_mean for s in steps], label="train reward (mean of step)")
     if evals:
         ax.plot(
-            [e["eval_step"] for e in evals],
-            [e["eval_accuracy"] for e in evals],
+            [e.eval_step for e in evals],
+            [e.eval_accuracy for e in evals],
             "o-",
             label="held-out accuracy (greedy)",
         )
@@ -121,12 +122,12 @@ def plot(steps: list[dict], evals: list[dict], report: dict, run_dir: Path) -> l
     paths.append(_save(fig, run_dir / "staleness_histogram.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    step_ids = [s["step"] for s in steps]
-    train = [s.get("train_s", 0.0) for s in steps]
+    step_ids = [s.step for s in steps]
+    train = [s.train_s for s in steps]
     ax.bar(step_ids, train, label="busy (train)", color="tab:green")
     ax.bar(
         step_ids,
-        [s.get("idle_s", 0.0) for s in steps],
+        [s.idle_s for s in steps],
         bottom=train,
         label="idle (waiting for rollouts)",
         color="tab:red",
@@ -150,10 +151,8 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def write_report(run_dir: Path, run: RunConfig, status: dict, wall_s: float) -> dict:
-    records = read_jsonl(run_dir / "metrics.jsonl")
-    steps = [r for r in records if "reward_mean" in r]
-    evals = [r for r in records if "eval_accuracy" in r] or read_jsonl(run_dir / "evals.jsonl")
+def write_report(run_dir: Path, run: RunConfig, status: StatusResponse | None, wall_s: float) -> dict:
+    steps, evals = read_metrics(run_dir / "metrics.jsonl")
     report = summarize(steps, evals, run, status, wall_s)
     report["broadcast"] = summarize_broadcast(run_dir)
     if steps:

@@ -2,9 +2,11 @@
 keeps (no counters scattered through the loops). Names start with `relayrl_`; seconds and totals
 follow Prometheus conventions.
 
-    learner   LearnerState (the same message it writes to Redis after every step)
-    reward    its counters and the stream depths (read from Redis at scrape time)
-    rollout   the HeartbeatRequest it would send now (throughput, tokens/s, version, last swap)
+    learner      LearnerState (the same message it writes to Redis after every step): `learner_families`,
+                 here because the coordinator serves it too
+    reward       stream depths (`stream_depth_families`, served by the coordinator too) and its counters
+                 (services/reward/prometheus.py)
+    rollout      the HeartbeatRequest it would send now (services/rollout/prometheus.py)
     coordinator  serves /metrics on its own port (services/coordinator/prometheus.py) with the same helpers
 
 `start_metrics_server(port, collector)` serves one collector on `RL_METRICS_PORT` (0: off) from a
@@ -107,52 +109,3 @@ def stream_depth_families(bus: StreamBus, keys: RunKeys) -> Iterator[Metric]:
         depth.add_metric([name], bus.backlog(getattr(keys, name), group))
     depth.add_metric(["dead"], bus.length(keys.dead))
     yield depth
-
-
-def reward_families(num_scored: int, num_tasks_published: int) -> Iterator[Metric]:
-    yield counter("reward_scored_groups", "groups scored and forwarded to the learner", num_scored)
-    yield counter("reward_tasks_published", "prompt groups published to the tasks stream", num_tasks_published)
-
-
-# rollout worker (the heartbeat it would send now)
-def rollout_families(worker: str, report: object) -> Iterator[Metric]:
-    """`report` is a services.coordinator.schemas.HeartbeatRequest (kept untyped: shared/ does not import services/)."""
-    labels = {"worker": worker}
-    yield gauge(
-        "worker_policy_version", "version the engine samples with (-1: none yet)", report.policy_version, labels
-    )
-    yield gauge(
-        "worker_samples_per_second",
-        "samples per second of generation time (recent window)",
-        report.samples_per_s,
-        labels,
-    )
-    yield gauge(
-        "worker_tokens_per_second",
-        "completion tokens per second of generation time (recent window)",
-        report.tokens_per_s,
-        labels,
-    )
-    yield gauge(
-        "worker_group_latency_seconds",
-        "mean seconds of one engine call (a batch of groups)",
-        report.group_latency_s,
-        labels,
-    )
-    yield gauge(
-        "worker_generating",
-        "1 while generating, 0 while gated, on standby or waiting for tasks",
-        float(report.generating),
-        labels,
-    )
-    groups = CounterMetricFamily(PREFIX + "worker_groups", "groups published", labels=["worker"])
-    groups.add_metric([worker], report.num_groups_done)
-    yield groups
-    swap = report.last_swap
-    if swap is not None:
-        yield gauge(
-            "worker_broadcast_seconds",
-            "announcement -> swap of the newest version this worker holds",
-            max(0.0, swap.swapped_at_s - swap.announced_at_s),
-            labels,
-        )

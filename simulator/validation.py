@@ -33,12 +33,13 @@ import httpx
 import redis
 
 from cluster.local import ClusterOptions, LocalCluster
-from cluster.report import read_jsonl
+from shared.api import DashboardResponse, WorkerState
 from shared.bus import PAYLOAD_FIELD, connect
 from shared.capacity import CapacityInputs, assess
 from shared.config import RunConfig, load_run_config
 from shared.keys import RunKeys
 from shared.messages import ScoredGroup, TaskGroup
+from shared.run_records import StepRecord, read_metrics
 from simulator.engine import SimConfig, simulate
 from simulator.fleet import WorkerSpec
 
@@ -66,33 +67,37 @@ class MeasuredRun:
 
 
 def measure_run(
-    run: RunConfig, steps: list[dict], polls: list[dict], warmup_steps: int, pipeline: dict[str, float] | None = None
+    run: RunConfig,
+    steps: list[StepRecord],
+    polls: list[DashboardResponse],
+    warmup_steps: int,
+    pipeline: dict[str, float] | None = None,
 ) -> MeasuredRun:
-    """`steps`: StepRecord lines of metrics.jsonl; `polls`: /v1/dashboard answers seen during the run;
+    """`steps`: the StepRecords of metrics.jsonl; `polls`: /v1/dashboard answers seen during the run;
     `pipeline`: `measure_pipeline` of its streams."""
-    window = [s for s in steps if s["step"] > warmup_steps]
+    window = [s for s in steps if s.step > warmup_steps]
     if len(window) < 5:
         raise ValueError(f"only {len(window)} steps after the warm-up of {warmup_steps}: run longer")
-    before = [s for s in steps if s["step"] == warmup_steps]
-    start_wall_s = before[0]["wall_s"] if before else window[0]["wall_s"] - window[0]["train_s"] - window[0]["idle_s"]
-    wall_s = window[-1]["wall_s"] - start_wall_s
-    train_s = sum(s["train_s"] for s in window)
-    idle_s = sum(s["idle_s"] for s in window)
-    first_step, last_step = window[0]["step"], window[-1]["step"]
+    before = [s for s in steps if s.step == warmup_steps]
+    start_wall_s = before[0].wall_s if before else window[0].wall_s - window[0].train_s - window[0].idle_s
+    wall_s = window[-1].wall_s - start_wall_s
+    train_s = sum(s.train_s for s in window)
+    idle_s = sum(s.idle_s for s in window)
+    first_step, last_step = window[0].step, window[-1].step
     steady = [
-        p for p in polls if p.get("learner") and first_step <= p["learner"]["learner_version"] <= last_step
+        p for p in polls if p.learner is not None and first_step <= p.learner.learner_version <= last_step
     ] or polls
     mu: dict[str, list[float]] = {}
     latencies, broadcasts = [], []
     for poll in steady:
-        for w in poll["workers"]:
-            if w["state"] == "active" and w["samples_per_s"] > 0:
-                mu.setdefault(w["name"], []).append(w["samples_per_s"])
-                if w.get("group_latency_s"):
-                    latencies.append(w["group_latency_s"])
-        inputs = (poll.get("capacity") or {}).get("inputs") or {}
-        if inputs.get("broadcast_s"):
-            broadcasts.append(inputs["broadcast_s"])
+        for w in poll.workers:
+            if w.state == WorkerState.ACTIVE and w.samples_per_s > 0:
+                mu.setdefault(w.name, []).append(w.samples_per_s)
+                if w.group_latency_s:
+                    latencies.append(w.group_latency_s)
+        inputs = poll.capacity.inputs
+        if inputs is not None and inputs.broadcast_s:
+            broadcasts.append(inputs.broadcast_s)
     return MeasuredRun(
         run_id=run.run_id,
         num_workers=len(mu),
@@ -103,11 +108,11 @@ def measure_run(
         train_s=train_s / len(window),
         step_overhead_s=max(0.0, wall_s - train_s - idle_s) / len(window),
         idle_s=idle_s / len(window),
-        read_s=statistics.quantiles([s["idle_s"] for s in window], n=10)[0],
+        read_s=statistics.quantiles([s.idle_s for s in window], n=10)[0],
         worker_samples_per_s={name: statistics.fmean(values) for name, values in sorted(mu.items())},
         group_latency_s=statistics.fmean(latencies) if latencies else 0.0,
         broadcast_s=statistics.fmean(broadcasts) if broadcasts else 0.0,
-        max_trained_staleness=max(int(lag) for s in window for lag in s["staleness_histogram"]),
+        max_trained_staleness=max(int(lag) for s in window for lag in s.staleness_histogram),
         **(pipeline or {}),
     )
 
@@ -214,7 +219,7 @@ def predict(
 
 def run_cluster(
     name: str, config: Path, num_workers: int, overrides: dict[str, int], runs_dir: Path
-) -> tuple[list[dict], list[dict], dict[str, float], RunConfig]:
+) -> tuple[list[StepRecord], list[DashboardResponse], dict[str, float], RunConfig]:
     """One real local cluster run; returns its step records, the dashboard polls, its data-plane latencies
     (`measure_pipeline`) and its run config."""
     base = load_run_config(config)
@@ -228,7 +233,7 @@ def run_cluster(
             config_path=config_path, num_workers=num_workers, runs_dir=runs_dir, run_id=f"{base.run_id}-{name}"
         )
     )
-    polls: list[dict] = []
+    polls: list[DashboardResponse] = []
     stop = threading.Event()
 
     def poll() -> None:
@@ -236,8 +241,9 @@ def run_cluster(
             if not cluster.coordinator_url:
                 continue
             try:
-                polls.append(httpx.get(cluster.coordinator_url + "/v1/dashboard", timeout=5.0).json())
-            except (httpx.HTTPError, ValueError):
+                response = httpx.get(cluster.coordinator_url + "/v1/dashboard", timeout=5.0)
+                polls.append(DashboardResponse.model_validate_json(response.raise_for_status().content))
+            except (httpx.HTTPError, ValueError):  # ValueError: pydantic's ValidationError
                 pass
 
     poller = threading.Thread(target=poll, daemon=True)
@@ -253,5 +259,5 @@ def run_cluster(
         stop.set()
         poller.join(timeout=10)
         cluster.stop()
-    records = read_jsonl(cluster.run_dir / "metrics.jsonl")
-    return [r for r in records if "reward_mean" in r], polls, pipeline, cluster.run
+    steps, _ = read_metrics(cluster.run_dir / "metrics.jsonl")
+    return steps, polls, pipeline, cluster.run

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from cluster.redis_server import RedisServer
 from shared.bus import StreamBus, connect
 from shared.keys import RunKeys
-from shared.redis_server import RedisServer
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import uvicorn
 from fastapi import FastAPI
 
-from shared.redis_server import free_port
+from cluster.redis_server import free_port
 
 
 @contextlib.contextmanager

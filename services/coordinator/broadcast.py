@@ -16,7 +16,8 @@ from fastapi import APIRouter, Path
 from services.coordinator.broadcast_times import BroadcastTimes
 from services.coordinator.deps import Coordinator, CoordinatorDep
 from services.coordinator.errors import error_docs
-from services.coordinator.schemas import (
+from services.coordinator.worker_registry import WorkerDeadError
+from shared.api import (
     BroadcastTimesResponse,
     ParentResponse,
     RelayAssignmentInfo,
@@ -24,7 +25,6 @@ from services.coordinator.schemas import (
     WorkerInfo,
     WorkerState,
 )
-from services.coordinator.worker_registry import WorkerDeadError
 from shared.bus import PAYLOAD_FIELD
 from shared.chunk_client import announced_source
 from shared.messages import MessageDecodeError, WeightsPublished

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import redis
 
-from services.coordinator.schemas import WorkerInfo, WorkerState
+from shared.api import WorkerInfo, WorkerState
 from shared.keys import RunKeys
 
 MIN_MEASURED_BYTES = 4 << 20  # below this a download is all latency: no throughput measurement

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import redis
 
-from services.coordinator.schemas import WorkerInfo, WorkerState
+from shared.api import WorkerInfo, WorkerState
 from shared.bus import StreamBus
 from shared.capacity import CapacityInputs
 from shared.config import RunConfig

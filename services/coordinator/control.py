@@ -33,18 +33,20 @@ from services.coordinator.capacity_view import (
     queued_groups,
     recent_broadcast_s,
 )
-from services.coordinator.control_schemas import (
+from services.coordinator.deps import Coordinator
+from services.coordinator.learner_view import LearnerView, read_learner_view
+from services.coordinator.ledger import CostLedger
+from shared.activation import ActivationPlan, ActivationPolicy, Candidate, plan_activation
+from shared.api import (
     ActivationInfo,
     CapacityInputsInfo,
     CapacityResponse,
     CostResponse,
     HistoryPoint,
+    RegisterWorkerRequest,
+    WorkerInfo,
+    WorkerState,
 )
-from services.coordinator.deps import Coordinator
-from services.coordinator.learner_view import LearnerView, read_learner_view
-from services.coordinator.ledger import CostLedger
-from services.coordinator.schemas import RegisterWorkerRequest, WorkerInfo, WorkerState
-from shared.activation import ActivationPlan, ActivationPolicy, Candidate, plan_activation
 from shared.capacity import assess, provisioning_samples_per_s
 from shared.messages import LearnerState
 

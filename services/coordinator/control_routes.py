@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 
 from services.coordinator.control import ControlPlane
-from services.coordinator.control_schemas import ActivationInfo, CapacityResponse, CostResponse
+from shared.api import ActivationInfo, CapacityResponse, CostResponse
 
 router = APIRouter(prefix="/v1", tags=["control"])
 

@@ -9,8 +9,8 @@ from fastapi import APIRouter
 from fastapi.responses import HTMLResponse
 
 from services.coordinator.control_routes import ControlDep
-from services.coordinator.control_schemas import DashboardResponse
 from services.coordinator.status import learner_info, stream_depths
+from shared.api import DashboardResponse
 
 router = APIRouter(tags=["dashboard"])
 

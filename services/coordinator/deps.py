@@ -57,8 +57,6 @@ def get_caller(
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]
-# the raw bearer credentials, for an async endpoint that authenticates on its own (the heartbeat)
-BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
 def unauthorized(reason: str) -> HTTPException:

@@ -30,9 +30,9 @@ from typing import Any
 import redis
 
 from services.coordinator.broadcast_times import MIN_MEASURED_BYTES, SWAPS_TTL_S
-from services.coordinator.schemas import WeightSwapReport
+from services.coordinator.redis_script import ScriptConnection
+from shared.api import WeightSwapReport
 from shared.keys import RunKeys
-from shared.redis_script import ScriptConnection
 
 # KEYS: leases, broadcast announced, broadcast times, broadcast pending, broadcast last swap, broadcast
 #   throughput; then 2 per entry: the worker hash, the swaps hash of the reported version (the worker

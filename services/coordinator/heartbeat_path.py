@@ -33,8 +33,8 @@ from starlette.concurrency import run_in_threadpool
 from services.coordinator.auth import TOKEN_SEPARATOR, token_sha256
 from services.coordinator.broadcast_times import BroadcastTimes
 from services.coordinator.heartbeat_batch import OK, HeartbeatBatcher, HeartbeatEntry
-from services.coordinator.schemas import HeartbeatRequest, HeartbeatResponse
 from services.coordinator.worker_registry import heartbeat_fields
+from shared.api import HeartbeatRequest, HeartbeatResponse
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

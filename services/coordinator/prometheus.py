@@ -12,7 +12,7 @@ from prometheus_client.metrics_core import Metric
 
 from services.coordinator.capacity_view import recent_broadcast_s
 from services.coordinator.control import ControlPlane, ControlSnapshot
-from services.coordinator.schemas import WorkerState
+from shared.api import WorkerState
 from shared.metrics import PREFIX, CallbackCollector, gauge, learner_families, new_registry, stream_depth_families
 
 router = APIRouter(tags=["observability"])

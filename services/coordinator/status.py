@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 from services.coordinator.deps import CoordinatorDep
 from services.coordinator.learner_view import read_learner_view
 from services.coordinator.ledger import CostLedger
-from services.coordinator.schemas import LearnerInfo, StalenessResponse, StatusResponse
+from shared.api import LearnerInfo, StalenessResponse, StatusResponse
 from shared.bus import StreamBus
 from shared.keys import ConsumerGroups, RunKeys
 from shared.messages import LearnerState

@@ -28,7 +28,7 @@ from services.coordinator.heartbeat_batch import (
     parse_outcomes,
     script_arguments,
 )
-from services.coordinator.schemas import HeartbeatRequest, RegisterWorkerRequest, WorkerInfo, WorkerState
+from shared.api import HeartbeatRequest, RegisterWorkerRequest, WorkerInfo, WorkerState
 from shared.keys import RunKeys
 
 

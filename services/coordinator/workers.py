@@ -24,7 +24,7 @@ from services.coordinator.control_routes import ControlDep
 from services.coordinator.deps import CallerDep, CoordinatorDep, RegistryDep
 from services.coordinator.errors import error_docs
 from services.coordinator.learner_view import read_learner_view
-from services.coordinator.schemas import (
+from shared.api import (
     HeartbeatRequest,
     HeartbeatResponse,
     RegisterWorkerRequest,

@@ -25,13 +25,14 @@ import statistics
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from services.learner import trainer
-from services.learner.batch import BatchCollector, CollectedBatch, tensorize
+from services.learner.batch import BatchCollector, CollectedBatch, TrainBatch, tensorize
 from services.learner.checkpoint import capture, checkpoint_path, load_checkpoint, restore, save_checkpoint
 from services.learner.evaluate import evaluate_greedy
-from services.learner.metrics import EvalRecord, LearnerSummary, MetricsLog, RunTotals, StepRecord, write_summary
+from services.learner.metrics import MetricsLog, write_summary
 from services.learner.model_init import build_initial_policy
 from services.learner.publish import WeightPublisher
 from services.learner.retry import call_with_retry
@@ -41,9 +42,19 @@ from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import RunConfig
 from shared.keys import ConsumerGroups, RunKeys
 from shared.messages import LearnerState, LearnerStatus
+from shared.run_records import EvalRecord, LearnerSummary, RunTotals, StepRecord
 from shared.tasks import make_task
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainedStep:
+    """What one optimizer step used and produced; becomes its StepRecord once publishing is timed."""
+
+    batch: CollectedBatch
+    tensors: TrainBatch
+    result: trainer.StepResult
 
 
 class Learner:
@@ -120,9 +131,9 @@ class Learner:
             batch = self.collect_batch()
             if batch is None:
                 break
-            record = self.train_step(batch)
-            record.publish_s = self.publish_if_due()
-            self.record_step(record)
+            trained = self.train_step(batch)
+            publish_s = self.publish_if_due()
+            self.record_step(trained, publish_s)
             self.evaluate_if_due()
             self.checkpoint_if_due()
         return self.finish(self.stop_reason() or "signal")
@@ -160,27 +171,37 @@ class Learner:
             self.totals.idle_s += time.monotonic() - started_s
         return batch
 
-    def train_step(self, batch: CollectedBatch) -> StepRecord:
+    def train_step(self, batch: CollectedBatch) -> TrainedStep:
         groups = [admitted.group for admitted in batch.groups]
         tensors = tensorize(groups, self.tokenizer.pad_token_id, self.config.grpo.normalize_advantage_by_std)
         result = trainer.train_step(self.model, self.optimizer, tensors, self.config.grpo)
         self.version += 1
         self.uncheckpointed_ids.extend(batch.message_ids)
+        return TrainedStep(batch=batch, tensors=tensors, result=result)
+
+    def publish_if_due(self) -> float:
+        is_last = self.version >= self.config.schedule.num_steps
+        if self.version % self.config.schedule.publish_every == 0 or is_last:
+            return self.publish_weights()
+        return 0.0
+
+    def record_step(self, trained: TrainedStep, publish_s: float) -> None:
+        batch, tensors, result = trained.batch, trained.tensors, trained.result
         lags = Counter(admitted.staleness for admitted in batch.groups)
         rewards = tensors.rewards.tolist()
-        return StepRecord(
+        record = StepRecord(
             step=self.version,
             policy_version=self.version,
             train_s=result.train_s,
             idle_s=batch.idle_s,
-            publish_s=0.0,
+            publish_s=publish_s,
             reward_mean=statistics.fmean(rewards),
             reward_std=statistics.pstdev(rewards),
             staleness_histogram={str(lag): count for lag, count in sorted(lags.items())},
             max_staleness=max(lags),
             num_dropped=dict(self.collector.num_dropped),
             num_dead_lettered=self.collector.num_dead_lettered,
-            num_groups=len(groups),
+            num_groups=len(batch.groups),
             num_samples=tensors.num_samples,
             num_tokens=tensors.num_tokens,
             num_replayed_groups=sum(1 for admitted in batch.groups if admitted.replayed),
@@ -190,17 +211,8 @@ class Learner:
             truncated_fraction=result.loss.truncated_fraction,
             approx_kl=result.loss.approx_kl,
             grad_norm=result.grad_norm,
-            wall_s=0.0,  # set when recorded
+            wall_s=self.wall_s(),
         )
-
-    def publish_if_due(self) -> float:
-        is_last = self.version >= self.config.schedule.num_steps
-        if self.version % self.config.schedule.publish_every == 0 or is_last:
-            return self.publish_weights()
-        return 0.0
-
-    def record_step(self, record: StepRecord) -> None:
-        record.wall_s = self.wall_s()
         self.totals.add_step(record)
         self.metrics.append(record)
         self.last_train_s = record.train_s

@@ -18,7 +18,6 @@ state-dict names, float32; a model with tied embeddings gets lm_head back from t
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from shared.chunk_server import ChunkStore
 from shared.delta import CODEC, encode_delta
 from shared.keys import RunKeys
 from shared.messages import WeightsPublished
+from shared.run_records import PublishRecord
 from shared.weights import Manifest, build_delta_manifest, build_manifest
 
 log = logging.getLogger(__name__)
@@ -165,15 +165,15 @@ class WeightPublisher:
     def write_journal(self, published: PublishedVersion) -> None:
         if self.journal_path is None:
             return
-        line = {
-            "policy_version": published.manifest.policy_version,
-            "payload": published.manifest.payload,
-            "base_version": published.manifest.base_version,
-            "payload_size_bytes": published.manifest.total_size_bytes,
-            "full_size_bytes": published.full_manifest.total_size_bytes,
-            "size_fraction": round(published.size_fraction, 5),
-            "publish_s": round(published.publish_s, 4),
-            "published_at_s": published.announcement.published_at_s,
-        }
+        record = PublishRecord(
+            policy_version=published.manifest.policy_version,
+            payload=published.manifest.payload,
+            base_version=published.manifest.base_version,
+            payload_size_bytes=published.manifest.total_size_bytes,
+            full_size_bytes=published.full_manifest.total_size_bytes,
+            size_fraction=round(published.size_fraction, 5),
+            publish_s=round(published.publish_s, 4),
+            published_at_s=published.announcement.published_at_s,
+        )
         with open(self.journal_path, "a") as journal:
-            journal.write(json.dumps(line) + "\n")
+            journal.write(record.model_dump_json() + "\n")

@@ -28,7 +28,8 @@ def main() -> None:
     keys = RunKeys(run.run_id)
     bus = StreamBus(connect(settings.redis_url), run_id=run.run_id, dead_letter_stream=keys.dead, service="reward")
     service = RewardService(run, settings, bus)
-    from shared.metrics import CallbackCollector, reward_families, start_metrics_server, stream_depth_families
+    from services.reward.prometheus import reward_families
+    from shared.metrics import CallbackCollector, start_metrics_server, stream_depth_families
 
     start_metrics_server(
         settings.metrics_port,

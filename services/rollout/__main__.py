@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = build_engine(settings)
     worker = RolloutWorker(run, settings, engine, connect(settings.redis_url), stopping)
-    from shared.metrics import CallbackCollector, rollout_families, start_metrics_server
+    from services.rollout.prometheus import rollout_families
+    from shared.metrics import CallbackCollector, start_metrics_server
 
     start_metrics_server(
         settings.metrics_port, CallbackCollector(lambda: rollout_families(settings.worker_name, worker.report()))

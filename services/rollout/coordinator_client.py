@@ -1,4 +1,4 @@
-"""A small typed client for the coordinator's worker-facing REST API (bodies: services/coordinator/schemas.py).
+"""A small typed client for the coordinator's worker-facing REST API (bodies: shared/api.py).
 
 Errors form one family so callers can pick a policy per kind:
 - CoordinatorUnavailableError: network error, timeout or 5xx; retry with backoff (`Backoff`).
@@ -16,7 +16,7 @@ from typing import TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from services.coordinator.schemas import (
+from shared.api import (
     HeartbeatRequest,
     HeartbeatResponse,
     RegisterWorkerRequest,

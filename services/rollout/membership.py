@@ -20,19 +20,19 @@ import logging
 import threading
 from collections.abc import Callable
 
-from services.coordinator.schemas import (
-    HeartbeatRequest,
-    HeartbeatResponse,
-    RegisterWorkerRequest,
-    RegisterWorkerResponse,
-    WorkerState,
-)
 from services.rollout.coordinator_client import (
     Backoff,
     CoordinatorClient,
     CoordinatorError,
     CoordinatorUnavailableError,
     WorkerExpiredError,
+)
+from shared.api import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    RegisterWorkerRequest,
+    RegisterWorkerResponse,
+    WorkerState,
 )
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import httpx
 from pydantic import ValidationError
 
-from services.coordinator.schemas import ParentResponse
+from shared.api import ParentResponse
 
 log = logging.getLogger(__name__)
 

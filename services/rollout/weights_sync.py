@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import httpx
 import redis
 
-from services.coordinator.schemas import WeightSwapReport
 from services.rollout.engine import InferenceEngine, WeightsLoadError
 from services.rollout.relay_fetch import ArtifactFetch, RelayFetcher, SourceResolver
+from shared.api import WeightSwapReport
 from shared.bus import PAYLOAD_FIELD
 from shared.chunk_client import AnnouncementError, announced_source, fetch_manifest
 from shared.chunk_server import ChunkStore

@@ -21,13 +21,13 @@ from collections import defaultdict, deque
 
 import redis
 
-from services.coordinator.schemas import HeartbeatRequest, RegisterWorkerRequest
 from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError
 from services.rollout.engine import EngineError, InferenceEngine, Sample
 from services.rollout.membership import Membership, NotRegisteredError
 from services.rollout.relay_sources import CoordinatorParents
 from services.rollout.settings import RolloutSettings
 from services.rollout.weights_sync import WeightsSync
+from shared.api import HeartbeatRequest, RegisterWorkerRequest
 from shared.bus import Delivery, StreamBus
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import RunConfig

@@ -13,6 +13,7 @@ import pytest
 
 from cluster.local import ClusterOptions, LocalCluster
 from cluster.report import write_report
+from shared.api import StatusResponse
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -28,8 +29,8 @@ def test_the_run_survives_a_killed_worker_and_a_killed_learner(tmp_path: Path, r
     )
     injected: list[str] = []
 
-    def inject_faults(status: dict) -> None:
-        version = (status.get("learner") or {}).get("learner_version", 0)
+    def inject_faults(status: StatusResponse) -> None:
+        version = status.learner.learner_version if status.learner is not None else 0
         if version >= 30 and "worker" not in injected:
             cluster.services["worker-0"].kill()
             injected.append("worker")

@@ -12,7 +12,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from services.coordinator.app import create_app
-from services.coordinator.schemas import (
+from shared.api import (
     BroadcastTimesResponse,
     ParentResponse,
     RegisterWorkerResponse,

@@ -12,13 +12,13 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from cluster.redis_server import free_port
 from services.coordinator.app import create_app
-from services.coordinator.schemas import RegisterWorkerResponse, StatusResponse, WorkerInfo
+from shared.api import RegisterWorkerResponse, StatusResponse, WorkerInfo
 from shared.bus import StreamBus
 from shared.config import CoordinatorConfig, RunConfig, ScheduleConfig
 from shared.keys import RunKeys
 from shared.messages import LearnerState, TaskGroup
-from shared.redis_server import free_port
 from tests.uvicorn_thread import serve
 
 pytestmark = pytest.mark.integration

@@ -6,8 +6,8 @@ import pytest
 import redis
 
 from services.coordinator.auth import issue_worker_token, new_worker_id, token_sha256
-from services.coordinator.schemas import HeartbeatRequest, RegisterWorkerRequest, WorkerState
 from services.coordinator.worker_registry import UnknownWorkerError, WorkerDeadError, WorkerRegistry
+from shared.api import HeartbeatRequest, RegisterWorkerRequest, WorkerState
 from shared.keys import RunKeys
 
 pytestmark = pytest.mark.integration

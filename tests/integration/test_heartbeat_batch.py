@@ -1,5 +1,5 @@
 """The heartbeat hot path's Redis layer against a real redis-server: the one-script connection
-(shared/redis_script.py) and the batcher that coalesces concurrent heartbeats into one call
+(services/coordinator/redis_script.py) and the batcher that coalesces concurrent heartbeats into one call
 (services/coordinator/heartbeat_batch.py)."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import redis
 
+from cluster.redis_server import RedisServer, free_port
 from services.coordinator.heartbeat_batch import DEAD, OK, UNKNOWN, WRONG_TOKEN, HeartbeatBatcher, HeartbeatEntry
-from services.coordinator.schemas import RegisterWorkerRequest, WeightSwapReport, WorkerState
+from services.coordinator.redis_script import ScriptConnection, pack_command
 from services.coordinator.worker_registry import WorkerRegistry
+from shared.api import RegisterWorkerRequest, WeightSwapReport, WorkerState
 from shared.keys import RunKeys
-from shared.redis_script import ScriptConnection, pack_command
-from shared.redis_server import RedisServer, free_port
 
 pytestmark = pytest.mark.integration
 

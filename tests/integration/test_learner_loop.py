@@ -20,13 +20,12 @@ import httpx
 import pytest
 import torch
 
+from cluster.redis_server import RedisServer
 from services.learner.batch import LEARNER_CONSUMER
 from services.learner.checkpoint import checkpoint_path, load_checkpoint
 from services.learner.learner import Learner
-from services.learner.metrics import LearnerSummary
 from services.learner.publish import load_weights_blob
 from services.learner.retry import call_with_retry
-from services.learner.selfplay import sample_scored_groups
 from services.learner.settings import LearnerSettings
 from services.learner.trainer import load_policy
 from shared.bus import PAYLOAD_FIELD, StreamBus, connect
@@ -34,9 +33,10 @@ from shared.chunk_client import fetch_manifest, fetch_version
 from shared.config import BroadcastConfig, GRPOConfig, RunConfig, ScheduleConfig
 from shared.keys import ConsumerGroups, RunKeys
 from shared.messages import LearnerState, ScoredGroup, WeightsPublished, pack_int32
-from shared.redis_server import RedisServer
+from shared.run_records import LearnerSummary
 from shared.tasks import make_task
 from shared.weights import WeightsError
+from tests.selfplay import sample_scored_groups
 
 pytestmark = pytest.mark.integration
 torch.set_num_threads(1)

@@ -18,6 +18,7 @@ import httpx
 import pytest
 import torch
 
+from cluster.redis_server import RedisServer
 from services.coordinator.app import create_app
 from services.learner.publish import WeightPublisher
 from services.rollout.settings import RolloutSettings
@@ -35,7 +36,6 @@ from shared.config import (
 )
 from shared.keys import ConsumerGroups, RunKeys
 from shared.messages import LearnerState, RolloutGroup, TaskGroup
-from shared.redis_server import RedisServer
 from tests.uvicorn_thread import serve
 
 pytestmark = pytest.mark.integration

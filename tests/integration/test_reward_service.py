@@ -116,8 +116,8 @@ def test_bad_rollouts_are_dead_lettered_and_the_service_keeps_scoring(service, b
 
 
 def test_the_service_waits_out_a_redis_restart_and_loses_nothing(run: RunConfig, tmp_path) -> None:
+    from cluster.redis_server import RedisServer
     from shared.bus import connect
-    from shared.redis_server import RedisServer
 
     server = RedisServer(tmp_path / "redis").start()
     keys = RunKeys(run.run_id)

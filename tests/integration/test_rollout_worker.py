@@ -18,19 +18,19 @@ import pytest
 import torch
 from safetensors.torch import save as safetensors_save
 
+from cluster.redis_server import RedisServer, free_port
 from services.coordinator.app import create_app
-from services.coordinator.schemas import HeartbeatRequest, RegisterWorkerRequest, WorkerInfo
 from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError
 from services.rollout.membership import Membership
 from services.rollout.settings import RolloutSettings
 from services.rollout.torch_engine import TorchEngine
 from services.rollout.worker import RolloutWorker
+from shared.api import HeartbeatRequest, RegisterWorkerRequest, WorkerInfo
 from shared.bus import StreamBus, connect
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import CoordinatorConfig, RolloutConfig, RunConfig, ScheduleConfig
 from shared.keys import RunKeys
 from shared.messages import LearnerState, RolloutGroup, TaskGroup, WeightsPublished
-from shared.redis_server import RedisServer, free_port
 from shared.weights import build_manifest
 from tests.uvicorn_thread import serve
 

@@ -13,10 +13,10 @@ import torch
 
 from services.learner.batch import tensorize
 from services.learner.evaluate import evaluate_greedy
-from services.learner.selfplay import sample_scored_groups
 from services.learner.trainer import load_policy, make_optimizer, train_step
 from shared.config import GRPOConfig
 from shared.tasks import make_task
+from tests.selfplay import sample_scored_groups
 
 torch.set_num_threads(1)
 

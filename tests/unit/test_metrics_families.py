@@ -1,4 +1,4 @@
-"""shared/metrics.py: the families every service exposes are valid Prometheus text, built from typed state."""
+"""shared/metrics.py and each service's prometheus.py: the families every service exposes are valid Prometheus text, built from typed state."""
 
 from __future__ import annotations
 
@@ -6,16 +6,11 @@ import httpx
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.coordinator.schemas import HeartbeatRequest, WeightSwapReport
+from services.reward.prometheus import reward_families
+from services.rollout.prometheus import rollout_families
+from shared.api import HeartbeatRequest, WeightSwapReport
 from shared.messages import LearnerState
-from shared.metrics import (
-    CallbackCollector,
-    learner_families,
-    new_registry,
-    reward_families,
-    rollout_families,
-    start_metrics_server,
-)
+from shared.metrics import CallbackCollector, learner_families, new_registry, start_metrics_server
 
 
 def parse(collector: CallbackCollector) -> dict[str, list]:
@@ -70,7 +65,7 @@ def test_a_failing_scrape_leaves_series_out_instead_of_failing_the_service() -> 
 
 def test_the_metrics_server_serves_on_the_port_and_port_0_is_off() -> None:
     assert start_metrics_server(0, CallbackCollector(lambda: reward_families(1, 2))) is None
-    from shared.redis_server import free_port
+    from cluster.redis_server import free_port
 
     port = start_metrics_server(free_port(), CallbackCollector(lambda: reward_families(5, 9)))
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text

@@ -1,8 +1,8 @@
 """Scored groups sampled from the learner's own model: what a rollout worker plus the reward service
 would produce for the same prompts, with true behaviour log-probs and the task's verifier rewards.
 
-This lets the learner's half of the system run alone: the single-process learning check trains on
-these directly, and the tests' stand-in workers put them on the `scored` stream.
+This lets the learner's half of the system run alone in tests: the single-process learning check trains
+on these directly, and the stand-in workers of the learner tests put them on the `scored` stream.
 """
 
 from __future__ import annotations
