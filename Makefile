@@ -14,7 +14,7 @@ help:
 	@echo "make demo       run the local cluster (Redis, coordinator, reward, learner, $(WORKERS) workers) and write runs/latest/report.json"
 	@echo "make test       the default test suite (what CI runs)"
 	@echo "make test-slow  the long suites (marked slow)"
-	@echo "make lint       ruff"
+	@echo "make lint       ruff check, ruff format --check, mypy (pydantic plugin) over shared/ services/ cluster/"
 	@echo "make bench-broadcast  one-to-many vs pipelined relay vs size/B over tc-capped links (root; ~8 min)"
 	@echo "make worker     add a rollout worker to the running cluster (NAME=..., PRICE=... $$/h); Ctrl-C drains it"
 	@echo "make drain      drain a worker of the running cluster (WORKER=<name or id>)"
@@ -43,8 +43,12 @@ test-slow: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -m ""
 
+LINT_PATHS := shared services cluster tests benchmarks simulator
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check shared services cluster tests benchmarks simulator
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(VENV)/bin/mypy
 
 NAME ?= joined-$(shell date +%H%M%S)
 PRICE ?= 0

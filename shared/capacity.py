@@ -1,4 +1,4 @@
-"""The capacity model (DESIGN.md section 3): how much rollout throughput keeps the learner busy, and
+"""The capacity model (docs/design.md#the-capacity-model, derived in docs/capacity_model.md): how much rollout throughput keeps the learner busy, and
 whether a staleness bound S can hold. Pure arithmetic: no I/O, no torch. The coordinator feeds it
 measurements (GET /v1/capacity, cost-aware activation); the simulator feeds it its own.
 

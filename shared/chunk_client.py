@@ -23,7 +23,7 @@ import httpx
 
 from shared.chunk_server import ChunkStore
 from shared.messages import WeightsPublished
-from shared.weights import Manifest, Payload, WeightsError, assemble, verify_chunk, verify_signature
+from shared.weights import Manifest, Payload, WeightsError, as_payload, assemble, verify_chunk, verify_signature
 
 _ANNOUNCED_MANIFEST = re.compile(r"^(https?://.+?)/v1/weights/(\d+)(?:/(full|delta))?/manifest$")
 
@@ -48,7 +48,7 @@ def announced_source(announcement: WeightsPublished) -> tuple[str, Payload | Non
         raise AnnouncementError(
             f"manifest_url {announcement.manifest_url!r} does not name version {announcement.policy_version}"
         )
-    return match[1], match[3]
+    return match[1], as_payload(match[3]) if match[3] else None
 
 
 def manifest_path(policy_version: int | None, payload: Payload | None = None) -> str:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs
 
-from shared.weights import Manifest, Payload, verify_chunk
+from shared.weights import Manifest, Payload, as_payload, verify_chunk
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,8 @@ class ChunkServer:
 
     @property
     def host(self) -> str:
-        return self._httpd.server_address[0]
+        host = self._httpd.server_address[0]
+        return host if isinstance(host, str) else host.decode()
 
     @property
     def url(self) -> str:
@@ -241,12 +242,13 @@ def _make_handler(store: ChunkStore, wait_s: float) -> type[BaseHTTPRequestHandl
                 manifest = store.manifest(version) if version is not None else None
                 return self._send_manifest(manifest, "no complete version held")
             if match := _MANIFEST_ROUTE.match(path):
-                version, payload = int(match[1]), match[2] or "full"
+                version, payload = int(match[1]), as_payload(match[2] or "full")
                 return self._send_manifest(store.manifest(version, payload), f"version {version}/{payload} not held")
             if match := _CHUNK_ROUTE.match(path):
-                return self._send_chunk(int(match[1]), match[2] or "full", int(match[3]), query.get("manifest"))
+                payload = as_payload(match[2] or "full")
+                return self._send_chunk(int(match[1]), payload, int(match[3]), query.get("manifest"))
             if match := _STREAM_ROUTE.match(path):
-                return self._send_stream(int(match[1]), match[2], query)
+                return self._send_stream(int(match[1]), as_payload(match[2]), query)
             return self._send(404, f"no route {path}".encode(), "text/plain")
 
         def _send_manifest(self, manifest: Manifest | None, missing: str) -> None:

@@ -5,20 +5,20 @@ msgpack, not a map, has unknown or missing fields, wrong types, or arrays whose 
 raises `MessageDecodeError` with a reason, which the bus turns into a dead-letter entry.
 
 Token ids and logprobs travel as raw little-endian bytes (int32 / float32), not msgpack int lists:
-decoding Python int lists is the measured bottleneck of the bus (../shared/notes/infra.md).
+decoding Python int lists is the measured bottleneck of the bus (docs/design.md#token-arrays-travel-as-raw-bytes).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Literal, Self
+from typing import Final, Literal, Self
 
 import msgpack
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 
 INT32 = np.dtype("<i4")
 FLOAT32 = np.dtype("<f4")

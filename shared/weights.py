@@ -19,7 +19,7 @@ import hashlib
 import hmac
 import json
 import time
-from typing import Literal, Self
+from typing import Literal, Self, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -37,6 +37,15 @@ class ChunkVerificationError(WeightsError):
 
 
 Payload = Literal["full", "delta"]
+
+
+def as_payload(text: str) -> Payload:
+    """`text` ("full" or "delta") as a Payload; ValueError for anything else."""
+    if text not in ("full", "delta"):
+        raise ValueError(f"payload must be 'full' or 'delta', not {text!r}")
+    return cast(Payload, text)
+
+
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 
 

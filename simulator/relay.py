@@ -1,4 +1,4 @@
-"""Weight broadcast time per worker for a pipelined relay tree (DESIGN.md section 5), in closed form.
+"""Weight broadcast time per worker for a pipelined relay tree (docs/design.md#the-weight-path), in closed form.
 
 Workers are ranked active first, then by bandwidth (fastest first), and fill a tree: `num_seeds`
 children of the learner, `fanout` children under every worker. With pipelining a node receives at the

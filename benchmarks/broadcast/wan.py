@@ -1,6 +1,6 @@
 """An emulated wide-area network on one machine: one network namespace per node, a veth pair into a
 shared bridge, and a `tc tbf` token bucket on both ends of every veth, so each node's uplink and
-downlink are capped in the kernel (exact; ../shared/notes/infra.md). Needs root and `ip`/`tc`.
+downlink are capped in the kernel (exact; docs/design.md#link-emulation-with-network-namespaces-and-tc). Needs root and `ip`/`tc`.
 
     node ns  rlb-<name>: veth rlb<name>-n (10.77.0.x)   egress tbf = the node's uplink
     root ns  rlb<name>-h, enslaved to bridge rlb-br      egress tbf = the node's downlink

@@ -39,7 +39,7 @@ class BroadcastTimes:
 
     def complete_pending(self, workers: list[WorkerInfo]) -> dict[int, float]:
         """Record T_bcast of every pending version every counted worker has accounted for; returns them."""
-        pending = [int(v) for v in self.redis.zrange(self.keys.broadcast_pending, 0, -1)]
+        pending = [int(_text(v)) for v in self.redis.zrange(self.keys.broadcast_pending, 0, -1)]
         if not pending:
             return {}
         announced = _float_hash(self.redis.hgetall(self.keys.broadcast_announced))
@@ -98,8 +98,8 @@ def broadcast_seconds(
     return max(swap_times) - announced_at_s
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _float_hash(raw: dict) -> dict[str, float]:

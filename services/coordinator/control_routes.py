@@ -21,7 +21,7 @@ ControlDep = Annotated[ControlPlane, Depends(get_control)]
 
 @router.get("/capacity")
 def capacity(control: ControlDep) -> CapacityResponse:
-    """The capacity model on measured inputs (DESIGN.md section 3, docs/capacity_model.md): required and
+    """The capacity model on measured inputs (docs/design.md#the-capacity-model, docs/capacity_model.md): required and
     current throughput, predicted learner utilization, and whether the staleness bound S can hold."""
     return control.current().capacity
 

@@ -34,7 +34,7 @@ from services.coordinator.auth import TOKEN_SEPARATOR, token_sha256
 from services.coordinator.broadcast_times import BroadcastTimes
 from services.coordinator.heartbeat_batch import OK, HeartbeatBatcher, HeartbeatEntry
 from services.coordinator.worker_registry import heartbeat_fields
-from shared.api import HeartbeatRequest, HeartbeatResponse
+from shared.api import HeartbeatRequest, HeartbeatResponse, WorkerState
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -118,7 +118,7 @@ class HeartbeatFastPath:
                 await run_in_threadpool(lambda: times.complete_pending(registry.list_workers()))
         learner = self.state.control.learner_view()
         answer = HeartbeatResponse(
-            state=outcome.state,
+            state=WorkerState(outcome.state),
             lease_expires_at_s=expiry_s,
             learner_version=learner.learner_version,
             staleness_bound=learner.staleness_bound,

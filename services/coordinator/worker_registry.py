@@ -18,6 +18,7 @@ from enum import Enum
 
 import redis
 from pydantic import TypeAdapter
+from redis.typing import EncodableT
 
 from services.coordinator.broadcast_times import BroadcastTimes
 from services.coordinator.heartbeat_batch import (
@@ -133,7 +134,8 @@ class WorkerRegistry:
             **request.model_dump(),
         )
         with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self.keys.worker(worker_id), mapping=_to_redis_fields(record.model_dump()))
+            fields: dict[EncodableT, EncodableT] = dict(_to_redis_fields(record.model_dump()).items())
+            pipe.hset(self.keys.worker(worker_id), mapping=fields)
             pipe.sadd(self.keys.worker_ids, worker_id)
             pipe.zadd(self.keys.worker_leases, {worker_id: record.lease_expires_at_s})
             pipe.execute()
@@ -270,5 +272,5 @@ def _record_from_redis(raw: Mapping[bytes | str, bytes | str]) -> WorkerRecord:
     return WorkerRecord.model_validate({_text(name): _text(value) for name, value in raw.items()})
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

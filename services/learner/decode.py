@@ -29,7 +29,7 @@ class Completion:
         """What the verifier scores: the completion without its EOS. Other special tokens stay
         visible (a sampled <pad> is a wrong answer), as in the rollout engine's texts."""
         visible = self.token_ids[:-1] if self.stopped else self.token_ids
-        return tokenizer.decode(visible, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return str(tokenizer.decode(visible, skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
 
 @torch.inference_mode()

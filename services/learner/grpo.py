@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F  # noqa: N812 (the conventional name)
 
-ADVANTAGE_EPS = 1e-4  # measured in ../shared/notes/grpo-cpu.md; keeps (r - mean) / std finite for tiny std
+ADVANTAGE_EPS = 1e-4  # docs/design.md#advantage-epsilon-1e-4; keeps (r - mean) / std finite for tiny std
 
 
 def group_advantages(rewards: torch.Tensor, normalize_by_std: bool) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The learner service: scored groups in, GRPO steps, policy versions out (DESIGN.md sections 2, 5, 6).
+"""The learner service: scored groups in, GRPO steps, policy versions out (docs/design.md: planes, versions and the admission rule, the weight path).
 
     resume_or_start          checkpoint -> model, optimizer, version t, counters; else the initial policy
     publish_weights          version t servable by the chunk server, then announced
@@ -85,7 +85,7 @@ class Learner:
             self.keys,
             staleness_bound=run.schedule.staleness_bound,
             groups_per_step=run.grpo.groups_per_step,
-            vocab_size=self.model.get_input_embeddings().num_embeddings,
+            vocab_size=self.model.config.vocab_size,
             max_positions=self.model.config.max_position_embeddings,
             poll_block_ms=settings.poll_block_ms,
         )

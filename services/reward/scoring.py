@@ -21,5 +21,6 @@ def score_group(group: RolloutGroup, task: TaskAdapter, redis_client: redis.Redi
     reference = redis_client.get(keys.task_reference(group.task_id))
     if reference is None:
         raise UnscorableGroupError(f"no reference for task {group.task_id} (never issued by this run, or expired)")
-    rewards = [task.score(text, reference.decode()) for text in group.completion_texts]
+    reference_text = reference.decode() if isinstance(reference, bytes) else str(reference)
+    rewards = [task.score(text, reference_text) for text in group.completion_texts]
     return ScoredGroup(run_id=group.run_id, rollout=group, rewards=rewards)

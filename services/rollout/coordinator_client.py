@@ -11,7 +11,7 @@ Errors form one family so callers can pick a policy per kind:
 from __future__ import annotations
 
 import random
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -76,7 +76,7 @@ class CoordinatorClient:
     def close(self) -> None:
         self._http.close()
 
-    def _send(self, method: str, path: str, **kwargs: object) -> httpx.Response:
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             return self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:  # connect/read errors and timeouts: all transient from here

@@ -38,7 +38,8 @@ class TorchEngine(InferenceEngine):
         self.model_dir = Path(model_dir)
         self.device = torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).to(self.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers types .to() for models only
         self.pad_token_id = self._pad_token_id()
         self.eos_token_ids = torch.tensor(sorted(self._eos_token_ids()), device=self.device)
         self.max_positions = getattr(self.model.config, "max_position_embeddings", None)

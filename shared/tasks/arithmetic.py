@@ -1,5 +1,5 @@
 """`a+b=` -> the last digit of a + b. A tiny model starting at chance (1 in ~15 tokens) learns it on a
-CPU in minutes and generalises to held-out pairs (../shared/notes/grpo-cpu.md)."""
+CPU in minutes and generalises to held-out pairs (docs/design.md#the-arithmetic-task-learns-on-a-cpu-in-minutes)."""
 
 from __future__ import annotations
 

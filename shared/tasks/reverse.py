@@ -1,5 +1,5 @@
 """`xyz>` -> `zyx`: reverse three digits, with partial credit per digit (exact match alone is too
-sparse to learn from at this scale, ../shared/notes/grpo-cpu.md)."""
+sparse to learn from at this scale, docs/design.md#the-reverse-task-needs-partial-credit)."""
 
 from __future__ import annotations
 
