@@ -5,8 +5,19 @@ Heavy imports (fastapi, uvicorn, redis) happen after argument parsing, so `--hel
 
 from __future__ import annotations
 
-import argparse
+import logging
+from collections.abc import Sequence
 
+from shared.service_entry import parse_cli, start_service
+
+log = logging.getLogger("services.coordinator")
+
+DESCRIPTION = (
+    "The control plane: worker registration, leases and drains, the staleness gate, run status, "
+    "the capacity model (/v1/capacity), cost-aware activation and the cost ledger (/v1/activation, /v1/cost), "
+    "Prometheus metrics (/metrics) and a live dashboard (/dashboard). "
+    "Stateless: everything lives in Redis, so it can be restarted at any time. API docs at /docs."
+)
 ENVIRONMENT_HELP = """\
 environment:
   RL_ADMIN_TOKEN        required secret: bearer token of admin calls (at least 16 characters)
@@ -21,24 +32,10 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 GC_THRESHOLDS = (10_000, 20, 20)  # CPython's default is (700, 10, 10)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m services.coordinator",
-        description="The control plane: worker registration, leases and drains, the staleness gate, run status, "
-        "the capacity model (/v1/capacity), cost-aware activation and the cost ledger (/v1/activation, /v1/cost), "
-        "Prometheus metrics (/metrics) and a live dashboard (/dashboard). "
-        "Stateless: everything lives in Redis, so it can be restarted at any time. API docs at /docs.",
-        epilog=ENVIRONMENT_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parse_args(argv)
+def main(argv: Sequence[str] | None = None) -> None:
+    parse_cli("python -m services.coordinator", DESCRIPTION, argv, epilog=ENVIRONMENT_HELP)
 
     import gc
-    import logging
     import sys
 
     import uvicorn
@@ -47,18 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     from services.coordinator.settings import CoordinatorSettings
     from shared.bus import connect
 
-    settings = CoordinatorSettings()
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    log = logging.getLogger("services.coordinator")
-    run = settings.load_run()
-    log.info("settings: %s", settings.model_dump(mode="json"))  # the admin token prints as '**********'
-    log.info(
-        "run %s: lease_s=%s staleness_bound=%s heartbeat_interval_s=%s",
-        run.run_id,
-        run.coordinator.lease_s,
-        run.schedule.staleness_bound,
-        run.rollout.heartbeat_interval_s,
-    )
+    # uvicorn handles SIGTERM / SIGINT itself (graceful shutdown), so no on_stop_signal here
+    settings, run = start_service("coordinator", CoordinatorSettings)
     app = create_app(run, connect(settings.redis_url), settings.admin_token.get_secret_value())
     # The control pass runs in a thread next to the event loop. With the default 5 ms switch interval,
     # every time the loop waits on a socket the pass keeps the GIL for up to 5 ms before the loop gets it

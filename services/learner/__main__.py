@@ -11,25 +11,16 @@ SIGTERM / SIGINT: finish the step in progress, checkpoint, stop the chunk server
 
 from __future__ import annotations
 
-import argparse
-import logging
-import signal
-import sys
+from collections.abc import Sequence
+
+from shared.service_entry import on_stop_signal, parse_cli, start_service
 
 
-def main() -> None:
-    argparse.ArgumentParser(
-        prog="python -m services.learner", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    ).parse_args()
-    from pydantic import ValidationError
-
+def main(argv: Sequence[str] | None = None) -> None:
+    parse_cli("python -m services.learner", __doc__, argv)
     from services.learner.settings import LearnerSettings
 
-    try:
-        settings = LearnerSettings()
-    except ValidationError as exc:  # a missing RL_CLUSTER_KEY and the like: say which, no traceback
-        sys.exit(f"learner settings (RL_* environment variables): {exc}")
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s learner %(levelname)s %(message)s")
+    settings, run = start_service("learner", LearnerSettings)
 
     import torch  # heavy: only after --help and the settings are through
 
@@ -38,17 +29,13 @@ def main() -> None:
     from shared.bus import StreamBus, connect
     from shared.keys import RunKeys
 
-    run = settings.load_run()
-    logging.info("resolved settings: %s", settings.model_dump_json())
-    logging.info("run config: %s", run.model_dump_json())
     keys = RunKeys(run.run_id)
     bus = StreamBus(connect(settings.redis_url), run_id=run.run_id, dead_letter_stream=keys.dead, service="learner")
     learner = Learner(run, settings, bus)
     from shared.metrics import CallbackCollector, learner_families, start_metrics_server
 
     start_metrics_server(settings.metrics_port, CallbackCollector(lambda: learner_families(learner.state)))
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: learner.request_stop())
+    on_stop_signal(learner.request_stop)
     with learner:
         learner.run()
 

@@ -25,10 +25,10 @@ import numpy as np
 import torch
 
 from services.learner.grpo import group_advantages
-from services.learner.retry import call_with_retry
 from shared.bus import Delivery, StreamBus
 from shared.keys import ConsumerGroups, RunKeys
 from shared.messages import ScoredGroup, unpack_float32, unpack_int32
+from shared.retry import call_with_retry
 from shared.staleness import DropReason, admission_verdict, staleness_of
 
 log = logging.getLogger(__name__)

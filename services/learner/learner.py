@@ -35,13 +35,13 @@ from services.learner.evaluate import evaluate_greedy
 from services.learner.metrics import MetricsLog, write_summary
 from services.learner.model_init import build_initial_policy
 from services.learner.publish import WeightPublisher
-from services.learner.retry import call_with_retry
 from services.learner.settings import LearnerSettings
 from shared.bus import StreamBus
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import RunConfig
 from shared.keys import ConsumerGroups, RunKeys
 from shared.messages import LearnerState, LearnerStatus
+from shared.retry import call_with_retry
 from shared.run_records import EvalRecord, LearnerSummary, RunTotals, StepRecord
 from shared.tasks import make_task
 

@@ -27,13 +27,13 @@ import torch
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
-from services.learner.retry import call_with_retry
 from shared.bus import StreamBus
 from shared.chunk_client import manifest_path
 from shared.chunk_server import ChunkStore
 from shared.delta import CODEC, encode_delta
 from shared.keys import RunKeys
 from shared.messages import WeightsPublished
+from shared.retry import call_with_retry
 from shared.run_records import PublishRecord
 from shared.weights import Manifest, build_delta_manifest, build_manifest
 

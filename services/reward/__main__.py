@@ -6,25 +6,23 @@ RL_CLAIM_IDLE_MS, RL_REFERENCE_TTL_S, RL_LOG_LEVEL, RL_METRICS_PORT (Prometheus 
 
 from __future__ import annotations
 
-import argparse
 import logging
-import signal
+from collections.abc import Sequence
+
+from shared.service_entry import on_stop_signal, parse_cli, start_service
+
+log = logging.getLogger("services.reward")
 
 
-def main() -> None:
-    argparse.ArgumentParser(
-        prog="python -m services.reward", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    ).parse_args()
+def main(argv: Sequence[str] | None = None) -> None:
+    parse_cli("python -m services.reward", __doc__, argv)
     from services.reward.service import RewardService
     from services.reward.settings import RewardSettings
     from shared.bus import StreamBus, connect
     from shared.keys import RunKeys
 
-    settings = RewardSettings()
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s reward %(levelname)s %(message)s")
-    run = settings.load_run()
-    logging.info("resolved settings: %s", settings.model_dump_json())
-    logging.info("run %s: task %s, %d groups in flight max", run.run_id, run.task.name, run.max_groups_in_flight)
+    settings, run = start_service("reward", RewardSettings)
+    log.info("task %s, %d groups in flight max", run.task.name, run.max_groups_in_flight)
     keys = RunKeys(run.run_id)
     bus = StreamBus(connect(settings.redis_url), run_id=run.run_id, dead_letter_stream=keys.dead, service="reward")
     service = RewardService(run, settings, bus)
@@ -40,10 +38,9 @@ def main() -> None:
             ]
         ),
     )
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: service.stop_event.set())
+    on_stop_signal(service.stop_event.set)
     service.run_forever()
-    logging.info("stopped after scoring %d groups", service.num_scored)
+    log.info("stopped after scoring %d groups", service.num_scored)
 
 
 if __name__ == "__main__":

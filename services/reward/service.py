@@ -11,8 +11,6 @@ from __future__ import annotations
 import logging
 import threading
 
-import redis
-
 from services.reward.scoring import UnscorableGroupError, score_group
 from services.reward.settings import RewardSettings
 from services.reward.task_feed import top_up_tasks
@@ -20,12 +18,10 @@ from shared.bus import Delivery, StreamBus
 from shared.config import RunConfig
 from shared.keys import ConsumerGroups, RunKeys
 from shared.messages import RolloutGroup
+from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
 from shared.tasks import TaskAdapter, make_task
 
 log = logging.getLogger(__name__)
-
-REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError)
-MAX_BACKOFF_S = 5.0
 
 
 class RewardService:
@@ -43,7 +39,7 @@ class RewardService:
 
     def run_forever(self) -> None:
         started = False
-        backoff_s = 0.2
+        backoff = Backoff()
         while not self.stop_event.is_set():
             try:
                 if not started:
@@ -51,11 +47,9 @@ class RewardService:
                     self.finish_own_pending()
                     started = True
                 self.serve_once()
-                backoff_s = 0.2
-            except REDIS_ERRORS as exc:  # policy: wait Redis out; nothing unacked is lost
-                log.warning("redis unavailable (%s); retrying in %.1fs", exc, backoff_s)
-                self.stop_event.wait(backoff_s)
-                backoff_s = min(2 * backoff_s, MAX_BACKOFF_S)
+                backoff.reset()
+            except REDIS_OUTAGE_ERRORS as exc:  # policy: wait Redis out; nothing unacked is lost
+                backoff.wait(self.stop_event, exc, "redis")
 
     def serve_once(self) -> None:
         self.num_tasks_published += top_up_tasks(

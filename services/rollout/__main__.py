@@ -15,48 +15,26 @@ answer says "draining". "standby" in that answer: no tasks, weights kept fresh, 
 
 from __future__ import annotations
 
-import argparse
 import logging
-import signal
 import sys
 import threading
-import types
+from collections.abc import Sequence
+
+from shared.service_entry import on_stop_signal, parse_cli, start_service
 
 log = logging.getLogger("services.rollout")
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    from services.rollout.settings import describe_environment
+def main(argv: Sequence[str] | None = None) -> int:
+    from services.rollout.settings import RolloutSettings, describe_environment
 
-    parser = argparse.ArgumentParser(
-        prog="python -m services.rollout",
-        description=__doc__,
-        epilog="environment:\n" + describe_environment(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parse_args(sys.argv[1:] if argv is None else argv)
-    from services.rollout.settings import RolloutSettings
-
-    settings = RolloutSettings()  # a missing RL_CLUSTER_KEY fails here, before anything starts
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat and chunk otherwise
-    run = settings.load_run()
-    log.info("settings: %s", settings.model_dump(mode="json"))
-    log.info("run %s: rollout %s, broadcast %s", run.run_id, run.rollout.model_dump(), run.broadcast.model_dump())
+    parse_cli("python -m services.rollout", __doc__, argv, epilog="environment:\n" + describe_environment())
+    # a missing RL_CLUSTER_KEY fails here, before anything starts
+    settings, run = start_service("rollout", RolloutSettings)
     log.info("model folder %s, engine %s", settings.resolved_model_dir, settings.worker_engine)
 
-    stopping = threading.Event()
-
-    def request_stop(signum: int, frame: types.FrameType | None) -> None:
-        log.info("received %s; finishing the current batch", signal.Signals(signum).name)
-        stopping.set()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stopping = threading.Event()  # set: finish the current batch, deregister, exit
+    on_stop_signal(stopping.set)
 
     from services.rollout.worker import RolloutWorker, build_engine
     from shared.bus import connect

@@ -1,7 +1,7 @@
 """A small typed client for the coordinator's worker-facing REST API (bodies: shared/api.py).
 
 Errors form one family so callers can pick a policy per kind:
-- CoordinatorUnavailableError: network error, timeout or 5xx; retry with backoff (`Backoff`).
+- CoordinatorUnavailableError: network error, timeout or 5xx; retry with backoff (`shared.retry.Backoff`).
 - WorkerExpiredError: 410, the coordinator declared this worker dead (or, WorkerUnknownError, 404 on a
   heartbeat: it has no record of it); register again.
 - CoordinatorRejectedError: any other non-success answer or a malformed body; a bug or a misconfiguration
@@ -10,7 +10,6 @@ Errors form one family so callers can pick a policy per kind:
 
 from __future__ import annotations
 
-import random
 from typing import Any, TypeVar
 
 import httpx
@@ -81,23 +80,6 @@ class CoordinatorClient:
             return self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:  # connect/read errors and timeouts: all transient from here
             raise CoordinatorUnavailableError(f"{method} {self.base_url}{path}: {type(exc).__name__}: {exc}") from exc
-
-
-class Backoff:
-    """Exponential backoff with full jitter: delays grow from `initial_s` to `max_s`; `reset` after a success."""
-
-    def __init__(self, initial_s: float = 0.2, max_s: float = 10.0) -> None:
-        self.initial_s = initial_s
-        self.max_s = max_s
-        self.num_failures = 0
-
-    def next_delay_s(self) -> float:
-        ceiling_s = min(self.max_s, self.initial_s * 2**self.num_failures)
-        self.num_failures += 1
-        return random.uniform(ceiling_s / 2, ceiling_s)
-
-    def reset(self) -> None:
-        self.num_failures = 0
 
 
 def _bearer(token: str) -> dict[str, str]:

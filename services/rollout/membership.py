@@ -21,7 +21,6 @@ import threading
 from collections.abc import Callable
 
 from services.rollout.coordinator_client import (
-    Backoff,
     CoordinatorClient,
     CoordinatorError,
     CoordinatorUnavailableError,
@@ -34,8 +33,11 @@ from shared.api import (
     RegisterWorkerResponse,
     WorkerState,
 )
+from shared.retry import Backoff
 
 log = logging.getLogger(__name__)
+
+COORDINATOR_MAX_BACKOFF_S = 10.0  # registration and heartbeats: a lease is several intervals long
 
 
 class NotRegisteredError(RuntimeError):
@@ -80,14 +82,12 @@ class Membership:
 
     def register(self) -> RegisterWorkerResponse:
         """Register, retrying while the coordinator is unavailable; raises NotRegisteredError if stopped first."""
-        backoff = Backoff()
+        backoff = Backoff(max_s=COORDINATOR_MAX_BACKOFF_S)
         while not self.stopping.is_set():
             try:
                 registration = self.client.register(self.request)
             except CoordinatorUnavailableError as exc:
-                delay_s = backoff.next_delay_s()
-                log.warning("coordinator unavailable for registration (%s); retrying in %.1fs", exc, delay_s)
-                self.stopping.wait(delay_s)
+                backoff.wait(self.stopping, exc, "registration with the coordinator")
                 continue
             with self._lock:
                 self._registration = registration
@@ -128,16 +128,14 @@ class Membership:
             log.warning("could not deregister %s (%s); its lease will expire", registration.worker_id, exc)
 
     def _heartbeat_loop(self) -> None:
-        backoff = Backoff()
+        backoff = Backoff(max_s=COORDINATOR_MAX_BACKOFF_S)
         try:
             while not self._stop_heartbeats.wait(self.registration.heartbeat_interval_s):
                 try:
                     self._send_heartbeat()
                     backoff.reset()
                 except CoordinatorUnavailableError as exc:
-                    delay_s = backoff.next_delay_s()
-                    log.warning("heartbeat failed (%s); next try in %.1fs", exc, delay_s)
-                    self._stop_heartbeats.wait(delay_s)
+                    backoff.wait(self._stop_heartbeats, exc, "heartbeat")
                 except WorkerExpiredError as exc:
                     log.warning("%s; registering again", exc)
                     self.register()

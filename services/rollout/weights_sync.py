@@ -40,12 +40,12 @@ from shared.chunk_server import ChunkStore
 from shared.delta import DeltaError, apply_delta
 from shared.keys import RunKeys
 from shared.messages import MessageDecodeError, WeightsPublished
+from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
 from shared.weights import ChunkVerificationError, Manifest, WeightsError, sha256_hex, split_into_chunks
 
 log = logging.getLogger(__name__)
 
 POLL_BLOCK_MS = 500  # the background thread's XREAD BLOCK on `weights` (below redis-py's socket timeout)
-REDIS_RETRY_S = 1.0
 
 __all__ = ["AnnouncementError", "VerifiedVersion", "WeightsSync", "check_manifest_matches"]
 
@@ -210,6 +210,7 @@ class WeightsSync:
     # the background thread
     def _follow_announcements(self) -> None:
         try:
+            backoff = Backoff()
             while not self._stopping.is_set():
                 try:
                     announcement = self.latest_announcement()
@@ -217,11 +218,9 @@ class WeightsSync:
                         self._fetch(announcement)
                     else:  # wake up on the next announcement (or after the block)
                         self.redis.xread({self.keys.weights: self._last_entry_id}, count=1, block=POLL_BLOCK_MS)
-                except (redis.ConnectionError, redis.TimeoutError) as exc:
-                    log.warning(
-                        "redis unavailable for weight announcements (%s); retrying in %.1fs", exc, REDIS_RETRY_S
-                    )
-                    self._stopping.wait(REDIS_RETRY_S)
+                    backoff.reset()
+                except REDIS_OUTAGE_ERRORS as exc:
+                    backoff.wait(self._stopping, exc, "reading weight announcements from redis")
         except BaseException as exc:  # noqa: B036 (handed to the worker loop, see update)
             log.exception("weights-sync thread stopped")
             self._failure = exc

@@ -33,12 +33,12 @@ from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import RunConfig
 from shared.keys import ConsumerGroups, RunKeys
 from shared.messages import RolloutGroup, TaskGroup, pack_float32, pack_int32
+from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
 
 log = logging.getLogger(__name__)
 
 CONSUMER_GROUP = ConsumerGroups.TASKS
 READ_BLOCK_MS = 1000
-REDIS_RETRY_S = 1.0
 
 # What happened to one task: its group, or the engine error that made it undeliverable.
 Outcome = tuple[Delivery[TaskGroup], RolloutGroup | EngineError]
@@ -122,14 +122,15 @@ class RolloutWorker:
         """Serve tasks until `stop()`; the current batch is always finished (published and acked) first."""
         try:
             self.start()
+            backoff = Backoff()
             while not self.stopping.is_set():
                 self.membership.raise_if_failed()
                 try:
                     self.serve_once()
-                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    backoff.reset()
+                except REDIS_OUTAGE_ERRORS as exc:
                     # Unacked tasks stay pending in Redis and are redelivered; nothing is lost by waiting.
-                    log.warning("redis unavailable (%s); retrying in %.1fs", exc, REDIS_RETRY_S)
-                    self.stopping.wait(REDIS_RETRY_S)
+                    backoff.wait(self.stopping, exc, "redis")
         except NotRegisteredError:
             log.info("stopped before registering")
         finally:

@@ -25,7 +25,7 @@ from services.learner.batch import LEARNER_CONSUMER
 from services.learner.checkpoint import checkpoint_path, load_checkpoint
 from services.learner.learner import Learner
 from services.learner.publish import load_weights_blob
-from services.learner.retry import call_with_retry
+from shared.retry import call_with_retry
 from services.learner.settings import LearnerSettings
 from services.learner.trainer import load_policy
 from shared.bus import PAYLOAD_FIELD, StreamBus, connect

@@ -1,0 +1,74 @@
+"""How every service starts: the same steps in the same order for the four `python -m services.<name>`.
+
+    parse_cli(prog, __doc__, argv)
+        --help answers here, before anything heavy is imported
+    from services.<name>.settings import Settings
+        the caller's import: pydantic-settings, no torch
+    settings, run = start_service("<name>", Settings)
+        settings from RL_* (a clear exit, not a traceback, when one is missing or wrong), logging,
+        the run file, and the resolved settings and run config logged once
+    on_stop_signal(callback)
+        SIGTERM / SIGINT -> the service's own graceful stop
+
+This module imports only the standard library at import time, so `--help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import types
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from shared.config import RunConfig, ServiceSettings
+
+S = TypeVar("S", bound="ServiceSettings")
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def parse_cli(
+    prog: str, description: str | None, argv: Sequence[str] | None = None, *, epilog: str | None = None
+) -> argparse.Namespace:
+    """The services take no arguments (they read RL_* variables); this gives them `--help`."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    return parser.parse_args(argv)
+
+
+def start_service(name: str, settings_type: type[S]) -> tuple[S, RunConfig]:
+    """Settings from the environment, logging, the run file; logs the resolved configuration and
+    returns (settings, run config)."""
+    from pydantic import ValidationError
+
+    try:
+        settings = settings_type()
+    except ValidationError as exc:  # a missing RL_CLUSTER_KEY and the like: say which, no traceback
+        sys.exit(f"{name} settings (RL_* environment variables): {exc}")
+    logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    log = logging.getLogger(f"services.{name}")
+    try:
+        run = settings.load_run()
+    except (OSError, ValueError) as exc:  # no such run file, or one that does not validate
+        sys.exit(f"{name}: run file {settings.run_config}: {exc}")
+    log.info("settings: %s", settings.model_dump_json())  # secrets print as '**********'
+    log.info("run config: %s", run.model_dump_json())
+    return settings, run
+
+
+def on_stop_signal(stop: Callable[[], None]) -> None:
+    """SIGTERM and SIGINT call `stop` (which must only ask the service to stop: it runs in a signal handler)."""
+    log = logging.getLogger(__name__)
+
+    def handle(signum: int, frame: types.FrameType | None) -> None:
+        log.info("received %s: stopping", signal.Signals(signum).name)
+        stop()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
