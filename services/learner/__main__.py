@@ -42,7 +42,7 @@ def main() -> None:
     logging.info("resolved settings: %s", settings.model_dump_json())
     logging.info("run config: %s", run.model_dump_json())
     keys = RunKeys(run.run_id)
-    bus = StreamBus(connect(settings.redis_url), run_id=run.run_id, dead_letter_stream=keys.dead, service="learner")
+    bus = StreamBus(connect(settings.redis_url), keys, service="learner")
     learner = Learner(run, settings, bus)
     from shared.metrics import CallbackCollector, learner_families, start_metrics_server
 

@@ -26,7 +26,7 @@ def main() -> None:
     logging.info("resolved settings: %s", settings.model_dump_json())
     logging.info("run %s: task %s, %d groups in flight max", run.run_id, run.task.name, run.max_groups_in_flight)
     keys = RunKeys(run.run_id)
-    bus = StreamBus(connect(settings.redis_url), run_id=run.run_id, dead_letter_stream=keys.dead, service="reward")
+    bus = StreamBus(connect(settings.redis_url), keys, service="reward")
     service = RewardService(run, settings, bus)
     from shared.metrics import CallbackCollector, reward_families, start_metrics_server, stream_depth_families
 
@@ -35,7 +35,7 @@ def main() -> None:
         CallbackCollector(
             lambda: [
                 *reward_families(service.num_scored, service.num_tasks_published),
-                *stream_depth_families(bus, keys),
+                *stream_depth_families(bus),
             ]
         ),
     )

@@ -34,12 +34,12 @@ import redis
 from services.coordinator.schemas import WeightSwapReport
 from services.rollout.engine import InferenceEngine, WeightsLoadError
 from services.rollout.relay_fetch import ArtifactFetch, RelayFetcher, SourceResolver
-from shared.bus import PAYLOAD_FIELD
+from shared.bus import StreamBus, UndecodableEntryError
 from shared.chunk_client import AnnouncementError, announced_source, fetch_manifest
 from shared.chunk_server import ChunkStore
 from shared.delta import DeltaError, apply_delta
-from shared.keys import RunKeys
-from shared.messages import MessageDecodeError, WeightsPublished
+from shared.messages import WeightsPublished
+from shared.streams import WEIGHTS
 from shared.weights import ChunkVerificationError, Manifest, WeightsError, sha256_hex, split_into_chunks
 
 log = logging.getLogger(__name__)
@@ -79,8 +79,7 @@ class _Base:
 class WeightsSync:
     def __init__(
         self,
-        redis_client: redis.Redis,
-        keys: RunKeys,
+        bus: StreamBus,
         store: ChunkStore,
         cluster_key: bytes,
         *,
@@ -92,8 +91,8 @@ class WeightsSync:
         chunk_wait_s: float = 10.0,
         version_timeout_s: float = 120.0,
     ) -> None:
-        self.redis = redis_client
-        self.keys = keys
+        self.bus = bus
+        self.keys = bus.keys
         self.store = store
         self.cluster_key = cluster_key
         self.parents = parents  # None: fetch from the learner only
@@ -118,7 +117,7 @@ class WeightsSync:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
-        self._last_entry_id: bytes | str = "0-0"  # of the newest announcement seen: XREAD waits past it
+        self._last_entry_id = "0-0"  # of the newest announcement seen: the wait for the next starts past it
 
     # the worker loop's side
     def start(self) -> None:
@@ -155,16 +154,16 @@ class WeightsSync:
         return version.policy_version
 
     def latest_announcement(self) -> WeightsPublished | None:
-        entries = self.redis.xrevrange(self.keys.weights, count=1)
-        if not entries:
-            return None
-        entry_id, fields = entries[0]
-        self._last_entry_id = entry_id
         try:
-            return WeightsPublished.decode(fields.get(PAYLOAD_FIELD, b""))
-        except MessageDecodeError as exc:
-            log.warning("ignoring undecodable weights announcement %s: %s", entry_id, exc)
+            entry = self.bus.latest_entry(WEIGHTS)
+        except UndecodableEntryError as exc:
+            self._last_entry_id = exc.entry_id
+            log.warning("ignoring undecodable weights announcement %s: %s", exc.entry_id, exc)
             return None
+        if entry is None:
+            return None
+        self._last_entry_id = entry.entry_id
+        return entry.message
 
     def fetch_verified(self, announcement: WeightsPublished) -> VerifiedVersion:
         """The announced version's full weights, every check passed; raises a WeightsError subclass otherwise."""
@@ -216,7 +215,7 @@ class WeightsSync:
                     if announcement is not None and self._should_try(announcement):
                         self._fetch(announcement)
                     else:  # wake up on the next announcement (or after the block)
-                        self.redis.xread({self.keys.weights: self._last_entry_id}, count=1, block=POLL_BLOCK_MS)
+                        self.bus.wait_for_entries(WEIGHTS, after_id=self._last_entry_id, block_ms=POLL_BLOCK_MS)
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
                     log.warning(
                         "redis unavailable for weight announcements (%s); retrying in %.1fs", exc, REDIS_RETRY_S

@@ -11,6 +11,7 @@ import pytest
 from shared.bus import StreamBus, connect
 from shared.keys import RunKeys
 from shared.messages import TaskGroup
+from shared.streams import ROLLOUTS, TASKS
 
 pytestmark = pytest.mark.integration
 
@@ -28,30 +29,30 @@ def make_task(run_id: str, index: int) -> TaskGroup:
 
 
 def test_published_messages_arrive_typed_and_leave_pending_until_acked(bus: StreamBus, keys: RunKeys) -> None:
-    bus.ensure_group(keys.tasks, "rollout")
+    bus.ensure_group(TASKS)
     sent = [make_task(keys.run_id, i) for i in range(3)]
     for task in sent:
-        bus.publish(keys.tasks, task)
+        bus.publish(TASKS, task)
 
-    deliveries = bus.read(keys.tasks, "rollout", "w1", TaskGroup, count=10, block_ms=100)
+    deliveries = bus.read(TASKS, "w1", count=10, block_ms=100)
 
     assert [d.message for d in deliveries] == sent
-    assert bus.backlog(keys.tasks, "rollout") == 3  # delivered but not acked: still pending
-    assert bus.ack(keys.tasks, "rollout", [d.message_id for d in deliveries]) == 3
-    assert bus.backlog(keys.tasks, "rollout") == 0
+    assert bus.backlog(TASKS) == 3  # delivered but not acked: still pending
+    assert bus.ack(TASKS, [d.message_id for d in deliveries]) == 3
+    assert bus.backlog(TASKS) == 0
 
 
 def test_group_created_after_publishing_still_sees_earlier_messages(bus: StreamBus, keys: RunKeys) -> None:
-    bus.publish(keys.tasks, make_task(keys.run_id, 0))
-    bus.ensure_group(keys.tasks, "rollout")
-    bus.ensure_group(keys.tasks, "rollout")  # idempotent
-    assert len(bus.read(keys.tasks, "rollout", "w1", TaskGroup, count=10, block_ms=100)) == 1
+    bus.publish(TASKS, make_task(keys.run_id, 0))
+    bus.ensure_group(TASKS)
+    bus.ensure_group(TASKS)  # idempotent
+    assert len(bus.read(TASKS, "w1", count=10, block_ms=100)) == 1
 
 
 def _consume_without_ack_then_die(redis_url: str, run_id: str) -> None:
     keys = RunKeys(run_id)
-    bus = StreamBus(connect(redis_url), run_id=run_id, dead_letter_stream=keys.dead, service="doomed")
-    deliveries = bus.read(keys.tasks, "rollout", "doomed", TaskGroup, count=10, block_ms=1000)
+    bus = StreamBus(connect(redis_url), keys, service="doomed")
+    deliveries = bus.read(TASKS, "doomed", count=10, block_ms=1000)
     assert len(deliveries) == 2
     os.kill(os.getpid(), signal.SIGKILL)  # dies before acking, as a crashed worker would
 
@@ -59,9 +60,9 @@ def _consume_without_ack_then_die(redis_url: str, run_id: str) -> None:
 def test_messages_of_a_consumer_killed_before_ack_are_claimed_and_processed_once_more(
     bus: StreamBus, keys: RunKeys, redis_server
 ) -> None:
-    bus.ensure_group(keys.tasks, "rollout")
+    bus.ensure_group(TASKS)
     for i in range(2):
-        bus.publish(keys.tasks, make_task(keys.run_id, i))
+        bus.publish(TASKS, make_task(keys.run_id, i))
     doomed = multiprocessing.get_context("spawn").Process(
         target=_consume_without_ack_then_die, args=(redis_server.url, keys.run_id)
     )
@@ -69,23 +70,23 @@ def test_messages_of_a_consumer_killed_before_ack_are_claimed_and_processed_once
     doomed.join(timeout=60)
     assert doomed.exitcode == -signal.SIGKILL
 
-    assert bus.read(keys.tasks, "rollout", "survivor", TaskGroup, count=10, block_ms=100) == []  # nothing new
-    claimed = bus.claim_stale(keys.tasks, "rollout", "survivor", TaskGroup, min_idle_ms=0)
+    assert bus.read(TASKS, "survivor", count=10, block_ms=100) == []  # nothing new
+    claimed = bus.claim_stale(TASKS, "survivor", min_idle_ms=0)
 
     assert sorted(d.message.task_id for d in claimed) == ["t0", "t1"]
     assert [d.num_deliveries for d in claimed] == [2, 2]
-    bus.ack(keys.tasks, "rollout", [d.message_id for d in claimed])
-    assert bus.backlog(keys.tasks, "rollout") == 0
-    assert bus.claim_stale(keys.tasks, "rollout", "survivor", TaskGroup, min_idle_ms=0) == []
+    bus.ack(TASKS, [d.message_id for d in claimed])
+    assert bus.backlog(TASKS) == 0
+    assert bus.claim_stale(TASKS, "survivor", min_idle_ms=0) == []
 
 
 def test_poison_message_goes_to_dead_letter_and_the_rest_still_flow(bus: StreamBus, keys: RunKeys) -> None:
-    bus.ensure_group(keys.tasks, "rollout")
-    bus.publish(keys.tasks, make_task(keys.run_id, 0))
-    poison_id = bus.publish_raw(keys.tasks, b"\xc1 definitely not msgpack")
-    bus.publish(keys.tasks, make_task(keys.run_id, 2))
+    bus.ensure_group(TASKS)
+    bus.publish(TASKS, make_task(keys.run_id, 0))
+    poison_id = bus.publish_raw(TASKS, b"\xc1 definitely not msgpack")
+    bus.publish(TASKS, make_task(keys.run_id, 2))
 
-    deliveries = bus.read(keys.tasks, "rollout", "w1", TaskGroup, count=10, block_ms=100)
+    deliveries = bus.read(TASKS, "w1", count=10, block_ms=100)
 
     assert [d.message.task_id for d in deliveries] == ["t0", "t2"]
     letters = bus.dead_letters()
@@ -93,57 +94,57 @@ def test_poison_message_goes_to_dead_letter_and_the_rest_still_flow(bus: StreamB
     assert letters[0].source_message_id == poison_id
     assert "not msgpack" in letters[0].error
     assert letters[0].payload == b"\xc1 definitely not msgpack"
-    bus.ack(keys.tasks, "rollout", [d.message_id for d in deliveries])
-    assert bus.backlog(keys.tasks, "rollout") == 0  # the poison entry was acked with its dead letter
+    bus.ack(TASKS, [d.message_id for d in deliveries])
+    assert bus.backlog(TASKS) == 0  # the poison entry was acked with its dead letter
 
 
 def test_wrong_schema_is_dead_lettered_with_the_field_that_failed(bus: StreamBus, keys: RunKeys) -> None:
     import msgpack
 
-    bus.ensure_group(keys.tasks, "rollout")
-    bus.publish_raw(keys.tasks, msgpack.packb({"schema_version": 1, "run_id": keys.run_id, "task_id": 7}))
-    assert bus.read(keys.tasks, "rollout", "w1", TaskGroup, count=10, block_ms=100) == []
+    bus.ensure_group(TASKS)
+    bus.publish_raw(TASKS, msgpack.packb({"schema_version": 1, "run_id": keys.run_id, "task_id": 7}))
+    assert bus.read(TASKS, "w1", count=10, block_ms=100) == []
     (letter,) = bus.dead_letters()
     assert "task_id" in letter.error and "prompt" in letter.error
 
 
 def test_message_that_keeps_failing_is_dead_lettered_after_max_deliveries(bus: StreamBus, keys: RunKeys) -> None:
-    bus.ensure_group(keys.tasks, "rollout")
-    bus.publish(keys.tasks, make_task(keys.run_id, 0))
-    assert len(bus.read(keys.tasks, "rollout", "w1", TaskGroup, count=1, block_ms=100)) == 1
+    bus.ensure_group(TASKS)
+    bus.publish(TASKS, make_task(keys.run_id, 0))
+    assert len(bus.read(TASKS, "w1", count=1, block_ms=100)) == 1
     for attempt in range(2, bus.max_deliveries + 1):  # each consumer "crashes" while processing it
-        (again,) = bus.claim_stale(keys.tasks, "rollout", f"w{attempt}", TaskGroup, min_idle_ms=0)
+        (again,) = bus.claim_stale(TASKS, f"w{attempt}", min_idle_ms=0)
         assert again.num_deliveries == attempt
-    assert bus.claim_stale(keys.tasks, "rollout", "last", TaskGroup, min_idle_ms=0) == []
+    assert bus.claim_stale(TASKS, "last", min_idle_ms=0) == []
     (letter,) = bus.dead_letters()
     assert "delivered" in letter.error
-    assert bus.backlog(keys.tasks, "rollout") == 0
+    assert bus.backlog(TASKS) == 0
 
 
 def test_dead_letter_after_processing_failure_keeps_the_message(bus: StreamBus, keys: RunKeys) -> None:
-    bus.ensure_group(keys.tasks, "rollout")
+    bus.ensure_group(TASKS)
     task = make_task(keys.run_id, 0)
-    bus.publish(keys.tasks, task)
-    (delivery,) = bus.read(keys.tasks, "rollout", "w1", TaskGroup, count=1, block_ms=100)
+    bus.publish(TASKS, task)
+    (delivery,) = bus.read(TASKS, "w1", count=1, block_ms=100)
     bus.dead_letter(delivery, "verifier raised ZeroDivisionError")
     (letter,) = bus.dead_letters()
     assert TaskGroup.decode(letter.payload) == task
-    assert bus.backlog(keys.tasks, "rollout") == 0
+    assert bus.backlog(TASKS) == 0
 
 
 def test_restarted_consumer_rereads_its_own_pending(bus: StreamBus, keys: RunKeys) -> None:
-    bus.ensure_group(keys.scored, "learner")
-    bus.publish(keys.scored, make_task(keys.run_id, 0))
-    assert len(bus.read(keys.scored, "learner", "learner-0", TaskGroup, block_ms=100)) == 1
-    (pending,) = bus.read_own_pending(keys.scored, "learner", "learner-0", TaskGroup)
+    bus.ensure_group(TASKS)
+    bus.publish(TASKS, make_task(keys.run_id, 0))
+    assert len(bus.read(TASKS, "learner-0", block_ms=100)) == 1
+    (pending,) = bus.read_own_pending(TASKS, "learner-0")
     assert pending.message.task_id == "t0"
 
 
 def test_publish_and_ack_writes_results_and_acks_inputs_together(bus: StreamBus, keys: RunKeys) -> None:
-    bus.ensure_group(keys.tasks, "rollout")
+    bus.ensure_group(TASKS)
     for i in range(3):
-        bus.publish(keys.tasks, make_task(keys.run_id, i))
-    deliveries = bus.read(keys.tasks, "rollout", "w1", TaskGroup, count=3, block_ms=100)
-    bus.publish_and_ack(keys.rollouts, [d.message for d in deliveries[:2]], deliveries[:2])
-    assert bus.length(keys.rollouts) == 2
-    assert bus.backlog(keys.tasks, "rollout") == 1  # the third is still pending
+        bus.publish(TASKS, make_task(keys.run_id, i))
+    deliveries = bus.read(TASKS, "w1", count=3, block_ms=100)
+    bus.publish_and_ack(ROLLOUTS, [d.message for d in deliveries[:2]], deliveries[:2])
+    assert bus.length(ROLLOUTS) == 2
+    assert bus.backlog(TASKS) == 1  # the third is still pending
