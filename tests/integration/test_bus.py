@@ -8,10 +8,10 @@ import signal
 
 import pytest
 
-from shared.bus import StreamBus, connect
+from shared.bus import StreamBus, UndecodableEntryError, connect
 from shared.keys import RunKeys
-from shared.messages import TaskGroup
-from shared.streams import ROLLOUTS, TASKS
+from shared.messages import LearnerState, MessageDecodeError, TaskGroup, WeightsPublished
+from shared.streams import LEARNER_STATE, ROLLOUTS, TASKS, WEIGHTS
 
 pytestmark = pytest.mark.integration
 
@@ -148,3 +148,76 @@ def test_publish_and_ack_writes_results_and_acks_inputs_together(bus: StreamBus,
     bus.publish_and_ack(ROLLOUTS, [d.message for d in deliveries[:2]], deliveries[:2])
     assert bus.length(ROLLOUTS) == 2
     assert bus.backlog(TASKS) == 1  # the third is still pending
+
+
+def announcement(run_id: str, version: int) -> WeightsPublished:
+    return WeightsPublished(
+        run_id=run_id,
+        policy_version=version,
+        manifest_url=f"http://learner:8000/v1/weights/{version}/manifest",
+        manifest_sha256=f"{version:064x}",
+        total_size_bytes=1024,
+        num_chunks=1,
+    )
+
+
+def test_latest_and_entries_read_a_stream_without_a_group(bus: StreamBus, keys: RunKeys) -> None:
+    assert bus.latest(WEIGHTS) is None and bus.latest_entry(WEIGHTS) is None and bus.entries(WEIGHTS) == []
+    sent = [announcement(keys.run_id, version) for version in range(3)]
+    entry_ids = [bus.publish(WEIGHTS, message) for message in sent]
+
+    assert bus.latest(WEIGHTS) == sent[-1]
+    newest = bus.latest_entry(WEIGHTS)
+    assert newest is not None and (newest.entry_id, newest.message) == (entry_ids[-1], sent[-1])
+    assert bus.entries(WEIGHTS) == sent  # oldest first
+    assert bus.entries(WEIGHTS, count=2) == sent[:2]
+    assert bus.length(WEIGHTS) == 3  # reading without a group consumes nothing
+
+
+def test_undecodable_newest_entry_names_its_id(bus: StreamBus, keys: RunKeys) -> None:
+    bus.publish(WEIGHTS, announcement(keys.run_id, 0))
+    bad_id = bus.publish_raw(WEIGHTS, b"\xc1 not msgpack")
+    with pytest.raises(UndecodableEntryError) as raised:
+        bus.latest_entry(WEIGHTS)
+    assert raised.value.entry_id == bad_id
+    with pytest.raises(MessageDecodeError):
+        bus.latest(WEIGHTS)
+    assert bus.dead_letters() == []  # no group to ack for: nothing is dead-lettered
+
+
+def test_wait_for_entries_returns_once_an_entry_past_the_given_id_exists(bus: StreamBus, keys: RunKeys) -> None:
+    assert bus.wait_for_entries(WEIGHTS, after_id="0-0", block_ms=50) is False  # empty: waits out the block
+    first_id = bus.publish(WEIGHTS, announcement(keys.run_id, 0))
+    assert bus.wait_for_entries(WEIGHTS, after_id="0-0", block_ms=50) is True
+    assert bus.wait_for_entries(WEIGHTS, after_id=first_id, block_ms=50) is False
+    bus.publish(WEIGHTS, announcement(keys.run_id, 1))
+    assert bus.wait_for_entries(WEIGHTS, after_id=first_id, block_ms=50) is True
+
+
+def test_state_key_holds_the_last_value_put(bus: StreamBus, keys: RunKeys, redis_client) -> None:
+    assert bus.get_state(LEARNER_STATE) is None
+    states = [
+        LearnerState(
+            run_id=keys.run_id,
+            status=status,
+            learner_version=version,
+            published_version=version - 1,
+            staleness_bound=2,
+            num_steps_target=10,
+        )
+        for version, status in [(0, "starting"), (3, "training")]
+    ]
+    for state in states:
+        bus.put_state(LEARNER_STATE, state)
+    assert bus.get_state(LEARNER_STATE) == states[-1]
+    assert redis_client.exists(keys.name_of(LEARNER_STATE))  # one key under the run prefix
+    redis_client.set(keys.name_of(LEARNER_STATE), b"\xc1")
+    with pytest.raises(MessageDecodeError):
+        bus.get_state(LEARNER_STATE)
+
+
+def test_group_operations_refuse_a_stream_read_without_a_group(bus: StreamBus) -> None:
+    with pytest.raises(ValueError, match="without a consumer group"):
+        bus.read(WEIGHTS, "w1", block_ms=10)
+    with pytest.raises(ValueError, match="without a consumer group"):
+        bus.ensure_group(WEIGHTS)
