@@ -1,6 +1,8 @@
-"""The Redis Streams bus: typed publish, consumer-group reads, ack-after-effect, claiming, dead letters.
+"""The Redis Streams bus: typed publish, consumer-group reads, ack-after-effect, claiming, dead letters,
+plus plain reads of group-less streams and typed state keys. Every operation takes a descriptor from
+shared/streams.py, so the stream's name, group and message type come from one place.
 
-Delivery contract (DESIGN.md section 4):
+Delivery contract (docs/design.md, "Streams and messages"):
 - A consumer reads with XREADGROUP and acknowledges an entry only after its effect is durable (the
   entry it produced is in Redis, or the training step that used it is checkpointed).
 - A consumer that dies leaves its entries pending; any other consumer of the group takes them over
@@ -13,29 +15,49 @@ Delivery contract (DESIGN.md section 4):
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import redis
 
+from shared.keys import RunKeys
 from shared.messages import DeadLetter, Message, MessageDecodeError
+from shared.streams import DEAD, StateKey, Stream
 
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
+M_co = TypeVar("M_co", bound=Message, covariant=True)
 
-PAYLOAD_FIELD = b"data"
+_PAYLOAD_FIELD = b"data"  # each entry holds one field: the msgpack-encoded message
 
 
 @dataclass(frozen=True)
-class Delivery(Generic[M]):
+class Delivery(Generic[M_co]):
     """One decoded stream entry handed to a consumer; ack it once its effect is durable."""
 
-    stream: str
+    stream: str  # full name
     group: str
     message_id: str
-    message: M
+    message: M_co
     num_deliveries: int
+
+
+@dataclass(frozen=True)
+class Entry(Generic[M_co]):
+    """One decoded entry of a stream read without a group (nothing to ack)."""
+
+    entry_id: str
+    message: M_co
+
+
+class UndecodableEntryError(MessageDecodeError):
+    """An entry, read without a group, whose payload is not its stream's message type."""
+
+    def __init__(self, entry_id: str, reason: str) -> None:
+        super().__init__(reason)
+        self.entry_id = entry_id
 
 
 def connect(redis_url: str, socket_timeout_s: float = 30.0) -> redis.Redis:
@@ -44,86 +66,84 @@ def connect(redis_url: str, socket_timeout_s: float = 30.0) -> redis.Redis:
 
 
 class StreamBus:
-    def __init__(
-        self,
-        client: redis.Redis,
-        *,
-        run_id: str,
-        dead_letter_stream: str,
-        service: str,
-        max_deliveries: int = 3,
-    ) -> None:
+    """One run's streams and state keys (names from `keys`) for one service (named in its dead letters)."""
+
+    def __init__(self, client: redis.Redis, keys: RunKeys, *, service: str, max_deliveries: int = 3) -> None:
         self.redis = client
-        self.run_id = run_id
-        self.dead_letter_stream = dead_letter_stream
+        self.keys = keys
         self.service = service
         self.max_deliveries = max_deliveries
 
     # producing
-    def publish(self, stream: str, message: Message, *, maxlen: int | None = None) -> str:
+    def publish(self, stream: Stream[M], message: M, *, maxlen: int | None = None) -> str:
         """XADD one message; returns its entry id. `maxlen` trims approximately (only for streams
         without consumer groups: trimming drops entries nobody has read)."""
-        entry_id = self.redis.xadd(stream, {PAYLOAD_FIELD: message.encode()}, maxlen=maxlen, approximate=True)
-        return entry_id.decode()
+        entry_id = self.redis.xadd(
+            self.keys.name_of(stream), {_PAYLOAD_FIELD: message.encode()}, maxlen=maxlen, approximate=True
+        )
+        return _text(entry_id)
 
-    def publish_and_ack(self, stream: str, messages: list[Message], done: list[Delivery[Message]]) -> None:
+    def publish_and_ack(self, stream: Stream[M], messages: Sequence[M], done: Sequence[Delivery[Message]]) -> None:
         """XADD `messages` to `stream` and XACK the deliveries they were made from, in one MULTI/EXEC:
         a lost connection or a crash never leaves results without acks, nor acks without results
         (AOF logs the transaction as a unit). One round trip for the whole batch."""
+        name = self.keys.name_of(stream)
         with self.redis.pipeline(transaction=True) as pipe:
             for message in messages:
-                pipe.xadd(stream, {PAYLOAD_FIELD: message.encode()})
+                pipe.xadd(name, {_PAYLOAD_FIELD: message.encode()})
             for delivery in done:
                 pipe.xack(delivery.stream, delivery.group, delivery.message_id)
             pipe.execute()
 
-    def publish_raw(self, stream: str, payload: bytes) -> str:
+    def publish_raw(self, stream: Stream[Any], payload: bytes) -> str:
         """XADD bytes as they are. For tests and tools that need to inject malformed payloads."""
-        return self.redis.xadd(stream, {PAYLOAD_FIELD: payload}).decode()
+        return _text(self.redis.xadd(self.keys.name_of(stream), {_PAYLOAD_FIELD: payload}))
 
     # consuming
-    def ensure_group(self, stream: str, group: str, start_id: str = "0") -> None:
-        """Create the consumer group (and the stream) if missing. start_id "0": a new group sees
-        everything already in the stream, so nothing produced before a consumer started is lost."""
+    def ensure_group(self, stream: Stream[Any], start_id: str = "0") -> None:
+        """Create the stream's consumer group (and the stream) if missing. start_id "0": a new group
+        sees everything already in the stream, so nothing produced before a consumer started is lost."""
         try:
-            self.redis.xgroup_create(stream, group, id=start_id, mkstream=True)
+            self.redis.xgroup_create(self.keys.name_of(stream), _group_of(stream), id=start_id, mkstream=True)
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
 
-    def read(
-        self, stream: str, group: str, consumer: str, message_type: type[M], *, count: int = 1, block_ms: int = 1000
-    ) -> list[Delivery[M]]:
+    def read(self, stream: Stream[M], consumer: str, *, count: int = 1, block_ms: int = 1000) -> list[Delivery[M]]:
         """New entries for this consumer (XREADGROUP >). Undecodable entries are dead-lettered, not returned."""
-        response = self.redis.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms)
-        return self._decode_entries(stream, group, message_type, _entries_of(response), deliveries={})
+        name, group = self.keys.name_of(stream), _group_of(stream)
+        response = self.redis.xreadgroup(group, consumer, {name: ">"}, count=count, block=block_ms)
+        return self._decode_entries(stream, _entries_of(response), deliveries={})
 
-    def read_own_pending(
-        self, stream: str, group: str, consumer: str, message_type: type[M], *, count: int = 100
-    ) -> list[Delivery[M]]:
+    def read_own_pending(self, stream: Stream[M], consumer: str, *, count: int = 100) -> list[Delivery[M]]:
         """Entries delivered to this consumer name but never acked (XREADGROUP 0): what a restarted
         consumer with the same name must finish first."""
-        response = self.redis.xreadgroup(group, consumer, {stream: "0"}, count=count)
+        name, group = self.keys.name_of(stream), _group_of(stream)
+        response = self.redis.xreadgroup(group, consumer, {name: "0"}, count=count)
         entries = _entries_of(response)
-        deliveries = self._delivery_counts(stream, group, [entry_id for entry_id, _ in entries])
-        return self._decode_entries(stream, group, message_type, entries, deliveries)
+        deliveries = self._delivery_counts(stream, [entry_id for entry_id, _ in entries])
+        return self._decode_entries(stream, entries, deliveries)
 
-    def claim_stale(
-        self, stream: str, group: str, consumer: str, message_type: type[M], *, min_idle_ms: int, count: int = 10
-    ) -> list[Delivery[M]]:
+    def claim_stale(self, stream: Stream[M], consumer: str, *, min_idle_ms: int, count: int = 10) -> list[Delivery[M]]:
         """Take over entries another consumer left pending for `min_idle_ms` (XAUTOCLAIM). Entries
         delivered more than `max_deliveries` times are dead-lettered instead of handed out again."""
         response = self.redis.xautoclaim(
-            stream, group, consumer, min_idle_time=min_idle_ms, start_id="0-0", count=count
+            self.keys.name_of(stream),
+            _group_of(stream),
+            consumer,
+            min_idle_time=min_idle_ms,
+            start_id="0-0",
+            count=count,
         )
         entries = [(entry_id, fields) for entry_id, fields in response[1] if fields is not None]
-        deliveries = self._delivery_counts(stream, group, [entry_id for entry_id, _ in entries])
-        return self._decode_entries(stream, group, message_type, entries, deliveries)
+        deliveries = self._delivery_counts(stream, [entry_id for entry_id, _ in entries])
+        return self._decode_entries(stream, entries, deliveries)
 
-    def ack(self, stream: str, group: str, message_ids: list[str]) -> int:
+    def ack(self, stream: Stream[Any], message_ids: Sequence[str]) -> int:
+        """XACK entries of the stream's group; returns how many were still pending."""
         if not message_ids:
             return 0
-        return int(self.redis.xack(stream, group, *message_ids))
+        return int(self.redis.xack(self.keys.name_of(stream), _group_of(stream), *message_ids))
 
     def dead_letter(self, delivery: Delivery[Message], error: str) -> None:
         """Move a decoded entry whose processing failed to the dead-letter stream (and ack it)."""
@@ -136,66 +156,103 @@ class StreamBus:
             delivery.num_deliveries,
         )
 
-    # inspecting
-    def group_progress(self, stream: str, group: str) -> tuple[int, int]:
-        """(lag, pending) of a group: entries never delivered to it, and delivered but not acked."""
+    # reading without a group (announcements, tooling, tests)
+    def latest_entry(self, stream: Stream[M]) -> Entry[M] | None:
+        """The newest entry (XREVRANGE, count 1), None if the stream is empty or missing. Raises
+        UndecodableEntryError (with its id) if its payload is not a `stream.message_type`."""
+        newest = _range_entries(self.redis.xrevrange(self.keys.name_of(stream), count=1))
+        if not newest:
+            return None
+        raw_id, fields = newest[0]
+        entry_id = _text(raw_id)
         try:
-            groups = self.redis.xinfo_groups(stream)
+            return Entry(entry_id, stream.message_type.decode(fields.get(_PAYLOAD_FIELD, b"")))
+        except MessageDecodeError as exc:
+            raise UndecodableEntryError(entry_id, str(exc)) from exc
+
+    def latest(self, stream: Stream[M]) -> M | None:
+        """The newest message, None if there is none; raises MessageDecodeError if it is undecodable."""
+        entry = self.latest_entry(stream)
+        return None if entry is None else entry.message
+
+    def entries(self, stream: Stream[M], *, count: int | None = None) -> list[M]:
+        """The stream's messages, oldest first (XRANGE, the first `count` if given). Raises
+        MessageDecodeError on an undecodable entry: for tooling and tests, not for consumers."""
+        return [
+            stream.message_type.decode(fields.get(_PAYLOAD_FIELD, b""))
+            for _, fields in _range_entries(self.redis.xrange(self.keys.name_of(stream), count=count))
+        ]
+
+    def wait_for_entries(self, stream: Stream[Any], *, after_id: str, block_ms: int) -> bool:
+        """Block until the stream has an entry newer than `after_id` ("0-0": any entry), at most
+        `block_ms` (XREAD BLOCK); True if there is one."""
+        response = self.redis.xread({self.keys.name_of(stream): after_id}, count=1, block=block_ms)
+        return bool(_entries_of(response))
+
+    def dead_letters(self, count: int = 100) -> list[DeadLetter]:
+        return self.entries(DEAD, count=count)
+
+    # state under one key
+    def get_state(self, key: StateKey[M]) -> M | None:
+        """The value last put, None if none was; raises MessageDecodeError if it is undecodable."""
+        payload = cast(bytes | None, self.redis.get(self.keys.name_of(key)))  # a bytes-mode client (connect)
+        return None if payload is None else key.message_type.decode(payload)
+
+    def put_state(self, key: StateKey[M], state: M) -> None:
+        self.redis.set(self.keys.name_of(key), state.encode())
+
+    # inspecting
+    def group_progress(self, stream: Stream[Any]) -> tuple[int, int]:
+        """(lag, pending) of the stream's group: entries never delivered to it, and delivered but not acked."""
+        name, group = self.keys.name_of(stream), _group_of(stream)
+        try:
+            groups = self.redis.xinfo_groups(name)
         except redis.ResponseError:  # no such stream yet
             return 0, 0
         for info in groups:
             if _text(info.get("name")) == group:
                 lag = info.get("lag")
                 if lag is None:  # Redis cannot tell after some trims: count conservatively
-                    lag = self.redis.xlen(stream)
+                    lag = self.redis.xlen(name)
                 return int(lag), int(info.get("pending") or 0)
-        return int(self.redis.xlen(stream)), 0
+        return int(self.redis.xlen(name)), 0
 
-    def backlog(self, stream: str, group: str) -> int:
-        """Entries of `stream` the group has not finished: never delivered (lag) plus pending."""
-        lag, pending = self.group_progress(stream, group)
+    def backlog(self, stream: Stream[Any]) -> int:
+        """Entries of `stream` its group has not finished: never delivered (lag) plus pending."""
+        lag, pending = self.group_progress(stream)
         return lag + pending
 
-    def length(self, stream: str) -> int:
-        return int(self.redis.xlen(stream))
-
-    def dead_letters(self, count: int = 100) -> list[DeadLetter]:
-        return [
-            DeadLetter.decode(fields[PAYLOAD_FIELD])
-            for _, fields in self.redis.xrange(self.dead_letter_stream, count=count)
-        ]
+    def length(self, stream: Stream[Any]) -> int:
+        return int(self.redis.xlen(self.keys.name_of(stream)))
 
     # helpers
     def _decode_entries(
-        self,
-        stream: str,
-        group: str,
-        message_type: type[M],
-        entries: list[tuple[bytes, dict[bytes, bytes]]],
-        deliveries: dict[str, int],
+        self, stream: Stream[M], entries: list[tuple[bytes, dict[bytes, bytes]]], deliveries: dict[str, int]
     ) -> list[Delivery[M]]:
+        name, group = self.keys.name_of(stream), _group_of(stream)
         decoded: list[Delivery[M]] = []
         for raw_id, fields in entries:
             entry_id = _text(raw_id)
-            payload = fields.get(PAYLOAD_FIELD, b"")
+            payload = fields.get(_PAYLOAD_FIELD, b"")
             num_deliveries = deliveries.get(entry_id, 1)
             if num_deliveries > self.max_deliveries:
                 self._dead_letter_raw(
-                    stream, group, entry_id, payload, f"delivered {num_deliveries} times without ack", num_deliveries
+                    name, group, entry_id, payload, f"delivered {num_deliveries} times without ack", num_deliveries
                 )
                 continue
             try:
-                message = message_type.decode(payload)
+                message = stream.message_type.decode(payload)
             except MessageDecodeError as exc:
-                self._dead_letter_raw(stream, group, entry_id, payload, str(exc), num_deliveries)
+                self._dead_letter_raw(name, group, entry_id, payload, str(exc), num_deliveries)
                 continue
-            decoded.append(Delivery(stream, group, entry_id, message, num_deliveries))
+            decoded.append(Delivery(name, group, entry_id, message, num_deliveries))
         return decoded
 
-    def _delivery_counts(self, stream: str, group: str, entry_ids: list[bytes]) -> dict[str, int]:
+    def _delivery_counts(self, stream: Stream[Any], entry_ids: list[bytes]) -> dict[str, int]:
+        name, group = self.keys.name_of(stream), _group_of(stream)
         counts: dict[str, int] = {}
         for entry_id in entry_ids:
-            for info in self.redis.xpending_range(stream, group, min=entry_id, max=entry_id, count=1):
+            for info in self.redis.xpending_range(name, group, min=entry_id, max=entry_id, count=1):
                 counts[_text(entry_id)] = int(info["times_delivered"])
         return counts
 
@@ -203,7 +260,7 @@ class StreamBus:
         self, stream: str, group: str, entry_id: str, payload: bytes, error: str, num_deliveries: int
     ) -> None:
         letter = DeadLetter(
-            run_id=self.run_id,
+            run_id=self.keys.run_id,
             source_stream=stream,
             source_message_id=entry_id,
             consumer_group=group,
@@ -214,13 +271,19 @@ class StreamBus:
         )
         log.warning("dead-letter %s %s: %s", stream, entry_id, error[:300])
         with self.redis.pipeline(transaction=True) as pipe:
-            pipe.xadd(self.dead_letter_stream, {PAYLOAD_FIELD: letter.encode()})
+            pipe.xadd(self.keys.name_of(DEAD), {_PAYLOAD_FIELD: letter.encode()})
             pipe.xack(stream, group, entry_id)
             pipe.execute()
 
 
-def _entries_of(response: object) -> list[tuple[bytes, dict[bytes, bytes]]]:
-    """XREADGROUP answers [[stream, [(id, fields), ...]]] (RESP2) or {stream: [[...]]} (RESP3)."""
+def _group_of(stream: Stream[Any]) -> str:
+    if stream.group is None:
+        raise ValueError(f"stream {stream.name!r} is read without a consumer group")
+    return stream.group
+
+
+def _entries_of(response: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """XREADGROUP and XREAD answer [[stream, [(id, fields), ...]]] (RESP2) or {stream: [[...]]} (RESP3)."""
     if not response:
         return []
     if isinstance(response, dict):
@@ -228,6 +291,11 @@ def _entries_of(response: object) -> list[tuple[bytes, dict[bytes, bytes]]]:
     else:
         streams = [entries for _, entries in response]
     return [(entry_id, fields) for entries in streams for entry_id, fields in entries if fields is not None]
+
+
+def _range_entries(response: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """XRANGE / XREVRANGE answer [(id, fields), ...] (bytes: the client does not decode responses)."""
+    return [(entry_id, fields) for entry_id, fields in response or [] if fields is not None]
 
 
 def _text(value: object) -> str:

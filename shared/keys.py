@@ -1,4 +1,5 @@
-"""Names of every Redis stream and key of one run, in one place.
+"""Names of every Redis key of one run: the streams' and the learner state's from their descriptors
+(shared/streams.py), the rest (task references, the coordinator's records) defined here.
 
 All names start with `rl:<run_id>:` so runs (and tests, which use a fresh run id each) never share state.
 """
@@ -6,6 +7,10 @@ All names start with `rl:<run_id>:` so runs (and tests, which use a fresh run id
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shared.streams import StateKey, Stream
 
 
 @dataclass(frozen=True)
@@ -16,38 +21,11 @@ class RunKeys:
     def prefix(self) -> str:
         return f"rl:{self.run_id}:"
 
-    # streams
-    @property
-    def tasks(self) -> str:
-        """reward (data plane) -> rollout: prompts to sample groups for."""
-        return self.prefix + "tasks"
-
-    @property
-    def rollouts(self) -> str:
-        """rollout -> reward: sampled groups with behaviour logprobs."""
-        return self.prefix + "rollouts"
-
-    @property
-    def scored(self) -> str:
-        """reward -> learner: groups with rewards."""
-        return self.prefix + "scored"
-
-    @property
-    def weights(self) -> str:
-        """learner -> everyone: WeightsPublished announcements (read with XREVRANGE, no group)."""
-        return self.prefix + "weights"
-
-    @property
-    def dead(self) -> str:
-        """any consumer -> people: DeadLetter entries."""
-        return self.prefix + "dead"
+    def name_of(self, channel: Stream[Any] | StateKey[Any]) -> str:
+        """The full name of a stream or state key (shared/streams.py defines them all)."""
+        return self.prefix + channel.name
 
     # keys
-    @property
-    def learner_state(self) -> str:
-        """learner -> coordinator: LearnerState (msgpack) under one key."""
-        return self.prefix + "learner:state"
-
     def task_reference(self, task_id: str) -> str:
         """reward -> reward: the verifier's reference for a task, kept out of the workers' hands."""
         return self.prefix + f"task:{task_id}"
@@ -109,16 +87,3 @@ class RunKeys:
     def learner_history(self) -> str:
         """coordinator: list of JSON points (version, reward, utilization, cost) for the dashboard, newest last."""
         return self.prefix + "learner:history"
-
-    @property
-    def coordinator_meta(self) -> str:
-        """coordinator: hash of run-level facts (staleness bound, ...)."""
-        return self.prefix + "coordinator"
-
-
-class ConsumerGroups:
-    """The consumer group reading each stream (one group per consuming service)."""
-
-    TASKS = "rollout"  # rollout workers read `tasks`
-    ROLLOUTS = "reward"  # the reward service reads `rollouts`
-    SCORED = "learner"  # the learner reads `scored`

@@ -24,8 +24,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from shared.keys import ConsumerGroups, RunKeys
 from shared.messages import LearnerState
+from shared.streams import DEAD, GROUPED_STREAMS
 
 if TYPE_CHECKING:
     from shared.bus import StreamBus
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PREFIX = "relayrl_"
-STREAM_GROUPS = {"tasks": ConsumerGroups.TASKS, "rollouts": ConsumerGroups.ROLLOUTS, "scored": ConsumerGroups.SCORED}
 
 
 class CallbackCollector(Collector):
@@ -101,11 +100,11 @@ def learner_families(state: LearnerState | None) -> Iterator[Metric]:
 
 
 # streams (reward service and coordinator)
-def stream_depth_families(bus: StreamBus, keys: RunKeys) -> Iterator[Metric]:
+def stream_depth_families(bus: StreamBus) -> Iterator[Metric]:
     depth = GaugeMetricFamily(
         PREFIX + "stream_depth", "entries not finished by the stream's consumer group", labels=["stream"]
     )
-    for name, group in STREAM_GROUPS.items():
-        depth.add_metric([name], bus.backlog(getattr(keys, name), group))
-    depth.add_metric(["dead"], bus.length(keys.dead))
+    for stream in GROUPED_STREAMS:
+        depth.add_metric([stream.name], bus.backlog(stream))
+    depth.add_metric(["dead"], bus.length(DEAD))
     yield depth

@@ -30,16 +30,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
-import redis
 
 from cluster.local import ClusterOptions, LocalCluster
 from shared.api import DashboardResponse, WorkerState
-from shared.bus import PAYLOAD_FIELD, connect
+from shared.bus import StreamBus, connect
 from shared.capacity import CapacityInputs, assess
 from shared.config import RunConfig, load_run_config
 from shared.keys import RunKeys
-from shared.messages import ScoredGroup, TaskGroup
 from shared.run_records import StepRecord, read_metrics
+from shared.streams import SCORED, TASKS
 from simulator.engine import SimConfig, simulate
 from simulator.fleet import WorkerSpec
 
@@ -117,13 +116,10 @@ def measure_run(
     )
 
 
-def measure_pipeline(client: redis.Redis, keys: RunKeys) -> dict[str, float]:
+def measure_pipeline(bus: StreamBus) -> dict[str, float]:
     """Data-plane latencies from the run's streams (entries stay until the run's Redis goes)."""
-    tasks = {
-        TaskGroup.decode(f[PAYLOAD_FIELD]).task_id: TaskGroup.decode(f[PAYLOAD_FIELD]).created_at_s
-        for _, f in client.xrange(keys.tasks)
-    }
-    scored = [ScoredGroup.decode(f[PAYLOAD_FIELD]) for _, f in client.xrange(keys.scored)]
+    tasks = {task.task_id: task.created_at_s for task in bus.entries(TASKS)}
+    scored = bus.entries(SCORED)
     scoring = [g.scored_at_s - g.rollout.created_at_s for g in scored]
     batches: dict[tuple[str, float], list] = {}  # (worker, generation_s) -> its groups: one engine call
     for g in scored:
@@ -252,9 +248,9 @@ def run_cluster(
         cluster.start()
         cluster.wait_until_done()
         assert cluster.redis is not None
-        client = connect(cluster.redis.url)
-        pipeline = measure_pipeline(client, RunKeys(cluster.run.run_id))
-        client.close()
+        bus = StreamBus(connect(cluster.redis.url), RunKeys(cluster.run.run_id), service="validation")
+        pipeline = measure_pipeline(bus)
+        bus.redis.close()
     finally:
         stop.set()
         poller.join(timeout=10)

@@ -43,7 +43,7 @@ def keys(run_id: str, redis_client: redis.Redis) -> Iterator[RunKeys]:
 
 @pytest.fixture
 def bus(redis_client: redis.Redis, keys: RunKeys) -> StreamBus:
-    return StreamBus(redis_client, run_id=keys.run_id, dead_letter_stream=keys.dead, service="test")
+    return StreamBus(redis_client, keys, service="test")
 
 
 @pytest.fixture(scope="session")

@@ -56,7 +56,7 @@ def create_app(run: RunConfig, redis_client: redis.Redis, admin_token: str) -> F
         keys=keys,
         redis=redis_client,
         registry=WorkerRegistry(redis_client, keys, lease_s=run.coordinator.lease_s),
-        bus=StreamBus(redis_client, run_id=run.run_id, dead_letter_stream=keys.dead, service="coordinator"),
+        bus=StreamBus(redis_client, keys, service="coordinator"),
         admin_token_sha256=token_sha256(admin_token),
     )
 

@@ -25,10 +25,10 @@ from shared.api import (
     WorkerInfo,
     WorkerState,
 )
-from shared.bus import PAYLOAD_FIELD
 from shared.chunk_client import announced_source
-from shared.messages import MessageDecodeError, WeightsPublished
+from shared.messages import MessageDecodeError
 from shared.relay_plan import LEARNER, RelayCandidate, RelayPlan, plan_relay
+from shared.streams import WEIGHTS
 from shared.weights import WeightsError
 
 log = logging.getLogger(__name__)
@@ -137,12 +137,11 @@ def compute_plan(coordinator: Coordinator, workers: list[WorkerInfo], measured_m
 
 def read_learner_url(coordinator: Coordinator) -> str:
     """The learner's chunk server as the newest announcement names it; '' before any (or if unreadable)."""
-    entries = coordinator.redis.xrevrange(coordinator.keys.weights, count=1)
-    if not entries:
-        return ""
-    _, fields = entries[0]
     try:
-        base_url, _ = announced_source(WeightsPublished.decode(fields.get(PAYLOAD_FIELD, b"")))
+        announcement = coordinator.bus.latest(WEIGHTS)
+        if announcement is None:
+            return ""
+        base_url, _ = announced_source(announcement)
     except (MessageDecodeError, WeightsError) as exc:
         log.warning("newest weights announcement is unusable: %s", exc)
         return ""

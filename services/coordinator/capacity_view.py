@@ -25,8 +25,9 @@ from shared.api import WorkerInfo, WorkerState
 from shared.bus import StreamBus
 from shared.capacity import CapacityInputs
 from shared.config import RunConfig
-from shared.keys import ConsumerGroups, RunKeys
+from shared.keys import RunKeys
 from shared.messages import LearnerState
+from shared.streams import ROLLOUTS, SCORED
 
 MIN_WINDOW_STEPS = 3
 NUM_BROADCASTS = 10
@@ -113,10 +114,10 @@ def recent_broadcast_s(client: redis.Redis, keys: RunKeys) -> float | None:
     return statistics.fmean(seconds for _, seconds in by_version[-NUM_BROADCASTS:])
 
 
-def queued_groups(bus: StreamBus, keys: RunKeys) -> int:
+def queued_groups(bus: StreamBus) -> int:
     """Groups generated but not yet read by the learner."""
-    rollouts = bus.backlog(keys.rollouts, ConsumerGroups.ROLLOUTS)
-    scored_lag, _ = bus.group_progress(keys.scored, ConsumerGroups.SCORED)
+    rollouts = bus.backlog(ROLLOUTS)
+    scored_lag, _ = bus.group_progress(SCORED)
     return rollouts + scored_lag
 
 

@@ -127,9 +127,9 @@ class ControlPlane:
             c = self.coordinator
             workers = c.registry.list_workers()
             self.complete_broadcasts(workers)
-            learner = read_learner_view(c.redis, c.keys, c.run).state
+            learner = read_learner_view(c.bus, c.run).state
             self.window.observe(learner)
-            broadcast_s, num_queued = recent_broadcast_s(c.redis, c.keys), queued_groups(c.bus, c.keys)
+            broadcast_s, num_queued = recent_broadcast_s(c.redis, c.keys), queued_groups(c.bus)
             measured = measure_inputs(c.run, learner, self.window, workers, broadcast_s, num_queued)
             activation = None
             if self.config.enabled:
@@ -154,7 +154,7 @@ class ControlPlane:
         snapshot = self.snapshot
         c = self.coordinator
         if snapshot is None:
-            return read_learner_view(c.redis, c.keys, c.run)
+            return read_learner_view(c.bus, c.run)
         if snapshot.learner is None:  # not started yet: version 0 under the run file's bound
             return LearnerView(0, c.run.schedule.staleness_bound, None)
         return LearnerView(snapshot.learner.learner_version, snapshot.learner.staleness_bound, snapshot.learner)

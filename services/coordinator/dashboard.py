@@ -11,6 +11,7 @@ from fastapi.responses import HTMLResponse
 from services.coordinator.control_routes import ControlDep
 from services.coordinator.status import learner_info, stream_depths
 from shared.api import DashboardResponse
+from shared.streams import DEAD
 
 router = APIRouter(tags=["dashboard"])
 
@@ -29,14 +30,14 @@ def dashboard_data(control: ControlDep) -> DashboardResponse:
     snapshot = control.current()
     coordinator = control.coordinator
     learner = snapshot.learner
-    bus_depths = stream_depths(coordinator.bus, coordinator.keys)
+    bus_depths = stream_depths(coordinator.bus)
     return DashboardResponse(
         run_id=coordinator.run.run_id,
         staleness_bound=learner.staleness_bound if learner is not None else coordinator.run.schedule.staleness_bound,
         learner=learner_info(learner) if learner is not None else None,
         workers=snapshot.workers,
         staleness_histogram=dict(learner.staleness_histogram) if learner is not None else {},
-        stream_depths={**bus_depths, "dead": coordinator.bus.length(coordinator.keys.dead)},
+        stream_depths={**bus_depths, "dead": coordinator.bus.length(DEAD)},
         history=control.history(),
         capacity=snapshot.capacity,
         activation=snapshot.activation,

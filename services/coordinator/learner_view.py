@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import redis
-
+from shared.bus import StreamBus
 from shared.config import RunConfig
-from shared.keys import RunKeys
 from shared.messages import LearnerState
+from shared.streams import LEARNER_STATE
 
 
 @dataclass(frozen=True)
@@ -21,10 +20,9 @@ class LearnerView:
     state: LearnerState | None  # None: the learner has not started yet
 
 
-def read_learner_view(client: redis.Redis, keys: RunKeys, run: RunConfig) -> LearnerView:
-    payload = client.get(keys.learner_state)
-    if payload is None:
+def read_learner_view(bus: StreamBus, run: RunConfig) -> LearnerView:
+    state = bus.get_state(LEARNER_STATE)
+    if state is None:
         return LearnerView(learner_version=0, staleness_bound=run.schedule.staleness_bound, state=None)
-    state = LearnerState.decode(payload)
     # the learner applies the admission rule, so its S is the one that holds (it read the same run file)
     return LearnerView(learner_version=state.learner_version, staleness_bound=state.staleness_bound, state=state)

@@ -51,7 +51,7 @@ def coordinator_families(control: ControlPlane) -> Iterator[Metric]:
     snapshot = control.current()
     coordinator = control.coordinator
     yield from learner_families(snapshot.learner)
-    yield from stream_depth_families(coordinator.bus, coordinator.keys)
+    yield from stream_depth_families(coordinator.bus)
     yield from worker_families(snapshot)
     capacity = snapshot.capacity
     if capacity.known:

@@ -11,18 +11,11 @@ from services.coordinator.learner_view import read_learner_view
 from services.coordinator.ledger import CostLedger
 from shared.api import LearnerInfo, StalenessResponse, StatusResponse
 from shared.bus import StreamBus
-from shared.keys import ConsumerGroups, RunKeys
 from shared.messages import LearnerState
 from shared.staleness import is_admissible, steps_remaining
+from shared.streams import DEAD, GROUPED_STREAMS
 
 router = APIRouter(prefix="/v1", tags=["run"])
-
-# stream (as named in RunKeys) -> the consumer group whose unfinished entries are its depth
-CONSUMER_GROUP_OF_STREAM = {
-    "tasks": ConsumerGroups.TASKS,
-    "rollouts": ConsumerGroups.ROLLOUTS,
-    "scored": ConsumerGroups.SCORED,
-}
 
 
 @router.get("/staleness")
@@ -32,7 +25,7 @@ def staleness(
 ) -> StalenessResponse:
     """Whether a group sampled now with `policy_version` can still be trained on (t - v <= S), and for
     how many more learner steps. Before the learner reports anything, t = 0."""
-    learner = read_learner_view(coordinator.redis, coordinator.keys, coordinator.run)
+    learner = read_learner_view(coordinator.bus, coordinator.run)
     return StalenessResponse(
         policy_version=policy_version,
         learner_version=learner.learner_version,
@@ -45,25 +38,22 @@ def staleness(
 @router.get("/status")
 def run_status(coordinator: CoordinatorDep) -> StatusResponse:
     """The learner's state, how deep each stream is, dead letters, and every worker."""
-    learner = read_learner_view(coordinator.redis, coordinator.keys, coordinator.run)
-    num_dead_letters = coordinator.bus.length(coordinator.keys.dead)
+    learner = read_learner_view(coordinator.bus, coordinator.run)
+    num_dead_letters = coordinator.bus.length(DEAD)
     return StatusResponse(
         run_id=coordinator.run.run_id,
         staleness_bound=learner.staleness_bound,
         learner=None if learner.state is None else learner_info(learner.state),
-        stream_depths={**stream_depths(coordinator.bus, coordinator.keys), "dead": num_dead_letters},
+        stream_depths={**stream_depths(coordinator.bus), "dead": num_dead_letters},
         num_dead_letters=num_dead_letters,
         workers=coordinator.registry.list_workers(),
         cost_usd=CostLedger(coordinator.redis, coordinator.keys, max_billing_gap_s=1.0).totals().total_usd,
     )
 
 
-def stream_depths(bus: StreamBus, keys: RunKeys) -> dict[str, int]:
+def stream_depths(bus: StreamBus) -> dict[str, int]:
     """Per stream: entries its consumer group has not finished (never delivered plus pending)."""
-    return {
-        stream_name: bus.backlog(getattr(keys, stream_name), group)
-        for stream_name, group in CONSUMER_GROUP_OF_STREAM.items()
-    }
+    return {stream.name: bus.backlog(stream) for stream in GROUPED_STREAMS}
 
 
 def learner_info(state: LearnerState) -> LearnerInfo:

@@ -56,7 +56,7 @@ def register_worker(
         run_id=run.run_id,
         lease_s=run.coordinator.lease_s,
         heartbeat_interval_s=run.rollout.heartbeat_interval_s,
-        staleness_bound=read_learner_view(coordinator.redis, coordinator.keys, run).staleness_bound,
+        staleness_bound=read_learner_view(coordinator.bus, run).staleness_bound,
         state=info.state,
     )
 

@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from shared.keys import RunKeys
 
     keys = RunKeys(run.run_id)
-    bus = StreamBus(connect(settings.redis_url), run_id=run.run_id, dead_letter_stream=keys.dead, service="learner")
+    bus = StreamBus(connect(settings.redis_url), keys, service="learner")
     learner = Learner(run, settings, bus)
     from shared.metrics import CallbackCollector, learner_families, start_metrics_server
 

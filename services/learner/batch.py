@@ -26,10 +26,11 @@ import torch
 
 from services.learner.grpo import group_advantages
 from shared.bus import Delivery, StreamBus
-from shared.keys import ConsumerGroups, RunKeys
+from shared.keys import RunKeys
 from shared.messages import ScoredGroup, unpack_float32, unpack_int32
 from shared.retry import call_with_retry
 from shared.staleness import DropReason, admission_verdict, staleness_of
+from shared.streams import SCORED
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class BatchCollector:
         self._reply_maybe_lost = False
 
     def ensure_group(self) -> None:
-        call_with_retry(lambda: self.bus.ensure_group(self.keys.scored, ConsumerGroups.SCORED), "create consumer group")
+        call_with_retry(lambda: self.bus.ensure_group(SCORED), "create consumer group")
 
     def load_own_pending(self) -> int:
         """Queue the entries delivered to this consumer and never acked that this process does not
@@ -98,9 +99,7 @@ class BatchCollector:
         Every re-read counts as a delivery: the bus dead-letters an entry after `max_deliveries`
         (a group that keeps killing the learner). Returns how many were queued."""
         pending = call_with_retry(
-            lambda: self.bus.read_own_pending(
-                self.keys.scored, ConsumerGroups.SCORED, LEARNER_CONSUMER, ScoredGroup, count=1_000_000
-            ),
+            lambda: self.bus.read_own_pending(SCORED, LEARNER_CONSUMER, count=1_000_000),
             "read own pending",
         )
         known = self._held | {delivery.message_id for delivery in self._replay}
@@ -149,7 +148,7 @@ class BatchCollector:
     def _drop(self, delivery: Delivery[ScoredGroup], reason: DropReason) -> None:
         # Acked at once: the effect of a drop is only this count, which the next checkpoint records.
         self.num_dropped[reason.value] += 1
-        call_with_retry(lambda: self.bus.ack(delivery.stream, delivery.group, [delivery.message_id]), "ack drop")
+        call_with_retry(lambda: self.bus.ack(SCORED, [delivery.message_id]), "ack drop")
         log.debug(
             "dropped group %s (v%d): %s",
             delivery.message.rollout.group_id,
@@ -165,14 +164,7 @@ class BatchCollector:
         if self._replay:
             return [(self._replay.popleft(), True) for _ in range(min(count, len(self._replay)))]
         deliveries = call_with_retry(
-            lambda: self.bus.read(
-                self.keys.scored,
-                ConsumerGroups.SCORED,
-                LEARNER_CONSUMER,
-                ScoredGroup,
-                count=count,
-                block_ms=self.poll_block_ms,
-            ),
+            lambda: self.bus.read(SCORED, LEARNER_CONSUMER, count=count, block_ms=self.poll_block_ms),
             "read scored",
             on_retry=self._note_lost_reply,
         )

@@ -39,10 +39,11 @@ from services.learner.settings import LearnerSettings
 from shared.bus import StreamBus
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import RunConfig
-from shared.keys import ConsumerGroups, RunKeys
+from shared.keys import RunKeys
 from shared.messages import LearnerState, LearnerStatus
 from shared.retry import call_with_retry
 from shared.run_records import EvalRecord, LearnerSummary, RunTotals, StepRecord
+from shared.streams import LEARNER_STATE, SCORED
 from shared.tasks import make_task
 
 log = logging.getLogger(__name__)
@@ -316,9 +317,7 @@ class Learner:
         self.totals.num_dead_lettered = self.collector.num_dead_lettered
 
     def ack(self, message_ids: list[str]) -> None:
-        call_with_retry(
-            lambda: self.bus.ack(self.keys.scored, ConsumerGroups.SCORED, message_ids), "ack trained groups"
-        )
+        call_with_retry(lambda: self.bus.ack(SCORED, message_ids), "ack trained groups")
 
     def ensure_initial_policy(self) -> Path:
         model_dir = self.settings.resolved_model_dir()
@@ -381,4 +380,4 @@ class Learner:
             staleness_histogram={str(lag): count for lag, count in sorted(self.staleness_counts.items())},
         )
         self.state = state
-        call_with_retry(lambda: self.bus.redis.set(self.keys.learner_state, state.encode()), "write learner state")
+        call_with_retry(lambda: self.bus.put_state(LEARNER_STATE, state), "write learner state")

@@ -35,6 +35,7 @@ from shared.keys import RunKeys
 from shared.messages import WeightsPublished
 from shared.retry import call_with_retry
 from shared.run_records import PublishRecord
+from shared.streams import WEIGHTS
 from shared.weights import Manifest, build_delta_manifest, build_manifest
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ class WeightPublisher:
             total_size_bytes=announced.total_size_bytes,
             num_chunks=announced.num_chunks,
         )
-        call_with_retry(lambda: self.bus.publish(self.keys.weights, announcement), "announce weights")
+        call_with_retry(lambda: self.bus.publish(WEIGHTS, announcement), "announce weights")
         self.published_version = policy_version
         self._previous = (full, blob)
         self._num_since_full = self._num_since_full + 1 if announced.payload == "delta" else 0

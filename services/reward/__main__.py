@@ -24,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     settings, run = start_service("reward", RewardSettings)
     log.info("task %s, %d groups in flight max", run.task.name, run.max_groups_in_flight)
     keys = RunKeys(run.run_id)
-    bus = StreamBus(connect(settings.redis_url), run_id=run.run_id, dead_letter_stream=keys.dead, service="reward")
+    bus = StreamBus(connect(settings.redis_url), keys, service="reward")
     service = RewardService(run, settings, bus)
     from services.reward.prometheus import reward_families
     from shared.metrics import CallbackCollector, start_metrics_server, stream_depth_families
@@ -34,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         CallbackCollector(
             lambda: [
                 *reward_families(service.num_scored, service.num_tasks_published),
-                *stream_depth_families(bus, keys),
+                *stream_depth_families(bus),
             ]
         ),
     )

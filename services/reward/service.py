@@ -16,9 +16,10 @@ from services.reward.settings import RewardSettings
 from services.reward.task_feed import top_up_tasks
 from shared.bus import Delivery, StreamBus
 from shared.config import RunConfig
-from shared.keys import ConsumerGroups, RunKeys
+from shared.keys import RunKeys
 from shared.messages import RolloutGroup
 from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
+from shared.streams import ROLLOUTS, SCORED, TASKS
 from shared.tasks import TaskAdapter, make_task
 
 log = logging.getLogger(__name__)
@@ -60,37 +61,21 @@ class RewardService:
     def create_groups(self) -> None:
         # All three groups are created here, before the first task exists, so nothing produced
         # before its consumer starts is missed.
-        self.bus.ensure_group(self.keys.tasks, ConsumerGroups.TASKS)
-        self.bus.ensure_group(self.keys.rollouts, ConsumerGroups.ROLLOUTS)
-        self.bus.ensure_group(self.keys.scored, ConsumerGroups.SCORED)
+        self.bus.ensure_group(TASKS)
+        self.bus.ensure_group(ROLLOUTS)
+        self.bus.ensure_group(SCORED)
 
     def finish_own_pending(self) -> None:
         """After a restart: rollouts this consumer read but never acked are scored first."""
-        self.score_and_forward(
-            self.bus.read_own_pending(
-                self.keys.rollouts, ConsumerGroups.ROLLOUTS, self.settings.consumer_name, RolloutGroup
-            )
-        )
+        self.score_and_forward(self.bus.read_own_pending(ROLLOUTS, self.settings.consumer_name))
 
     def receive_rollouts(self) -> list[Delivery[RolloutGroup]]:
         claimed = self.bus.claim_stale(
-            self.keys.rollouts,
-            ConsumerGroups.ROLLOUTS,
-            self.settings.consumer_name,
-            RolloutGroup,
-            min_idle_ms=self.settings.claim_idle_ms,
-            count=32,
+            ROLLOUTS, self.settings.consumer_name, min_idle_ms=self.settings.claim_idle_ms, count=32
         )
         if claimed:
             return claimed
-        return self.bus.read(
-            self.keys.rollouts,
-            ConsumerGroups.ROLLOUTS,
-            self.settings.consumer_name,
-            RolloutGroup,
-            count=32,
-            block_ms=self.settings.poll_block_ms,
-        )
+        return self.bus.read(ROLLOUTS, self.settings.consumer_name, count=32, block_ms=self.settings.poll_block_ms)
 
     def score_and_forward(self, deliveries: list[Delivery[RolloutGroup]]) -> None:
         """Scored groups go to `scored` and their rollouts are acked in one transaction."""
@@ -101,5 +86,5 @@ class RewardService:
                 done.append(delivery)
             except UnscorableGroupError as exc:  # policy: a group we cannot score is dead-lettered, never retried
                 self.bus.dead_letter(delivery, str(exc))
-        self.bus.publish_and_ack(self.keys.scored, scored, done)
+        self.bus.publish_and_ack(SCORED, scored, done)
         self.num_scored += len(scored)

@@ -13,24 +13,23 @@ import uuid
 
 from shared.bus import StreamBus
 from shared.config import RunConfig
-from shared.keys import ConsumerGroups, RunKeys
+from shared.keys import RunKeys
 from shared.messages import TaskGroup
+from shared.streams import ROLLOUTS, SCORED, TASKS
 from shared.tasks import TaskAdapter
 
 
-def groups_in_flight(bus: StreamBus, keys: RunKeys) -> int:
+def groups_in_flight(bus: StreamBus) -> int:
     """Groups produced but not yet read by the learner."""
-    tasks_lag, tasks_pending = bus.group_progress(keys.tasks, ConsumerGroups.TASKS)
-    rollouts_lag, rollouts_pending = bus.group_progress(keys.rollouts, ConsumerGroups.ROLLOUTS)
-    scored_lag, _ = bus.group_progress(
-        keys.scored, ConsumerGroups.SCORED
-    )  # pending there = trained, awaiting checkpoint
+    tasks_lag, tasks_pending = bus.group_progress(TASKS)
+    rollouts_lag, rollouts_pending = bus.group_progress(ROLLOUTS)
+    scored_lag, _ = bus.group_progress(SCORED)  # pending there = trained, awaiting checkpoint
     return tasks_lag + tasks_pending + rollouts_lag + rollouts_pending + scored_lag
 
 
 def top_up_tasks(bus: StreamBus, keys: RunKeys, task: TaskAdapter, run: RunConfig, reference_ttl_s: int) -> int:
     """Publish tasks until the pipeline holds `run.max_groups_in_flight` groups; returns how many were added."""
-    num_missing = run.max_groups_in_flight - groups_in_flight(bus, keys)
+    num_missing = run.max_groups_in_flight - groups_in_flight(bus)
     for _ in range(max(0, num_missing)):
         prompt = task.sample_prompt()
         message = TaskGroup(
@@ -44,5 +43,5 @@ def top_up_tasks(bus: StreamBus, keys: RunKeys, task: TaskAdapter, run: RunConfi
         )
         # The reference is stored before the task exists, so a rollout can always be scored.
         bus.redis.set(keys.task_reference(message.task_id), prompt.reference.encode(), ex=reference_ttl_s)
-        bus.publish(keys.tasks, message)
+        bus.publish(TASKS, message)
     return max(0, num_missing)

@@ -29,18 +29,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
-import redis
 
 from services.rollout.engine import InferenceEngine, WeightsLoadError
 from services.rollout.relay_fetch import ArtifactFetch, RelayFetcher, SourceResolver
 from shared.api import WeightSwapReport
-from shared.bus import PAYLOAD_FIELD
+from shared.bus import StreamBus, UndecodableEntryError
 from shared.chunk_client import AnnouncementError, announced_source, fetch_manifest
 from shared.chunk_server import ChunkStore
 from shared.delta import DeltaError, apply_delta
-from shared.keys import RunKeys
-from shared.messages import MessageDecodeError, WeightsPublished
+from shared.messages import WeightsPublished
 from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
+from shared.streams import WEIGHTS
 from shared.weights import ChunkVerificationError, Manifest, WeightsError, sha256_hex, split_into_chunks
 
 log = logging.getLogger(__name__)
@@ -79,8 +78,7 @@ class _Base:
 class WeightsSync:
     def __init__(
         self,
-        redis_client: redis.Redis,
-        keys: RunKeys,
+        bus: StreamBus,
         store: ChunkStore,
         cluster_key: bytes,
         *,
@@ -92,8 +90,8 @@ class WeightsSync:
         chunk_wait_s: float = 10.0,
         version_timeout_s: float = 120.0,
     ) -> None:
-        self.redis = redis_client
-        self.keys = keys
+        self.bus = bus
+        self.keys = bus.keys
         self.store = store
         self.cluster_key = cluster_key
         self.parents = parents  # None: fetch from the learner only
@@ -118,7 +116,7 @@ class WeightsSync:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
-        self._last_entry_id: bytes | str = "0-0"  # of the newest announcement seen: XREAD waits past it
+        self._last_entry_id = "0-0"  # of the newest announcement seen: the wait for the next starts past it
 
     # the worker loop's side
     def start(self) -> None:
@@ -155,16 +153,16 @@ class WeightsSync:
         return version.policy_version
 
     def latest_announcement(self) -> WeightsPublished | None:
-        entries = self.redis.xrevrange(self.keys.weights, count=1)
-        if not entries:
-            return None
-        entry_id, fields = entries[0]
-        self._last_entry_id = entry_id
         try:
-            return WeightsPublished.decode(fields.get(PAYLOAD_FIELD, b""))
-        except MessageDecodeError as exc:
-            log.warning("ignoring undecodable weights announcement %s: %s", entry_id, exc)
+            entry = self.bus.latest_entry(WEIGHTS)
+        except UndecodableEntryError as exc:
+            self._last_entry_id = exc.entry_id
+            log.warning("ignoring undecodable weights announcement %s: %s", exc.entry_id, exc)
             return None
+        if entry is None:
+            return None
+        self._last_entry_id = entry.entry_id
+        return entry.message
 
     def fetch_verified(self, announcement: WeightsPublished) -> VerifiedVersion:
         """The announced version's full weights, every check passed; raises a WeightsError subclass otherwise."""
@@ -173,9 +171,10 @@ class WeightsSync:
         manifest = fetch_manifest(self._http, learner_url, version, self.cluster_key, payload=announced_payload)
         check_manifest_matches(announcement, manifest, self.keys.run_id)
         resolve = self._sources(learner_url)
-        if manifest.payload == "delta" and self._holds_base_of(manifest):
+        base = self._base_of(manifest) if manifest.payload == "delta" else None
+        if base is not None:
             fetched = self.relay.fetch(manifest, resolve)
-            blob = rebuild_from_delta(manifest, self._base.blob, fetched.blob)
+            blob = rebuild_from_delta(manifest, base.blob, fetched.blob)
             self._keep_full_for_relaying(manifest, blob, learner_url)
         else:
             full = manifest
@@ -217,7 +216,7 @@ class WeightsSync:
                     if announcement is not None and self._should_try(announcement):
                         self._fetch(announcement)
                     else:  # wake up on the next announcement (or after the block)
-                        self.redis.xread({self.keys.weights: self._last_entry_id}, count=1, block=POLL_BLOCK_MS)
+                        self.bus.wait_for_entries(WEIGHTS, after_id=self._last_entry_id, block_ms=POLL_BLOCK_MS)
                     backoff.reset()
                 except REDIS_OUTAGE_ERRORS as exc:
                     backoff.wait(self._stopping, exc, "reading weight announcements from redis")
@@ -258,9 +257,12 @@ class WeightsSync:
         failed_at_s = self._failed_at_s.get(announcement.manifest_sha256)
         return failed_at_s is None or time.monotonic() - failed_at_s >= self.retry_failed_after_s
 
-    def _holds_base_of(self, delta: Manifest) -> bool:
+    def _base_of(self, delta: Manifest) -> _Base | None:
+        """The full weights `delta` applies to, if this worker holds them."""
         base = self._base
-        return base is not None and (base.policy_version, base.full_sha256) == (delta.base_version, delta.base_sha256)
+        if base is not None and (base.policy_version, base.full_sha256) == (delta.base_version, delta.base_sha256):
+            return base
+        return None
 
     def _sources(self, learner_url: str) -> SourceResolver:
         """Holders to stream from, best first; the learner always last (the coordinator's plan first)."""

@@ -31,13 +31,13 @@ from shared.api import HeartbeatRequest, RegisterWorkerRequest
 from shared.bus import Delivery, StreamBus
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import RunConfig
-from shared.keys import ConsumerGroups, RunKeys
+from shared.keys import RunKeys
 from shared.messages import RolloutGroup, TaskGroup, pack_float32, pack_int32
 from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
+from shared.streams import ROLLOUTS, TASKS, WEIGHTS
 
 log = logging.getLogger(__name__)
 
-CONSUMER_GROUP = ConsumerGroups.TASKS
 READ_BLOCK_MS = 1000
 
 # What happened to one task: its group, or the engine error that made it undeliverable.
@@ -87,15 +87,14 @@ class RolloutWorker:
         self.settings = settings
         self.engine = engine
         self.keys = RunKeys(run.run_id)
-        self.bus = StreamBus(redis_client, run_id=run.run_id, dead_letter_stream=self.keys.dead, service="rollout")
+        self.bus = StreamBus(redis_client, self.keys, service="rollout")
         self.stopping = stopping or threading.Event()  # set by stop() or the process's signal handler
         self.store = ChunkStore(keep_versions=run.broadcast.keep_versions)
         self.chunk_server = ChunkServer(
             self.store, host=settings.worker_host, port=settings.worker_port, wait_s=run.broadcast.chunk_wait_s
         )
         self.weights = WeightsSync(
-            redis_client,
-            self.keys,
+            self.bus,
             self.store,
             settings.cluster_key.get_secret_value().encode(),
             fetch_timeout_s=run.broadcast.chunk_wait_s + 5.0,
@@ -156,7 +155,7 @@ class RolloutWorker:
     def start(self) -> None:
         self.chunk_server.start()
         log.info("chunk server on %s; consumer %s", self.chunk_server.url, self.consumer_name)
-        self.bus.ensure_group(self.keys.tasks, CONSUMER_GROUP)
+        self.bus.ensure_group(TASKS)
         registration = self.membership.register()
         if registration.run_id != self.keys.run_id:
             raise ValueError(
@@ -164,7 +163,7 @@ class RolloutWorker:
             )
         self.membership.start_heartbeats()
         self.weights.start()
-        log.info("waiting for the first announced weights on %s", self.keys.weights)
+        log.info("waiting for the first announced weights on %s", self.keys.name_of(WEIGHTS))
 
     def shut_down(self) -> None:
         self.generating = False
@@ -216,19 +215,12 @@ class RolloutWorker:
         """Tasks a dead consumer left pending first, then new ones (blocking up to READ_BLOCK_MS)."""
         count = self.settings.worker_max_groups_per_batch
         claimed = self.bus.claim_stale(
-            self.keys.tasks,
-            CONSUMER_GROUP,
-            self.consumer_name,
-            TaskGroup,
-            min_idle_ms=self.run_config.rollout.claim_idle_ms,
-            count=count,
+            TASKS, self.consumer_name, min_idle_ms=self.run_config.rollout.claim_idle_ms, count=count
         )
         if claimed:
             log.info("claimed %d stale tasks", len(claimed))
             return claimed
-        return self.bus.read(
-            self.keys.tasks, CONSUMER_GROUP, self.consumer_name, TaskGroup, count=count, block_ms=READ_BLOCK_MS
-        )
+        return self.bus.read(TASKS, self.consumer_name, count=count, block_ms=READ_BLOCK_MS)
 
     def generate_groups(self, deliveries: list[Delivery[TaskGroup]]) -> list[Outcome]:
         """Sample every task; tasks sharing sampling parameters go through the engine in one call."""
@@ -244,9 +236,7 @@ class RolloutWorker:
     def publish_and_ack(self, outcomes: list[Outcome]) -> None:
         """The batch's groups go to `rollouts` and their tasks are acked in one transaction."""
         groups = [(delivery, result) for delivery, result in outcomes if isinstance(result, RolloutGroup)]
-        self.bus.publish_and_ack(
-            self.keys.rollouts, [group for _, group in groups], [delivery for delivery, _ in groups]
-        )
+        self.bus.publish_and_ack(ROLLOUTS, [group for _, group in groups], [delivery for delivery, _ in groups])
         self.num_groups_done += len(groups)
         self.num_samples_done += sum(group.num_samples for _, group in groups)
         for delivery, result in outcomes:

@@ -22,6 +22,7 @@ from shared.bus import StreamBus
 from shared.config import RunConfig
 from shared.keys import RunKeys
 from shared.messages import WeightsPublished
+from shared.streams import WEIGHTS
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +73,7 @@ def test_the_plan_chains_workers_by_bandwidth_and_follows_joins_and_deaths(
     api: httpx.Client, bus: StreamBus, keys: RunKeys, redis_client: redis.Redis
 ) -> None:
     bus.publish(
-        keys.weights,
+        WEIGHTS,
         WeightsPublished(
             run_id=keys.run_id,
             policy_version=0,

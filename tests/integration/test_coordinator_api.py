@@ -19,6 +19,7 @@ from shared.bus import StreamBus
 from shared.config import CoordinatorConfig, RunConfig, ScheduleConfig
 from shared.keys import RunKeys
 from shared.messages import LearnerState, TaskGroup
+from shared.streams import GROUPED_STREAMS, LEARNER_STATE, ROLLOUTS, TASKS
 from tests.uvicorn_thread import serve
 
 pytestmark = pytest.mark.integration
@@ -77,7 +78,7 @@ def write_learner_state(client: redis.Redis, keys: RunKeys, *, learner_version: 
         last_reward_mean=0.25,
         busy_fraction=0.9,
     )
-    client.set(keys.learner_state, state.encode())
+    client.set(keys.name_of(LEARNER_STATE), state.encode())
 
 
 # workers and leases
@@ -295,11 +296,11 @@ def test_status_shows_stream_depths_dead_letters_learner_and_workers(
     api: httpx.Client, bus: StreamBus, redis_client: redis.Redis, keys: RunKeys
 ) -> None:
     assert StatusResponse.model_validate(api.get("/v1/status").json()).learner is None
-    for stream, group in [(keys.tasks, "rollout"), (keys.rollouts, "reward"), (keys.scored, "learner")]:
-        bus.ensure_group(stream, group)
+    for stream in GROUPED_STREAMS:
+        bus.ensure_group(stream)
     for index in range(3):
         bus.publish(
-            keys.tasks,
+            TASKS,
             TaskGroup(
                 run_id=keys.run_id,
                 task_id=f"t{index}",
@@ -310,9 +311,9 @@ def test_status_shows_stream_depths_dead_letters_learner_and_workers(
                 temperature=1.0,
             ),
         )
-    delivered = bus.read(keys.tasks, "rollout", "w1", TaskGroup, count=1, block_ms=100)  # pending: still counted
-    bus.publish_raw(keys.rollouts, b"\xc1 not msgpack")
-    assert bus.read(keys.rollouts, "reward", "r1", TaskGroup, count=1, block_ms=100) == []  # dead-lettered
+    delivered = bus.read(TASKS, "w1", count=1, block_ms=100)  # pending: still counted
+    bus.publish_raw(ROLLOUTS, b"\xc1 not msgpack")
+    assert bus.read(ROLLOUTS, "r1", count=1, block_ms=100) == []  # dead-lettered
     write_learner_state(redis_client, keys, learner_version=12, staleness_bound=2)
     worker = register(api)
 
@@ -328,7 +329,7 @@ def test_status_shows_stream_depths_dead_letters_learner_and_workers(
         {"stale": 3},
     )
     assert [w.worker_id for w in status.workers] == [worker.worker_id]
-    bus.ack(keys.tasks, "rollout", [d.message_id for d in delivered])
+    bus.ack(TASKS, [d.message_id for d in delivered])
     assert api.get("/v1/status").json()["stream_depths"]["tasks"] == 2
 
 

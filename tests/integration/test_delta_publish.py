@@ -66,8 +66,7 @@ def new_worker(
     store = ChunkStore(keep_versions=4)
     servers.append(ChunkServer(store, wait_s=2.0).start())
     sync = WeightsSync(
-        redis_client,
-        keys,
+        StreamBus(redis_client, keys, service="rollout"),
         store,
         KEY,
         parents=parents,

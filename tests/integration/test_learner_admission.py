@@ -9,8 +9,9 @@ import redis
 
 from services.learner.batch import BatchCollector
 from shared.bus import StreamBus
-from shared.keys import ConsumerGroups, RunKeys
+from shared.keys import RunKeys
 from shared.messages import RolloutGroup, ScoredGroup, pack_float32, pack_int32
+from shared.streams import SCORED
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +75,7 @@ def make_collector(
 def pending_ids(bus: StreamBus, keys: RunKeys) -> list[str]:
     return [
         entry["message_id"].decode()
-        for entry in bus.redis.xpending_range(keys.scored, ConsumerGroups.SCORED, "-", "+", 100)
+        for entry in bus.redis.xpending_range(keys.name_of(SCORED), SCORED.group, "-", "+", 100)
     ]
 
 
@@ -93,7 +94,7 @@ def test_mixed_versions_only_lags_within_the_bound_are_admitted_and_drops_are_co
         scored(keys.run_id, 3),
         scored(keys.run_id, 5),  # the last one is never read: the batch is full
     ]:
-        bus.publish(keys.scored, group)
+        bus.publish(SCORED, group)
 
     batch = collector.collect(learner_version=5, should_stop=lambda: False)
 
@@ -105,7 +106,7 @@ def test_mixed_versions_only_lags_within_the_bound_are_admitted_and_drops_are_co
     assert "outside [0, 16)" in letter.error
     # Admitted groups stay pending (acked after the checkpoint); everything decided otherwise is acked.
     assert pending_ids(bus, keys) == batch.message_ids
-    assert bus.group_progress(keys.scored, ConsumerGroups.SCORED) == (1, 3)
+    assert bus.group_progress(SCORED) == (1, 3)
 
 
 def test_after_a_restart_pending_groups_come_first_and_are_decided_again_at_the_restored_version(
@@ -113,10 +114,10 @@ def test_after_a_restart_pending_groups_come_first_and_are_decided_again_at_the_
 ) -> None:
     first = make_collector(bus, keys, staleness_bound=1, groups_per_step=3)
     for version in (2, 3, 3):
-        bus.publish(keys.scored, scored(keys.run_id, version))
+        bus.publish(SCORED, scored(keys.run_id, version))
     assert first.collect(learner_version=3, should_stop=lambda: False) is not None  # then the learner "dies"
-    bus.publish(keys.scored, scored(keys.run_id, 4))
-    bus.publish(keys.scored, scored(keys.run_id, 4))
+    bus.publish(SCORED, scored(keys.run_id, 4))
+    bus.publish(SCORED, scored(keys.run_id, 4))
 
     restarted = make_collector(bus, keys, staleness_bound=1, groups_per_step=3)
     assert restarted.load_own_pending() == 3
@@ -131,7 +132,7 @@ def test_collect_gives_up_when_asked_to_stop_and_leaves_the_partial_batch_pendin
     bus: StreamBus, keys: RunKeys
 ) -> None:
     collector = make_collector(bus, keys, staleness_bound=0, groups_per_step=4)
-    bus.publish(keys.scored, scored(keys.run_id, 0))
+    bus.publish(SCORED, scored(keys.run_id, 0))
     polls = iter([False, False, True])
     assert collector.collect(learner_version=0, should_stop=lambda: next(polls)) is None
     assert len(pending_ids(bus, keys)) == 1
@@ -141,7 +142,7 @@ def test_groups_whose_read_reply_was_lost_are_recovered_without_a_restart(bus: S
     flaky = LosesOneReply(bus)
     collector = make_collector(flaky, keys, staleness_bound=1, groups_per_step=3)
     for _ in range(3):
-        bus.publish(keys.scored, scored(keys.run_id, 0))
+        bus.publish(SCORED, scored(keys.run_id, 0))
 
     batch = collector.collect(learner_version=0, should_stop=lambda: False)
 

@@ -25,15 +25,16 @@ from services.learner.batch import LEARNER_CONSUMER
 from services.learner.checkpoint import checkpoint_path, load_checkpoint
 from services.learner.learner import Learner
 from services.learner.publish import load_weights_blob
-from shared.retry import call_with_retry
 from services.learner.settings import LearnerSettings
 from services.learner.trainer import load_policy
-from shared.bus import PAYLOAD_FIELD, StreamBus, connect
+from shared.bus import StreamBus, connect
 from shared.chunk_client import fetch_manifest, fetch_version
 from shared.config import BroadcastConfig, GRPOConfig, RunConfig, ScheduleConfig
-from shared.keys import ConsumerGroups, RunKeys
-from shared.messages import LearnerState, ScoredGroup, WeightsPublished, pack_int32
+from shared.keys import RunKeys
+from shared.messages import ScoredGroup, WeightsPublished, pack_int32
+from shared.retry import call_with_retry
 from shared.run_records import LearnerSummary
+from shared.streams import LEARNER_STATE, SCORED, WEIGHTS
 from shared.tasks import make_task
 from shared.weights import WeightsError
 from tests.selfplay import sample_scored_groups
@@ -72,30 +73,27 @@ class StandInWorker(threading.Thread):
         self.produce_below_version = 1_000_000
         self.stop_event = threading.Event()
         self.versions_seen: list[int] = []
-        self._cursor = "-"  # the last announcement handled (exclusive lower bound of the next XRANGE)
+        self.num_handled = 0  # announcements handled, in order (the next one to take is at this index)
 
     def run(self) -> None:
         with httpx.Client(timeout=5.0) as client:
             while not self.stop_event.wait(0.02):
-                entries = call_with_retry(
-                    lambda: self.bus.redis.xrange(self.keys.weights, min=self._cursor, count=2), "xrange"
-                )
-                if not entries:
+                unhandled = call_with_retry(lambda: self.bus.entries(WEIGHTS), "entries")[self.num_handled :]
+                if not unhandled:
                     continue
-                entry_id, fields = entries[0]
-                announcement = WeightsPublished.decode(fields[PAYLOAD_FIELD])
+                announcement = unhandled[0]
                 if announcement.policy_version >= self.produce_below_version:
                     continue
                 try:
                     self.load(client, announcement)
                 except WeightsError:
-                    if len(entries) > 1:  # announced by a learner that has died since: skip it
-                        self._cursor = "(" + entry_id.decode()
+                    if len(unhandled) > 1:  # announced by a learner that has died since: skip it
+                        self.num_handled += 1
                     continue
-                self._cursor = "(" + entry_id.decode()
+                self.num_handled += 1
                 self.versions_seen.append(announcement.policy_version)
                 for group in self.groups_for(announcement.policy_version):
-                    call_with_retry(lambda group=group: self.bus.publish(self.keys.scored, group), "publish")
+                    call_with_retry(lambda group=group: self.bus.publish(SCORED, group), "publish")
 
     def load(self, client: httpx.Client, announcement: WeightsPublished) -> None:
         base_url = announcement.manifest_url.split("/v1/weights/")[0]
@@ -157,7 +155,7 @@ def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
 
 def pending_count(bus: StreamBus, keys: RunKeys) -> int:
     return len(
-        bus.redis.xpending_range(keys.scored, ConsumerGroups.SCORED, "-", "+", 1000, consumername=LEARNER_CONSUMER)
+        bus.redis.xpending_range(keys.name_of(SCORED), SCORED.group, "-", "+", 1000, consumername=LEARNER_CONSUMER)
     )
 
 
@@ -200,7 +198,7 @@ def test_the_loop_trains_publishes_and_never_trains_on_what_the_bound_forbids(
     assert LearnerSummary.model_validate_json((tmp_path / "learner_summary.json").read_text()) == summary
     assert load_checkpoint(checkpoint_path(tmp_path)).policy_version == 6
     assert pending_count(bus, keys) == 0  # every admitted group acked after its checkpoint
-    state = LearnerState.decode(bus.redis.get(keys.learner_state))
+    state = bus.get_state(LEARNER_STATE)
     assert (state.status, state.learner_version, state.published_version) == ("done", 6, 6)
     assert state.num_dropped == summary.num_dropped
     final, _ = load_policy(tmp_path / "model_final")
@@ -304,7 +302,7 @@ def test_killed_learner_resumes_at_its_checkpoint_and_retrains_the_unacked_group
     assert (summary.finished, summary.policy_version, summary.totals.num_restarts) == (True, 6, 2)
     assert summary.totals.num_replayed_groups >= 4
     assert pending_count(bus, keys) == 0
-    assert LearnerState.decode(bus.redis.get(keys.learner_state)).status == "done"
+    assert bus.get_state(LEARNER_STATE).status == "done"
     assert (tmp_path / "model_final" / "config.json").exists()
 
 
@@ -313,7 +311,7 @@ def test_the_learner_rides_out_a_redis_restart_without_losing_admitted_groups(
 ) -> None:
     server = RedisServer(tmp_path / "redis").start()  # private: this test takes it down
     keys = RunKeys("redis-restart")
-    bus = StreamBus(connect(server.url), run_id=keys.run_id, dead_letter_stream=keys.dead, service="test")
+    bus = StreamBus(connect(server.url), keys, service="test")
     run = small_run(keys.run_id, num_steps=6)
     settings = LearnerSettings(
         redis_url=server.url,

@@ -13,11 +13,12 @@ from safetensors.torch import load as safetensors_load
 
 from services.learner.publish import WeightPublisher, load_weights_blob, serialize_weights
 from services.learner.trainer import load_policy
-from shared.bus import PAYLOAD_FIELD, StreamBus
+from shared.bus import StreamBus
 from shared.chunk_client import fetch_manifest, fetch_version
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.keys import RunKeys
-from shared.messages import Message, WeightsPublished
+from shared.messages import WeightsPublished
+from shared.streams import WEIGHTS, Stream
 from shared.weights import ManifestError
 
 pytestmark = pytest.mark.integration
@@ -34,7 +35,7 @@ class ServabilityCheckingBus:
         self.base_url = base_url
         self.blobs_fetched_before_announcing: list[bytes] = []
 
-    def publish(self, stream: str, message: Message) -> str:
+    def publish(self, stream: Stream[WeightsPublished], message: WeightsPublished) -> str:
         assert isinstance(message, WeightsPublished)
         with httpx.Client(timeout=5.0) as client:
             manifest = fetch_manifest(client, self.base_url, message.policy_version, KEY)
@@ -65,8 +66,7 @@ def test_a_published_version_is_fetched_verified_and_loads_into_a_fresh_model_id
 
     assert published.manifest.num_chunks > 1
     assert checking_bus.blobs_fetched_before_announcing == [serialize_weights(model)]
-    ((_, fields),) = bus.redis.xrange(keys.weights)
-    announcement = WeightsPublished.decode(fields[PAYLOAD_FIELD])
+    (announcement,) = bus.entries(WEIGHTS)
     assert announcement.policy_version == 3
     assert announcement.manifest_url == f"{server.url}/v1/weights/3/manifest"
     with httpx.Client(timeout=5.0) as client:

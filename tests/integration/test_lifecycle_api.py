@@ -17,6 +17,7 @@ from services.coordinator.control import ControlPlane, pass_interval_s
 from shared.config import ActivationConfig, CoordinatorConfig, GRPOConfig, RunConfig, ScheduleConfig
 from shared.keys import RunKeys
 from shared.messages import LearnerState
+from shared.streams import LEARNER_STATE
 from tests.uvicorn_thread import serve
 
 pytestmark = pytest.mark.integration
@@ -89,7 +90,7 @@ def set_learner(
         busy_fraction=1.0,
         staleness_histogram={"1": 30, "2": 10},
     )
-    client.set(keys.learner_state, state.encode())
+    client.set(keys.name_of(LEARNER_STATE), state.encode())
 
 
 # drain

@@ -34,8 +34,9 @@ from shared.config import (
     RunConfig,
     ScheduleConfig,
 )
-from shared.keys import ConsumerGroups, RunKeys
-from shared.messages import LearnerState, RolloutGroup, TaskGroup
+from shared.keys import RunKeys
+from shared.messages import LearnerState, TaskGroup
+from shared.streams import LEARNER_STATE, ROLLOUTS, TASKS
 from tests.uvicorn_thread import serve
 
 pytestmark = pytest.mark.integration
@@ -106,14 +107,14 @@ def set_learner(bus: StreamBus, keys: RunKeys, *, train_s: float) -> None:
         train_s_total=10 * train_s,
         wall_s=10 * train_s,
     )
-    bus.redis.set(keys.learner_state, state.encode())
+    bus.put_state(LEARNER_STATE, state)
 
 
 def publish_tasks(bus: StreamBus, keys: RunKeys, prefix: str, count: int, num_samples: int = 16) -> list[str]:
     task_ids = [f"{prefix}-{i}" for i in range(count)]
     for i, task_id in enumerate(task_ids):
         bus.publish(
-            keys.tasks,
+            TASKS,
             TaskGroup(
                 run_id=keys.run_id,
                 task_id=task_id,
@@ -128,7 +129,7 @@ def publish_tasks(bus: StreamBus, keys: RunKeys, prefix: str, count: int, num_sa
 
 
 def rollout_task_ids(bus: StreamBus, keys: RunKeys) -> list[str]:
-    return [RolloutGroup.decode(fields[b"data"]).task_id for _, fields in bus.redis.xrange(keys.rollouts)]
+    return [group.task_id for group in bus.entries(ROLLOUTS)]
 
 
 def workers_named(url: str, name: str) -> list[dict]:
@@ -148,14 +149,14 @@ def test_a_drained_worker_process_finishes_its_batch_loses_no_task_and_leaves(
 ) -> None:
     run_file = tmp_path / "run.toml"
     run_file.write_text(f'run_id = "{keys.run_id}"\n[rollout]\nheartbeat_interval_s = 0.2\nclaim_idle_ms = 60000\n')
-    bus.ensure_group(keys.tasks, ConsumerGroups.TASKS)
+    bus.ensure_group(TASKS)
     task_ids: list[str] = []
     feeding = threading.Event()
     feeding.set()
 
     def feed() -> None:  # like the reward service: keep a shallow backlog while the worker runs
         while feeding.is_set():
-            if bus.backlog(keys.tasks, ConsumerGroups.TASKS) < 16:
+            if bus.backlog(TASKS) < 16:
                 task_ids.extend(publish_tasks(bus, keys, f"t{len(task_ids)}", 8, num_samples=64))
             time.sleep(0.01)
 
@@ -204,9 +205,9 @@ def test_a_drained_worker_process_finishes_its_batch_loses_no_task_and_leaves(
     done = rollout_task_ids(bus, keys)
     assert 0 < len(done) < len(task_ids)
     # nothing is left pending on the drained consumer: its last batch was published and acked
-    pending = bus.redis.xpending(keys.tasks, ConsumerGroups.TASKS)
+    pending = bus.redis.xpending(keys.name_of(TASKS), TASKS.group)
     assert pending["pending"] == 0, pending
-    assert bus.backlog(keys.tasks, ConsumerGroups.TASKS) == len(task_ids) - len(set(done))
+    assert bus.backlog(TASKS) == len(task_ids) - len(set(done))
     # a second worker takes over: every task ends up sampled exactly once
     settings = RolloutSettings(
         cluster_key=CLUSTER_KEY,
@@ -263,14 +264,14 @@ def test_a_standby_worker_keeps_heartbeating_and_fresh_weights_but_takes_no_task
     try:
         wait_for(lambda: workers_named(coordinator_url, "priced"), "registration")
         wait_for(lambda: engine.policy_version == 0, "standby keeps its weights fresh")
-        bus.ensure_group(keys.tasks, ConsumerGroups.TASKS)
+        bus.ensure_group(TASKS)
         publish_tasks(bus, keys, "s", 6)
         first_beat = workers_named(coordinator_url, "priced")[0]["last_heartbeat_s"]
         time.sleep(1.5)
         [priced] = workers_named(coordinator_url, "priced")
         assert priced["state"] == "standby" and worker.membership.on_standby
         assert priced["last_heartbeat_s"] > first_beat  # heartbeats go on
-        assert rollout_task_ids(bus, keys) == [] and bus.backlog(keys.tasks, ConsumerGroups.TASKS) == 6
+        assert rollout_task_ids(bus, keys) == [] and bus.backlog(TASKS) == 6
 
         set_learner(
             bus, keys, train_s=0.1

@@ -13,8 +13,9 @@ from services.reward.service import RewardService
 from services.reward.settings import RewardSettings
 from shared.bus import StreamBus
 from shared.config import RunConfig
-from shared.keys import ConsumerGroups, RunKeys
-from shared.messages import RolloutGroup, ScoredGroup, TaskGroup, pack_float32, pack_int32
+from shared.keys import RunKeys
+from shared.messages import RolloutGroup, TaskGroup, pack_float32, pack_int32
+from shared.streams import ROLLOUTS, SCORED, TASKS
 
 pytestmark = pytest.mark.integration
 
@@ -69,45 +70,43 @@ def rollout_for(task: TaskGroup, texts: list[str], task_id: str | None = None) -
 
 
 def take_tasks(bus: StreamBus, keys: RunKeys, count: int) -> list[TaskGroup]:
-    deliveries = bus.read(keys.tasks, ConsumerGroups.TASKS, "w-test", TaskGroup, count=count, block_ms=100)
-    bus.ack(keys.tasks, ConsumerGroups.TASKS, [d.message_id for d in deliveries])
+    deliveries = bus.read(TASKS, "w-test", count=count, block_ms=100)
+    bus.ack(TASKS, [d.message_id for d in deliveries])
     return [d.message for d in deliveries]
 
 
 def test_task_feed_holds_the_pipeline_at_groups_per_step_times_s_plus_one(service, bus, keys, run) -> None:
-    wait_for(lambda: bus.length(keys.tasks) >= 6)
+    wait_for(lambda: bus.length(TASKS) >= 6)
     time.sleep(0.3)
-    assert bus.length(keys.tasks) == run.max_groups_in_flight == 6  # 3 groups/step * (S=3 - 1)
-    task = bus.read(keys.tasks, ConsumerGroups.TASKS, "w-test", TaskGroup, count=1, block_ms=100)[0].message
+    assert bus.length(TASKS) == run.max_groups_in_flight == 6  # 3 groups/step * (S=3 - 1)
+    task = bus.read(TASKS, "w-test", count=1, block_ms=100)[0].message
     assert task.num_samples == 4 and task.run_id == run.run_id
     time.sleep(0.3)
-    assert bus.length(keys.tasks) == 6  # taken but not finished: still in flight, nothing added
+    assert bus.length(TASKS) == 6  # taken but not finished: still in flight, nothing added
 
 
 def test_rollouts_are_scored_by_the_verifier_and_acked(service, bus, keys) -> None:
-    wait_for(lambda: bus.length(keys.tasks) >= 2)
+    wait_for(lambda: bus.length(TASKS) >= 2)
     task = take_tasks(bus, keys, 1)[0]
     a, b = (int(c) for c in task.prompt.rstrip("=").split("+"))
     right = str((a + b) % 10)
     wrong = str((a + b + 1) % 10)
-    bus.publish(keys.rollouts, rollout_for(task, [right, wrong, right + right, ""]))
+    bus.publish(ROLLOUTS, rollout_for(task, [right, wrong, right + right, ""]))
 
-    scored = wait_for(
-        lambda: bus.read(keys.scored, ConsumerGroups.SCORED, "learner-test", ScoredGroup, count=1, block_ms=50)
-    )
+    scored = wait_for(lambda: bus.read(SCORED, "learner-test", count=1, block_ms=50))
     assert scored[0].message.rewards == [1.0, 0.0, 0.5, 0.0]
-    wait_for(lambda: bus.backlog(keys.rollouts, ConsumerGroups.ROLLOUTS) == 0)
+    wait_for(lambda: bus.backlog(ROLLOUTS) == 0)
     assert bus.dead_letters() == []
 
 
 def test_bad_rollouts_are_dead_lettered_and_the_service_keeps_scoring(service, bus, keys) -> None:
-    wait_for(lambda: bus.length(keys.tasks) >= 2)
+    wait_for(lambda: bus.length(TASKS) >= 2)
     task = take_tasks(bus, keys, 1)[0]
-    bus.publish_raw(keys.rollouts, b"garbage")
-    bus.publish(keys.rollouts, rollout_for(task, ["1"], task_id="forged-task"))
-    bus.publish(keys.rollouts, rollout_for(task, ["1", "2"]))
+    bus.publish_raw(ROLLOUTS, b"garbage")
+    bus.publish(ROLLOUTS, rollout_for(task, ["1"], task_id="forged-task"))
+    bus.publish(ROLLOUTS, rollout_for(task, ["1", "2"]))
 
-    wait_for(lambda: bus.length(keys.scored) == 1)
+    wait_for(lambda: bus.length(SCORED) == 1)
     letters = wait_for(lambda: bus.dead_letters() if len(bus.dead_letters()) == 2 else None)
     errors = sorted(letter.error for letter in letters)
     assert "not msgpack" in errors[0]
@@ -121,23 +120,21 @@ def test_the_service_waits_out_a_redis_restart_and_loses_nothing(run: RunConfig,
 
     server = RedisServer(tmp_path / "redis").start()
     keys = RunKeys(run.run_id)
-    own_bus = StreamBus(
-        connect(server.url, socket_timeout_s=2.0), run_id=run.run_id, dead_letter_stream=keys.dead, service="reward"
-    )
+    own_bus = StreamBus(connect(server.url, socket_timeout_s=2.0), keys, service="reward")
     reward = RewardService(run, RewardSettings(redis_url=server.url, poll_block_ms=50), own_bus)
     thread = threading.Thread(target=reward.run_forever, daemon=True)
     thread.start()
     try:
-        test_bus = StreamBus(connect(server.url), run_id=run.run_id, dead_letter_stream=keys.dead, service="test")
-        wait_for(lambda: test_bus.length(keys.tasks) >= 2)
+        test_bus = StreamBus(connect(server.url), keys, service="test")
+        wait_for(lambda: test_bus.length(TASKS) >= 2)
         task = take_tasks(test_bus, keys, 1)[0]
         time.sleep(1.2)  # AOF fsyncs every second: what was written before this survives a kill -9
         server.kill()
         time.sleep(1.0)  # the service hits connection errors meanwhile
         assert thread.is_alive()
         server.start()
-        test_bus.publish(keys.rollouts, rollout_for(task, ["0", "1"]))
-        scored = wait_for(lambda: test_bus.length(keys.scored) == 1, timeout_s=20)
+        test_bus.publish(ROLLOUTS, rollout_for(task, ["0", "1"]))
+        scored = wait_for(lambda: test_bus.length(SCORED) == 1, timeout_s=20)
         assert scored and thread.is_alive()
         assert test_bus.dead_letters() == []
     finally:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 import torch
 from safetensors.torch import save as safetensors_save
 
@@ -19,6 +18,7 @@ from shared.chunk_client import fetch_manifest, fetch_version
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.keys import RunKeys
 from shared.messages import WeightsPublished
+from shared.streams import WEIGHTS
 from shared.weights import build_manifest
 
 pytestmark = pytest.mark.integration
@@ -75,7 +75,7 @@ class Learner:
             total_size_bytes=manifest.total_size_bytes,
             num_chunks=manifest.num_chunks,
         )
-        self.bus.publish(self.keys.weights, announcement)
+        self.bus.publish(WEIGHTS, announcement)
         return announcement
 
 
@@ -104,8 +104,8 @@ def learner(bus: StreamBus, keys: RunKeys, learner_store: CorruptingStore) -> It
 
 
 @pytest.fixture
-def sync(redis_client: redis.Redis, keys: RunKeys) -> Iterator[WeightsSync]:
-    sync = WeightsSync(redis_client, keys, ChunkStore(), CLUSTER_KEY, retry_failed_after_s=0.0)
+def sync(bus: StreamBus) -> Iterator[WeightsSync]:
+    sync = WeightsSync(bus, ChunkStore(), CLUSTER_KEY, retry_failed_after_s=0.0)
     yield sync
     sync.close()
 
@@ -172,17 +172,17 @@ def test_an_announcement_naming_a_different_manifest_is_never_loaded(
     engine: TorchEngine, learner: Learner, sync: WeightsSync, bus: StreamBus, keys: RunKeys
 ) -> None:
     genuine = learner.publish(engine, policy_version=0, noise_scale=0.3)
-    bus.publish(keys.weights, genuine.model_copy(update={"manifest_sha256": "0" * 64}))
+    bus.publish(WEIGHTS, genuine.model_copy(update={"manifest_sha256": "0" * 64}))
 
     assert sync.update(engine) is None
     assert engine.policy_version == -1
 
 
 def test_a_resumed_learner_announcing_an_older_version_is_followed(
-    engine: TorchEngine, learner: Learner, redis_client: redis.Redis, keys: RunKeys
+    engine: TorchEngine, learner: Learner, bus: StreamBus
 ) -> None:
     # a store keeping one version evicts the older one on arrival: it is loaded all the same
-    sync = WeightsSync(redis_client, keys, ChunkStore(keep_versions=1), CLUSTER_KEY, retry_failed_after_s=0.0)
+    sync = WeightsSync(bus, ChunkStore(keep_versions=1), CLUSTER_KEY, retry_failed_after_s=0.0)
     learner.publish(engine, policy_version=5, noise_scale=0.3)
     assert sync.update(engine) == 5
 

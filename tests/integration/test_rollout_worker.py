@@ -31,6 +31,7 @@ from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import CoordinatorConfig, RolloutConfig, RunConfig, ScheduleConfig
 from shared.keys import RunKeys
 from shared.messages import LearnerState, RolloutGroup, TaskGroup, WeightsPublished
+from shared.streams import DEAD, LEARNER_STATE, ROLLOUTS, TASKS, WEIGHTS
 from shared.weights import build_manifest
 from tests.uvicorn_thread import serve
 
@@ -76,7 +77,7 @@ class LearnerSide:
         )
         self.server.store.put_version(manifest, chunks)
         self.bus.publish(
-            self.keys.weights,
+            WEIGHTS,
             WeightsPublished(
                 run_id=self.keys.run_id,
                 policy_version=policy_version,
@@ -96,7 +97,7 @@ class LearnerSide:
             staleness_bound=STALENESS_BOUND,
             num_steps_target=100,
         )
-        self.bus.redis.set(self.keys.learner_state, state.encode())
+        self.bus.put_state(LEARNER_STATE, state)
 
 
 @pytest.fixture
@@ -140,8 +141,7 @@ def make_task(run_id: str, task_id: str, prompt: str, num_samples: int = 4) -> T
 
 
 def rollouts_of(bus: StreamBus, keys: RunKeys) -> dict[str, RolloutGroup]:
-    groups = [RolloutGroup.decode(fields[b"data"]) for _, fields in bus.redis.xrange(keys.rollouts)]
-    return {group.task_id: group for group in groups}
+    return {group.task_id: group for group in bus.entries(ROLLOUTS)}
 
 
 def worker_info(coordinator_url: str, worker_id: str) -> WorkerInfo | None:
@@ -173,43 +173,43 @@ def test_worker_samples_with_announced_versions_gates_on_staleness_and_dead_lett
     thread.start()
     try:
         # no announced weights yet: registered, but nothing is taken
-        bus.publish(keys.tasks, make_task(keys.run_id, "early", "3+4="))
+        bus.publish(TASKS, make_task(keys.run_id, "early", "3+4="))
         wait_for(lambda: worker.membership.num_registrations == 1, "registration")
         worker_id = worker.membership.worker_id
         time.sleep(0.3)
-        assert bus.length(keys.rollouts) == 0 and engine.policy_version == -1
+        assert bus.length(ROLLOUTS) == 0 and engine.policy_version == -1
 
         learner.set_version(0)
         learner.publish(0)
         for i in range(5):
-            bus.publish(keys.tasks, make_task(keys.run_id, f"v0-{i}", f"{i}+{i + 1}="))
-        bus.publish(keys.tasks, make_task(keys.run_id, "poison", "é+1="))
+            bus.publish(TASKS, make_task(keys.run_id, f"v0-{i}", f"{i}+{i + 1}="))
+        bus.publish(TASKS, make_task(keys.run_id, "poison", "é+1="))
         wait_for(lambda: len(rollouts_of(bus, keys)) == 6, "six groups with version 0")
-        wait_for(lambda: bus.length(keys.dead) == 1, "the poison task dead-lettered")
+        wait_for(lambda: bus.length(DEAD) == 1, "the poison task dead-lettered")
 
         groups = rollouts_of(bus, keys)
         assert set(groups) == {"early", *(f"v0-{i}" for i in range(5))}
         for group in groups.values():
             assert group.policy_version == 0 and group.worker_id == worker_id and group.num_samples == 4
             assert len(group.prompt_tokens()) == len(group.prompt)
-        assert bus.backlog(keys.tasks, "rollout") == 0  # every task acked, the poison one via the dead letter
+        assert bus.backlog(TASKS) == 0  # every task acked, the poison one via the dead letter
         [letter] = bus.dead_letters()
         assert "UnencodablePromptError" in letter.error and TaskGroup.decode(letter.payload).task_id == "poison"
 
         learner.set_version(1)
         learner.publish(1)
         wait_for(lambda: engine.policy_version == 1, "version 1 loaded")
-        bus.publish(keys.tasks, make_task(keys.run_id, "v1", "5+5="))
+        bus.publish(TASKS, make_task(keys.run_id, "v1", "5+5="))
         wait_for(lambda: "v1" in rollouts_of(bus, keys), "a group with version 1")
         assert rollouts_of(bus, keys)["v1"].policy_version == 1
 
         # the learner moves past what version 1 can still be admitted to: the worker stops taking work
         learner.set_version(1 + STALENESS_BOUND + 1)
         wait_for(lambda: worker.gate_state == "closed", "the staleness gate closes")
-        bus.publish(keys.tasks, make_task(keys.run_id, "gated", "7+1="))
+        bus.publish(TASKS, make_task(keys.run_id, "gated", "7+1="))
         time.sleep(0.5)
         assert "gated" not in rollouts_of(bus, keys)
-        assert bus.backlog(keys.tasks, "rollout") == 1
+        assert bus.backlog(TASKS) == 1
         learner.publish(3)
         wait_for(lambda: "gated" in rollouts_of(bus, keys), "the gated task, sampled with version 3")
         assert rollouts_of(bus, keys)["gated"].policy_version == 3
