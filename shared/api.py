@@ -125,7 +125,7 @@ class StatusResponse(Body):
     cost_usd: float = Field(0.0, description="cumulative cost so far (GET /v1/cost for the breakdown)")
 
 
-# Weight broadcast (services/coordinator/broadcast.py). Consumers: rollout workers (their parent),
+# Weight broadcast (services/coordinator/routers/broadcast.py). Consumers: rollout workers (their parent),
 # operators and the run report (the plan, measured T_bcast).
 
 

@@ -1,4 +1,5 @@
-"""The coordinator's FastAPI app: routers, the lease sweeper, error mapping. All run state lives in Redis."""
+"""The coordinator's FastAPI app: routers (routers/), the heartbeat fast path, the lease sweeper and the control
+loop, error mapping. All run state lives in Redis."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ import redis
 from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
-from services.coordinator import broadcast, control_routes, dashboard, status, workers
 from services.coordinator.auth import token_sha256
 from services.coordinator.control import ControlPlane
 from services.coordinator.deps import Coordinator
 from services.coordinator.errors import install_error_handlers
 from services.coordinator.heartbeat_path import HeartbeatFastPath
 from services.coordinator.prometheus import install_metrics
+from services.coordinator.routers import broadcast, control, status, workers
 from services.coordinator.worker_registry import WorkerRegistry
 from shared.bus import StreamBus
 from shared.config import RunConfig
@@ -64,7 +65,7 @@ def create_app(run: RunConfig, redis_client: redis.Redis, admin_token: str) -> F
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         sweep_interval_s = min(MAX_SWEEP_INTERVAL_S, run.coordinator.lease_s / 4)
         sweeper = asyncio.create_task(sweep_leases(coordinator.registry, sweep_interval_s), name="lease-sweeper")
-        planner = asyncio.create_task(control.run_forever(), name="control-loop")  # activation, ledger, history
+        planner = asyncio.create_task(control_plane.run_forever(), name="control-loop")  # activation, ledger, history
         yield
         for task in (sweeper, planner):
             task.cancel()
@@ -82,13 +83,10 @@ def create_app(run: RunConfig, redis_client: redis.Redis, admin_token: str) -> F
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.coordinator = coordinator
-    control = app.state.control = ControlPlane(coordinator)
-    app.include_router(workers.router)
-    app.include_router(status.router)
-    app.include_router(broadcast.router)
-    app.include_router(control_routes.router)
-    app.include_router(dashboard.router)
-    install_metrics(app, control)
+    control_plane = app.state.control = ControlPlane(coordinator)
+    for router in (workers.router, status.router, broadcast.router, control.router):
+        app.include_router(router)
+    install_metrics(app, control_plane)
     app.heartbeat_fast_path = HeartbeatFastPath(app.serve_with_fastapi, sync_client=redis_client, state=app.state)
     install_error_handlers(app)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import redis
 
-from shared.api import WorkerInfo, WorkerState
+from shared.api import BroadcastTimesResponse, WorkerInfo, WorkerState
 from shared.keys import RunKeys
 
 MIN_MEASURED_BYTES = 4 << 20  # below this a download is all latency: no throughput measurement
@@ -71,6 +71,18 @@ class BroadcastTimes:
             int(version): seconds
             for version, seconds in _float_hash(self.redis.hgetall(self.keys.broadcast_times)).items()
         }
+
+    def summary(self) -> BroadcastTimesResponse:
+        """Every recorded T_bcast with its mean, max and latest (None before the first)."""
+        times = self.times()
+        seconds = [times[version] for version in sorted(times)]
+        return BroadcastTimesResponse(
+            seconds_by_version=dict(sorted(times.items())),
+            num_versions=len(times),
+            mean_s=round(sum(seconds) / len(seconds), 4) if seconds else None,
+            max_s=max(seconds) if seconds else None,
+            last_s=seconds[-1] if seconds else None,
+        )
 
     def measured_mbps(self) -> dict[str, float]:
         return _float_hash(self.redis.hgetall(self.keys.broadcast_throughput))

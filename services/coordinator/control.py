@@ -11,6 +11,9 @@ snapshot) is a cache a restarted coordinator rebuilds within a minute.
 
 States it moves: STANDBY <-> ACTIVE only. DRAINING and DEAD are never touched (draining is the
 operator's or the worker's call, dead is the lease's), so a planner racing a drain cannot undo it.
+
+The learner as the coordinator sees it (`LearnerView`: its version and S, read from `learner:state`)
+is defined here too: a pass caches it, and heartbeat answers read it from the last pass.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -33,8 +37,6 @@ from services.coordinator.capacity_view import (
     queued_groups,
     recent_broadcast_s,
 )
-from services.coordinator.deps import Coordinator
-from services.coordinator.learner_view import LearnerView, read_learner_view
 from services.coordinator.ledger import CostLedger
 from shared.activation import ActivationPlan, ActivationPolicy, Candidate, plan_activation
 from shared.api import (
@@ -47,8 +49,14 @@ from shared.api import (
     WorkerInfo,
     WorkerState,
 )
+from shared.bus import StreamBus
 from shared.capacity import assess, provisioning_samples_per_s
+from shared.config import RunConfig
 from shared.messages import LearnerState
+from shared.streams import LEARNER_STATE
+
+if TYPE_CHECKING:  # deps.py imports this module (ControlDep)
+    from services.coordinator.deps import Coordinator
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +65,25 @@ MIN_PASS_GAP_S = 0.2  # one pass reads every worker record: O(N), ~50 ms at 1000
 MAX_PASS_DUTY = 0.05  # passes take at most this fraction of the time (the periodic ones; not joins/drains)
 BILLED_STATES = (WorkerState.ACTIVE, WorkerState.DRAINING)
 RUNNING_LEARNER_STATUSES = ("starting", "training")
+
+
+@dataclass(frozen=True)
+class LearnerView:
+    """Where the learner is now. Before the learner has written any state it is at version 0 (the
+    initial weights) and the run file's staleness bound applies."""
+
+    learner_version: int
+    staleness_bound: int
+    state: LearnerState | None  # None: the learner has not started yet
+
+
+def read_learner_view(bus: StreamBus, run: RunConfig) -> LearnerView:
+    """The learner's `LearnerState`, which the learner keeps under one key, read now."""
+    state = bus.get_state(LEARNER_STATE)
+    if state is None:
+        return LearnerView(learner_version=0, staleness_bound=run.schedule.staleness_bound, state=None)
+    # the learner applies the admission rule, so its S is the one that holds (it read the same run file)
+    return LearnerView(learner_version=state.learner_version, staleness_bound=state.staleness_bound, state=state)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,12 @@
-"""What an endpoint can ask for, as typed aliases (`registry: RegistryDep`, `caller: CallerDep`)."""
+"""What an endpoint can ask for, as typed aliases; the routers (services/coordinator/routers/) take them
+from here and nowhere else.
+
+    CoordinatorDep   the `Coordinator`: run config, Redis keys and client, worker registry, stream bus
+    RegistryDep      its `WorkerRegistry`
+    ControlDep       the `ControlPlane` (services/coordinator/control.py): the control loop's last pass
+    CallerDep        who holds the bearer token: `AdminCaller` or `WorkerCaller` (401 for anyone else)
+    WorkerIdPath     the `{worker_id}` path parameter
+"""
 
 from __future__ import annotations
 
@@ -6,10 +14,11 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import redis
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from services.coordinator.auth import Caller, InvalidTokenError, authenticate
+from services.coordinator.control import ControlPlane
 from services.coordinator.worker_registry import WorkerRegistry
 from shared.bus import StreamBus
 from shared.config import RunConfig
@@ -42,6 +51,13 @@ def get_registry(coordinator: CoordinatorDep) -> WorkerRegistry:
 
 RegistryDep = Annotated[WorkerRegistry, Depends(get_registry)]
 
+
+def get_control(request: Request) -> ControlPlane:
+    return request.app.state.control
+
+
+ControlDep = Annotated[ControlPlane, Depends(get_control)]
+
 _bearer = HTTPBearer(auto_error=False, description="a worker token from POST /v1/workers, or the admin token")
 
 
@@ -61,3 +77,6 @@ CallerDep = Annotated[Caller, Depends(get_caller)]
 
 def unauthorized(reason: str) -> HTTPException:
     return HTTPException(status.HTTP_401_UNAUTHORIZED, detail=reason, headers={"WWW-Authenticate": "Bearer"})
+
+
+WorkerIdPath = Annotated[str, Path(min_length=1, max_length=64, description="id from POST /v1/workers")]

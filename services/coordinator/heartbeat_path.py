@@ -1,18 +1,41 @@
-"""The heartbeat's hot path: a small ASGI layer in front of FastAPI (CoordinatorAPI in app.py calls it
-first) that serves a worker's heartbeat with its own token on the event loop, in one entry of a shared
-Redis call, without FastAPI's middleware, routing and dependency machinery (which alone cost more CPU
-per request than everything below, on a 2-core machine serving 1000 workers that beat once a second
-next to Redis and the load generator; benchmarks/load_heartbeat.py).
+"""The heartbeat's hot path: a small ASGI layer in front of FastAPI that serves a worker's heartbeat with
+its own token on the event loop, in one entry of a shared Redis call, without FastAPI's middleware,
+routing and dependency machinery (which alone cost more CPU per request than everything below, on a
+2-core machine serving 1000 workers that beat once a second next to Redis and the load generator;
+benchmarks/load_heartbeat.py).
 
-    POST /v1/workers/<id>/heartbeat, "Authorization: Bearer <id>.<secret>", a valid HeartbeatRequest
-        -> one entry of a batched call of the heartbeat script (services/coordinator/heartbeat_batch.py),
-           atomically per worker: the token's sha256 against the stored one, the lease, the reported
-           fields, and the reported weight swap recorded for T_bcast (in a small fleet a swap that is
-           news then completes the versions it can, in a thread; in a large one the control loop does)
-        -> 200 with the state the control loop decided and the learner's version as of its last pass
-    anything else (another token, a bad body, an unknown or dead worker, a wrong token)
-        -> handed to the FastAPI endpoint unchanged (body replayed), which answers exactly as before:
-           401, 403, 404, 410 or 422 with its reason
+How a heartbeat is served, step by step (files under services/coordinator/):
+
+    1. ASGI entry           app.py: CoordinatorAPI.__call__
+       every HTTP request comes to HeartbeatFastPath.__call__ (here) first
+    2. is it ours?          here: own_heartbeat
+       POST /v1/workers/<id>/heartbeat with "Authorization: Bearer <id>.<secret>" naming the URL's worker;
+       anything else goes on to FastAPI untouched (F)
+    3. parse and validate   here: read_body, HeartbeatRequest.model_validate_json (shared/api.py)
+       at most MAX_BODY_BYTES; a bad body goes to FastAPI (F), which names the field (422)
+    4. token digest         here: serve, auth.py: token_sha256
+       the digest of the token (the script compares it), the new lease expiry (the registry's clock +
+       lease_s) and the record fields to store (worker_registry.py: heartbeat_fields)
+    5. batcher              heartbeat_batch.py: HeartbeatBatcher.submit, redis_script.py: ScriptConnection.call
+       the entry queues; one flush task sends what queued (up to MAX_BATCH entries) as one EVALSHA on a
+       bare asyncio connection whose reply hiredis parses
+    6. the Lua script       heartbeat_batch.py: HEARTBEAT_LUA
+       per entry, atomically: the digest against the stored one, the lease (ran out -> dead, else
+       extended), the fields, and a weight swap reported for the first time recorded for T_bcast;
+       an outcome other than OK (unknown, wrong token, dead) goes to FastAPI (F), which says which
+    7. T_bcast              here: serve, broadcast_times.py: BroadcastTimes.complete_pending
+       a swap that is news completes the versions it can, in a thread, in a fleet of at most
+       INLINE_COMPLETION_MAX_WORKERS; in a larger one the control loop does it once a pass
+       (control.py: ControlPlane.complete_broadcasts)
+    8. response             here: serve, control.py: ControlPlane.learner_view
+       200 with the state the script read and the learner's version as of the control loop's last
+       pass; Redis unreachable -> 503 with Retry-After, as errors.py answers everywhere else
+
+    F. FastAPI fallback     here: replay, app.py: CoordinatorAPI.serve_with_fastapi, routers/workers.py: heartbeat
+       the body already read is replayed to FastAPI, whose endpoint answers exactly as without this
+       layer: deps.py get_caller (401), the body (422), ensure_known (404), ensure_is_worker (403),
+       then worker_registry.py WorkerRegistry.extend_lease runs the same script for one entry through
+       redis-py (errors.py: a dead worker -> 410)
 
 The script compares sha256 digests, never tokens: a timing difference could reveal leading bytes of a
 digest, and no one can choose a token whose digest starts with given bytes, so this is as safe as the

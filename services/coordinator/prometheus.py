@@ -1,12 +1,12 @@
-"""GET /metrics: the coordinator's view in Prometheus text format, built from the control loop's last pass
-(workers, learner, capacity, activation) plus the ledger and stream depths read at scrape time."""
+"""The coordinator's metrics in Prometheus text format (served at GET /metrics by routers/control.py), built
+from the control loop's last pass (workers, learner, capacity, activation) plus the ledger and stream
+depths read at scrape time."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fastapi import APIRouter, FastAPI, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi import FastAPI
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
@@ -15,18 +15,10 @@ from services.coordinator.control import ControlPlane, ControlSnapshot
 from shared.api import WorkerState
 from shared.metrics import PREFIX, CallbackCollector, gauge, learner_families, new_registry, stream_depth_families
 
-router = APIRouter(tags=["observability"])
-
-
-@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
-def metrics(request: Request) -> Response:
-    """Prometheus exposition: learner steps, idle seconds, staleness, dropped groups, stream depths,
-    per-worker samples/s and tokens/s, broadcast seconds, capacity and cost."""
-    registry = request.app.state.metrics_registry
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
 
 def install_metrics(app: FastAPI, control: ControlPlane) -> None:
+    """`app.state.metrics_registry`: what GET /metrics exposes, collected at each scrape."""
+
     def families() -> Iterator[Metric]:
         yield from coordinator_families(control)
         fast_path = getattr(app, "heartbeat_fast_path", None)  # CoordinatorAPI's
@@ -34,7 +26,6 @@ def install_metrics(app: FastAPI, control: ControlPlane) -> None:
             yield from heartbeat_families(fast_path.batcher_counts())
 
     app.state.metrics_registry = new_registry(CallbackCollector(families))
-    app.include_router(router)
 
 
 def heartbeat_families(counts: tuple[int, int]) -> Iterator[Metric]:

@@ -1,30 +1,21 @@
-"""/v1/status (the run at a glance) and /v1/staleness (the worker gate: is version v still admissible?)."""
+"""The run as a whole, as the coordinator answers about it: the staleness verdict (/v1/staleness, the
+worker gate: is version v still admissible?), the status (/v1/status, the run at a glance) and the
+dashboard's data (/v1/dashboard: the control loop's last pass + ledger + history)."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Query
-
-from services.coordinator.deps import CoordinatorDep
-from services.coordinator.learner_view import read_learner_view
+from services.coordinator.control import ControlPlane, read_learner_view
+from services.coordinator.deps import Coordinator
 from services.coordinator.ledger import CostLedger
-from shared.api import LearnerInfo, StalenessResponse, StatusResponse
+from shared.api import DashboardResponse, LearnerInfo, StalenessResponse, StatusResponse
 from shared.bus import StreamBus
 from shared.messages import LearnerState
 from shared.staleness import is_admissible, steps_remaining
 from shared.streams import DEAD, GROUPED_STREAMS
 
-router = APIRouter(prefix="/v1", tags=["run"])
 
-
-@router.get("/staleness")
-def staleness(
-    coordinator: CoordinatorDep,
-    policy_version: Annotated[int, Query(ge=0, description="the version the worker's engine holds")],
-) -> StalenessResponse:
-    """Whether a group sampled now with `policy_version` can still be trained on (t - v <= S), and for
-    how many more learner steps. Before the learner reports anything, t = 0."""
+def staleness_verdict(coordinator: Coordinator, policy_version: int) -> StalenessResponse:
+    """The admission rule (shared/staleness.py) applied to the learner's version now."""
     learner = read_learner_view(coordinator.bus, coordinator.run)
     return StalenessResponse(
         policy_version=policy_version,
@@ -35,9 +26,8 @@ def staleness(
     )
 
 
-@router.get("/status")
-def run_status(coordinator: CoordinatorDep) -> StatusResponse:
-    """The learner's state, how deep each stream is, dead letters, and every worker."""
+def status_response(coordinator: Coordinator) -> StatusResponse:
+    """Read now from Redis (not from the control loop's last pass): the learner, streams, workers, ledger."""
     learner = read_learner_view(coordinator.bus, coordinator.run)
     num_dead_letters = coordinator.bus.length(DEAD)
     return StatusResponse(
@@ -48,6 +38,26 @@ def run_status(coordinator: CoordinatorDep) -> StatusResponse:
         num_dead_letters=num_dead_letters,
         workers=coordinator.registry.list_workers(),
         cost_usd=CostLedger(coordinator.redis, coordinator.keys, max_billing_gap_s=1.0).totals().total_usd,
+    )
+
+
+def dashboard_response(control: ControlPlane) -> DashboardResponse:
+    """The control loop's last pass, with stream depths, history and cost read now."""
+    snapshot = control.current()
+    coordinator = control.coordinator
+    learner = snapshot.learner
+    bus_depths = stream_depths(coordinator.bus)
+    return DashboardResponse(
+        run_id=coordinator.run.run_id,
+        staleness_bound=learner.staleness_bound if learner is not None else coordinator.run.schedule.staleness_bound,
+        learner=learner_info(learner) if learner is not None else None,
+        workers=snapshot.workers,
+        staleness_histogram=dict(learner.staleness_histogram) if learner is not None else {},
+        stream_depths={**bus_depths, "dead": coordinator.bus.length(DEAD)},
+        history=control.history(),
+        capacity=snapshot.capacity,
+        activation=snapshot.activation,
+        cost=control.cost(snapshot),
     )
 
 

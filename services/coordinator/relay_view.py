@@ -1,24 +1,19 @@
-"""Weight broadcast: the relay plan (who fetches from whom) and the measured T_bcast per version.
+"""The relay plan as the coordinator serves it: who fetches the next weight version from whom.
 
 The plan is computed on every read from the registry (alive workers, their reported bandwidth) and the
 throughput each achieved on past versions, so it follows joins, drains and deaths with no state of its
 own (shared/relay_plan.py holds the rule). Swap reports arrive with heartbeats and become T_bcast in
-services/coordinator/broadcast_times.py.
+services/coordinator/broadcast_times.py. Served by services/coordinator/routers/broadcast.py.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Annotated
-
-from fastapi import APIRouter, Path
 
 from services.coordinator.broadcast_times import BroadcastTimes
-from services.coordinator.deps import Coordinator, CoordinatorDep
-from services.coordinator.errors import error_docs
+from services.coordinator.deps import Coordinator
 from services.coordinator.worker_registry import WorkerDeadError
 from shared.api import (
-    BroadcastTimesResponse,
     ParentResponse,
     RelayAssignmentInfo,
     RelayPlanResponse,
@@ -33,19 +28,13 @@ from shared.weights import WeightsError
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(tags=["broadcast"])
-
 # who is in the plan (fetches from it and relays): active workers and standbys, which keep their
 # weights fresh anyway; a draining worker is leaving and a dead one is gone
 RELAY_STATES = (WorkerState.ACTIVE, WorkerState.STANDBY)
 
-WorkerIdPath = Annotated[str, Path(min_length=1, max_length=64, description="id from POST /v1/workers")]
 
-
-@router.get("/v1/broadcast/plan")
-def relay_plan(coordinator: CoordinatorDep) -> RelayPlanResponse:
-    """Every active or standby worker's parent (the learner for the seeds, other workers for the rest),
-    depth and fallbacks, ranked by effective bandwidth."""
+def relay_plan_response(coordinator: Coordinator) -> RelayPlanResponse:
+    """The whole plan, each assignment with the bandwidth it was ranked by (reported and measured)."""
     workers = coordinator.registry.list_workers()
     measured = BroadcastTimes(coordinator.redis, coordinator.keys).measured_mbps()
     plan = compute_plan(coordinator, workers, measured)
@@ -72,10 +61,9 @@ def relay_plan(coordinator: CoordinatorDep) -> RelayPlanResponse:
     )
 
 
-@router.get("/v1/workers/{worker_id}/parent", responses=error_docs(404, 410))
-def worker_parent(worker_id: WorkerIdPath, coordinator: CoordinatorDep) -> ParentResponse:
-    """Where `worker_id` fetches the next version from. A worker that is alive but not in the plan
-    (draining) gets the learner, with the plan's relayers as fallbacks. 410 for a dead worker."""
+def parent_response(coordinator: Coordinator, worker_id: str) -> ParentResponse:
+    """`worker_id`'s place in the plan; the learner, with the relayers as fallbacks, for a worker alive
+    but outside it. Raises UnknownWorkerError, or WorkerDeadError for a dead worker."""
     worker = coordinator.registry.get(worker_id)
     if worker.state == WorkerState.DEAD:
         raise WorkerDeadError(f"worker {worker_id} is dead (its lease expired); register again")
@@ -103,20 +91,6 @@ def worker_parent(worker_id: WorkerIdPath, coordinator: CoordinatorDep) -> Paren
         depth=assignment.depth,
         fallback_urls=list(assignment.fallback_urls),
         learner_url=learner_url,
-    )
-
-
-@router.get("/v1/broadcast/times")
-def broadcast_times(coordinator: CoordinatorDep) -> BroadcastTimesResponse:
-    """Measured T_bcast per version: the learner's announcement to the last active worker's swap."""
-    times = BroadcastTimes(coordinator.redis, coordinator.keys).times()
-    seconds = [times[version] for version in sorted(times)]
-    return BroadcastTimesResponse(
-        seconds_by_version=dict(sorted(times.items())),
-        num_versions=len(times),
-        mean_s=round(sum(seconds) / len(seconds), 4) if seconds else None,
-        max_s=max(seconds) if seconds else None,
-        last_s=seconds[-1] if seconds else None,
     )
 
 

@@ -4,13 +4,13 @@ Lifecycle: register (active, or standby when it has a price and the planner has 
 -> heartbeats; the answer carries the state the control loop decided (active / standby / draining)
 -> drain (own token or admin): the worker finishes its batch, acks it, deregisters and exits
 -> gone. A worker that stops heartbeating is dead after `lease_s` and must register again.
+
+How a heartbeat is served, fast path and this endpoint, step by step: services/coordinator/heartbeat_path.py.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, HTTPException, Path, Response, status
+from fastapi import APIRouter, HTTPException, Response, status
 
 from services.coordinator.auth import (
     AdminCaller,
@@ -20,10 +20,9 @@ from services.coordinator.auth import (
     new_worker_id,
     token_sha256,
 )
-from services.coordinator.control_routes import ControlDep
-from services.coordinator.deps import CallerDep, CoordinatorDep, RegistryDep
+from services.coordinator.control import read_learner_view
+from services.coordinator.deps import CallerDep, ControlDep, CoordinatorDep, RegistryDep, WorkerIdPath
 from services.coordinator.errors import error_docs
-from services.coordinator.learner_view import read_learner_view
 from shared.api import (
     HeartbeatRequest,
     HeartbeatResponse,
@@ -33,8 +32,6 @@ from shared.api import (
 )
 
 router = APIRouter(prefix="/v1/workers", tags=["workers"])
-
-WorkerIdPath = Annotated[str, Path(min_length=1, max_length=64, description="id from POST /v1/workers")]
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)
