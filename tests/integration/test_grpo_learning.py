@@ -18,6 +18,7 @@ from services.learner.trainer import load_policy, make_optimizer, train_step
 from shared.config import GRPOConfig
 from shared.tasks import make_task
 
+pytestmark = pytest.mark.integration  # real training runs: seconds, not the unit tier's milliseconds
 torch.set_num_threads(1)
 
 

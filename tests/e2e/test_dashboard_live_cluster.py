@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,8 +17,9 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.local import ClusterOptions, LocalCluster
+from tests.polling import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.e2e
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -53,22 +53,31 @@ chunk_size_bytes = 65536
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """Up and training: the learner has taken a few steps and both workers hold weights."""
+    """Up and training: the learner has taken a few steps, both workers hold weights and have reported
+    their generation speed, and the control loop has seen those reports."""
     root = tmp_path_factory.mktemp("dashboard")
     (root / "run.toml").write_text(RUN_TOML)
     cluster = LocalCluster(ClusterOptions(config_path=root / "run.toml", num_workers=2, runs_dir=root / "runs"))
+
+    def get(path: str) -> dict:
+        cluster.check_services_alive()
+        return httpx.get(cluster.coordinator_url + path, timeout=5).json()
+
+    def training() -> bool:
+        status = get("/v1/status")
+        versions = [w["policy_version"] for w in status["workers"]]
+        return (status["learner"] or {}).get("learner_version", 0) >= 5 and len(versions) == 2 and min(versions) >= 0
+
+    def control_pass_after_speed_reports() -> bool:
+        workers = get("/v1/status")["workers"]
+        if not all(w["tokens_per_s"] > 0 for w in workers):
+            return False
+        return get("/v1/activation")["planned_at_s"] > max(w["last_heartbeat_s"] for w in workers)
+
     try:
         cluster.start()
-        deadline_s = time.monotonic() + 90
-        while True:
-            cluster.check_services_alive()
-            status = httpx.get(cluster.coordinator_url + "/v1/status", timeout=5).json()
-            versions = [w["policy_version"] for w in status["workers"]]
-            if (status["learner"] or {}).get("learner_version", 0) >= 5 and len(versions) == 2 and min(versions) >= 0:
-                break
-            assert time.monotonic() < deadline_s, f"cluster not training after 90 s: {status}"
-            time.sleep(0.5)
-        time.sleep(1.5)  # a control-loop pass and a heartbeat after that
+        wait_for(training, "the cluster training (learner version 5, both workers holding weights)", timeout_s=90)
+        wait_for(control_pass_after_speed_reports, "a control-loop pass after both workers reported their speed")
         yield cluster
     finally:
         cluster.stop()
