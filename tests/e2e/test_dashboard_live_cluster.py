@@ -54,7 +54,7 @@ chunk_size_bytes = 65536
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """Up and training: the learner has taken a few steps, both workers hold weights and have reported
-    their generation speed, and the control loop has seen those reports."""
+    their generation speed, and the control loop has taken a pass since."""
     root = tmp_path_factory.mktemp("dashboard")
     (root / "run.toml").write_text(RUN_TOML)
     cluster = LocalCluster(ClusterOptions(config_path=root / "run.toml", num_workers=2, runs_dir=root / "runs"))
@@ -64,20 +64,30 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         return httpx.get(cluster.coordinator_url + path, timeout=5).json()
 
     def training() -> bool:
-        status = get("/v1/status")
-        versions = [w["policy_version"] for w in status["workers"]]
-        return (status["learner"] or {}).get("learner_version", 0) >= 5 and len(versions) == 2 and min(versions) >= 0
+        status = get("/v1/status")  # read from Redis now, unlike /metrics (the control loop's last pass)
+        workers = status["workers"]
+        return (
+            (status["learner"] or {}).get("learner_version", 0) >= 5
+            and len(workers) == 2
+            and all(w["policy_version"] >= 0 and w["tokens_per_s"] > 0 for w in workers)  # speed reported
+        )
 
-    def control_pass_after_speed_reports() -> bool:
-        workers = get("/v1/status")["workers"]
-        if not all(w["tokens_per_s"] > 0 for w in workers):
-            return False
-        return get("/v1/activation")["planned_at_s"] > max(w["last_heartbeat_s"] for w in workers)
+    def control_passes(num_passes: int) -> None:
+        """Wait for `num_passes` more control-loop passes: the last began after this call, so the
+        coordinator's pass-based views (/metrics, /dashboard) show what held before it."""
+        seen = [get("/v1/activation")["planned_at_s"]]
+
+        def newer_pass() -> bool:
+            if (planned_at_s := get("/v1/activation")["planned_at_s"]) > seen[-1]:
+                seen.append(planned_at_s)
+            return len(seen) > num_passes
+
+        wait_for(newer_pass, f"{num_passes} control-loop passes")
 
     try:
         cluster.start()
-        wait_for(training, "the cluster training (learner version 5, both workers holding weights)", timeout_s=90)
-        wait_for(control_pass_after_speed_reports, "a control-loop pass after both workers reported their speed")
+        wait_for(training, "the cluster training (learner version 5, both workers sampling)", timeout_s=90)
+        control_passes(2)  # the first may have been under way already
         yield cluster
     finally:
         cluster.stop()

@@ -251,12 +251,15 @@ def test_a_standby_worker_keeps_heartbeating_and_fresh_weights_but_takes_no_task
         bus.ensure_group(keys.tasks, ConsumerGroups.TASKS)
         publish_tasks(bus, keys, "s", 6)
         first_beat = workers_named(coordinator_url, "priced")[0]["last_heartbeat_s"]
-        # with the tasks waiting: a planner pass, a heartbeat that carries its verdict, and whole turns
-        # of the worker's loop after that; a worker that were (or believed itself) active would take them
+        # with the tasks waiting: a planner pass, a heartbeat after it (its answer carries the verdict), and
+        # whole turns of the worker's loop after that; a worker that were (or believed itself) active would
+        # have taken them
         planned_at_s = activation(coordinator_url)["planned_at_s"]
         wait_for(lambda: activation(coordinator_url)["planned_at_s"] > planned_at_s, "a planner pass")
+        beat_s = workers_named(coordinator_url, "priced")[0]["last_heartbeat_s"]
         wait_for(
-            lambda: workers_named(coordinator_url, "priced")[0]["last_heartbeat_s"] > first_beat, "a heartbeat after it"
+            lambda: workers_named(coordinator_url, "priced")[0]["last_heartbeat_s"] > beat_s,
+            "a heartbeat after that pass",
         )
         turns.wait_for_more(2, "two turns of the worker's loop after that heartbeat")
         [priced] = workers_named(coordinator_url, "priced")
