@@ -1,4 +1,6 @@
-"""Shared fixtures: a real redis-server per test session, a fresh run id (and so key prefix) per test."""
+"""Shared fixtures: a real redis-server per test session, a fresh run id (and so key prefix) per test,
+the tiny policy built once. Also the tier rule: a test under tests/integration/ or tests/e2e/ carries
+that tier's marker (unit tests, under tests/unit/, need no real servers and carry neither)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,16 @@ import redis
 from cluster.redis_server import RedisServer
 from shared.bus import StreamBus, connect
 from shared.keys import RunKeys
+
+TIERS = ("integration", "e2e")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        directory = item.path.parent.name
+        for tier in TIERS:
+            if (directory == tier) != (item.get_closest_marker(tier) is not None):
+                raise pytest.UsageError(f"{item.nodeid}: pytest.mark.{tier} is for tests under tests/{tier}/ only")
 
 
 @pytest.fixture(scope="session")
@@ -60,3 +72,9 @@ def tiny_policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     alphabet = TASKS["arithmetic_mod10"].alphabet
     return build_initial_policy(ModelConfig(max_position_embeddings=32), alphabet, tmp_path_factory.mktemp("policy"))
+
+
+@pytest.fixture
+def model_dir(tiny_policy_dir: Path) -> Path:
+    """The tiny policy, under the name the services' settings give a model folder."""
+    return tiny_policy_dir

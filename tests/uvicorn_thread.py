@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Iterator
 
 import uvicorn
 from fastapi import FastAPI
 
 from cluster.redis_server import free_port
+from tests.polling import wait_for
 
 
 @contextlib.contextmanager
@@ -20,10 +20,12 @@ def serve(app: FastAPI) -> Iterator[str]:
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
-    deadline_s = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline_s, "server did not start"
-        time.sleep(0.01)
+
+    def started() -> bool:
+        assert thread.is_alive(), "the server thread died before the server started"
+        return server.started
+
+    wait_for(started, "the server to start", timeout_s=10, interval_s=0.01)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -23,10 +23,10 @@ from shared.config import RunConfig
 from shared.keys import RunKeys
 from shared.messages import WeightsPublished
 from shared.streams import WEIGHTS
+from tests.coordinator_rest import ADMIN_TOKEN, register
 
 pytestmark = pytest.mark.integration
 
-ADMIN_TOKEN = "test-admin-token-0123456789"
 LEARNER_URL = "http://learner:8100"
 
 
@@ -37,12 +37,9 @@ def api(redis_client: redis.Redis, keys: RunKeys) -> Iterator[httpx.Client]:
         yield client
 
 
-def register(api: httpx.Client, name: str, mbps: float) -> RegisterWorkerResponse:
-    response = api.post(
-        "/v1/workers", json={"name": name, "endpoint_url": f"http://{name}:9000", "bandwidth_mbps": mbps}
-    )
-    assert response.status_code == 201, response.text
-    return RegisterWorkerResponse.model_validate(response.json())
+def register_relay(api: httpx.Client, name: str, mbps: float) -> RegisterWorkerResponse:
+    """A worker whose chunk server is http://<name>:9000 and whose link is `mbps`."""
+    return register(api, name, endpoint_url=f"http://{name}:9000", bandwidth_mbps=mbps)
 
 
 def plan(api: httpx.Client) -> dict[str, tuple[str, int]]:
@@ -83,7 +80,11 @@ def test_the_plan_chains_workers_by_bandwidth_and_follows_joins_and_deaths(
             num_chunks=1,
         ),
     )
-    slow, fast, middle = register(api, "slow", 100), register(api, "fast", 900), register(api, "middle", 500)
+    slow, fast, middle = (
+        register_relay(api, "slow", 100),
+        register_relay(api, "fast", 900),
+        register_relay(api, "middle", 500),
+    )
 
     assert plan(api) == {"fast": ("learner", 1), "middle": (fast.worker_id, 2), "slow": (middle.worker_id, 3)}
     seed = parent(api, fast)
@@ -92,7 +93,7 @@ def test_the_plan_chains_workers_by_bandwidth_and_follows_joins_and_deaths(
     assert (tail.parent_url, tail.fallback_urls) == ("http://middle:9000", ["http://fast:9000"])
     assert api.get("/v1/broadcast/plan").json()["assignments"][0]["parent_url"] == LEARNER_URL
 
-    newcomer = register(api, "newcomer", 2000)  # a join re-plans: the fastest becomes the seed
+    newcomer = register_relay(api, "newcomer", 2000)  # a join re-plans: the fastest becomes the seed
     assert plan(api)["newcomer"] == ("learner", 1) and plan(api)["fast"] == (newcomer.worker_id, 2)
 
     redis_client.zadd(keys.worker_leases, {middle.worker_id: time.time() - 1})  # middle's lease ran out
@@ -105,7 +106,7 @@ def test_the_plan_chains_workers_by_bandwidth_and_follows_joins_and_deaths(
 def test_swap_reports_in_heartbeats_become_the_broadcast_time_of_each_version(
     api: httpx.Client, redis_client: redis.Redis, keys: RunKeys
 ) -> None:
-    first, second = register(api, "first", 100), register(api, "second", 100)
+    first, second = register_relay(api, "first", 100), register_relay(api, "second", 100)
     announced_at_s = time.time()
 
     heartbeat(api, first, policy_version=3, announced_at_s=announced_at_s, swapped_at_s=announced_at_s + 1.5)
@@ -120,7 +121,7 @@ def test_swap_reports_in_heartbeats_become_the_broadcast_time_of_each_version(
     heartbeat(api, second, policy_version=4, announced_at_s=announced_at_s + 3, swapped_at_s=announced_at_s + 3.5)
     heartbeat(api, first, policy_version=5, announced_at_s=announced_at_s + 4, swapped_at_s=announced_at_s + 4.2)
     heartbeat(api, second, policy_version=5, announced_at_s=announced_at_s + 4, swapped_at_s=announced_at_s + 4.9)
-    late = register(api, "late", 100)  # joined after version 5 was announced: not part of its broadcast
+    late = register_relay(api, "late", 100)  # joined after version 5 was announced: not part of its broadcast
     heartbeat(api, late, policy_version=5, announced_at_s=announced_at_s + 4, swapped_at_s=time.time() + 60)
 
     times = BroadcastTimesResponse.model_validate(api.get("/v1/broadcast/times").json())

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -13,18 +11,17 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from cluster.redis_server import free_port
-from services.coordinator.app import create_app
-from shared.api import RegisterWorkerResponse, StatusResponse, WorkerInfo
+from shared.api import StatusResponse, WorkerInfo
 from shared.bus import StreamBus
 from shared.config import CoordinatorConfig, RunConfig, ScheduleConfig
 from shared.keys import RunKeys
 from shared.messages import LearnerState, TaskGroup
 from shared.streams import GROUPED_STREAMS, LEARNER_STATE, ROLLOUTS, TASKS
-from tests.uvicorn_thread import serve
+from tests.coordinator_rest import ADMIN_TOKEN, ServeCoordinator, bearer, register, served_coordinator
+from tests.manual_clock import ManualClock
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
-
-ADMIN_TOKEN = "test-admin-token-0123456789"
 
 
 def run_config(run_id: str, *, lease_s: float = 5.0, staleness_bound: int = 2) -> RunConfig:
@@ -39,31 +36,19 @@ StartCoordinator = Callable[..., httpx.Client]
 
 
 @pytest.fixture
-def start_coordinator(redis_client: redis.Redis, keys: RunKeys) -> Iterator[StartCoordinator]:
-    """start(lease_s=..., staleness_bound=...) -> a client of a fresh coordinator app on this test's run."""
-    with contextlib.ExitStack() as stack:
+def start_coordinator(serve_coordinator: ServeCoordinator, keys: RunKeys) -> StartCoordinator:
+    """start(lease_s=..., staleness_bound=..., lease_clock=...) -> a client of a fresh coordinator app on
+    this test's run; with `lease_clock`, its leases run on that clock instead of the wall clock."""
 
-        def start(**run_overrides: float) -> httpx.Client:
-            app = create_app(run_config(keys.run_id, **run_overrides), redis_client, ADMIN_TOKEN)
-            base_url = stack.enter_context(serve(app))
-            return stack.enter_context(httpx.Client(base_url=base_url, timeout=10))
+    def start(lease_clock: ManualClock | None = None, **run_overrides: float) -> httpx.Client:
+        return serve_coordinator(run_config(keys.run_id, **run_overrides), lease_clock=lease_clock).client
 
-        yield start
+    return start
 
 
 @pytest.fixture
 def api(start_coordinator: StartCoordinator) -> httpx.Client:
     return start_coordinator()
-
-
-def register(api: httpx.Client, **fields: object) -> RegisterWorkerResponse:
-    response = api.post("/v1/workers", json={"name": "w", **fields})
-    assert response.status_code == 201, response.text
-    return RegisterWorkerResponse.model_validate(response.json())
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def write_learner_state(client: redis.Redis, keys: RunKeys, *, learner_version: int, staleness_bound: int) -> None:
@@ -118,10 +103,12 @@ def test_token_is_stored_only_as_its_sha256(api: httpx.Client, redis_client: red
     assert len(stored[b"token_sha256"]) == 64
 
 
-def test_worker_whose_lease_expires_is_dead_and_must_register_again(start_coordinator: StartCoordinator) -> None:
-    api = start_coordinator(lease_s=0.5)
+def test_worker_whose_lease_expires_is_dead_and_must_register_again(
+    start_coordinator: StartCoordinator, clock: ManualClock
+) -> None:
+    api = start_coordinator(lease_s=0.5, lease_clock=clock)
     worker = register(api)
-    time.sleep(0.7)
+    clock.advance(0.7)
 
     assert api.get(f"/v1/workers/{worker.worker_id}").json()["state"] == "dead"
     response = api.post(f"/v1/workers/{worker.worker_id}/heartbeat", headers=bearer(worker.token), json={})
@@ -132,11 +119,11 @@ def test_worker_whose_lease_expires_is_dead_and_must_register_again(start_coordi
     assert api.post(f"/v1/workers/{again.worker_id}/heartbeat", headers=bearer(again.token), json={}).status_code == 200
 
 
-def test_heartbeats_keep_a_short_lease_alive(start_coordinator: StartCoordinator) -> None:
-    api = start_coordinator(lease_s=0.5)
+def test_heartbeats_keep_a_short_lease_alive(start_coordinator: StartCoordinator, clock: ManualClock) -> None:
+    api = start_coordinator(lease_s=0.5, lease_clock=clock)
     worker = register(api)
     for _ in range(6):  # 0.9 s in all: well past one lease
-        time.sleep(0.15)
+        clock.advance(0.15)
         assert (
             api.post(f"/v1/workers/{worker.worker_id}/heartbeat", headers=bearer(worker.token), json={}).status_code
             == 200
@@ -145,14 +132,16 @@ def test_heartbeats_keep_a_short_lease_alive(start_coordinator: StartCoordinator
 
 
 def test_sweeper_marks_expired_workers_dead_without_any_reader(
-    start_coordinator: StartCoordinator, redis_client: redis.Redis, keys: RunKeys
+    start_coordinator: StartCoordinator, redis_client: redis.Redis, keys: RunKeys, clock: ManualClock
 ) -> None:
-    api = start_coordinator(lease_s=0.5)
+    api = start_coordinator(lease_s=0.5, lease_clock=clock)
     worker = register(api)
-    deadline_s = time.monotonic() + 3
-    while redis_client.hget(keys.worker(worker.worker_id), "state") != b"dead":  # read Redis, not the API
-        assert time.monotonic() < deadline_s, "the sweeper did not expire the worker"
-        time.sleep(0.05)
+    clock.advance(0.6)
+    wait_for(  # read Redis, not the API: the sweeper (a pass every lease_s / 4) alone marks it
+        lambda: redis_client.hget(keys.worker(worker.worker_id), "state") == b"dead",
+        "the sweeper to expire the worker",
+        timeout_s=3,
+    )
     assert redis_client.zscore(keys.worker_leases, worker.worker_id) is None
 
 
@@ -340,10 +329,11 @@ def test_a_restarted_coordinator_sees_every_worker_and_accepts_their_tokens(
     redis_client: redis.Redis, keys: RunKeys
 ) -> None:
     run = run_config(keys.run_id)
-    with serve(create_app(run, redis_client, ADMIN_TOKEN)) as first_url, httpx.Client(base_url=first_url) as first:
-        workers = [register(first, name=f"w{i}") for i in range(3)]
+    with served_coordinator(run, redis_client) as first:
+        workers = [register(first.client, name=f"w{i}") for i in range(3)]
 
-    with serve(create_app(run, redis_client, ADMIN_TOKEN)) as second_url, httpx.Client(base_url=second_url) as second:
+    with served_coordinator(run, redis_client) as coordinator:
+        second = coordinator.client
         listed = second.get("/v1/workers").json()
         assert sorted(w["worker_id"] for w in listed) == sorted(w.worker_id for w in workers)
         assert all(w["state"] == "active" for w in listed)
@@ -370,7 +360,8 @@ def test_healthz_and_openapi_document_every_endpoint(api: httpx.Client) -> None:
 
 def test_redis_outage_is_503_not_a_crash(keys: RunKeys) -> None:
     unreachable = redis.Redis(port=free_port(), socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
-    with serve(create_app(run_config(keys.run_id), unreachable, ADMIN_TOKEN)) as url, httpx.Client(base_url=url) as api:
+    with served_coordinator(run_config(keys.run_id), unreachable) as coordinator:
+        api = coordinator.client
         response = api.get("/v1/workers")
         assert response.status_code == 503
         assert "redis" in response.json()["detail"]

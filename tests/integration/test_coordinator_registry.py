@@ -9,28 +9,11 @@ from services.coordinator.auth import issue_worker_token, new_worker_id, token_s
 from services.coordinator.worker_registry import UnknownWorkerError, WorkerDeadError, WorkerRegistry
 from shared.api import HeartbeatRequest, RegisterWorkerRequest, WorkerState
 from shared.keys import RunKeys
+from tests.manual_clock import ManualClock
 
 pytestmark = pytest.mark.integration
 
 LEASE_S = 5.0
-
-
-class ManualClock:
-    """Unix seconds that move only when the test says so."""
-
-    def __init__(self, now_s: float = 1_000_000.0) -> None:
-        self.now_s = now_s
-
-    def __call__(self) -> float:
-        return self.now_s
-
-    def advance(self, seconds: float) -> None:
-        self.now_s += seconds
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
 
 
 @pytest.fixture

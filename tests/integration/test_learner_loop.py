@@ -37,6 +37,7 @@ from shared.run_records import LearnerSummary
 from shared.streams import LEARNER_STATE, SCORED, WEIGHTS
 from shared.tasks import make_task
 from shared.weights import WeightsError
+from tests.polling import wait_for
 from tests.selfplay import sample_scored_groups
 
 pytestmark = pytest.mark.integration
@@ -153,6 +154,12 @@ def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
     return [line for line in lines if "step" in line], [line for line in lines if "eval_step" in line]
 
 
+def metric_steps(run_dir: Path) -> tuple[list[int], list[int]]:
+    """(steps, eval steps) of metrics.jsonl so far."""
+    steps, evals = read_metrics(run_dir)
+    return [s["step"] for s in steps], [e["eval_step"] for e in evals]
+
+
 def pending_count(bus: StreamBus, keys: RunKeys) -> int:
     return len(
         bus.redis.xpending_range(keys.name_of(SCORED), SCORED.group, "-", "+", 1000, consumername=LEARNER_CONSUMER)
@@ -227,16 +234,20 @@ def start_learner_process(
     )
 
 
-def wait_for(condition, what: str, process: subprocess.Popen, run_dir: Path, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
+def wait_for_learner(condition, what: str, process: subprocess.Popen, run_dir: Path, timeout_s: float = 60.0) -> None:
+    """wait_for, failing at once (with the learner's log) if the learner process exits first."""
+
+    def log_tail() -> str:
+        return (run_dir / "learner.log").read_text()[-3000:]
+
+    def reached() -> bool:
+        if condition():
+            return True
         if process.poll() is not None and not condition():
-            raise AssertionError(
-                f"learner exited with {process.returncode} before {what}:\n{(run_dir / 'learner.log').read_text()[-3000:]}"
-            )
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}:\n{(run_dir / 'learner.log').read_text()[-3000:]}")
-        time.sleep(0.05)
+            raise AssertionError(f"learner exited with {process.returncode} before {what}:\n{log_tail()}")
+        return False
+
+    wait_for(reached, what, timeout_s=timeout_s, interval_s=0.05, explain=log_tail)
 
 
 def test_killed_learner_resumes_at_its_checkpoint_and_retrains_the_unacked_groups_then_stops_cleanly_on_sigterm(
@@ -259,8 +270,9 @@ def test_killed_learner_resumes_at_its_checkpoint_and_retrains_the_unacked_group
     try:
         # 1. Crash after step 3: the checkpoint is at 2, step 3's four groups are pending, unacked.
         learner = start()
-        wait_for(lambda: [s["step"] for s in read_metrics(tmp_path)[0]] == [1, 2, 3], "step 3", learner, tmp_path)
-        time.sleep(0.3)  # it is now idle, waiting for version-3 groups that never come
+        wait_for_learner(  # step 3's eval is the last thing it does before it waits for version-3 groups
+            lambda: metric_steps(tmp_path) == ([1, 2, 3], [0, 3]), "step 3 and its eval", learner, tmp_path
+        )
         learner.kill()
         learner.wait(timeout=10)
         assert load_checkpoint(checkpoint_path(tmp_path)).policy_version == 2
@@ -271,12 +283,13 @@ def test_killed_learner_resumes_at_its_checkpoint_and_retrains_the_unacked_group
         # it starves at version 5.
         worker.produce_below_version = 4
         learner = start()
-        wait_for(lambda: [s["step"] for s in read_metrics(tmp_path)[0]] == [1, 2, 3, 4, 5], "step 5", learner, tmp_path)
+        wait_for_learner(lambda: metric_steps(tmp_path)[0] == [1, 2, 3, 4, 5], "step 5", learner, tmp_path)
         steps, _ = read_metrics(tmp_path)
         assert steps[2]["num_replayed_groups"] == 4  # step 3 again, on the groups left pending by the crash
         assert worker.versions_seen == [0, 1, 2, 2, 3]  # version 2 announced again after the restart
         assert [s["staleness_histogram"] for s in steps[3:]] == [{"1": 4}, {"1": 4}]
-        time.sleep(0.3)
+        # step 5 due no eval and no checkpoint: it is waiting for version-5 groups (or about to); the
+        # signal only sets a flag that ends that wait, so it stops the same way from either place
         learner.send_signal(signal.SIGTERM)
         assert learner.wait(timeout=30) == 0
         assert load_checkpoint(checkpoint_path(tmp_path)).policy_version == 5
@@ -324,10 +337,9 @@ def test_the_learner_rides_out_a_redis_restart_without_losing_admitted_groups(
     worker = StandInWorker(bus, run, tiny_policy_dir)
 
     def restart_redis_after_step_2() -> None:
-        while not [s for s in read_metrics(settings.run_dir)[0] if s["step"] >= 2]:
-            time.sleep(0.02)
+        wait_for(lambda: max(metric_steps(settings.run_dir)[0], default=0) >= 2, "step 2", timeout_s=60)
         server.stop()  # SIGTERM: Redis writes its AOF and exits; every client call now fails
-        time.sleep(1.0)
+        time.sleep(1.0)  # the outage itself (the fault under test), not a wait for anything
         server.start()  # same port, same data directory: the streams and the consumer group are back
 
     outage = threading.Thread(target=restart_redis_after_step_2, daemon=True)

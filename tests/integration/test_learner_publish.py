@@ -3,7 +3,6 @@ the announcement on `weights` is made only once every chunk is servable."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -15,7 +14,7 @@ from services.learner.publish import WeightPublisher, load_weights_blob, seriali
 from services.learner.trainer import load_policy
 from shared.bus import StreamBus
 from shared.chunk_client import fetch_manifest, fetch_version
-from shared.chunk_server import ChunkServer, ChunkStore
+from shared.chunk_server import ChunkServer
 from shared.keys import RunKeys
 from shared.messages import WeightsPublished
 from shared.streams import WEIGHTS, Stream
@@ -43,23 +42,16 @@ class ServabilityCheckingBus:
         return self.bus.publish(stream, message)
 
 
-@pytest.fixture
-def server() -> Iterator[ChunkServer]:
-    chunk_server = ChunkServer(ChunkStore(keep_versions=2), wait_s=1.0).start()
-    yield chunk_server
-    chunk_server.stop()
-
-
 def test_a_published_version_is_fetched_verified_and_loads_into_a_fresh_model_identically(
-    bus: StreamBus, keys: RunKeys, server: ChunkServer, tiny_policy_dir: Path
+    bus: StreamBus, keys: RunKeys, chunk_server: ChunkServer, tiny_policy_dir: Path
 ) -> None:
     model, _ = load_policy(tiny_policy_dir)
     with torch.no_grad():  # make it differ from the initial weights a fresh model starts with
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.01)
-    checking_bus = ServabilityCheckingBus(bus, server.url)
+    checking_bus = ServabilityCheckingBus(bus, chunk_server.url)
     publisher = WeightPublisher(
-        checking_bus, keys, server.store, public_url=server.url, cluster_key=KEY, chunk_size_bytes=16384
+        checking_bus, keys, chunk_server.store, public_url=chunk_server.url, cluster_key=KEY, chunk_size_bytes=16384
     )
 
     published = publisher.publish(model, policy_version=3)
@@ -68,15 +60,15 @@ def test_a_published_version_is_fetched_verified_and_loads_into_a_fresh_model_id
     assert checking_bus.blobs_fetched_before_announcing == [serialize_weights(model)]
     (announcement,) = bus.entries(WEIGHTS)
     assert announcement.policy_version == 3
-    assert announcement.manifest_url == f"{server.url}/v1/weights/3/manifest"
+    assert announcement.manifest_url == f"{chunk_server.url}/v1/weights/3/manifest"
     with httpx.Client(timeout=5.0) as client:
-        manifest = fetch_manifest(client, server.url, 3, KEY)
+        manifest = fetch_manifest(client, chunk_server.url, 3, KEY)
         assert manifest.sha256() == announcement.manifest_sha256
         assert client.get(announcement.manifest_url).content == manifest.to_json()
-        blob = fetch_version(client, server.url, manifest)
+        blob = fetch_version(client, chunk_server.url, manifest)
         assert "lm_head.weight" not in safetensors_load(blob)  # tied to the embedding: sent once
         with pytest.raises(ManifestError):
-            fetch_manifest(client, server.url, 3, b"not-the-cluster-key")
+            fetch_manifest(client, chunk_server.url, 3, b"not-the-cluster-key")
 
     fresh, _ = load_policy(tiny_policy_dir)
     load_weights_blob(fresh, blob)

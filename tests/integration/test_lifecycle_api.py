@@ -4,9 +4,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -14,15 +12,15 @@ import redis
 
 from services.coordinator.app import create_app
 from services.coordinator.control import ControlPlane, pass_interval_s
+from shared.api import RegisterWorkerResponse
 from shared.config import ActivationConfig, CoordinatorConfig, GRPOConfig, RunConfig, ScheduleConfig
 from shared.keys import RunKeys
 from shared.messages import LearnerState
 from shared.streams import LEARNER_STATE
-from tests.uvicorn_thread import serve
+from tests.coordinator_rest import ADMIN_TOKEN, ServeCoordinator, bearer, register
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
-
-ADMIN_TOKEN = "lifecycle-admin-token-0123456789"
 
 
 def run_config(run_id: str, **activation: object) -> RunConfig:
@@ -42,33 +40,17 @@ Start = Callable[..., tuple[httpx.Client, ControlPlane]]
 
 
 @pytest.fixture
-def start(redis_client: redis.Redis, keys: RunKeys) -> Iterator[Start]:
-    with contextlib.ExitStack() as stack:
+def start(serve_coordinator: ServeCoordinator, keys: RunKeys) -> Start:
+    def start_app(clock: Callable[[], float] | None = None, **activation: object) -> tuple[httpx.Client, ControlPlane]:
+        # the clock is the control loop's (billing, dwell), set before its first pass
+        coordinator = serve_coordinator(run_config(keys.run_id, **activation), control_clock=clock)
+        return coordinator.client, coordinator.app.state.control
 
-        def start_app(
-            clock: Callable[[], float] | None = None, **activation: object
-        ) -> tuple[httpx.Client, ControlPlane]:
-            app = create_app(run_config(keys.run_id, **activation), redis_client, ADMIN_TOKEN)
-            if clock is not None:
-                app.state.control.clock = clock  # before the control loop's first pass
-            url = stack.enter_context(serve(app))
-            return stack.enter_context(httpx.Client(base_url=url, timeout=10)), app.state.control
-
-        yield start_app
+    return start_app
 
 
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-def register(api: httpx.Client, name: str, price: float = 0.0, gpu_type: str = "cpu") -> dict:
-    response = api.post("/v1/workers", json={"name": name, "price_per_hour": price, "gpu_type": gpu_type})
-    assert response.status_code == 201, response.text
-    return response.json()
-
-
-def heartbeat(api: httpx.Client, worker: dict, **fields: object) -> httpx.Response:
-    return api.post(f"/v1/workers/{worker['worker_id']}/heartbeat", headers=bearer(worker["token"]), json=fields)
+def heartbeat(api: httpx.Client, worker: RegisterWorkerResponse, **fields: object) -> httpx.Response:
+    return api.post(f"/v1/workers/{worker.worker_id}/heartbeat", headers=bearer(worker.token), json=fields)
 
 
 def set_learner(
@@ -100,22 +82,22 @@ def test_a_worker_drains_itself_the_admin_drains_anyone_and_no_worker_drains_ano
     api, _ = start()
     a, b = register(api, "a"), register(api, "b")
 
-    no_token = api.post(f"/v1/workers/{a['worker_id']}/drain")
+    no_token = api.post(f"/v1/workers/{a.worker_id}/drain")
     assert no_token.status_code == 401
-    other = api.post(f"/v1/workers/{a['worker_id']}/drain", headers=bearer(b["token"]))
+    other = api.post(f"/v1/workers/{a.worker_id}/drain", headers=bearer(b.token))
     assert other.status_code == 403 and "another worker" in other.json()["detail"]
-    assert api.get(f"/v1/workers/{a['worker_id']}").json()["state"] == "active"
+    assert api.get(f"/v1/workers/{a.worker_id}").json()["state"] == "active"
 
-    own = api.post(f"/v1/workers/{a['worker_id']}/drain", headers=bearer(a["token"]))
+    own = api.post(f"/v1/workers/{a.worker_id}/drain", headers=bearer(a.token))
     assert own.status_code == 200 and own.json()["state"] == "draining"
     assert heartbeat(api, a).json()["state"] == "draining"  # how the worker learns it
-    again = api.post(f"/v1/workers/{a['worker_id']}/drain", headers=bearer(a["token"]))
+    again = api.post(f"/v1/workers/{a.worker_id}/drain", headers=bearer(a.token))
     assert again.status_code == 200 and again.json()["state"] == "draining"  # idempotent
 
-    by_admin = api.post(f"/v1/workers/{b['worker_id']}/drain", headers=bearer(ADMIN_TOKEN))
+    by_admin = api.post(f"/v1/workers/{b.worker_id}/drain", headers=bearer(ADMIN_TOKEN))
     assert by_admin.status_code == 200 and by_admin.json()["state"] == "draining"
-    assert api.delete(f"/v1/workers/{a['worker_id']}", headers=bearer(a["token"])).status_code == 204
-    assert api.post(f"/v1/workers/{a['worker_id']}/drain", headers=bearer(ADMIN_TOKEN)).status_code == 404
+    assert api.delete(f"/v1/workers/{a.worker_id}", headers=bearer(a.token)).status_code == 204
+    assert api.post(f"/v1/workers/{a.worker_id}/drain", headers=bearer(ADMIN_TOKEN)).status_code == 404
 
 
 def test_a_dead_worker_cannot_be_drained_and_the_planner_never_undoes_a_drain(
@@ -123,12 +105,12 @@ def test_a_dead_worker_cannot_be_drained_and_the_planner_never_undoes_a_drain(
 ) -> None:
     api, control = start()
     worker = register(api, "w")
-    assert api.post(f"/v1/workers/{worker['worker_id']}/drain", headers=bearer(ADMIN_TOKEN)).status_code == 200
+    assert api.post(f"/v1/workers/{worker.worker_id}/drain", headers=bearer(ADMIN_TOKEN)).status_code == 200
     for _ in range(3):
         control.run_once()
-    assert api.get(f"/v1/workers/{worker['worker_id']}").json()["state"] == "draining"
-    redis_client.zadd(keys.worker_leases, {worker["worker_id"]: 0})  # the lease ran out
-    response = api.post(f"/v1/workers/{worker['worker_id']}/drain", headers=bearer(ADMIN_TOKEN))
+    assert api.get(f"/v1/workers/{worker.worker_id}").json()["state"] == "draining"
+    redis_client.zadd(keys.worker_leases, {worker.worker_id: 0})  # the lease ran out
+    response = api.post(f"/v1/workers/{worker.worker_id}/drain", headers=bearer(ADMIN_TOKEN))
     assert response.status_code == 410 and "dead" in response.json()["detail"]
 
 
@@ -151,17 +133,17 @@ def test_priced_worker_waits_on_standby_while_free_capacity_covers_the_requireme
     free = register(api, "free")
     heartbeat(api, free, samples_per_s=20.0)
     control.run_once()
-    priced = register(api, "priced", price=1.5)
-    assert priced["state"] == "standby"  # it costs money: nothing is spent before the planner picks it
+    priced = register(api, "priced", price_per_hour=1.5)
+    assert priced.state == "standby"  # it costs money: nothing is spent before the planner picks it
     control.run_once()
     assert heartbeat(api, priced).json()["state"] == "standby"
     activation = api.get("/v1/activation").json()
-    assert activation["standby_worker_ids"] == [priced["worker_id"]] and activation[
+    assert activation["standby_worker_ids"] == [priced.worker_id] and activation[
         "target_samples_per_s"
     ] == pytest.approx(9.6)
 
     # the free worker leaves: the priced one is needed now
-    assert api.delete(f"/v1/workers/{free['worker_id']}", headers=bearer(free["token"])).status_code == 204
+    assert api.delete(f"/v1/workers/{free.worker_id}", headers=bearer(free.token)).status_code == 204
     control.run_once()
     assert heartbeat(api, priced).json()["state"] == "active"
 
@@ -170,8 +152,8 @@ def test_cheapest_per_throughput_is_activated_first(start: Start, redis_client: 
     api, control = start()
     set_learner(redis_client, keys, num_steps=20, train_s=1.0)  # target 9.6 samples/s
     control.run_once()
-    pricey = register(api, "pricey", price=4.0)
-    cheap = register(api, "cheap", price=1.0)
+    pricey = register(api, "pricey", price_per_hour=4.0)
+    cheap = register(api, "cheap", price_per_hour=1.0)
     heartbeat(api, pricey, samples_per_s=12.0)  # measured while it was briefly active: 0.33 $/h per sample/s
     heartbeat(api, cheap, samples_per_s=10.0)  # 0.10
     control.run_once()
@@ -188,12 +170,12 @@ def test_the_ledger_bills_the_learner_and_active_workers_only_while_they_run(
     now = [1000.0]  # the control loop's clock: passes (its own and ours) bill up to now[0]
     api, control = start(clock=lambda: now[0], learner_price_per_hour=3.6)
     set_learner(redis_client, keys, num_steps=20, train_s=1.0)
-    active = register(api, "active", price=0.0)  # free: billed at $0
+    active = register(api, "active", price_per_hour=0.0)  # free: billed at $0
     heartbeat(api, active, samples_per_s=20.0)
     control.run_once()
-    standby = register(api, "standby", price=7.2)
+    standby = register(api, "standby", price_per_hour=7.2)
     control.run_once()
-    assert api.get(f"/v1/workers/{standby['worker_id']}").json()["state"] == "standby"
+    assert api.get(f"/v1/workers/{standby.worker_id}").json()["state"] == "standby"
 
     now[0] = 1100.0
     control.run_once()  # 100 s: learner $0.10, the standby worker nothing
@@ -201,18 +183,18 @@ def test_the_ledger_bills_the_learner_and_active_workers_only_while_they_run(
     assert cost["learner_usd"] == pytest.approx(0.1) and cost["workers_usd"] == 0.0
     assert cost["usd_per_hour_now"] == pytest.approx(3.6)
 
-    api.delete(f"/v1/workers/{active['worker_id']}", headers=bearer(active["token"]))
+    api.delete(f"/v1/workers/{active.worker_id}", headers=bearer(active.token))
     control.run_once()  # the priced worker is activated ...
     now[0] = 1150.0
     control.run_once()  # ... and billed for 50 s: $0.10
     cost = api.get("/v1/cost").json()
-    assert cost["usd_by_worker"][standby["worker_id"]] == pytest.approx(0.1)
+    assert cost["usd_by_worker"][standby.worker_id] == pytest.approx(0.1)
     assert cost["total_usd"] == pytest.approx(0.15 + 0.1)
     assert api.get("/v1/status").json()["cost_usd"] == pytest.approx(0.25)
 
     set_learner(redis_client, keys, num_steps=100, train_s=1.0, status="done")
-    api.post(f"/v1/workers/{standby['worker_id']}/drain", headers=bearer(standby["token"]))
-    api.delete(f"/v1/workers/{standby['worker_id']}", headers=bearer(standby["token"]))
+    api.post(f"/v1/workers/{standby.worker_id}/drain", headers=bearer(standby.token))
+    api.delete(f"/v1/workers/{standby.worker_id}", headers=bearer(standby.token))
     now[0] = 1200.0
     control.run_once()  # nothing runs any more: the ledger stands still
     assert api.get("/v1/cost").json()["total_usd"] == pytest.approx(0.25)
@@ -237,7 +219,7 @@ def test_capacity_reports_the_model_on_measured_inputs(start: Start, redis_clien
     inputs = capacity["inputs"]
     assert inputs["train_s"] == pytest.approx(0.5) and inputs["broadcast_s"] == pytest.approx(0.3)
     assert inputs["group_latency_s"] == pytest.approx(0.1) and inputs["worker_samples_per_s"] == {
-        worker["worker_id"]: 40.0
+        worker.worker_id: 40.0
     }
     # k + ceil((T_bcast + L_gen + D) / C) = 1 + ceil(0.4 / 0.5) = 2 <= S = 2
     assert capacity["min_feasible_staleness"] == 2 and capacity["staleness_feasible"] is True
@@ -251,10 +233,7 @@ def test_slow_passes_are_spaced_out_so_they_take_at_most_a_twentieth_of_the_time
 
 def test_the_control_loop_reports_its_pass_time_and_interval(start: Start) -> None:
     api, control = start()  # replan_interval_s = 0.2
-    deadline_s = time.monotonic() + 10
-    while control.last_pass_s == 0.0:
-        assert time.monotonic() < deadline_s, "no control pass ran"
-        time.sleep(0.05)
+    wait_for(lambda: control.last_pass_s > 0.0, "a pass of the control loop", timeout_s=10)
     metrics = {
         line.split(" ")[0]: float(line.split(" ")[1])
         for line in api.get("/metrics").text.splitlines()

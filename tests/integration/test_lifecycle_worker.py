@@ -5,13 +5,12 @@ the real coordinator app under uvicorn, weights published by the learner's own W
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,7 +18,6 @@ import pytest
 import torch
 
 from cluster.redis_server import RedisServer
-from services.coordinator.app import create_app
 from services.learner.publish import WeightPublisher
 from services.rollout.settings import RolloutSettings
 from services.rollout.torch_engine import TorchEngine
@@ -37,30 +35,13 @@ from shared.config import (
 from shared.keys import RunKeys
 from shared.messages import LearnerState, TaskGroup
 from shared.streams import LEARNER_STATE, ROLLOUTS, TASKS
-from tests.uvicorn_thread import serve
+from tests.coordinator_rest import ADMIN_TOKEN
+from tests.polling import CallCounter, wait_for
 
 pytestmark = pytest.mark.integration
 torch.set_num_threads(1)
 
 CLUSTER_KEY = "lifecycle-cluster-key"
-ADMIN_TOKEN = "lifecycle-admin-token-0123456789"
-
-
-def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 30.0, interval_s: float = 0.05) -> None:
-    deadline_s = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline_s, f"timed out waiting for: {what}"
-        time.sleep(interval_s)
-
-
-def serve_coordinator(run: RunConfig, redis_url: str) -> contextlib.AbstractContextManager[str]:
-    """The real coordinator app under uvicorn in a thread; yields its base URL."""
-    return serve(create_app(run, connect(redis_url), ADMIN_TOKEN))
-
-
-@pytest.fixture
-def model_dir(tiny_policy_dir: Path) -> Path:
-    return tiny_policy_dir  # built once per session in tests/conftest.py
 
 
 @pytest.fixture
@@ -73,12 +54,6 @@ def run(keys: RunKeys) -> RunConfig:
         coordinator=CoordinatorConfig(lease_s=30.0),
         activation=ActivationConfig(min_dwell_s=0.0, replan_interval_s=0.2),
     )
-
-
-@pytest.fixture
-def coordinator_url(run: RunConfig, redis_server: RedisServer) -> Iterator[str]:
-    with serve_coordinator(run, redis_server.url) as url:
-        yield url
 
 
 @pytest.fixture
@@ -136,6 +111,11 @@ def workers_named(url: str, name: str) -> list[dict]:
     return [w for w in httpx.get(f"{url}/v1/workers").json() if w["name"] == name]
 
 
+def activation(url: str) -> dict:
+    """The planner's last activation plan (planned_at_s: when that pass ran)."""
+    return httpx.get(f"{url}/v1/activation").json()
+
+
 def test_a_drained_worker_process_finishes_its_batch_loses_no_task_and_leaves(
     run: RunConfig,
     redis_server: RedisServer,
@@ -183,7 +163,11 @@ def test_a_drained_worker_process_finishes_its_batch_loses_no_task_and_leaves(
             headers={"Authorization": f"Bearer {other['token']}"},
         )
         assert refused.status_code == 403
-        time.sleep(0.5)
+        refused_at_beat_s = workers_named(coordinator_url, "to-drain")[0]["last_heartbeat_s"]
+        wait_for(  # had the refusal drained it, this heartbeat's answer would have told the worker
+            lambda: workers_named(coordinator_url, "to-drain")[0]["last_heartbeat_s"] > refused_at_beat_s,
+            "a heartbeat after the refused drain",
+        )
         assert process.poll() is None and workers_named(coordinator_url, "to-drain")[0]["state"] == "active"
 
         drained = httpx.post(
@@ -259,6 +243,7 @@ def test_a_standby_worker_keeps_heartbeating_and_fresh_weights_but_takes_no_task
     )
     engine = TorchEngine(model_dir)
     worker = RolloutWorker(run, settings, engine, connect(redis_server.url))
+    turns = CallCounter(worker, "serve_once")
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
@@ -267,7 +252,17 @@ def test_a_standby_worker_keeps_heartbeating_and_fresh_weights_but_takes_no_task
         bus.ensure_group(TASKS)
         publish_tasks(bus, keys, "s", 6)
         first_beat = workers_named(coordinator_url, "priced")[0]["last_heartbeat_s"]
-        time.sleep(1.5)
+        # with the tasks waiting: a planner pass, a heartbeat after it (its answer carries the verdict), and
+        # whole turns of the worker's loop after that; a worker that were (or believed itself) active would
+        # have taken them
+        planned_at_s = activation(coordinator_url)["planned_at_s"]
+        wait_for(lambda: activation(coordinator_url)["planned_at_s"] > planned_at_s, "a planner pass")
+        beat_s = workers_named(coordinator_url, "priced")[0]["last_heartbeat_s"]
+        wait_for(
+            lambda: workers_named(coordinator_url, "priced")[0]["last_heartbeat_s"] > beat_s,
+            "a heartbeat after that pass",
+        )
+        turns.wait_for_more(2, "two turns of the worker's loop after that heartbeat")
         [priced] = workers_named(coordinator_url, "priced")
         assert priced["state"] == "standby" and worker.membership.on_standby
         assert priced["last_heartbeat_s"] > first_beat  # heartbeats go on

@@ -4,6 +4,7 @@ are routed around."""
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import threading
@@ -18,6 +19,8 @@ import pytest
 from services.rollout.relay_fetch import ArtifactFetch, RelayFetcher, RelayFetchError
 from shared.chunk_server import ChunkServer, ChunkStore, ManifestMismatchError
 from shared.weights import Manifest, build_manifest
+from tests.corrupting_store import CorruptingStore
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -26,31 +29,27 @@ CHUNK_SIZE_BYTES = 64 * 1024
 NUM_CHUNKS = 16
 
 
-class TimedStore(ChunkStore):
-    """Records when each chunk was stored (to show that relaying overlaps receiving)."""
+STORE_EVENTS = itertools.count()  # one sequence across every store of the test process: a logical clock
+
+
+class OrderedStore(ChunkStore):
+    """Records when each chunk was stored, as a position in STORE_EVENTS (to show that relaying
+    overlaps receiving: an order of events, not a reading of the wall clock)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.stored_at_s: dict[int, float] = {}
+        self.stored_at: dict[int, int] = {}
 
     def put_chunk(self, policy_version: int, index: int, data: bytes, payload: str = "full") -> None:
         super().put_chunk(policy_version, index, data, payload)
-        self.stored_at_s[index] = time.monotonic()
-
-
-class CorruptingStore(ChunkStore):
-    """A relay that serves chunk 2 with one bit flipped (bad memory, a bad disk, a malicious peer)."""
-
-    def get_chunk(self, policy_version: int, index: int, wait_s: float = 0.0, **artifact: str | None) -> bytes | None:
-        chunk = super().get_chunk(policy_version, index, wait_s, **artifact)
-        return bytes([chunk[0] ^ 1]) + chunk[1:] if chunk is not None and index == 2 else chunk
+        self.stored_at[index] = next(STORE_EVENTS)
 
 
 class Holder:
     """A chunk server with its store, and the relay fetcher a worker would run next to it."""
 
     def __init__(self, store: ChunkStore | None = None, *, wait_s: float = 5.0, stall_timeout_s: float = 5.0) -> None:
-        self.store = store if store is not None else TimedStore()
+        self.store = store if store is not None else OrderedStore()
         self.server = ChunkServer(self.store, wait_s=wait_s).start()
         self.fetcher = RelayFetcher(
             self.store,
@@ -109,7 +108,8 @@ def new_version(policy_version: int = 1) -> tuple[Manifest, list[bytes], bytes]:
 def publish_slowly(
     store: ChunkStore, manifest: Manifest, chunks: list[bytes], interval_s: float = 0.05
 ) -> threading.Thread:
-    """The learner's side while it is still publishing (or its own upload is slow): chunk after chunk."""
+    """The learner's side while it is still publishing (or its own upload is slow): chunk after chunk.
+    The pause between chunks is the slowness being simulated, not a wait for anything."""
     store.add_manifest(manifest)
 
     def trickle() -> None:
@@ -141,14 +141,14 @@ def test_a_chain_of_relays_pipelines_and_every_receiver_holds_identical_bytes(ho
     assert results[1].bytes_by_source == {a.url: len(blob)}
     assert results[2].bytes_by_source == {b.url: len(blob)}
     # pipelined: the end of the chain had its first chunk before the learner had its last
-    assert c.store.stored_at_s[0] < learner.store.stored_at_s[NUM_CHUNKS - 1]
+    assert c.store.stored_at[0] < learner.store.stored_at[NUM_CHUNKS - 1]
     with httpx.Client() as client:  # and serves it on: byte-identical over HTTP too
         assert client.get(f"{c.url}/v1/weights/1/chunks/7").content == chunks[7]
 
 
 def test_a_corrupt_chunk_from_a_relay_is_caught_and_refetched_from_another_holder(holders: list[Holder]) -> None:
     manifest, chunks, blob = new_version()
-    learner, bad_relay = Holder(), Holder(CorruptingStore())
+    learner, bad_relay = Holder(), Holder(CorruptingStore(corrupt_index=2))
     child, grandchild = Holder(), Holder()
     holders += [learner, bad_relay, child, grandchild]
     learner.store.put_version(manifest, chunks)
@@ -200,10 +200,12 @@ def test_a_parent_killed_mid_broadcast_is_replaced_and_every_other_worker_comple
         parent_url = parent.stdout.readline().strip()
         child.fetch_in_background(manifest, [parent_url, learner.url])  # the plan: parent, then the learner
         grandchild.fetch_in_background(manifest, [child.url, parent_url, learner.url])
-        deadline_s = time.monotonic() + 20
-        while len(child.store.missing_chunks(manifest)) > NUM_CHUNKS - 3:  # the child is relaying from it
-            assert time.monotonic() < deadline_s, "the child never received from its parent"
-            time.sleep(0.01)
+        wait_for(
+            lambda: len(child.store.missing_chunks(manifest)) <= NUM_CHUNKS - 3,
+            "the child to receive from its parent",
+            timeout_s=20,
+            interval_s=0.01,
+        )
         assert len(learner.store.missing_chunks(manifest)) > 0  # mid-broadcast
         parent.kill()  # SIGKILL: no goodbye
         parent.wait(timeout=10)
@@ -223,18 +225,19 @@ def test_a_parent_killed_mid_broadcast_is_replaced_and_every_other_worker_comple
 
 def test_a_stalled_parent_is_replaced_after_the_stall_timeout(holders: list[Holder]) -> None:
     manifest, chunks, blob = new_version()
-    learner, stalled, child = Holder(), Holder(wait_s=20.0), Holder(stall_timeout_s=0.5)
+    # the stalled holder would keep the stream open for 60 s, longer than done() waits for the fetch (30 s):
+    # only the child's own stall timeout (0.5 s) can end it in time
+    learner, stalled, child = Holder(), Holder(wait_s=60.0), Holder(stall_timeout_s=0.5)
     holders += [learner, stalled, child]
     learner.store.put_version(manifest, chunks)
     stalled.store.add_manifest(manifest)  # it announced the version and never receives a chunk
 
-    started_s = time.monotonic()
     child.fetch_in_background(manifest, [stalled.url, learner.url])
-    result = child.done()
+    result = child.done(timeout_s=30.0)
 
     assert result.blob == blob and result.bytes_by_source == {learner.url: len(blob)}
+    # "stalled": the child's read timed out; a holder giving up would have ended the stream short instead
     assert "stalled" in result.failures[0] and result.failures[0].startswith(stalled.url)
-    assert time.monotonic() - started_s < 10  # the stall timeout, not the holder's 20 s chunk wait
 
 
 def test_when_every_holder_fails_the_error_names_each_of_them(holders: list[Holder]) -> None:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 
 import pytest
+import redis
 
 from services.reward.service import RewardService
 from services.reward.settings import RewardSettings
@@ -16,6 +16,7 @@ from shared.config import RunConfig
 from shared.keys import RunKeys
 from shared.messages import RolloutGroup, TaskGroup, pack_float32, pack_int32
 from shared.streams import ROLLOUTS, SCORED, TASKS
+from tests.polling import CallCounter, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -39,16 +40,6 @@ def service(run: RunConfig, bus: StreamBus, redis_server) -> Iterator[RewardServ
     assert not thread.is_alive()
 
 
-def wait_for(predicate, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
-
-
 def rollout_for(task: TaskGroup, texts: list[str], task_id: str | None = None) -> RolloutGroup:
     return RolloutGroup(
         run_id=task.run_id,
@@ -69,6 +60,20 @@ def rollout_for(task: TaskGroup, texts: list[str], task_id: str | None = None) -
     )
 
 
+def wait_until_on_disk(client: redis.Redis) -> None:
+    """Every write so far survives a kill -9 of Redis: an AOF rewrite writes the whole dataset as the
+    AOF's new base file and fsyncs it; wait for that rewrite to finish."""
+    num_rewrites = client.info("persistence")["aof_rewrites"]
+    client.bgrewriteaof()
+
+    def rewritten() -> bool:
+        info = client.info("persistence")
+        return info["aof_rewrites"] > num_rewrites and not info["aof_rewrite_in_progress"]
+
+    wait_for(rewritten, "the AOF rewrite")
+    assert client.info("persistence")["aof_last_bgrewrite_status"] == "ok"
+
+
 def take_tasks(bus: StreamBus, keys: RunKeys, count: int) -> list[TaskGroup]:
     deliveries = bus.read(TASKS, "w-test", count=count, block_ms=100)
     bus.ack(TASKS, [d.message_id for d in deliveries])
@@ -76,38 +81,42 @@ def take_tasks(bus: StreamBus, keys: RunKeys, count: int) -> list[TaskGroup]:
 
 
 def test_task_feed_holds_the_pipeline_at_groups_per_step_times_s_plus_one(service, bus, keys, run) -> None:
-    wait_for(lambda: bus.length(TASKS) >= 6)
-    time.sleep(0.3)
+    turns = CallCounter(service, "serve_once")  # every turn of its loop tops the feed up first
+    wait_for(lambda: bus.length(TASKS) >= 6, "the first tasks")
+    turns.wait_for_more(2, "two more turns of the service's loop")
     assert bus.length(TASKS) == run.max_groups_in_flight == 6  # 3 groups/step * (S=3 - 1)
     task = bus.read(TASKS, "w-test", count=1, block_ms=100)[0].message
     assert task.num_samples == 4 and task.run_id == run.run_id
-    time.sleep(0.3)
+    turns.wait_for_more(2, "two more turns of the service's loop after a task was taken")
     assert bus.length(TASKS) == 6  # taken but not finished: still in flight, nothing added
 
 
 def test_rollouts_are_scored_by_the_verifier_and_acked(service, bus, keys) -> None:
-    wait_for(lambda: bus.length(TASKS) >= 2)
+    wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
     task = take_tasks(bus, keys, 1)[0]
     a, b = (int(c) for c in task.prompt.rstrip("=").split("+"))
     right = str((a + b) % 10)
     wrong = str((a + b + 1) % 10)
     bus.publish(ROLLOUTS, rollout_for(task, [right, wrong, right + right, ""]))
 
-    scored = wait_for(lambda: bus.read(SCORED, "learner-test", count=1, block_ms=50))
+    scored = wait_for(
+        lambda: bus.read(SCORED, "learner-test", count=1, block_ms=50),
+        "the scored group",
+    )
     assert scored[0].message.rewards == [1.0, 0.0, 0.5, 0.0]
-    wait_for(lambda: bus.backlog(ROLLOUTS) == 0)
+    wait_for(lambda: bus.backlog(ROLLOUTS) == 0, "the rollout acked")
     assert bus.dead_letters() == []
 
 
 def test_bad_rollouts_are_dead_lettered_and_the_service_keeps_scoring(service, bus, keys) -> None:
-    wait_for(lambda: bus.length(TASKS) >= 2)
+    wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
     task = take_tasks(bus, keys, 1)[0]
     bus.publish_raw(ROLLOUTS, b"garbage")
     bus.publish(ROLLOUTS, rollout_for(task, ["1"], task_id="forged-task"))
     bus.publish(ROLLOUTS, rollout_for(task, ["1", "2"]))
 
-    wait_for(lambda: bus.length(SCORED) == 1)
-    letters = wait_for(lambda: bus.dead_letters() if len(bus.dead_letters()) == 2 else None)
+    wait_for(lambda: bus.length(SCORED) == 1, "the good rollout scored")
+    letters = wait_for(lambda: bus.dead_letters() if len(bus.dead_letters()) == 2 else None, "two dead letters")
     errors = sorted(letter.error for letter in letters)
     assert "not msgpack" in errors[0]
     assert "no reference for task forged-task" in errors[1]
@@ -122,19 +131,21 @@ def test_the_service_waits_out_a_redis_restart_and_loses_nothing(run: RunConfig,
     keys = RunKeys(run.run_id)
     own_bus = StreamBus(connect(server.url, socket_timeout_s=2.0), keys, service="reward")
     reward = RewardService(run, RewardSettings(redis_url=server.url, poll_block_ms=50), own_bus)
+    turns = CallCounter(reward, "serve_once")
     thread = threading.Thread(target=reward.run_forever, daemon=True)
     thread.start()
     try:
         test_bus = StreamBus(connect(server.url), keys, service="test")
-        wait_for(lambda: test_bus.length(TASKS) >= 2)
+        wait_for(lambda: test_bus.length(TASKS) >= 2, "tasks")
         task = take_tasks(test_bus, keys, 1)[0]
-        time.sleep(1.2)  # AOF fsyncs every second: what was written before this survives a kill -9
+        wait_until_on_disk(test_bus.redis)  # the tasks and their references survive the kill -9
         server.kill()
-        time.sleep(1.0)  # the service hits connection errors meanwhile
+        num_failed = turns.num_raised
+        wait_for(lambda: turns.num_raised > num_failed, "the service to hit connection errors")
         assert thread.is_alive()
         server.start()
         test_bus.publish(ROLLOUTS, rollout_for(task, ["0", "1"]))
-        scored = wait_for(lambda: test_bus.length(SCORED) == 1, timeout_s=20)
+        scored = wait_for(lambda: test_bus.length(SCORED) == 1, "the rollout scored after the restart", timeout_s=20)
         assert scored and thread.is_alive()
         assert test_bus.dead_letters() == []
     finally:

@@ -20,6 +20,7 @@ from shared.keys import RunKeys
 from shared.messages import WeightsPublished
 from shared.streams import WEIGHTS
 from shared.weights import build_manifest
+from tests.corrupting_store import CorruptingStore
 
 pytestmark = pytest.mark.integration
 torch.set_num_threads(1)
@@ -27,18 +28,6 @@ torch.set_num_threads(1)
 CLUSTER_KEY = b"test-cluster-key"
 CHUNK_SIZE_BYTES = 64 * 1024
 PROMPTS = ["3+4=", "12+345=", "9="]
-
-
-class CorruptingStore(ChunkStore):
-    """A holder that serves chunk 1 with one bit flipped while `corrupt` is set (a bad relay or disk)."""
-
-    corrupt = True
-
-    def get_chunk(self, policy_version: int, index: int, wait_s: float = 0.0, **artifact: str | None) -> bytes | None:
-        chunk = super().get_chunk(policy_version, index, wait_s, **artifact)
-        if self.corrupt and chunk is not None and index == 1:
-            return bytes([chunk[0] ^ 1]) + chunk[1:]
-        return chunk
 
 
 class Learner:
@@ -80,20 +69,13 @@ class Learner:
 
 
 @pytest.fixture
-def model_dir(tiny_policy_dir: Path) -> Path:
-    return tiny_policy_dir  # built once per session in tests/conftest.py
-
-
-@pytest.fixture
 def engine(model_dir: Path) -> TorchEngine:
     return TorchEngine(model_dir)
 
 
 @pytest.fixture
 def learner_store() -> CorruptingStore:
-    store = CorruptingStore()
-    store.corrupt = False
-    return store
+    return CorruptingStore(corrupt_index=1, corrupt=False)
 
 
 @pytest.fixture

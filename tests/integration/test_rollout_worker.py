@@ -3,14 +3,12 @@ uvicorn, a learner-side ChunkServer announcing signed versions, and the tiny loc
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,7 +17,6 @@ import torch
 from safetensors.torch import save as safetensors_save
 
 from cluster.redis_server import RedisServer, free_port
-from services.coordinator.app import create_app
 from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError
 from services.rollout.membership import Membership
 from services.rollout.settings import RolloutSettings
@@ -33,26 +30,15 @@ from shared.keys import RunKeys
 from shared.messages import LearnerState, RolloutGroup, TaskGroup, WeightsPublished
 from shared.streams import DEAD, LEARNER_STATE, ROLLOUTS, TASKS, WEIGHTS
 from shared.weights import build_manifest
-from tests.uvicorn_thread import serve
+from tests.coordinator_rest import ServeCoordinator
+from tests.manual_clock import ManualClock
+from tests.polling import CallCounter, wait_for
 
 pytestmark = pytest.mark.integration
 torch.set_num_threads(1)
 
 CLUSTER_KEY = "worker-test-cluster-key"
-ADMIN_TOKEN = "worker-test-admin-token-0123456789"
 STALENESS_BOUND = 1
-
-
-def serve_coordinator(run: RunConfig, redis_url: str) -> contextlib.AbstractContextManager[str]:
-    """The real coordinator app under uvicorn in a thread; yields its base URL."""
-    return serve(create_app(run, connect(redis_url), ADMIN_TOKEN))
-
-
-def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 15.0, interval_s: float = 0.02) -> None:
-    deadline_s = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline_s, f"timed out waiting for: {what}"
-        time.sleep(interval_s)
 
 
 class LearnerSide:
@@ -101,11 +87,6 @@ class LearnerSide:
 
 
 @pytest.fixture
-def model_dir(tiny_policy_dir: Path) -> Path:
-    return tiny_policy_dir  # built once per session in tests/conftest.py
-
-
-@pytest.fixture
 def run(keys: RunKeys) -> RunConfig:
     return RunConfig(
         run_id=keys.run_id,
@@ -113,12 +94,6 @@ def run(keys: RunKeys) -> RunConfig:
         rollout=RolloutConfig(heartbeat_interval_s=0.2, claim_idle_ms=60_000),
         coordinator=CoordinatorConfig(lease_s=5.0),
     )
-
-
-@pytest.fixture
-def coordinator_url(run: RunConfig, redis_server: RedisServer) -> Iterator[str]:
-    with serve_coordinator(run, redis_server.url) as url:
-        yield url
 
 
 @pytest.fixture
@@ -169,6 +144,7 @@ def test_worker_samples_with_announced_versions_gates_on_staleness_and_dead_lett
     )
     engine = TorchEngine(model_dir)
     worker = RolloutWorker(run, settings, engine, connect(redis_server.url))
+    turns = CallCounter(worker, "serve_once")  # a turn that takes a task returns after publishing its group
     thread = threading.Thread(target=worker.run, name="worker", daemon=True)
     thread.start()
     try:
@@ -176,7 +152,7 @@ def test_worker_samples_with_announced_versions_gates_on_staleness_and_dead_lett
         bus.publish(TASKS, make_task(keys.run_id, "early", "3+4="))
         wait_for(lambda: worker.membership.num_registrations == 1, "registration")
         worker_id = worker.membership.worker_id
-        time.sleep(0.3)
+        turns.wait_for_more(2, "two turns of the worker's loop with a task waiting")
         assert bus.length(ROLLOUTS) == 0 and engine.policy_version == -1
 
         learner.set_version(0)
@@ -207,7 +183,7 @@ def test_worker_samples_with_announced_versions_gates_on_staleness_and_dead_lett
         learner.set_version(1 + STALENESS_BOUND + 1)
         wait_for(lambda: worker.gate_state == "closed", "the staleness gate closes")
         bus.publish(TASKS, make_task(keys.run_id, "gated", "7+1="))
-        time.sleep(0.5)
+        turns.wait_for_more(2, "two turns of the worker's loop with the gated task waiting")
         assert "gated" not in rollouts_of(bus, keys)
         assert bus.backlog(TASKS) == 1
         learner.publish(3)
@@ -225,21 +201,23 @@ def test_worker_samples_with_announced_versions_gates_on_staleness_and_dead_lett
     assert worker_info(coordinator_url, worker_id) is None  # deregistered on the way out
 
 
-def test_a_worker_declared_dead_registers_again(redis_server: RedisServer, keys: RunKeys) -> None:
-    # heartbeats every 0.6 s against a 0.3 s lease: every heartbeat finds the worker dead (410)
+def test_a_worker_declared_dead_registers_again(
+    serve_coordinator: ServeCoordinator, keys: RunKeys, clock: ManualClock
+) -> None:
     run = RunConfig(
-        run_id=keys.run_id, rollout=RolloutConfig(heartbeat_interval_s=0.6), coordinator=CoordinatorConfig(lease_s=0.3)
+        run_id=keys.run_id, rollout=RolloutConfig(heartbeat_interval_s=0.1), coordinator=CoordinatorConfig(lease_s=5.0)
     )
-    with serve_coordinator(run, redis_server.url) as url:
-        membership = Membership(
-            CoordinatorClient(url), RegisterWorkerRequest(name="flaky"), HeartbeatRequest, threading.Event()
-        )
-        first_id = membership.register().worker_id
-        membership.start_heartbeats()
-        wait_for(lambda: membership.num_registrations >= 2, "re-registration after 410")
-        assert membership.worker_id != first_id
-        membership.raise_if_failed()
-        membership.leave()
+    url = serve_coordinator(run, lease_clock=clock).url
+    membership = Membership(
+        CoordinatorClient(url), RegisterWorkerRequest(name="flaky"), HeartbeatRequest, threading.Event()
+    )
+    first_id = membership.register().worker_id
+    clock.advance(6.0)  # the lease runs out before the first heartbeat, which finds the worker dead (410)
+    membership.start_heartbeats()
+    wait_for(lambda: membership.num_registrations >= 2, "re-registration after 410")
+    assert membership.worker_id != first_id
+    membership.raise_if_failed()
+    membership.leave()
 
 
 def test_an_unreachable_coordinator_is_reported_as_unavailable() -> None:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import httpx
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.reward.prometheus import reward_families
 from services.rollout.prometheus import rollout_families
 from shared.api import HeartbeatRequest, WeightSwapReport
 from shared.messages import LearnerState
-from shared.metrics import CallbackCollector, learner_families, new_registry, start_metrics_server
+from shared.metrics import CallbackCollector, learner_families, new_registry
 
 
 def parse(collector: CallbackCollector) -> dict[str, list]:
@@ -61,13 +59,3 @@ def test_a_failing_scrape_leaves_series_out_instead_of_failing_the_service() -> 
         raise ConnectionError("redis is down")
 
     assert parse(CallbackCollector(broken)) == {}
-
-
-def test_the_metrics_server_serves_on_the_port_and_port_0_is_off() -> None:
-    assert start_metrics_server(0, CallbackCollector(lambda: reward_families(1, 2))) is None
-    from cluster.redis_server import free_port
-
-    port = start_metrics_server(free_port(), CallbackCollector(lambda: reward_families(5, 9)))
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    families = {f.name: f.samples for f in text_string_to_metric_families(text)}
-    assert families["relayrl_reward_scored_groups"][0].value == 5

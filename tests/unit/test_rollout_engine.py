@@ -18,11 +18,6 @@ MIXED_PROMPTS = ["3+4=", "12+345=", "9=", "0+0+0+0="]
 
 
 @pytest.fixture
-def model_dir(tiny_policy_dir: Path) -> Path:
-    return tiny_policy_dir  # built once per session in tests/conftest.py
-
-
-@pytest.fixture
 def engine(model_dir: Path) -> TorchEngine:
     return TorchEngine(model_dir)
 

@@ -1,6 +1,6 @@
 """The simulator against recorded real runs (the fast variant of `make simulator-validation`): the measured
 inputs of every run in benchmarks/results/simulator_validation.json go through the simulator again and
-must still predict the measured learner utilization within 10%. (tests/integration/
+must still predict the measured learner utilization within 10%. (tests/e2e/
 test_simulator_validation.py, marked slow, does the same on a fresh real run.)"""
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from shared.config import GRPOConfig
 from shared.tasks import make_task
 from tests.selfplay import sample_scored_groups
 
+pytestmark = pytest.mark.integration  # real training runs: seconds, not the unit tier's milliseconds
 torch.set_num_threads(1)
 
 

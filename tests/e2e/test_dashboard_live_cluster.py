@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,8 +17,9 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.local import ClusterOptions, LocalCluster
+from tests.polling import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.e2e
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -53,22 +53,41 @@ chunk_size_bytes = 65536
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """Up and training: the learner has taken a few steps and both workers hold weights."""
+    """Up and training: the learner has taken a few steps, both workers hold weights and have reported
+    their generation speed, and the control loop has taken a pass since."""
     root = tmp_path_factory.mktemp("dashboard")
     (root / "run.toml").write_text(RUN_TOML)
     cluster = LocalCluster(ClusterOptions(config_path=root / "run.toml", num_workers=2, runs_dir=root / "runs"))
+
+    def get(path: str) -> dict:
+        cluster.check_services_alive()
+        return httpx.get(cluster.coordinator_url + path, timeout=5).json()
+
+    def training() -> bool:
+        status = get("/v1/status")  # read from Redis now, unlike /metrics (the control loop's last pass)
+        workers = status["workers"]
+        return (
+            (status["learner"] or {}).get("learner_version", 0) >= 5
+            and len(workers) == 2
+            and all(w["policy_version"] >= 0 and w["tokens_per_s"] > 0 for w in workers)  # speed reported
+        )
+
+    def control_passes(num_passes: int) -> None:
+        """Wait for `num_passes` more control-loop passes: the last began after this call, so the
+        coordinator's pass-based views (/metrics, /dashboard) show what held before it."""
+        seen = [get("/v1/activation")["planned_at_s"]]
+
+        def newer_pass() -> bool:
+            if (planned_at_s := get("/v1/activation")["planned_at_s"]) > seen[-1]:
+                seen.append(planned_at_s)
+            return len(seen) > num_passes
+
+        wait_for(newer_pass, f"{num_passes} control-loop passes")
+
     try:
         cluster.start()
-        deadline_s = time.monotonic() + 90
-        while True:
-            cluster.check_services_alive()
-            status = httpx.get(cluster.coordinator_url + "/v1/status", timeout=5).json()
-            versions = [w["policy_version"] for w in status["workers"]]
-            if (status["learner"] or {}).get("learner_version", 0) >= 5 and len(versions) == 2 and min(versions) >= 0:
-                break
-            assert time.monotonic() < deadline_s, f"cluster not training after 90 s: {status}"
-            time.sleep(0.5)
-        time.sleep(1.5)  # a control-loop pass and a heartbeat after that
+        wait_for(training, "the cluster training (learner version 5, both workers sampling)", timeout_s=90)
+        control_passes(2)  # the first may have been under way already
         yield cluster
     finally:
         cluster.stop()

@@ -10,7 +10,7 @@ import pytest
 
 from simulator.validation import measure_run, predict, run_cluster
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a real cluster run: ~40-60 s
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # a real cluster run: ~40-60 s
 
 TOLERANCE = 0.10  # the benchmark's target, on a shorter run
 

@@ -1,0 +1,59 @@
+"""The tests' side of the coordinator's REST API: the real app served under uvicorn in a thread (with
+hand-driven clocks when a test needs them), the admin token those apps accept, and registering a worker.
+The `serve_coordinator` fixture (tests/integration/conftest.py) is the usual way in."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import httpx
+import redis
+from fastapi import FastAPI
+
+from services.coordinator.app import create_app
+from shared.api import RegisterWorkerResponse
+from shared.config import RunConfig
+from tests.uvicorn_thread import serve
+
+ADMIN_TOKEN = "test-admin-token-0123456789"
+
+Clock = Callable[[], float]  # unix seconds
+
+
+@dataclass(frozen=True)
+class ServedCoordinator:
+    url: str
+    client: httpx.Client  # on `url`
+    app: FastAPI  # app.state.control: the control loop; app.state.coordinator.registry: the leases
+
+
+ServeCoordinator = Callable[..., ServedCoordinator]  # the `serve_coordinator` fixture: (run, **clocks) -> ...
+
+
+@contextlib.contextmanager
+def served_coordinator(
+    run: RunConfig, redis_client: redis.Redis, *, lease_clock: Clock | None = None, control_clock: Clock | None = None
+) -> Iterator[ServedCoordinator]:
+    """The real coordinator app for `run` under uvicorn until the block ends. `lease_clock` replaces the
+    wall clock of the leases (registration, heartbeats, expiry, the sweeper), `control_clock` that of the
+    control loop (billing, dwell); both are set before the app serves anything or runs a pass."""
+    app = create_app(run, redis_client, ADMIN_TOKEN)
+    if lease_clock is not None:
+        app.state.coordinator.registry.clock = lease_clock
+    if control_clock is not None:
+        app.state.control.clock = control_clock
+    with serve(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+        yield ServedCoordinator(url=url, client=client, app=app)
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def register(api: httpx.Client, name: str = "w", **fields: object) -> RegisterWorkerResponse:
+    """Register a worker over REST (fields of RegisterWorkerRequest); fails the test unless it is 201."""
+    response = api.post("/v1/workers", json={"name": name, **fields})
+    assert response.status_code == 201, response.text
+    return RegisterWorkerResponse.model_validate(response.json())
