@@ -1,7 +1,8 @@
 """python -m cluster.local: the whole cluster on this machine, as real processes.
 
-Starts a private Redis (redis-server on PATH, else the bundled Valkey), builds the tiny initial
-policy, then the coordinator, reward service, learner and N rollout workers; shows live progress;
+Starts a private Redis (redis-server on PATH, else the bundled Valkey), finds the policy folder
+(--model-dir, else the run file's `[model] path`, else runs/<run-id>/model, where `[model] init =
+"tiny-random"` builds the demo's tiny policy) and checks it, then the coordinator, reward service, learner and N rollout workers; shows live progress;
 stops everything by PID when the learner is done or on Ctrl-C; writes runs/<run-id>/report.json
 with plots, and points runs/latest at it.
 
@@ -30,7 +31,8 @@ import httpx
 from cluster.processes import ServiceProcess, start_service
 from cluster.redis_server import RedisServer, free_port
 from shared.api import StatusResponse, WorkerState
-from shared.config import RunConfig, load_run_config
+from shared.config import RunConfig, load_run_config, resolve_model_dir
+from shared.tokenization import ModelFolderError, check_model_folder
 
 log = logging.getLogger("cluster")
 
@@ -43,6 +45,7 @@ class ClusterOptions:
     num_workers: int = 3
     runs_dir: Path = REPO_ROOT / "runs"
     run_id: str | None = None
+    model_dir: Path | None = None  # the policy folder; None: the run file's [model] path, else <run_dir>/model
     progress_interval_s: float = 2.0
     startup_timeout_s: float = 120.0
 
@@ -52,6 +55,7 @@ class LocalCluster:
     options: ClusterOptions
     run: RunConfig = field(init=False)
     run_dir: Path = field(init=False)
+    model_dir: Path = field(init=False)  # every service's RL_MODEL_DIR
     redis: RedisServer | None = None
     services: dict[str, ServiceProcess] = field(default_factory=dict)
     coordinator_url: str = ""
@@ -64,6 +68,7 @@ class LocalCluster:
         run_id = self.options.run_id or f"{base.run_id}-{time.strftime('%Y%m%d-%H%M%S')}"
         self.run = base.model_copy(update={"run_id": run_id})
         self.run_dir = (self.options.runs_dir / run_id).resolve()
+        self.model_dir = resolve_model_dir(self.options.model_dir, self.run.model, self.run_dir).resolve()
 
     # the table of contents
     def start(self) -> None:
@@ -120,9 +125,16 @@ class LocalCluster:
         log.info("redis on %s", self.redis.url)
 
     def build_initial_policy(self) -> None:
-        model_dir = self.run_dir / "model"
-        if (model_dir / "config.json").exists():
-            return
+        """Build the tiny-random policy if the run file asks and it is not there yet; then check the
+        folder, so a wrong path fails here in one line rather than in every service's log."""
+        model_dir = self.model_dir
+        if self.run.model.init == "tiny-random" and not (model_dir / "config.json").exists():
+            self.build_tiny_random_policy()
+        check_model_folder(model_dir)
+        log.info("policy folder %s", model_dir)
+
+    def build_tiny_random_policy(self) -> None:
+        model_dir = self.model_dir
         subprocess.run(
             [
                 sys.executable,
@@ -170,7 +182,7 @@ class LocalCluster:
             "RL_RUN_CONFIG": str(self.config_file()),
             "RL_RUN_ID": self.run.run_id,
             "RL_RUN_DIR": str(self.run_dir),
-            "RL_MODEL_DIR": str(self.run_dir / "model"),
+            "RL_MODEL_DIR": str(self.model_dir),
             "RL_COORDINATOR_URL": self.coordinator_url,
             "RL_ADMIN_TOKEN": self.admin_token,
             "RL_CLUSTER_KEY": self.cluster_key,
@@ -269,12 +281,20 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "demo.toml", help="run TOML file")
     parser.add_argument("--workers", type=int, default=3, help="number of rollout workers")
     parser.add_argument("--run-id", default=None, help="default: <config run_id>-<timestamp>")
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        default=None,
+        help="local HF causal-LM folder to train (overrides [model] path); default: the run file's [model]",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per status poll otherwise
     from cluster.report import write_report
 
-    cluster = LocalCluster(ClusterOptions(config_path=args.config, num_workers=args.workers, run_id=args.run_id))
+    cluster = LocalCluster(
+        ClusterOptions(config_path=args.config, num_workers=args.workers, run_id=args.run_id, model_dir=args.model_dir)
+    )
     # Explicit handlers: a runner started in the background inherits SIGINT ignored, and `kill <pid>`
     # (SIGTERM) must stop the cluster like Ctrl-C does.
     signal.signal(signal.SIGINT, raise_keyboard_interrupt)
@@ -302,7 +322,11 @@ def main() -> None:
         final_status = cluster.wait_until_done(print_progress)
     except KeyboardInterrupt:
         print("interrupted: stopping the cluster", flush=True)
-    except (RuntimeError, TimeoutError) as exc:  # a service died or never came up: stop the rest, report, fail
+    except (
+        RuntimeError,
+        TimeoutError,
+        ModelFolderError,
+    ) as exc:  # a service died or never came up, or no model: stop the rest, report, fail
         failure = exc
     finally:
         cluster.stop()

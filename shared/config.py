@@ -6,11 +6,15 @@ runs and how it reaches the others. Secrets (`RL_ADMIN_TOKEN`, `RL_CLUSTER_KEY`)
 
 from __future__ import annotations
 
+import logging
 import tomllib
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+log = logging.getLogger(__name__)
 
 
 class Section(BaseModel):
@@ -18,16 +22,49 @@ class Section(BaseModel):
 
 
 class ModelConfig(Section):
-    """The tiny local policy (Qwen2 architecture, random init, character tokenizer built locally)."""
+    """The policy: a user's Hugging Face causal-LM folder (`path`), or the demo's tiny random model
+    built locally (`init = "tiny-random"`, sized by the fields below). Exactly one of the two; with
+    neither, the services use the folder RL_MODEL_DIR (default <run_dir>/model) names and build nothing.
+    RL_MODEL_DIR, where set, overrides `path` (the same folder may sit elsewhere on each machine)."""
 
-    architecture: str = Field("qwen2", pattern="^(qwen2|qwen3)$", description="HF model_type to build")
-    hidden_size: int = Field(64, ge=8, description="width of the residual stream")
-    intermediate_size: int = Field(256, ge=8, description="width of the MLP")
-    num_hidden_layers: int = Field(2, ge=1, description="number of decoder layers")
-    num_attention_heads: int = Field(4, ge=1, description="query heads")
-    num_key_value_heads: int = Field(2, ge=1, description="key/value heads (GQA)")
-    max_position_embeddings: int = Field(64, ge=8, description="longest prompt + completion in tokens")
-    seed: int = Field(0, description="seed of the random initialisation")
+    path: Path | None = Field(
+        None, description="local HF causal-LM folder (config.json, weights, tokenizer); relative: to the working dir"
+    )
+    init: Literal["tiny-random"] | None = Field(
+        None,
+        description="tiny-random: build a tiny random Qwen2/Qwen3 and a character tokenizer for the task (the demo)",
+    )
+    architecture: str = Field("qwen2", pattern="^(qwen2|qwen3)$", description="tiny-random: HF model_type to build")
+    hidden_size: int = Field(64, ge=8, description="tiny-random: width of the residual stream")
+    intermediate_size: int = Field(256, ge=8, description="tiny-random: width of the MLP")
+    num_hidden_layers: int = Field(2, ge=1, description="tiny-random: number of decoder layers")
+    num_attention_heads: int = Field(4, ge=1, description="tiny-random: query heads")
+    num_key_value_heads: int = Field(2, ge=1, description="tiny-random: key/value heads (GQA)")
+    max_position_embeddings: int = Field(64, ge=8, description="tiny-random: longest prompt + completion in tokens")
+    seed: int = Field(0, description="tiny-random: seed of the random initialisation")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelConfig:
+        if self.path is not None and self.init is not None:
+            raise ValueError(f"[model] names both path ({self.path}) and init ({self.init!r}): choose one")
+        ignored = sorted(self.model_fields_set & TINY_RANDOM_FIELDS) if self.init is None else []
+        if ignored:
+            log.warning("[model] %s ignored: they size only the tiny-random model (init is not set)", ignored)
+        return self
+
+
+TINY_RANDOM_FIELDS = frozenset(
+    {
+        "architecture",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "max_position_embeddings",
+        "seed",
+    }
+)
 
 
 class TaskConfig(Section):
@@ -169,6 +206,15 @@ class RunConfig(Section):
         if self.data.max_groups_in_flight:
             return self.data.max_groups_in_flight
         return self.grpo.groups_per_step * max(1, self.schedule.staleness_bound - 1)
+
+
+def resolve_model_dir(env_model_dir: Path | None, model: ModelConfig, run_dir: Path) -> Path:
+    """The policy folder of one process: RL_MODEL_DIR, else `[model] path`, else <run_dir>/model."""
+    if env_model_dir is not None:
+        return env_model_dir
+    if model.path is not None:
+        return model.path
+    return run_dir / "model"
 
 
 def load_run_config(path: str | Path, **overrides: object) -> RunConfig:

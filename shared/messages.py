@@ -76,12 +76,25 @@ class Message(BaseModel):
 FinishReason = Literal["stop", "length"]
 
 
+class ChatMessage(BaseModel):
+    """One turn of a chat prompt, as a tokenizer's chat template takes it. Producer: a task adapter
+    (via the reward service's TaskGroup). Consumers: rollout workers, the learner's evaluation."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    role: str = Field(min_length=1, max_length=32, description='"system", "user" or "assistant"')
+    content: str = Field(max_length=65536)
+
+
 class TaskGroup(Message):
     """One prompt to sample a GRPO group for. Producer: reward service (data plane). Consumer: rollout."""
 
     task_id: str = Field(min_length=1, max_length=64)
     task_name: str = Field(min_length=1, max_length=64)
     prompt: str = Field(min_length=1, max_length=65536)
+    # Chat tasks: the turns the worker renders with its tokenizer's chat template (then `prompt` is
+    # their plain form); empty: `prompt` is raw text.
+    messages: list[ChatMessage] = Field(default_factory=list, max_length=256)
     num_samples: int = Field(ge=1, le=1024)
     max_new_tokens: int = Field(ge=1, le=65536)
     temperature: float = Field(gt=0.0, le=10.0)

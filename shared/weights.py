@@ -36,6 +36,11 @@ class ChunkVerificationError(WeightsError):
     """A chunk (or the reassembled blob) does not hash to what the manifest says."""
 
 
+class ModelMismatchError(WeightsError):
+    """The weights were published for another model folder (tokenizer or architecture): loading them
+    would sample garbage or fail. Permanent for that manifest: the receiver does not retry it."""
+
+
 Payload = Literal["full", "delta"]
 
 
@@ -71,6 +76,11 @@ class Manifest(BaseModel):
     base_version: int = Field(-1, ge=-1, description="delta: the version it applies to; -1 for a full payload")
     base_sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$", description="delta: full_sha256 of that base version")
     codec: str = Field("", max_length=64, description="delta: the shared.delta codec")
+    model_fingerprint: str = Field(
+        "",
+        pattern=r"^([0-9a-f]{64})?$",
+        description="shared.tokenization.model_fingerprint of the learner's folder (tokenizer + architecture); empty: unknown",
+    )
     created_at_s: float
     signature: str = Field("", description="hex HMAC-SHA256 of the canonical manifest body under the cluster key")
 
@@ -112,7 +122,9 @@ class Manifest(BaseModel):
 
     def body_bytes(self) -> bytes:
         """Canonical bytes that the signature covers: every field except the signature."""
-        body = self.model_dump(mode="json", exclude={"signature"})
+        # An empty fingerprint is left out, so manifests signed before the field existed still verify.
+        exclude = {"signature"} if self.model_fingerprint else {"signature", "model_fingerprint"}
+        body = self.model_dump(mode="json", exclude=exclude)
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
     def to_json(self) -> bytes:
@@ -154,7 +166,13 @@ def verify_signature(manifest: Manifest, cluster_key: bytes) -> None:
 
 
 def build_manifest(
-    blob: bytes, *, run_id: str, policy_version: int, chunk_size_bytes: int, cluster_key: bytes
+    blob: bytes,
+    *,
+    run_id: str,
+    policy_version: int,
+    chunk_size_bytes: int,
+    cluster_key: bytes,
+    model_fingerprint: str = "",
 ) -> tuple[Manifest, list[bytes]]:
     """Chunk the full weights `blob` and describe them; returns the signed manifest and the chunks in order."""
     chunks = split_into_chunks(blob, chunk_size_bytes)
@@ -168,6 +186,7 @@ def build_manifest(
         blob_sha256=blob_sha256,
         full_size_bytes=len(blob),
         full_sha256=blob_sha256,
+        model_fingerprint=model_fingerprint,
         created_at_s=time.time(),
     )
     return sign(manifest, cluster_key), chunks
@@ -193,9 +212,21 @@ def build_delta_manifest(
         base_version=base.policy_version,
         base_sha256=base.full_sha256,
         codec=codec,
+        model_fingerprint=full.model_fingerprint,
         created_at_s=time.time(),
     )
     return sign(manifest, cluster_key), chunks
+
+
+def check_model_fingerprint(manifest: Manifest, own_fingerprint: str) -> None:
+    """Raise ModelMismatchError if the manifest was published for another model folder than the
+    receiver's (both fingerprints known and different)."""
+    if manifest.model_fingerprint and own_fingerprint and manifest.model_fingerprint != own_fingerprint:
+        raise ModelMismatchError(
+            f"version {manifest.artifact} was published for model fingerprint {manifest.model_fingerprint[:12]}.., "
+            f"this folder's is {own_fingerprint[:12]}..: the learner and this worker use different tokenizers or "
+            "architectures (point both at the same model folder)"
+        )
 
 
 def verify_chunk(manifest: Manifest, index: int, data: bytes) -> None:

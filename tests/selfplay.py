@@ -42,7 +42,7 @@ def sample_scored_groups(
         num_samples=group_size,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
-        eos_token_id=tokenizer.eos_token_id,
+        eos_token_ids={tokenizer.eos_token_id},
         generator=generator,
     )
     groups = []

@@ -9,6 +9,7 @@ no padding (and no position-id care) is needed.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,11 +41,12 @@ def generate(
     num_samples: int,
     max_new_tokens: int,
     temperature: float,
-    eos_token_id: int,
+    eos_token_ids: Collection[int],
     greedy: bool = False,
     generator: torch.Generator | None = None,
 ) -> list[list[Completion]]:
-    """`num_samples` completions of each prompt (token ids); returned per prompt, in order."""
+    """`num_samples` completions of each prompt (token ids); returned per prompt, in order. A row stops
+    at any of `eos_token_ids` (shared.tokenization.eos_token_ids: the workers' set)."""
     was_training = model.training
     model.eval()
     by_length: dict[int, list[int]] = defaultdict(list)
@@ -53,7 +55,7 @@ def generate(
     results: list[list[Completion]] = [[] for _ in prompts]
     for indices in by_length.values():
         prefix = torch.tensor([prompts[i] for i in indices], dtype=torch.long).repeat_interleave(num_samples, dim=0)
-        completions = _decode_rows(model, prefix, max_new_tokens, temperature, eos_token_id, greedy, generator)
+        completions = _decode_rows(model, prefix, max_new_tokens, temperature, eos_token_ids, greedy, generator)
         for position, index in enumerate(indices):
             results[index] = completions[position * num_samples : (position + 1) * num_samples]
     model.train(was_training)
@@ -65,11 +67,12 @@ def _decode_rows(
     prefix: torch.Tensor,
     max_new_tokens: int,
     temperature: float,
-    eos_token_id: int,
+    eos_token_ids: Collection[int],
     greedy: bool,
     generator: torch.Generator | None,
 ) -> list[Completion]:
     num_rows = prefix.shape[0]
+    eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long)
     tokens = prefix  # (rows, prompt_len + generated)
     new_tokens, new_logprobs = [], []
     finished = torch.zeros(num_rows, dtype=torch.bool)
@@ -83,7 +86,7 @@ def _decode_rows(
         new_tokens.append(next_token)
         new_logprobs.append(logprobs.gather(-1, next_token[:, None]).squeeze(-1))
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)
-        finished |= next_token == eos_token_id
+        finished |= torch.isin(next_token, eos)
         if finished.all():
             break
     token_matrix = torch.stack(new_tokens, dim=1).tolist()  # (rows, generated)
@@ -91,7 +94,8 @@ def _decode_rows(
     completions = []
     for row_tokens, row_logprobs in zip(token_matrix, logprob_matrix, strict=True):
         # Keep tokens up to and including the first EOS; what a row generated after it is discarded.
-        stopped = eos_token_id in row_tokens
-        length = row_tokens.index(eos_token_id) + 1 if stopped else len(row_tokens)
+        first_eos = next((i for i, token in enumerate(row_tokens) if token in eos_token_ids), None)
+        stopped = first_eos is not None
+        length = first_eos + 1 if first_eos is not None else len(row_tokens)
         completions.append(Completion(row_tokens[:length], row_logprobs[:length], stopped))
     return completions

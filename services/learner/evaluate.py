@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -9,6 +10,7 @@ import torch
 
 from services.learner.decode import generate
 from shared.tasks import TaskAdapter
+from shared.tokenization import encode_prompt
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -27,17 +29,20 @@ def evaluate_greedy(
     task: TaskAdapter,
     *,
     max_new_tokens: int,
-    eos_token_id: int,
+    eos_token_ids: Collection[int],
 ) -> EvalResult:
-    """Decode every held-out prompt greedily and score it with the task's verifier."""
-    prompts = [tokenizer(item.prompt, add_special_tokens=False)["input_ids"] for item in task.eval_set]
+    """Decode every held-out prompt greedily and score it with the task's verifier.
+
+    Prompts are encoded and completions stopped exactly as the workers do (shared.tokenization), so
+    the accuracy measures the policy training sees."""
+    prompts = [encode_prompt(tokenizer, item.input) for item in task.eval_set]
     completions = generate(
         model,
         prompts,
         num_samples=1,
         max_new_tokens=max_new_tokens,
         temperature=1.0,
-        eos_token_id=eos_token_id,
+        eos_token_ids=eos_token_ids,
         greedy=True,
     )
     rewards = []

@@ -45,6 +45,7 @@ from shared.retry import call_with_retry
 from shared.run_records import EvalRecord, LearnerSummary, RunTotals, StepRecord
 from shared.streams import LEARNER_STATE, SCORED
 from shared.tasks import make_task
+from shared.tokenization import check_model_folder, eos_token_ids, model_fingerprint, pad_token_id
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,12 @@ class Learner:
         self.run_dir = settings.run_dir
         self.task = make_task(run.task.name, num_eval_prompts=run.task.num_eval_prompts, seed=run.task.seed)
 
-        self.model, self.tokenizer = trainer.load_policy(self.ensure_initial_policy())
+        self.model_dir = self.ensure_initial_policy()
+        self.model, self.tokenizer = trainer.load_policy(self.model_dir)
+        # One pad id and one EOS set with the workers (shared.tokenization): a tokenizer without a pad
+        # token pads with EOS, and evaluation stops where sampling does.
+        self.pad_token_id = pad_token_id(self.tokenizer)
+        self.eos_token_ids = eos_token_ids(self.model_dir, self.tokenizer)
         self.optimizer = trainer.make_optimizer(self.model, run.grpo)
         self.version = 0
         self.totals = RunTotals()
@@ -104,6 +110,7 @@ class Learner:
             full_every=run.broadcast.full_every if run.broadcast.delta else 1,
             delta_zstd_level=run.broadcast.delta_zstd_level,
             journal_path=self.run_dir / "broadcast.jsonl",
+            model_fingerprint=model_fingerprint(self.model_dir),
         )
         self._started_s = time.monotonic()
         self._wall_offset_s = 0.0  # run time before this process (restored from the checkpoint)
@@ -174,7 +181,7 @@ class Learner:
 
     def train_step(self, batch: CollectedBatch) -> TrainedStep:
         groups = [admitted.group for admitted in batch.groups]
-        tensors = tensorize(groups, self.tokenizer.pad_token_id, self.config.grpo.normalize_advantage_by_std)
+        tensors = tensorize(groups, self.pad_token_id, self.config.grpo.normalize_advantage_by_std)
         result = trainer.train_step(self.model, self.optimizer, tensors, self.config.grpo)
         self.version += 1
         self.uncheckpointed_ids.extend(batch.message_ids)
@@ -242,7 +249,7 @@ class Learner:
             self.tokenizer,
             self.task,
             max_new_tokens=self.config.grpo.max_new_tokens,
-            eos_token_id=self.tokenizer.eos_token_id,
+            eos_token_ids=self.eos_token_ids,
         )
         record = EvalRecord(
             eval_step=self.version,
@@ -320,13 +327,17 @@ class Learner:
         call_with_retry(lambda: self.bus.ack(SCORED, message_ids), "ack trained groups")
 
     def ensure_initial_policy(self) -> Path:
-        model_dir = self.settings.resolved_model_dir()
-        if not (model_dir / "config.json").exists():
+        """The policy folder, checked; the demo's tiny model is built only when the run file asks
+        (`[model] init = "tiny-random"`): a wrong path is an error, never a silent random model."""
+        model_dir = self.settings.resolved_model_dir(self.config.model)
+        if self.config.model.init == "tiny-random" and not (model_dir / "config.json").exists():
             from transformers.utils import logging as hf_logging
 
             hf_logging.disable_progress_bar()  # a progress bar per save is noise in a service log
-            log.info("no initial policy in %s: building it", model_dir)
+            log.info("no initial policy in %s: building the tiny-random one", model_dir)
             build_initial_policy(self.config.model, self.task.alphabet, model_dir)
+        check_model_folder(model_dir)
+        log.info("policy folder %s, fingerprint %s", model_dir, model_fingerprint(model_dir)[:12])
         return model_dir
 
     def save_final_model(self) -> Path:

@@ -93,6 +93,7 @@ class WeightPublisher:
         full_every: int = 1,
         delta_zstd_level: int = 3,
         journal_path: Path | None = None,
+        model_fingerprint: str = "",  # shared.tokenization.model_fingerprint of the policy folder; signed into manifests
     ) -> None:
         if full_every < 1:
             raise ValueError(f"full_every must be at least 1, got {full_every}")
@@ -105,6 +106,7 @@ class WeightPublisher:
         self.full_every = full_every  # 1: every version full (no deltas)
         self.delta_zstd_level = delta_zstd_level
         self.journal_path = journal_path
+        self.model_fingerprint = model_fingerprint
         self.published_version = -1
         self._previous: tuple[Manifest, bytes] | None = None  # full manifest and blob of the last version
         self._num_since_full = 0  # versions announced as deltas since the last full one
@@ -120,6 +122,7 @@ class WeightPublisher:
             policy_version=policy_version,
             chunk_size_bytes=self.chunk_size_bytes,
             cluster_key=self.cluster_key,
+            model_fingerprint=self.model_fingerprint,
         )
         self.store.put_version(full, chunks)  # every chunk servable from here on
         announced = self.make_delta(full, blob) or full

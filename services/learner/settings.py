@@ -6,12 +6,13 @@ from pathlib import Path
 
 from pydantic import Field, SecretStr
 
-from shared.config import ServiceSettings
+from shared.config import ModelConfig, ServiceSettings, resolve_model_dir
 
 
 class LearnerSettings(ServiceSettings):
     model_dir: Path | None = Field(
-        None, description="RL_MODEL_DIR: the initial HF policy folder; default <run_dir>/model, built there if missing"
+        None,
+        description="RL_MODEL_DIR: the initial HF policy folder; default [model] path, else <run_dir>/model (built there with [model] init)",
     )
     cluster_key: SecretStr = Field(description="RL_CLUSTER_KEY: signs weight manifests (required, no default)")
     learner_host: str = Field("127.0.0.1", description="RL_LEARNER_HOST: interface the chunk server binds")
@@ -22,8 +23,8 @@ class LearnerSettings(ServiceSettings):
     poll_block_ms: int = Field(500, ge=1, le=5000, description="RL_POLL_BLOCK_MS: XREADGROUP BLOCK on `scored`")
     torch_num_threads: int = Field(1, ge=1, description="RL_TORCH_NUM_THREADS: intra-op threads of the learner")
 
-    def resolved_model_dir(self) -> Path:
-        return self.model_dir if self.model_dir is not None else self.run_dir / "model"
+    def resolved_model_dir(self, model: ModelConfig) -> Path:
+        return resolve_model_dir(self.model_dir, model, self.run_dir)
 
     def resolved_public_url(self, bound_port: int) -> str:
         """The URL put in announcements; `bound_port` is the port actually bound (matters for port 0)."""

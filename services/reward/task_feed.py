@@ -37,6 +37,7 @@ def top_up_tasks(bus: StreamBus, keys: RunKeys, task: TaskAdapter, run: RunConfi
             task_id=uuid.uuid4().hex,
             task_name=task.name,
             prompt=prompt.prompt,
+            messages=list(prompt.messages),
             num_samples=run.grpo.group_size,
             max_new_tokens=run.grpo.max_new_tokens,
             temperature=run.grpo.temperature,

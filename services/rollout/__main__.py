@@ -31,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parse_cli("python -m services.rollout", __doc__, argv, epilog="environment:\n" + describe_environment())
     # a missing RL_CLUSTER_KEY fails here, before anything starts
     settings, run = start_service("rollout", RolloutSettings)
-    log.info("model folder %s, engine %s", settings.resolved_model_dir, settings.worker_engine)
+    log.info("model folder %s, engine %s", settings.resolved_model_dir(run.model), settings.worker_engine)
 
     stopping = threading.Event()  # set: finish the current batch, deregister, exit
     on_stop_signal(stopping.set)
@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from services.rollout.worker import RolloutWorker, build_engine
     from shared.bus import connect
 
-    engine = build_engine(settings)
+    engine = build_engine(settings, run)
     worker = RolloutWorker(run, settings, engine, connect(settings.redis_url), stopping)
     from services.rollout.prometheus import rollout_families
     from shared.metrics import CallbackCollector, start_metrics_server

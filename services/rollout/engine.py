@@ -12,9 +12,11 @@ a fresh on-policy sample is 1.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shared.messages import FinishReason  # "stop": ended with EOS; "length": hit max_new_tokens
+from shared.tokenization import PromptInput
 
 
 class EngineError(RuntimeError):
@@ -22,7 +24,8 @@ class EngineError(RuntimeError):
 
 
 class UnencodablePromptError(EngineError, ValueError):
-    """The tokenizer cannot represent the prompt (a character outside its vocabulary)."""
+    """The tokenizer cannot represent the prompt (a character outside its vocabulary), or its chat
+    template fails to render the prompt's messages."""
 
 
 class PromptTooLongError(EngineError, ValueError):
@@ -52,6 +55,10 @@ class Sample:
 class InferenceEngine(ABC):
     """Samples completions with the weights of one announced policy version at a time."""
 
+    # shared.tokenization.model_fingerprint of the engine's model folder: the worker refuses weights
+    # published for another fingerprint. Empty: unknown, not checked (test stand-ins).
+    model_fingerprint: str = ""
+
     @property
     @abstractmethod
     def policy_version(self) -> int:
@@ -59,9 +66,17 @@ class InferenceEngine(ABC):
 
     @abstractmethod
     def generate(
-        self, prompts: list[str], num_samples: int, max_new_tokens: int, temperature: float, greedy: bool = False
+        self,
+        prompts: Sequence[str | PromptInput],
+        num_samples: int,
+        max_new_tokens: int,
+        temperature: float,
+        greedy: bool = False,
     ) -> list[list[Sample]]:
         """`num_samples` completions of each prompt: result[i][j] is sample j of prompts[i].
+
+        A prompt is encoded by shared.tokenization.encode_prompt (the learner's evaluation uses the
+        same rule): chat messages go through the tokenizer's chat template when it has one.
 
         `greedy=True` takes the argmax at every step (evaluation); logprobs still use `temperature`.
         Raises an EngineError subclass when a prompt cannot be served (the whole call fails: callers

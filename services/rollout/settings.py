@@ -7,13 +7,15 @@ from typing import Literal
 
 from pydantic import Field, SecretStr
 
-from shared.config import ServiceSettings
+from shared.config import ModelConfig, ServiceSettings, resolve_model_dir
 
 
 class RolloutSettings(ServiceSettings):
     """Rollout worker settings; the experiment itself comes from the run file (RL_RUN_CONFIG)."""
 
-    model_dir: Path | None = Field(None, description="HF model folder (config + tokenizer); default <run_dir>/model")
+    model_dir: Path | None = Field(
+        None, description="HF model folder (config + tokenizer); default [model] path, else <run_dir>/model"
+    )
     cluster_key: SecretStr = Field(description="shared secret that signs weight manifests")
     worker_engine: Literal["torch"] = Field("torch", description="inference engine implementation")
     worker_num_threads: int = Field(1, ge=1, description="CPU threads of the inference engine")
@@ -33,9 +35,8 @@ class RolloutSettings(ServiceSettings):
     )
     worker_poll_s: float = Field(0.2, gt=0, description="pause between checks while waiting for admissible weights")
 
-    @property
-    def resolved_model_dir(self) -> Path:
-        return self.model_dir if self.model_dir is not None else self.run_dir / "model"
+    def resolved_model_dir(self, model: ModelConfig) -> Path:
+        return resolve_model_dir(self.model_dir, model, self.run_dir)
 
     def resolved_public_url(self, bound_url: str) -> str:
         """The chunk-server URL advertised at registration: RL_WORKER_PUBLIC_URL, else the bound one."""

@@ -14,6 +14,7 @@ always falls between two groups.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -24,6 +25,15 @@ from services.rollout.engine import (
     Sample,
     UnencodablePromptError,
     WeightsLoadError,
+)
+from shared.tokenization import (
+    PromptEncodingError,
+    PromptInput,
+    check_model_folder,
+    encode_prompt,
+    eos_token_ids,
+    model_fingerprint,
+    pad_token_id,
 )
 
 log = logging.getLogger(__name__)
@@ -36,12 +46,14 @@ class TorchEngine(InferenceEngine):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.model_dir = Path(model_dir)
+        check_model_folder(self.model_dir)
         self.device = torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers types .to() for models only
-        self.pad_token_id = self._pad_token_id()
-        self.eos_token_ids = torch.tensor(sorted(self._eos_token_ids()), device=self.device)
+        self.pad_token_id = pad_token_id(self.tokenizer)
+        self.eos_token_ids = torch.tensor(sorted(eos_token_ids(self.model_dir, self.tokenizer)), device=self.device)
+        self.model_fingerprint = model_fingerprint(self.model_dir)
         self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
         self.ties_output_to_input = (
             self.model.get_output_embeddings().weight is self.model.get_input_embeddings().weight
@@ -53,7 +65,12 @@ class TorchEngine(InferenceEngine):
         return self._policy_version
 
     def generate(
-        self, prompts: list[str], num_samples: int, max_new_tokens: int, temperature: float, greedy: bool = False
+        self,
+        prompts: Sequence[str | PromptInput],
+        num_samples: int,
+        max_new_tokens: int,
+        temperature: float,
+        greedy: bool = False,
     ) -> list[list[Sample]]:
         if num_samples < 1 or max_new_tokens < 1 or temperature <= 0:
             raise ValueError(
@@ -68,16 +85,13 @@ class TorchEngine(InferenceEngine):
             )
         return self._to_samples(prompt_ids, num_samples, tokens, logprobs, lengths, stopped)
 
-    def encode_prompts(self, prompts: list[str], max_new_tokens: int = 0) -> list[list[int]]:
-        """Token ids of each prompt; raises if the tokenizer would lose characters or the context overflows."""
-        content_ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
-        decoded = self.tokenizer.batch_decode(content_ids, clean_up_tokenization_spaces=False)
-        for prompt, ids, text in zip(prompts, content_ids, decoded, strict=True):
-            # Tokenizers drop or map to <unk> what they cannot represent; a prompt the model cannot
-            # see exactly must fail loudly rather than be sampled as something else.
-            if not ids or text != prompt:
-                raise UnencodablePromptError(f"the tokenizer cannot represent prompt {prompt[:80]!r}")
-        prompt_ids = self.tokenizer(prompts, add_special_tokens=True)["input_ids"]
+    def encode_prompts(self, prompts: Sequence[str | PromptInput], max_new_tokens: int = 0) -> list[list[int]]:
+        """Token ids of each prompt (shared.tokenization.encode_prompt, as the learner's evaluation);
+        raises if the tokenizer would lose characters, the chat template fails or the context overflows."""
+        try:
+            prompt_ids = [encode_prompt(self.tokenizer, prompt) for prompt in prompts]
+        except PromptEncodingError as exc:
+            raise UnencodablePromptError(str(exc)) from exc
         longest = max(len(ids) for ids in prompt_ids)
         if self.max_positions is not None and longest + max_new_tokens > self.max_positions:
             raise PromptTooLongError(
@@ -212,25 +226,6 @@ class TorchEngine(InferenceEngine):
             if not torch.equal(state[TIED_OUTPUT_KEY], state[input_key]):
                 raise WeightsLoadError(f"{TIED_OUTPUT_KEY} differs from {input_key} but the model ties them")
         return state
-
-    def _pad_token_id(self) -> int:
-        pad = self.tokenizer.pad_token_id
-        if pad is None:
-            pad = self.tokenizer.eos_token_id
-        if pad is None:
-            raise ValueError(f"{self.model_dir}: the tokenizer has neither a pad nor an eos token")
-        return int(pad)
-
-    def _eos_token_ids(self) -> set[int]:
-        ids: set[int] = set()
-        for source in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
-            if isinstance(source, int):
-                ids.add(source)
-            elif source is not None:
-                ids.update(int(i) for i in source)
-        if not ids:
-            raise ValueError(f"{self.model_dir}: no EOS token in the tokenizer or generation config")
-        return ids
 
 
 def choose_tokens(logits: torch.Tensor, temperature: float, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:

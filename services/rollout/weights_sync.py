@@ -23,6 +23,7 @@ than wait for it to catch up with weights it no longer has.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -40,7 +41,15 @@ from shared.delta import DeltaError, apply_delta
 from shared.messages import WeightsPublished
 from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
 from shared.streams import WEIGHTS
-from shared.weights import ChunkVerificationError, Manifest, WeightsError, sha256_hex, split_into_chunks
+from shared.weights import (
+    ChunkVerificationError,
+    Manifest,
+    ModelMismatchError,
+    WeightsError,
+    check_model_fingerprint,
+    sha256_hex,
+    split_into_chunks,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +98,10 @@ class WeightsSync:
         stall_timeout_s: float = 15.0,
         chunk_wait_s: float = 10.0,
         version_timeout_s: float = 120.0,
+        model_fingerprint: str = "",
     ) -> None:
         self.bus = bus
+        self.model_fingerprint = model_fingerprint  # of this worker's folder; "" checks nothing
         self.keys = bus.keys
         self.store = store
         self.cluster_key = cluster_key
@@ -170,6 +181,7 @@ class WeightsSync:
         version = announcement.policy_version
         manifest = fetch_manifest(self._http, learner_url, version, self.cluster_key, payload=announced_payload)
         check_manifest_matches(announcement, manifest, self.keys.run_id)
+        check_model_fingerprint(manifest, self.model_fingerprint)
         resolve = self._sources(learner_url)
         base = self._base_of(manifest) if manifest.payload == "delta" else None
         if base is not None:
@@ -238,11 +250,17 @@ class WeightsSync:
         self._failed_at_s.pop(announcement.manifest_sha256, None)
 
     def _note_failure(self, announcement: WeightsPublished, exc: Exception) -> None:
+        # Weights for another model never become loadable: that manifest is not retried (one error
+        # line per version; the worker stays up, generating nothing until matching weights come).
+        permanent = isinstance(exc, ModelMismatchError)
         with self._lock:
-            self._failed_at_s[announcement.manifest_sha256] = time.monotonic()
+            self._failed_at_s[announcement.manifest_sha256] = math.inf if permanent else time.monotonic()
             if self._fetched_sha256 == announcement.manifest_sha256:
                 self._fetched_sha256 = None
         self.num_rejected += 1
+        if permanent:
+            log.error("refused weights version %d: %s", announcement.policy_version, exc)
+            return
         log.warning(
             "rejected weights version %d (%s); keeping version %s, retrying in %.1fs",
             announcement.policy_version,
@@ -255,7 +273,7 @@ class WeightsSync:
         if announcement.manifest_sha256 == self._fetched_sha256:
             return False
         failed_at_s = self._failed_at_s.get(announcement.manifest_sha256)
-        return failed_at_s is None or time.monotonic() - failed_at_s >= self.retry_failed_after_s
+        return failed_at_s is None or time.monotonic() - failed_at_s >= self.retry_failed_after_s  # inf: never
 
     def _base_of(self, delta: Manifest) -> _Base | None:
         """The full weights `delta` applies to, if this worker holds them."""

@@ -35,6 +35,7 @@ from shared.keys import RunKeys
 from shared.messages import RolloutGroup, TaskGroup, pack_float32, pack_int32
 from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
 from shared.streams import ROLLOUTS, TASKS, WEIGHTS
+from shared.tokenization import PromptInput
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ class RolloutWorker:
             stall_timeout_s=run.broadcast.stall_timeout_s,
             chunk_wait_s=run.broadcast.chunk_wait_s,
             version_timeout_s=run.broadcast.version_timeout_s,
+            model_fingerprint=engine.model_fingerprint,
         )
         self.coordinator = CoordinatorClient(settings.coordinator_url)
         self.membership = Membership(
@@ -265,7 +267,10 @@ class RolloutWorker:
         started_s = time.perf_counter()
         try:
             groups = self.engine.generate(
-                [d.message.prompt for d in batch], first.num_samples, first.max_new_tokens, first.temperature
+                [PromptInput.of_task(d.message) for d in batch],
+                first.num_samples,
+                first.max_new_tokens,
+                first.temperature,
             )
         except EngineError as exc:
             if len(batch) == 1:
@@ -300,8 +305,9 @@ class RolloutWorker:
             self.gate_state = state
 
 
-def build_engine(settings: RolloutSettings) -> InferenceEngine:
-    """The configured engine on the model folder (imports torch/transformers only now)."""
+def build_engine(settings: RolloutSettings, run: RunConfig) -> InferenceEngine:
+    """The configured engine on the model folder (imports torch/transformers only now). A folder that
+    is not a causal LM with a tokenizer raises shared.tokenization.ModelFolderError (a clear line at start)."""
     if settings.worker_engine == "torch":
         import torch
         from transformers.utils import logging as transformers_logging
@@ -310,7 +316,7 @@ def build_engine(settings: RolloutSettings) -> InferenceEngine:
 
         torch.set_num_threads(settings.worker_num_threads)
         transformers_logging.disable_progress_bar()  # no "Loading weights" bars in service logs
-        return TorchEngine(settings.resolved_model_dir)
+        return TorchEngine(settings.resolved_model_dir(run.model))
     raise ValueError(f"unknown engine {settings.worker_engine!r}")
 
 

@@ -6,11 +6,22 @@ import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from shared.messages import ChatMessage
+from shared.tokenization import PromptInput
+
 
 @dataclass(frozen=True)
 class TaskPrompt:
-    prompt: str
+    prompt: str  # the raw text; with `messages`, their plain form (logs, tokenizers without a chat template)
     reference: str  # what the verifier compares against; never sent to workers
+    # Chat tasks: the turns to render with the tokenizer's chat template (shared.tokenization.encode_prompt).
+    # Empty: the prompt is raw text (the demo tasks).
+    messages: tuple[ChatMessage, ...] = ()
+
+    @property
+    def input(self) -> PromptInput:
+        """What the tokenizer encodes (workers and the learner's evaluation alike)."""
+        return PromptInput(self.prompt, self.messages)
 
 
 class TaskAdapter(ABC):

@@ -35,6 +35,7 @@ CHROMIUM_FLAGS = [
 RUN_TOML = """\
 run_id = "dash"
 [model]
+init = "tiny-random"
 max_position_embeddings = 32
 [grpo]
 group_size = 8

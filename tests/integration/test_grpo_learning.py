@@ -32,7 +32,7 @@ def train_on_self_play(policy_dir: Path, num_steps: int, seed: int = 0) -> tuple
 
     def accuracy() -> float:
         return evaluate_greedy(
-            model, tokenizer, task, max_new_tokens=grpo.max_new_tokens, eos_token_id=tokenizer.eos_token_id
+            model, tokenizer, task, max_new_tokens=grpo.max_new_tokens, eos_token_ids={tokenizer.eos_token_id}
         ).accuracy
 
     accuracies, rewards = [accuracy()], []

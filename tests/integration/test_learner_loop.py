@@ -357,3 +357,15 @@ def test_the_learner_rides_out_a_redis_restart_without_losing_admitted_groups(
         worker.stop_event.set()
         worker.join(timeout=10)
         server.stop()
+
+
+def test_a_learner_without_a_model_folder_fails_at_start_instead_of_building_one(
+    bus: StreamBus, keys: RunKeys, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    from shared.tokenization import ModelFolderError
+
+    (tmp_path / "model").mkdir()  # a folder without config.json used to become a random char model
+    settings = LearnerSettings(redis_url=redis_server.url, run_dir=tmp_path, cluster_key=CLUSTER_KEY, learner_port=0)
+    with pytest.raises(ModelFolderError, match="no config.json"):
+        Learner(small_run(keys.run_id, num_steps=1), settings, bus)
+    assert not (tmp_path / "model" / "config.json").exists()

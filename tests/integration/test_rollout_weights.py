@@ -3,6 +3,7 @@ fetched, verified, kept for relaying and loaded; a version failing any check is 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from shared.chunk_server import ChunkServer, ChunkStore
 from shared.keys import RunKeys
 from shared.messages import WeightsPublished
 from shared.streams import WEIGHTS
+from shared.tokenization import model_fingerprint
 from shared.weights import build_manifest
 from tests.corrupting_store import CorruptingStore
 
@@ -38,7 +40,12 @@ class Learner:
         self.server = ChunkServer(store, wait_s=1.0).start()
 
     def publish(
-        self, engine: TorchEngine, policy_version: int, noise_scale: float, cluster_key: bytes = CLUSTER_KEY
+        self,
+        engine: TorchEngine,
+        policy_version: int,
+        noise_scale: float,
+        cluster_key: bytes = CLUSTER_KEY,
+        model_fingerprint: str = "",
     ) -> WeightsPublished:
         generator = torch.Generator().manual_seed(policy_version)
         blob = safetensors_save(
@@ -54,6 +61,7 @@ class Learner:
             policy_version=policy_version,
             chunk_size_bytes=CHUNK_SIZE_BYTES,
             cluster_key=cluster_key,
+            model_fingerprint=model_fingerprint,
         )
         self.store.put_version(manifest, chunks)
         announcement = WeightsPublished(
@@ -173,3 +181,27 @@ def test_a_resumed_learner_announcing_an_older_version_is_followed(
     assert sync.update(engine) == 3
     assert engine.policy_version == 3
     sync.close()
+
+
+def test_weights_published_for_another_model_folder_are_refused_once_and_never_loaded(
+    engine: TorchEngine, learner: Learner, bus: StreamBus, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.hf_folders import build_folder
+
+    other_folder = build_folder(tmp_path / "other")  # another tokenizer and architecture
+    assert model_fingerprint(other_folder) != engine.model_fingerprint
+    sync = WeightsSync(
+        bus, ChunkStore(), CLUSTER_KEY, retry_failed_after_s=0.0, model_fingerprint=engine.model_fingerprint
+    )
+    try:
+        learner.publish(engine, policy_version=0, noise_scale=0.3, model_fingerprint=model_fingerprint(other_folder))
+        with caplog.at_level(logging.ERROR, logger="services.rollout.weights_sync"):
+            assert sync.update(engine) is None
+            assert sync.update(engine) is None  # not retried: the same manifest never fits
+        assert engine.policy_version == -1 and sync.num_rejected == 1
+        assert "different tokenizers or architectures" in caplog.text
+
+        learner.publish(engine, policy_version=1, noise_scale=0.3, model_fingerprint=engine.model_fingerprint)
+        assert sync.update(engine) == 1  # weights for this folder load as ever
+    finally:
+        sync.close()
