@@ -130,8 +130,12 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | PromptInput)
     for a template that fails to render; never falls back silently."""
     prompt = as_prompt_input(prompt)
     if prompt.messages and getattr(tokenizer, "chat_template", None):
+        # The contents are checked, not the rendered text: SentencePiece tokenizers decode the
+        # template's markers with spacing of their own, which is no loss of the task's text.
+        for message in prompt.messages:
+            if message.content:
+                _check_representable(tokenizer, message.content)
         text = render_chat(tokenizer, prompt.messages)
-        _check_representable(tokenizer, text)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     _check_representable(tokenizer, prompt.text)
     return list(tokenizer(prompt.text, add_special_tokens=True)["input_ids"])

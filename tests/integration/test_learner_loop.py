@@ -369,3 +369,30 @@ def test_a_learner_without_a_model_folder_fails_at_start_instead_of_building_one
     with pytest.raises(ModelFolderError, match="no config.json"):
         Learner(small_run(keys.run_id, num_steps=1), settings, bus)
     assert not (tmp_path / "model" / "config.json").exists()
+
+
+def test_a_learner_on_a_user_folder_pads_stops_and_signs_like_its_workers(
+    bus: StreamBus, keys: RunKeys, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A Llama-style folder (no pad token, a BOS, generation_config EOS list): the learner takes the
+    workers' pad id and EOS set, evaluates, and signs the folder's fingerprint into its manifests."""
+    from shared.tokenization import model_fingerprint
+    from tests.hf_folders import CHAT_TEMPLATE, ENDOFTEXT, IM_END, build_folder
+
+    folder = build_folder(
+        tmp_path / "user_model",
+        with_pad=False,
+        with_bos=True,
+        chat_template=CHAT_TEMPLATE,
+        generation_eos_tokens=(ENDOFTEXT, IM_END),
+    )
+    settings = LearnerSettings(
+        redis_url=redis_server.url, run_dir=tmp_path, model_dir=folder, cluster_key=CLUSTER_KEY, learner_port=0
+    )
+    learner = Learner(small_run(keys.run_id, num_steps=1), settings, bus)
+    tokenizer = learner.tokenizer
+    assert tokenizer.pad_token_id is None and learner.pad_token_id == tokenizer.eos_token_id
+    assert learner.eos_token_ids == {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(IM_END)}
+    assert learner.publisher.model_fingerprint == model_fingerprint(folder)
+    learner.evaluate()
+    assert learner.totals.eval_accuracy_before is not None

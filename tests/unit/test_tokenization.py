@@ -19,6 +19,7 @@ from shared.tasks import TaskAdapter, TaskPrompt
 from shared.tokenization import (
     ChatTemplateError,
     ModelFolderError,
+    PromptEncodingError,
     PromptInput,
     check_model_folder,
     encode_prompt,
@@ -247,3 +248,15 @@ def test_chat_messages_travel_in_the_task_group_to_the_worker() -> None:
         run_id="r", task_id="t", task_name="n", prompt="1+2=", num_samples=2, max_new_tokens=2, temperature=1.0
     )
     assert PromptInput.of_task(TaskGroup.decode(raw.encode())) == PromptInput("1+2=")
+
+
+def test_a_chat_message_the_tokenizer_cannot_represent_is_refused(model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)  # the demo's character tokenizer, given a template
+    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+    with pytest.raises(PromptEncodingError, match="cannot represent"):
+        encode_prompt(tokenizer, PromptInput("1+2=", (ChatMessage(role="user", content="one plus two"),)))
+    assert encode_prompt(tokenizer, PromptInput("1+2=", (ChatMessage(role="user", content="1+2="),))) == [
+        tokenizer.convert_tokens_to_ids(c) for c in "1+2="
+    ]
