@@ -40,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from shared.bus import connect
 
     engine = build_engine(settings, run)
+    log.info("model fingerprint %s (weights published for another are refused)", engine.model_fingerprint[:12])
     worker = RolloutWorker(run, settings, engine, connect(settings.redis_url), stopping)
     from services.rollout.prometheus import rollout_families
     from shared.metrics import CallbackCollector, start_metrics_server
