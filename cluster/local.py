@@ -2,9 +2,10 @@
 
 Starts a private Redis (redis-server on PATH, else the bundled Valkey), finds the policy folder
 (--model-dir, else the run file's `[model] path`, else runs/<run-id>/model, where `[model] init =
-"tiny-random"` builds the demo's tiny policy) and checks it, then the coordinator, reward service, learner and N rollout workers; shows live progress;
-stops everything by PID when the learner is done or on Ctrl-C; writes runs/<run-id>/report.json
-with plots, and points runs/latest at it.
+"tiny-random"` builds the demo's tiny policy) and checks it, then starts the coordinator, reward
+service, learner and N rollout workers; shows live progress; stops everything by PID when the
+learner is done or on Ctrl-C; writes runs/<run-id>/report.json with plots, and points runs/latest
+at it.
 
 While it runs, runs/<run-id>/cluster.env (mode 0600: it holds the admin token and the cluster key)
 has the URLs and secrets another terminal needs: `python -m cluster.join` (make worker) adds a worker
@@ -322,11 +323,8 @@ def main() -> None:
         final_status = cluster.wait_until_done(print_progress)
     except KeyboardInterrupt:
         print("interrupted: stopping the cluster", flush=True)
-    except (
-        RuntimeError,
-        TimeoutError,
-        ModelFolderError,
-    ) as exc:  # a service died or never came up, or no model: stop the rest, report, fail
+    # a service died or never came up, or the model folder is unusable: stop the rest, report, fail
+    except (RuntimeError, TimeoutError, ModelFolderError) as exc:
         failure = exc
     finally:
         cluster.stop()
