@@ -32,9 +32,14 @@ split into several optimizer updates.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F  # noqa: N812 (the conventional name)
+from torch.utils.checkpoint import checkpoint
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 ADVANTAGE_EPS = 1e-4  # docs/design.md#advantage-epsilon-1e-4; keeps (r - mean) / std finite for tiny std
 
@@ -54,20 +59,76 @@ def group_advantages(rewards: torch.Tensor, normalize_by_std: bool) -> torch.Ten
 
 
 def token_logprobs(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperatures: torch.Tensor
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperatures: torch.Tensor,
+    chunk_tokens: int = 0,
 ) -> torch.Tensor:
     """log pi(token_j | tokens_<j) for every position j >= 1, by teacher forcing.
 
     input_ids, attention_mask: (B, T), right-padded prompt + completion.
     temperatures: (B,) the sampling temperature of each row: the worker sampled from
     softmax(logits / temperature), so that is the distribution whose log-probs we compare against.
+    chunk_tokens: positions whose logits exist at once (0: all B * (T - 1) of them).
     Returns (B, T - 1): entry j - 1 is the log-prob of input_ids[:, j]. Callers mask out prompt and
     padding positions.
+
+    Only the chosen token's log-prob is needed, so the (B, T, V) logits are never materialised: the
+    decoder body runs once to hidden states, then the LM head runs per chunk of positions and each
+    chunk reduces its (N, V) float32 logits to N numbers (chosen logit - logsumexp). At Qwen's
+    151,936-token vocabulary a full float32 log_softmax over a 512 x 300 batch is ~93 GB (plus as
+    much again for its gradient); a 1024-position chunk is ~0.6 GB. Each chunk is checkpointed:
+    backward recomputes its logits instead of keeping them, so the peak is one chunk, not all of them.
+    The result equals `full_token_logprobs` (test_learner_step_layout.py pins value and gradient).
     """
+    _check_plain_lm_head(model)
+    head = cast(torch.nn.Module, model.get_output_embeddings())  # H -> V, tied to the embedding or not
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    # (B, T, H) hidden states after the final norm; no KV cache: nothing is generated
+    num_rows, num_targets = input_ids.shape[0], input_ids.shape[1] - 1
+    # Position j - 1 predicts token j; flatten (B, T - 1) so chunks cut across rows freely.
+    hidden = hidden[:, :-1].reshape(num_rows * num_targets, -1)  # (N, H), N = B * (T - 1)
+    targets = input_ids[:, 1:].reshape(-1)  # (N,)
+    row_temperatures = temperatures[:, None].expand(num_rows, num_targets).reshape(-1)  # (N,)
+    num_positions = hidden.shape[0]
+    chunk = chunk_tokens if chunk_tokens > 0 else max(num_positions, 1)
+    pieces = []
+    for start in range(0, num_positions, chunk):
+        span = slice(start, start + chunk)
+        args = (head, hidden[span], targets[span], row_temperatures[span])
+        if torch.is_grad_enabled():
+            pieces.append(checkpoint(_chosen_logprobs, *args, use_reentrant=False))
+        else:
+            pieces.append(_chosen_logprobs(*args))
+    return torch.cat(pieces).view(num_rows, num_targets)
+
+
+def _chosen_logprobs(
+    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperatures: torch.Tensor
+) -> torch.Tensor:
+    """(N,) log-probs of `targets` from (N, H) hidden states: chosen logit minus logsumexp, in float32
+    whatever the model's dtype (a bf16 logsumexp over 150k entries loses the small probabilities)."""
+    logits = head(hidden).float() / temperatures[:, None]  # (N, V)
+    chosen = logits.gather(-1, targets[:, None]).squeeze(-1)  # (N,)
+    return chosen - torch.logsumexp(logits, dim=-1)
+
+
+def _check_plain_lm_head(model: PreTrainedModel) -> None:
+    # token_logprobs rebuilds the logits as lm_head(hidden); models that post-process them would be wrong.
+    config = getattr(model, "config", None)
+    for name in ("final_logit_softcapping", "logit_scale"):
+        if getattr(config, name, None):
+            raise ValueError(f"token_logprobs does not support {name} (set in the model config)")
+
+
+def full_token_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperatures: torch.Tensor
+) -> torch.Tensor:
+    """The reference `token_logprobs`: one forward to (B, T, V) logits and a float32 log_softmax over all
+    of them. Exact and simple, and its memory grows with B * T * V: kept for tests and the benchmark."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, T, V)
     logits = logits[:, :-1].float() / temperatures[:, None, None]  # position j - 1 predicts token j
-    # Full log_softmax is fine for small vocabularies; a 150k-vocab model would want a chunked
-    # logsumexp here instead of materialising (B, T, V) log-probs.
     logprobs = F.log_softmax(logits, dim=-1)
     return logprobs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
 
@@ -92,15 +153,20 @@ def policy_loss(
     completion_mask: torch.Tensor,
     clip_eps: float,
     max_importance_weight: float,
+    loss_num_tokens: int | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """The decoupled, token-level clipped surrogate (module docstring); returns (loss, stats).
 
     logprobs: (B, L) under pi_theta, with gradient. proximal_logprobs: (B, L) under pi_prox, detached.
     behaviour_logprobs: (B, L) from the worker. advantages: (B, 1) or (B, L). completion_mask: (B, L)
     bool, True on completion tokens (prompt and padding positions are ignored).
+    loss_num_tokens: what the token sum is divided by; None: this batch's completion tokens. A
+    micro-batch passes the whole step's count, so the micro-batch losses (and gradients) add up to
+    the step's token mean exactly; a per-micro-batch mean would over-weight short micro-batches.
     """
     mask = completion_mask.float()
     num_tokens = int(mask.sum().item())
+    denominator = num_tokens if loss_num_tokens is None else loss_num_tokens
     proximal_logprobs = proximal_logprobs.detach()
 
     # Off-policy correction: how much more likely the current policy finds the worker's token than
@@ -119,7 +185,7 @@ def policy_loss(
     # Token-level mean (DAPO): every completion token counts once, so long completions are not
     # down-weighted relative to short ones as a per-sample mean would do.
     per_token_loss = -truncated_weight * surrogate
-    loss = (per_token_loss * mask).sum() / max(num_tokens, 1)
+    loss = (per_token_loss * mask).sum() / max(denominator, 1)
 
     with torch.no_grad():
         log_ratio = torch.where(completion_mask, logprobs.detach() - behaviour_logprobs, 0.0)  # log(pi_theta / mu)

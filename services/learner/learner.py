@@ -69,7 +69,7 @@ class Learner:
         self.run_dir = settings.run_dir
         self.task = make_task(run.task.name, num_eval_prompts=run.task.num_eval_prompts, seed=run.task.seed)
 
-        self.model, self.tokenizer = trainer.load_policy(self.ensure_initial_policy())
+        self.model, self.tokenizer = trainer.load_policy(self.ensure_initial_policy(), run.learner)
         self.optimizer = trainer.make_optimizer(self.model, run.grpo)
         self.version = 0
         self.totals = RunTotals()
@@ -175,7 +175,7 @@ class Learner:
     def train_step(self, batch: CollectedBatch) -> TrainedStep:
         groups = [admitted.group for admitted in batch.groups]
         tensors = tensorize(groups, self.tokenizer.pad_token_id, self.config.grpo.normalize_advantage_by_std)
-        result = trainer.train_step(self.model, self.optimizer, tensors, self.config.grpo)
+        result = trainer.train_step(self.model, self.optimizer, tensors, self.config.grpo, self.config.learner)
         self.version += 1
         self.uncheckpointed_ids.extend(batch.message_ids)
         return TrainedStep(batch=batch, tensors=tensors, result=result)
