@@ -32,11 +32,10 @@ split into several optimizer updates.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F  # noqa: N812 (the conventional name)
-from torch.utils.checkpoint import checkpoint
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -71,51 +70,109 @@ def token_logprobs(
     temperatures: (B,) the sampling temperature of each row: the worker sampled from
     softmax(logits / temperature), so that is the distribution whose log-probs we compare against.
     chunk_tokens: positions whose logits exist at once (0: all B * (T - 1) of them).
-    Returns (B, T - 1): entry j - 1 is the log-prob of input_ids[:, j]. Callers mask out prompt and
-    padding positions.
+    Returns (B, T - 1) float32: entry j - 1 is the log-prob of input_ids[:, j]. Callers mask out prompt
+    and padding positions.
 
     Only the chosen token's log-prob is needed, so the (B, T, V) logits are never materialised: the
-    decoder body runs once to hidden states, then the LM head runs per chunk of positions and each
-    chunk reduces its (N, V) float32 logits to N numbers (chosen logit - logsumexp). At Qwen's
-    151,936-token vocabulary a full float32 log_softmax over a 512 x 300 batch is ~93 GB (plus as
-    much again for its gradient); a 1024-position chunk is ~0.6 GB. Each chunk is checkpointed:
-    backward recomputes its logits instead of keeping them, so the peak is one chunk, not all of them.
-    The result equals `full_token_logprobs` (test_learner_step_layout.py pins value and gradient).
+    decoder body runs once to hidden states, then `ChunkedChosenLogprobs` applies the LM head per
+    chunk of positions and reduces each chunk's (n, V) float32 logits to n numbers. At Qwen's
+    151,936-token vocabulary a float32 log_softmax over a 512 x 300 batch is ~93 GB (and autograd keeps
+    several such tensors); a 1024-position chunk is ~0.6 GB. The result equals `full_token_logprobs`
+    in value and gradient (tests/unit/test_learner_step_layout.py).
     """
     _check_plain_lm_head(model)
-    head = cast(torch.nn.Module, model.get_output_embeddings())  # H -> V, tied to the embedding or not
+    head = cast(torch.nn.Linear, model.get_output_embeddings())  # H -> V, tied to the embedding or not
     hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     # (B, T, H) hidden states after the final norm; no KV cache: nothing is generated
     num_rows, num_targets = input_ids.shape[0], input_ids.shape[1] - 1
     # Position j - 1 predicts token j; flatten (B, T - 1) so chunks cut across rows freely.
     hidden = hidden[:, :-1].reshape(num_rows * num_targets, -1)  # (N, H), N = B * (T - 1)
     targets = input_ids[:, 1:].reshape(-1)  # (N,)
-    row_temperatures = temperatures[:, None].expand(num_rows, num_targets).reshape(-1)  # (N,)
-    num_positions = hidden.shape[0]
-    chunk = chunk_tokens if chunk_tokens > 0 else max(num_positions, 1)
-    pieces = []
-    for start in range(0, num_positions, chunk):
-        span = slice(start, start + chunk)
-        args = (head, hidden[span], targets[span], row_temperatures[span])
-        if torch.is_grad_enabled():
-            pieces.append(checkpoint(_chosen_logprobs, *args, use_reentrant=False))
-        else:
-            pieces.append(_chosen_logprobs(*args))
-    return torch.cat(pieces).view(num_rows, num_targets)
+    row_temperatures = temperatures[:, None].expand(num_rows, num_targets).reshape(-1).float()  # (N,)
+    chunk = chunk_tokens if chunk_tokens > 0 else max(hidden.shape[0], 1)
+    logprobs = ChunkedChosenLogprobs.apply(hidden, head.weight, targets, row_temperatures, chunk)  # (N,)
+    return cast(torch.Tensor, logprobs).view(num_rows, num_targets)
 
 
-def _chosen_logprobs(
-    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperatures: torch.Tensor
-) -> torch.Tensor:
-    """(N,) log-probs of `targets` from (N, H) hidden states: chosen logit minus logsumexp, in float32
-    whatever the model's dtype (a bf16 logsumexp over 150k entries loses the small probabilities)."""
-    logits = head(hidden).float() / temperatures[:, None]  # (N, V)
-    chosen = logits.gather(-1, targets[:, None]).squeeze(-1)  # (N,)
-    return chosen - torch.logsumexp(logits, dim=-1)
+class ChunkedChosenLogprobs(torch.autograd.Function):
+    """logprob_i = z_i[target_i] - logsumexp(z_i),  z_i = (W h_i) / temperature_i,  chunk by chunk.
+
+    A hand-written backward instead of autograd: autograd would keep every chunk's logits (and the
+    softmax) for the backward pass, which is the (N, V) tensor again. Here the backward recomputes one
+    chunk's logits at a time and turns them into their gradient in place:
+
+        d logprob_i / d z_i = onehot(target_i) - softmax(z_i)
+        d z_i / d h_i = W / temperature_i,   d z_i / d W = h_i / temperature_i
+
+    so the peak is one (chunk, V) float32 tensor (every step on it is in place). Logits, logsumexp and softmax are float32 whatever the
+    model's dtype (a bf16 logsumexp over 150k entries loses the small probabilities); the gradients are
+    cast back to the dtype of h and W, with W's accumulated over the chunks in float32.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,  # (N, H)
+        weight: torch.Tensor,  # (V, H) the LM head
+        targets: torch.Tensor,  # (N,) long
+        temperatures: torch.Tensor,  # (N,) float32
+        chunk: int,
+    ) -> torch.Tensor:
+        logprobs = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)  # (N,)
+        for span in _spans(hidden.shape[0], chunk):
+            logits = _scaled_logits(hidden[span], weight, temperatures[span])  # (n, V)
+            chosen = logits.gather(-1, targets[span, None]).squeeze(-1)  # (n,)
+            row_max, exp_sum = _exp_in_place(logits)
+            logprobs[span] = chosen - row_max - exp_sum.log()  # chosen - logsumexp
+            del logits  # before the next chunk's exist: one (n, V) at a time
+        ctx.save_for_backward(hidden, weight, targets, temperatures)
+        ctx.chunk = chunk
+        return logprobs
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad_logprobs: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
+        hidden, weight, targets, temperatures = ctx.saved_tensors
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        for span in _spans(hidden.shape[0], ctx.chunk):
+            logits = _scaled_logits(hidden[span], weight, temperatures[span])  # (n, V)
+            _, exp_sum = _exp_in_place(logits)
+            grad_logits = logits.div_(exp_sum[:, None])  # softmax, in place
+            grad_logits.neg_().scatter_add_(-1, targets[span, None], torch.ones_like(grad_logits[:, :1]))
+            # onehot - softmax, times the incoming gradient, times d z / d (W h) = 1 / temperature
+            grad_logits.mul_((grad_logprobs[span].float() / temperatures[span])[:, None])
+            if grad_hidden is not None:
+                grad_hidden[span] = grad_logits.to(weight.dtype) @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(grad_logits.T, hidden[span].float())
+            del logits, grad_logits  # before the next chunk's exist
+        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None
+
+
+def _spans(num_positions: int, chunk: int) -> list[slice]:
+    return [slice(start, min(start + chunk, num_positions)) for start in range(0, num_positions, chunk)]
+
+
+def _exp_in_place(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Overwrite (n, V) logits z with exp(z - max z) and return (max z, sum exp(z - max z)), both (n,).
+    logsumexp = max + log(sum); softmax = logits / sum. In place: torch.logsumexp would allocate a
+    second (n, V) tensor, and at a 150k vocabulary that doubles the peak."""
+    row_max = logits.max(dim=-1, keepdim=True).values
+    exp_sum = logits.sub_(row_max).exp_().sum(dim=-1)
+    return row_max.squeeze(-1), exp_sum
+
+
+def _scaled_logits(hidden: torch.Tensor, weight: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """(n, V) float32 logits / temperature from (n, H) hidden states, divided in place (one copy)."""
+    return (hidden @ weight.T).float().div_(temperatures[:, None])
 
 
 def _check_plain_lm_head(model: PreTrainedModel) -> None:
     # token_logprobs rebuilds the logits as lm_head(hidden); models that post-process them would be wrong.
+    if getattr(model.get_output_embeddings(), "bias", None) is not None:
+        raise ValueError("token_logprobs does not support an LM head with a bias")
     config = getattr(model, "config", None)
     for name in ("final_logit_softcapping", "logit_scale"):
         if getattr(config, name, None):
