@@ -197,9 +197,7 @@ def main() -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     if slope:
-        print(
-            f"old path: {slope * (1 << 20):.2f} MiB per row x token -> ~{slope * demo_row_tokens:.0f} GiB at 512 x 300"
-        )
+        print(f"old path: {slope * 1024:.2f} MiB per row x token -> ~{slope * demo_row_tokens:.0f} GiB at 512 x 300")
     print(f"wrote {RESULTS}")
 
 
