@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from pydantic import ValidationError
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -172,6 +173,12 @@ def test_device_and_dtype_default_to_float32_on_cpu_and_follow_the_run_file(tiny
     assert resolve_device_dtype(LearnerConfig(device="cpu", dtype="bfloat16"))[1] == torch.bfloat16
     model, _ = load_policy(tiny_policy_dir, LearnerConfig(device="cpu", dtype="bfloat16"))
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    checkpointed, _ = load_policy(tiny_policy_dir, LearnerConfig(gradient_checkpointing=True))
+    assert checkpointed.is_gradient_checkpointing
+    with pytest.raises(ValidationError):
+        LearnerConfig(device="tpu")
+    with pytest.raises(ValidationError):
+        LearnerConfig(micro_batch_size=-1)
 
 
 def safetensors_header(blob: bytes) -> dict[str, dict]:
