@@ -174,7 +174,7 @@ def test_device_and_dtype_default_to_float32_on_cpu_and_follow_the_run_file(tiny
     model, _ = load_policy(tiny_policy_dir, LearnerConfig(device="cpu", dtype="bfloat16"))
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     checkpointed, _ = load_policy(tiny_policy_dir, LearnerConfig(gradient_checkpointing=True))
-    assert checkpointed.is_gradient_checkpointing
+    assert checkpointed.is_activation_checkpointing
     with pytest.raises(ValidationError):
         LearnerConfig(device="tpu")
     with pytest.raises(ValidationError):
