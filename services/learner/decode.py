@@ -49,7 +49,8 @@ def generate(
     at any of `eos_token_ids` (shared.tokenization.eos_token_ids: the workers' set)."""
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device  # the learner's run-file device (CPU or CUDA)
+    # the learner's run-file device (CPU or CUDA); a parameter-free stand-in model runs on the CPU
+    device = next(model.parameters(), torch.empty(0)).device
     by_length: dict[int, list[int]] = defaultdict(list)
     for index, prompt in enumerate(prompts):
         by_length[len(prompt)].append(index)
