@@ -92,6 +92,32 @@ class GRPOConfig(Section):
     max_new_tokens: int = Field(2, ge=1, description="completion length cap")
 
 
+class LearnerConfig(Section):
+    """How the learner lays one step out on its hardware. None of these change the step's result
+    (beyond float rounding, and dtype): they trade memory for time."""
+
+    device: str = Field(
+        "auto", pattern="^(auto|cpu|cuda)$", description="where the policy trains; auto: cuda when available, else cpu"
+    )
+    dtype: str = Field(
+        "auto",
+        pattern="^(auto|float32|bfloat16)$",
+        description="parameter dtype (published weights keep it); auto: bfloat16 on cuda, float32 on cpu",
+    )
+    micro_batch_size: int = Field(
+        0, ge=0, description="rows per forward/backward, gradients accumulated over the step; 0: the whole batch"
+    )
+    logprob_chunk_tokens: int = Field(
+        1024,
+        ge=0,
+        description="positions whose (positions, vocab) logits exist at once when computing log-probs; 0: all",
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="recompute decoder activations in backward (HF activation_checkpointing_enable, formerly gradient_checkpointing_enable)",
+    )
+
+
 class ScheduleConfig(Section):
     """Overlap of rollout, broadcast and training."""
 
@@ -187,6 +213,7 @@ class RunConfig(Section):
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()
     grpo: GRPOConfig = GRPOConfig()
+    learner: LearnerConfig = LearnerConfig()
     schedule: ScheduleConfig = ScheduleConfig()
     broadcast: BroadcastConfig = BroadcastConfig()
     rollout: RolloutConfig = RolloutConfig()

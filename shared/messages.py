@@ -206,6 +206,19 @@ class DeadLetter(Message):
     failed_at_s: float = Field(default_factory=time.time)
 
 
+class WorkerMismatch(BaseModel):
+    """Engine mismatch of one rollout worker in one step: its behaviour log-probs mu against the learner's
+    recomputation pi over the completion tokens of its lag-0 groups (sampled with the very weights the
+    learner holds), where the two differ only by the engines' numerics. Producer: learner (in StepRecord
+    and LearnerState). Read by people, dashboards and Prometheus."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    num_tokens: int = Field(ge=1, description="lag-0 completion tokens of this worker in the step")
+    logprob_abs_diff_mean: float = Field(ge=0.0, description="mean |log mu - log pi| over them, nats")
+    kl_k3: float = Field(description="KL(mu || pi), k3 estimator on mu's samples: E[r - 1 - log r], r = pi / mu")
+
+
 # starting: loading / resuming; training: taking steps; done: reached num_steps or max_wall_s.
 LearnerStatus = Literal["starting", "training", "done"]
 
@@ -231,4 +244,7 @@ class LearnerState(Message):
     wall_s: float = Field(0.0, ge=0, description="run time so far (across restarts)")
     staleness_histogram: dict[str, int] = Field(
         default_factory=dict, description="trained groups by lag t - v, since this learner process started"
+    )
+    mismatch_by_worker: dict[str, WorkerMismatch] = Field(
+        default_factory=dict, description="the last step's engine mismatch by worker id (workers with lag-0 groups)"
     )

@@ -97,6 +97,26 @@ def learner_families(state: LearnerState | None) -> Iterator[Metric]:
     for reason, count in sorted(state.num_dropped.items()):
         dropped.add_metric([reason], count)
     yield dropped
+    yield from engine_mismatch_families(state)
+
+
+def engine_mismatch_families(state: LearnerState) -> Iterator[Metric]:
+    """The last step's behaviour-vs-recomputed log-prob gap by worker (only workers with lag-0 groups in it)."""
+    abs_diff = GaugeMetricFamily(
+        PREFIX + "learner_engine_mismatch_logprob_abs_diff",
+        "last step: mean |behaviour - recomputed| log-prob over the worker's lag-0 tokens (nats)",
+        labels=["worker"],
+    )
+    kl = GaugeMetricFamily(
+        PREFIX + "learner_engine_mismatch_kl",
+        "last step: KL(behaviour || recomputed), k3 estimator, over the worker's lag-0 tokens",
+        labels=["worker"],
+    )
+    for worker_id, mismatch in sorted(state.mismatch_by_worker.items()):
+        abs_diff.add_metric([worker_id], mismatch.logprob_abs_diff_mean)
+        kl.add_metric([worker_id], mismatch.kl_k3)
+    yield abs_diff
+    yield kl
 
 
 # streams (reward service and coordinator)

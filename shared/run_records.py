@@ -18,6 +18,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.messages import WorkerMismatch
+
 
 class StepRecord(BaseModel):
     """One optimizer step. Times in seconds; `wall_s` since the run began (across restarts)."""
@@ -46,6 +48,11 @@ class StepRecord(BaseModel):
     approx_kl: float = Field(description="KL(behaviour || current), k3 estimator")
     grad_norm: float
     wall_s: float
+    mismatch_by_worker: dict[str, WorkerMismatch] = Field(
+        default_factory=dict,
+        description="engine mismatch (behaviour vs recomputed log-probs) over lag-0 tokens, by worker id; "
+        "rollouts carry no engine name, so there is no split by engine",
+    )
 
 
 class EvalRecord(BaseModel):

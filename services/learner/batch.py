@@ -19,7 +19,7 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -210,6 +210,12 @@ class TrainBatch:
     @property
     def num_samples(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def to(self, device: torch.device) -> TrainBatch:
+        """The same batch on `device` (itself when it is there already)."""
+        if self.input_ids.device == device:
+            return self
+        return TrainBatch(*(getattr(self, field.name).to(device) for field in fields(self)))
 
     @property
     def num_tokens(self) -> int:

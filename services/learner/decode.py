@@ -49,12 +49,15 @@ def generate(
     at any of `eos_token_ids` (shared.tokenization.eos_token_ids: the workers' set)."""
     was_training = model.training
     model.eval()
+    # the learner's run-file device (CPU or CUDA); a parameter-free stand-in model runs on the CPU
+    device = next(model.parameters(), torch.empty(0)).device
     by_length: dict[int, list[int]] = defaultdict(list)
     for index, prompt in enumerate(prompts):
         by_length[len(prompt)].append(index)
     results: list[list[Completion]] = [[] for _ in prompts]
     for indices in by_length.values():
-        prefix = torch.tensor([prompts[i] for i in indices], dtype=torch.long).repeat_interleave(num_samples, dim=0)
+        prefix = torch.tensor([prompts[i] for i in indices], dtype=torch.long, device=device)
+        prefix = prefix.repeat_interleave(num_samples, dim=0)
         completions = _decode_rows(model, prefix, max_new_tokens, temperature, eos_token_ids, greedy, generator)
         for position, index in enumerate(indices):
             results[index] = completions[position * num_samples : (position + 1) * num_samples]
@@ -72,10 +75,10 @@ def _decode_rows(
     generator: torch.Generator | None,
 ) -> list[Completion]:
     num_rows = prefix.shape[0]
-    eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long)
+    eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long, device=prefix.device)
     tokens = prefix  # (rows, prompt_len + generated)
     new_tokens, new_logprobs = [], []
-    finished = torch.zeros(num_rows, dtype=torch.bool)
+    finished = torch.zeros(num_rows, dtype=torch.bool, device=prefix.device)
     for _ in range(max_new_tokens):
         logits = model(input_ids=tokens).logits[:, -1].float() / temperature  # (rows, V)
         logprobs = F.log_softmax(logits, dim=-1)

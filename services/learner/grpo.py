@@ -32,9 +32,13 @@ split into several optimizer updates.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F  # noqa: N812 (the conventional name)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 ADVANTAGE_EPS = 1e-4  # docs/design.md#advantage-epsilon-1e-4; keeps (r - mean) / std finite for tiny std
 
@@ -54,20 +58,134 @@ def group_advantages(rewards: torch.Tensor, normalize_by_std: bool) -> torch.Ten
 
 
 def token_logprobs(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperatures: torch.Tensor
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperatures: torch.Tensor,
+    chunk_tokens: int = 0,
 ) -> torch.Tensor:
     """log pi(token_j | tokens_<j) for every position j >= 1, by teacher forcing.
 
     input_ids, attention_mask: (B, T), right-padded prompt + completion.
     temperatures: (B,) the sampling temperature of each row: the worker sampled from
     softmax(logits / temperature), so that is the distribution whose log-probs we compare against.
-    Returns (B, T - 1): entry j - 1 is the log-prob of input_ids[:, j]. Callers mask out prompt and
-    padding positions.
+    chunk_tokens: positions whose logits exist at once (0: all B * (T - 1) of them).
+    Returns (B, T - 1) float32: entry j - 1 is the log-prob of input_ids[:, j]. Callers mask out prompt
+    and padding positions.
+
+    Only the chosen token's log-prob is needed, so the (B, T, V) logits are never materialised: the
+    decoder body runs once to hidden states, then `ChunkedChosenLogprobs` applies the LM head per
+    chunk of positions and reduces each chunk's (n, V) float32 logits to n numbers. At Qwen's
+    151,936-token vocabulary a float32 log_softmax over a 512 x 300 batch is ~93 GB (and autograd keeps
+    several such tensors); a 1024-position chunk is ~0.6 GB. The result equals `full_token_logprobs`
+    in value and gradient (tests/unit/test_learner_step_layout.py).
     """
+    _check_plain_lm_head(model)
+    head = cast(torch.nn.Linear, model.get_output_embeddings())  # H -> V, tied to the embedding or not
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    # (B, T, H) hidden states after the final norm; no KV cache: nothing is generated
+    num_rows, num_targets = input_ids.shape[0], input_ids.shape[1] - 1
+    # Position j - 1 predicts token j; flatten (B, T - 1) so chunks cut across rows freely.
+    hidden = hidden[:, :-1].reshape(num_rows * num_targets, -1)  # (N, H), N = B * (T - 1)
+    targets = input_ids[:, 1:].reshape(-1)  # (N,)
+    row_temperatures = temperatures[:, None].expand(num_rows, num_targets).reshape(-1).float()  # (N,)
+    chunk = chunk_tokens if chunk_tokens > 0 else max(hidden.shape[0], 1)
+    logprobs = ChunkedChosenLogprobs.apply(hidden, head.weight, targets, row_temperatures, chunk)  # (N,)
+    return cast(torch.Tensor, logprobs).view(num_rows, num_targets)
+
+
+class ChunkedChosenLogprobs(torch.autograd.Function):
+    """logprob_i = z_i[target_i] - logsumexp(z_i),  z_i = (W h_i) / temperature_i,  chunk by chunk.
+
+    A hand-written backward instead of autograd: autograd would keep every chunk's logits (and the
+    softmax) for the backward pass, which is the (N, V) tensor again. Here the backward recomputes one
+    chunk's logits at a time and turns them into their gradient in place:
+
+        d logprob_i / d z_i = onehot(target_i) - softmax(z_i)
+        d z_i / d h_i = W / temperature_i,   d z_i / d W = h_i / temperature_i
+
+    so the peak is one (chunk, V) float32 tensor (every step on it is in place). Logits, logsumexp and softmax are float32 whatever the
+    model's dtype (a bf16 logsumexp over 150k entries loses the small probabilities); the gradients are
+    cast back to the dtype of h and W, with W's accumulated over the chunks in float32.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,  # (N, H)
+        weight: torch.Tensor,  # (V, H) the LM head
+        targets: torch.Tensor,  # (N,) long
+        temperatures: torch.Tensor,  # (N,) float32
+        chunk: int,
+    ) -> torch.Tensor:
+        logprobs = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)  # (N,)
+        for span in _spans(hidden.shape[0], chunk):
+            logits = _scaled_logits(hidden[span], weight, temperatures[span])  # (n, V)
+            chosen = logits.gather(-1, targets[span, None]).squeeze(-1)  # (n,)
+            row_max, exp_sum = _exp_in_place(logits)
+            logprobs[span] = chosen - row_max - exp_sum.log()  # chosen - logsumexp
+            del logits  # before the next chunk's exist: one (n, V) at a time
+        ctx.save_for_backward(hidden, weight, targets, temperatures)
+        ctx.chunk = chunk
+        return logprobs
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad_logprobs: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
+        hidden, weight, targets, temperatures = ctx.saved_tensors
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        for span in _spans(hidden.shape[0], ctx.chunk):
+            logits = _scaled_logits(hidden[span], weight, temperatures[span])  # (n, V)
+            _, exp_sum = _exp_in_place(logits)
+            grad_logits = logits.div_(exp_sum[:, None])  # softmax, in place
+            grad_logits.neg_().scatter_add_(-1, targets[span, None], torch.ones_like(grad_logits[:, :1]))
+            # onehot - softmax, times the incoming gradient, times d z / d (W h) = 1 / temperature
+            grad_logits.mul_((grad_logprobs[span].float() / temperatures[span])[:, None])
+            if grad_hidden is not None:
+                grad_hidden[span] = grad_logits.to(weight.dtype) @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(grad_logits.T, hidden[span].float())
+            del logits, grad_logits  # before the next chunk's exist
+        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None
+
+
+def _spans(num_positions: int, chunk: int) -> list[slice]:
+    return [slice(start, min(start + chunk, num_positions)) for start in range(0, num_positions, chunk)]
+
+
+def _exp_in_place(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Overwrite (n, V) logits z with exp(z - max z) and return (max z, sum exp(z - max z)), both (n,).
+    logsumexp = max + log(sum); softmax = logits / sum. In place: torch.logsumexp would allocate a
+    second (n, V) tensor, and at a 150k vocabulary that doubles the peak."""
+    row_max = logits.max(dim=-1, keepdim=True).values
+    exp_sum = logits.sub_(row_max).exp_().sum(dim=-1)
+    return row_max.squeeze(-1), exp_sum
+
+
+def _scaled_logits(hidden: torch.Tensor, weight: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """(n, V) float32 logits / temperature from (n, H) hidden states, divided in place (one copy)."""
+    return (hidden @ weight.T).float().div_(temperatures[:, None])
+
+
+def _check_plain_lm_head(model: PreTrainedModel) -> None:
+    # token_logprobs rebuilds the logits as lm_head(hidden); models that post-process them would be wrong.
+    if getattr(model.get_output_embeddings(), "bias", None) is not None:
+        raise ValueError("token_logprobs does not support an LM head with a bias")
+    config = getattr(model, "config", None)
+    for name in ("final_logit_softcapping", "logit_scale"):
+        if getattr(config, name, None):
+            raise ValueError(f"token_logprobs does not support {name} (set in the model config)")
+
+
+def full_token_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperatures: torch.Tensor
+) -> torch.Tensor:
+    """The reference `token_logprobs`: one forward to (B, T, V) logits and a float32 log_softmax over all
+    of them. Exact and simple, and its memory grows with B * T * V: kept for tests and the benchmark."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, T, V)
     logits = logits[:, :-1].float() / temperatures[:, None, None]  # position j - 1 predicts token j
-    # Full log_softmax is fine for small vocabularies; a 150k-vocab model would want a chunked
-    # logsumexp here instead of materialising (B, T, V) log-probs.
     logprobs = F.log_softmax(logits, dim=-1)
     return logprobs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
 
@@ -92,15 +210,20 @@ def policy_loss(
     completion_mask: torch.Tensor,
     clip_eps: float,
     max_importance_weight: float,
+    loss_num_tokens: int | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """The decoupled, token-level clipped surrogate (module docstring); returns (loss, stats).
 
     logprobs: (B, L) under pi_theta, with gradient. proximal_logprobs: (B, L) under pi_prox, detached.
     behaviour_logprobs: (B, L) from the worker. advantages: (B, 1) or (B, L). completion_mask: (B, L)
     bool, True on completion tokens (prompt and padding positions are ignored).
+    loss_num_tokens: what the token sum is divided by; None: this batch's completion tokens. A
+    micro-batch passes the whole step's count, so the micro-batch losses (and gradients) add up to
+    the step's token mean exactly; a per-micro-batch mean would over-weight short micro-batches.
     """
     mask = completion_mask.float()
     num_tokens = int(mask.sum().item())
+    denominator = num_tokens if loss_num_tokens is None else loss_num_tokens
     proximal_logprobs = proximal_logprobs.detach()
 
     # Off-policy correction: how much more likely the current policy finds the worker's token than
@@ -119,7 +242,7 @@ def policy_loss(
     # Token-level mean (DAPO): every completion token counts once, so long completions are not
     # down-weighted relative to short ones as a per-sample mean would do.
     per_token_loss = -truncated_weight * surrogate
-    loss = (per_token_loss * mask).sum() / max(num_tokens, 1)
+    loss = (per_token_loss * mask).sum() / max(denominator, 1)
 
     with torch.no_grad():
         log_ratio = torch.where(completion_mask, logprobs.detach() - behaviour_logprobs, 0.0)  # log(pi_theta / mu)

@@ -33,6 +33,7 @@ from services.learner.batch import BatchCollector, CollectedBatch, TrainBatch, t
 from services.learner.checkpoint import capture, checkpoint_path, load_checkpoint, restore, save_checkpoint
 from services.learner.evaluate import evaluate_greedy
 from services.learner.metrics import MetricsLog, write_summary
+from services.learner.mismatch import engine_mismatch
 from services.learner.model_init import build_initial_policy
 from services.learner.publish import WeightPublisher
 from services.learner.settings import LearnerSettings
@@ -40,7 +41,7 @@ from shared.bus import StreamBus
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import RunConfig
 from shared.keys import RunKeys
-from shared.messages import LearnerState, LearnerStatus
+from shared.messages import LearnerState, LearnerStatus, WorkerMismatch
 from shared.retry import call_with_retry
 from shared.run_records import EvalRecord, LearnerSummary, RunTotals, StepRecord
 from shared.streams import LEARNER_STATE, SCORED
@@ -71,7 +72,7 @@ class Learner:
         self.task = make_task(run.task.name, num_eval_prompts=run.task.num_eval_prompts, seed=run.task.seed)
 
         self.model_dir = self.ensure_initial_policy()
-        self.model, self.tokenizer = trainer.load_policy(self.model_dir)
+        self.model, self.tokenizer = trainer.load_policy(self.model_dir, run.learner)
         # One pad id and one EOS set with the workers (shared.tokenization): a tokenizer without a pad
         # token pads with EOS, and evaluation stops where sampling does.
         self.pad_token_id = pad_token_id(self.tokenizer)
@@ -82,6 +83,7 @@ class Learner:
         self.uncheckpointed_ids: list[str] = []  # admitted groups trained on since the last checkpoint
         self.checkpointed_version = -1
         self.last_train_s = 0.0
+        self.last_mismatch: dict[str, WorkerMismatch] = {}  # the last step's, by worker (into LearnerState)
         self.staleness_counts: Counter[int] = Counter()  # trained groups by lag t - v, this process
         self.state: LearnerState | None = None  # the latest state written (read by /metrics)
         self.stop_requested = threading.Event()
@@ -182,7 +184,7 @@ class Learner:
     def train_step(self, batch: CollectedBatch) -> TrainedStep:
         groups = [admitted.group for admitted in batch.groups]
         tensors = tensorize(groups, self.pad_token_id, self.config.grpo.normalize_advantage_by_std)
-        result = trainer.train_step(self.model, self.optimizer, tensors, self.config.grpo)
+        result = trainer.train_step(self.model, self.optimizer, tensors, self.config.grpo, self.config.learner)
         self.version += 1
         self.uncheckpointed_ids.extend(batch.message_ids)
         return TrainedStep(batch=batch, tensors=tensors, result=result)
@@ -220,10 +222,12 @@ class Learner:
             approx_kl=result.loss.approx_kl,
             grad_norm=result.grad_norm,
             wall_s=self.wall_s(),
+            mismatch_by_worker=engine_mismatch(batch.groups, tensors, result.logprobs),
         )
         self.totals.add_step(record)
         self.metrics.append(record)
         self.last_train_s = record.train_s
+        self.last_mismatch = record.mismatch_by_worker
         self.staleness_counts.update({int(lag): count for lag, count in record.staleness_histogram.items()})
         self.write_state("training")
         log.info(
@@ -389,6 +393,7 @@ class Learner:
             idle_s_total=self.totals.idle_s,
             wall_s=self.wall_s(),
             staleness_histogram={str(lag): count for lag, count in sorted(self.staleness_counts.items())},
+            mismatch_by_worker=self.last_mismatch,
         )
         self.state = state
         call_with_retry(lambda: self.bus.put_state(LEARNER_STATE, state), "write learner state")

@@ -13,7 +13,8 @@ that lost track catches up within K versions without asking. One line per versio
 `journal_path` (broadcast.jsonl): bytes announced as a fraction of the full size.
 
 A worker loads the blob with `load_weights_blob` (or its own equivalent): safetensors, HF
-state-dict names, float32; a model with tied embeddings gets lm_head back from the embedding.
+state-dict names, in the learner's dtype (learner.dtype: bfloat16 halves the bytes); a model
+with tied embeddings gets lm_head back from the embedding.
 """
 
 from __future__ import annotations
