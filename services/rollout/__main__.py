@@ -31,7 +31,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parse_cli("python -m services.rollout", __doc__, argv, epilog="environment:\n" + describe_environment())
     # a missing RL_CLUSTER_KEY fails here, before anything starts
     settings, run = start_service("rollout", RolloutSettings)
-    log.info("model folder %s, engine %s", settings.resolved_model_dir(run.model), settings.worker_engine)
+    log.info(
+        "model folder %s, engine %s",
+        settings.resolved_model_dir(run.model),
+        settings.worker_engine or run.rollout.engine,
+    )
 
     stopping = threading.Event()  # set: finish the current batch, deregister, exit
     on_stop_signal(stopping.set)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, SecretStr
 
-from shared.config import ModelConfig, ServiceSettings, resolve_model_dir
+from shared.config import EngineKind, ModelConfig, ServiceSettings, resolve_model_dir
 
 
 class RolloutSettings(ServiceSettings):
@@ -17,7 +16,9 @@ class RolloutSettings(ServiceSettings):
         None, description="HF model folder (config + tokenizer); default [model] path, else <run_dir>/model"
     )
     cluster_key: SecretStr = Field(description="shared secret that signs weight manifests")
-    worker_engine: Literal["torch"] = Field("torch", description="inference engine implementation")
+    worker_engine: EngineKind | None = Field(
+        None, description="inference engine (torch, vllm, auto); overrides the run file's [rollout] engine"
+    )
     worker_num_threads: int = Field(1, ge=1, description="CPU threads of the inference engine")
     worker_name: str = Field("rollout", min_length=1, max_length=64, description="label shown by the coordinator")
     worker_host: str = Field("127.0.0.1", description="interface this worker's chunk server binds and advertises")

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from services.rollout.engine import InferenceEngine, WeightsLoadError
+from engines.interface import InferenceEngine, WeightsLoadError
 from services.rollout.relay_fetch import ArtifactFetch, RelayFetcher, SourceResolver
 from shared.api import WeightSwapReport
 from shared.bus import StreamBus, UndecodableEntryError

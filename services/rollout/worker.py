@@ -21,8 +21,8 @@ from collections import defaultdict, deque
 
 import redis
 
+from engines.interface import EngineError, InferenceEngine, Sample
 from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError
-from services.rollout.engine import EngineError, InferenceEngine, Sample
 from services.rollout.membership import Membership, NotRegisteredError
 from services.rollout.relay_sources import CoordinatorParents
 from services.rollout.settings import RolloutSettings
@@ -306,18 +306,11 @@ class RolloutWorker:
 
 
 def build_engine(settings: RolloutSettings, run: RunConfig) -> InferenceEngine:
-    """The configured engine on the model folder (imports torch/transformers only now). A folder that
-    is not a causal LM with a tokenizer raises shared.tokenization.ModelFolderError (a clear line at start)."""
-    if settings.worker_engine == "torch":
-        import torch
-        from transformers.utils import logging as transformers_logging
+    """The engine the run file (or RL_WORKER_ENGINE) names, on the model folder."""
+    from engines.select import build_engine as build
 
-        from services.rollout.torch_engine import TorchEngine
-
-        torch.set_num_threads(settings.worker_num_threads)
-        transformers_logging.disable_progress_bar()  # no "Loading weights" bars in service logs
-        return TorchEngine(settings.resolved_model_dir(run.model))
-    raise ValueError(f"unknown engine {settings.worker_engine!r}")
+    kind = settings.worker_engine or run.rollout.engine
+    return build(kind, settings.resolved_model_dir(run.model), run.rollout, num_threads=settings.worker_num_threads)
 
 
 def build_rollout_group(

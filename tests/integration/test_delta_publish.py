@@ -12,9 +12,9 @@ import pytest
 import redis
 import torch
 
+from engines.torch_engine import TorchEngine
 from services.learner.publish import WeightPublisher
 from services.learner.trainer import load_policy
-from services.rollout.torch_engine import TorchEngine
 from services.rollout.weights_sync import WeightsSync
 from shared.bus import StreamBus
 from shared.chunk_server import ChunkServer, ChunkStore

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from cluster.redis_server import RedisServer
+from engines.torch_engine import TorchEngine
 from services.learner.publish import WeightPublisher
 from services.rollout.settings import RolloutSettings
-from services.rollout.torch_engine import TorchEngine
 from services.rollout.worker import RolloutWorker
 from shared.bus import StreamBus, connect
 from shared.chunk_server import ChunkServer, ChunkStore

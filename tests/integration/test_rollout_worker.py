@@ -17,10 +17,10 @@ import torch
 from safetensors.torch import save as safetensors_save
 
 from cluster.redis_server import RedisServer, free_port
+from engines.torch_engine import TorchEngine
 from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError
 from services.rollout.membership import Membership
 from services.rollout.settings import RolloutSettings
-from services.rollout.torch_engine import TorchEngine
 from services.rollout.worker import RolloutWorker
 from shared.api import HeartbeatRequest, RegisterWorkerRequest, WorkerInfo
 from shared.bus import StreamBus, connect

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save as safetensors_save
 
-from services.rollout.engine import UnencodablePromptError, WeightsLoadError
-from services.rollout.torch_engine import TIED_OUTPUT_KEY, TorchEngine
+from engines.interface import UnencodablePromptError, WeightsLoadError
+from engines.torch_engine import TIED_OUTPUT_KEY, TorchEngine
 
 torch.set_num_threads(1)
 

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from engines.interface import PromptTooLongError, UnencodablePromptError
+from engines.torch_engine import TorchEngine
 from services.learner.batch import tensorize
 from services.learner.evaluate import evaluate_greedy
-from services.rollout.engine import PromptTooLongError, UnencodablePromptError
-from services.rollout.torch_engine import TorchEngine
 from shared.messages import ChatMessage, TaskGroup
 from shared.tasks import TaskAdapter, TaskPrompt
 from shared.tokenization import (

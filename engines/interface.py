@@ -1,8 +1,9 @@
-"""The inference-engine seam: what a rollout worker needs from whatever samples completions.
+"""The inference-engine seam: what a rollout worker (and the learner's evaluation) needs from whatever
+samples completions.
 
-`TorchEngine` (transformers, CPU) implements it today; a vLLM engine will implement the same
-interface later, so the worker never imports either directly. This module imports neither torch
-nor vllm.
+`TorchEngine` (engines/torch_engine.py, transformers) and `VLLMEngine` (engines/vllm_engine.py)
+implement it; callers get one from engines.select.build_engine and never import either directly.
+This module imports neither torch nor vllm.
 
 Behaviour logprobs are defined exactly as the learner recomputes them: the log-softmax of
 `logits / temperature` at the sampled token (also for greedy decoding), so the importance ratio of

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from services.rollout.engine import (
+from engines.interface import (
     InferenceEngine,
     PromptTooLongError,
     Sample,
