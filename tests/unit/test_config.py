@@ -32,3 +32,22 @@ def test_bad_values_and_unknown_keys_are_named(tmp_path: Path) -> None:
 def test_staleness_bound_cannot_be_negative() -> None:
     with pytest.raises(ValueError):
         RunConfig.model_validate({"schedule": {"staleness_bound": -1}})
+
+
+def test_every_shipped_run_file_loads(repo_root: Path) -> None:
+    files = sorted((repo_root / "configs").glob("*.toml"))
+    assert len(files) >= 2
+    for path in files:
+        load_run_config(path)  # raises with the offending field named
+
+
+def test_the_real_model_template_is_not_the_demo(repo_root: Path) -> None:
+    """The demo's values fit a 124k-parameter model answering one character; a pretrained checkpoint
+    needs its own (issue 9, item 11): a model folder, a fine-tuning learning rate, room to answer."""
+    demo = load_run_config(repo_root / "configs" / "demo.toml")
+    real = load_run_config(repo_root / "configs" / "qwen3.toml")
+    assert real.model.path is not None and real.model.init is None
+    assert real.grpo.learning_rate <= 1e-5 < demo.grpo.learning_rate
+    assert real.grpo.max_new_tokens >= 64 > demo.grpo.max_new_tokens
+    assert real.learner.micro_batch_size > 0 and real.learner.gradient_checkpointing
+    assert real.rollout.engine == "auto" and demo.rollout.engine == "torch"
