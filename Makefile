@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 WORKERS ?= 3
 
-.PHONY: setup demo test test-slow test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory
+.PHONY: setup demo test test-slow test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory bench-eval
 
 help:
 	@echo "make demo       run the local cluster (Redis, coordinator, reward, learner, $(WORKERS) workers) and write runs/latest/report.json"
@@ -21,6 +21,7 @@ help:
 	@echo "make simulate   discrete-event simulation of N heterogeneous WAN workers + cost vs a centralized baseline"
 	@echo "make simulator-validation  real local runs vs the simulator's predicted learner utilization"
 	@echo "make bench-learner-memory peak RSS of one learner step at a 151,936-token vocabulary, old vs chunked path (~15 min)"
+	@echo "make bench-eval held-out evaluation time, 20 prompts x 256 tokens: old no-KV-cache path vs the engine, and the learner's stall (~2 min)"
 	@echo "make bench-load 1000 simulated workers heartbeating once a second against one coordinator"
 
 $(STAMP): pyproject.toml
@@ -74,6 +75,9 @@ bench-broadcast: $(STAMP)
 
 bench-learner-memory: $(STAMP)
 	$(PY) -m benchmarks.learner_memory
+
+bench-eval: $(STAMP)
+	$(PY) -m benchmarks.eval_time
 
 clean:
 	rm -rf runs .pytest_cache

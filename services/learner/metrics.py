@@ -10,21 +10,25 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 from shared.run_records import EvalRecord, LearnerSummary, StepRecord
 
 
 class MetricsLog:
-    """Appends records to metrics.jsonl, one flushed line each (safe to tail while the run goes)."""
+    """Appends records to metrics.jsonl, one flushed line each (safe to tail while the run goes). The
+    training loop and the eval thread both append: a lock keeps their lines whole."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._lock = threading.Lock()
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def append(self, record: StepRecord | EvalRecord) -> None:
-        with open(self.path, "a") as f:
-            f.write(record.model_dump_json() + "\n")
+        line = record.model_dump_json() + "\n"
+        with self._lock, open(self.path, "a") as f:
+            f.write(line)
 
     def truncate_after(self, policy_version: int) -> int:
         """Drop lines about versions past `policy_version` (taken again after a resume); returns how many."""
