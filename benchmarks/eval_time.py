@@ -168,7 +168,13 @@ def compare_tokens(base_evaluate, model, tokenizer, task, engine, max_new_tokens
 
     prompt_ids = [encode_prompt(tokenizer, item.input) for item in task.eval_set]
     old = base_evaluate.generate(
-        model, prompt_ids, num_samples=1, max_new_tokens=max_new_tokens, temperature=1.0, eos_token_ids=set(), greedy=True
+        model,
+        prompt_ids,
+        num_samples=1,
+        max_new_tokens=max_new_tokens,
+        temperature=1.0,
+        eos_token_ids=set(),
+        greedy=True,
     )
     engine.load_state_dict(model.state_dict(), policy_version=0)
     new = engine.generate([item.input for item in task.eval_set], 1, max_new_tokens, temperature=1.0, greedy=True)

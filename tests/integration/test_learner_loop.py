@@ -246,15 +246,18 @@ def test_a_slow_evaluation_stalls_training_at_most_the_budget_and_the_final_eval
             learner.evaluator.task = gated  # the learner's own task, with scoring that waits for the gate
             loop = threading.Thread(target=lambda: summaries.append(learner.run()), daemon=True)
             loop.start()
-            wait_for(
-                lambda: metric_steps(tmp_path) == ([1, 2, 3, 4, 5, 6], []) and learner.totals.num_evals_skipped == 6,
-                "six steps and six skipped evals while eval 0 hangs",
-            )
-            gated.gate.set()
+            try:
+                wait_for(
+                    lambda: (
+                        metric_steps(tmp_path) == ([1, 2, 3, 4, 5, 6], []) and learner.totals.num_evals_skipped == 6
+                    ),
+                    "six steps and six skipped evals while eval 0 hangs",
+                )
+            finally:
+                gated.gate.set()  # (also on failure: leaving the block waits for the eval thread)
             loop.join(timeout=60)
             assert not loop.is_alive()
     finally:
-        gated.gate.set()
         worker.stop_event.set()
         worker.join(timeout=10)
 
