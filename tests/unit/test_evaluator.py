@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engines.interface import WeightsLoadError
 from engines.torch_engine import TorchEngine
 from services.learner.evaluate import evaluate_greedy
 from services.learner.evaluator import EvalFailedError, Evaluator
@@ -125,3 +126,15 @@ def test_an_error_in_the_eval_thread_is_raised_on_the_callers_next_call(tiny_pol
         assert records == []
     finally:
         evaluator.close()
+
+
+def test_load_state_dict_checks_tensors_like_load_weights_and_keeps_the_old_ones(tiny_policy_dir: Path) -> None:
+    engine = TorchEngine(tiny_policy_dir)
+    state = {name: tensor.clone() for name, tensor in engine.model.state_dict().items()}
+    engine.load_state_dict(state, policy_version=4)
+    name = next(iter(state))
+    with pytest.raises(WeightsLoadError, match="missing"):
+        engine.load_state_dict({k: v for k, v in state.items() if k != name}, policy_version=5)
+    with pytest.raises(WeightsLoadError, match="wrong shape"):
+        engine.load_state_dict({**state, name: state[name][:1]}, policy_version=5)
+    assert engine.policy_version == 4
