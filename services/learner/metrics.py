@@ -1,6 +1,7 @@
-"""Writing the learner's records: metrics.jsonl (a StepRecord after every optimizer step, an EvalRecord at
-step 0, every eval_every steps and at the end) and learner_summary.json (a LearnerSummary when the learner
-stops). The record classes are the contract with the tooling and live in shared/run_records.py.
+"""Writing the learner's records: metrics.jsonl (a StepRecord after every optimizer step, an EvalRecord for
+the evaluations of step 0, every eval_every steps and the end, appended by the eval thread when each
+finishes; a skipped one writes none) and learner_summary.json (a LearnerSummary when the learner stops).
+The record classes are the contract with the tooling and live in shared/run_records.py.
 
 After a crash the learner resumes from its checkpoint at version t and rewrites metrics.jsonl without
 the lines past t (those steps are taken again), so the file always describes one history.
