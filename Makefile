@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 WORKERS ?= 3
 
-.PHONY: setup demo test test-slow test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu
+.PHONY: setup demo test test-slow test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval
 
 help:
 	@echo "make demo       run the local cluster (Redis, coordinator, reward, learner, $(WORKERS) workers) and write runs/latest/report.json"
@@ -23,6 +23,7 @@ help:
 	@echo "make bench-learner-memory peak RSS of one learner step at a 151,936-token vocabulary, old vs chunked path (~15 min)"
 	@echo "make setup-vllm  .venv-vllm: vllm==0.33.0 (CUDA torch) for GPU workers; only on a machine with an NVIDIA GPU"
 	@echo "make bench-gpu  GPU numbers: vLLM worker engine vs bare vLLM, swap and learner step at Qwen3-0.6B shape, a cluster run"
+	@echo "make bench-eval held-out evaluation time, 20 prompts x 256 tokens: old no-KV-cache path vs the engine, and the learner's stall (~2 min)"
 	@echo "make bench-load 1000 simulated workers heartbeating once a second against one coordinator"
 
 $(STAMP): pyproject.toml
@@ -89,6 +90,8 @@ setup-vllm: $(VLLM_VENV)/.installed-stamp
 
 bench-gpu: $(VLLM_VENV)/.installed-stamp
 	$(VLLM_VENV)/bin/python -m benchmarks.gpu --vllm-python $(VLLM_VENV)/bin/python
+bench-eval: $(STAMP)
+	$(PY) -m benchmarks.eval_time
 
 clean:
 	rm -rf runs .pytest_cache

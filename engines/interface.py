@@ -2,7 +2,9 @@
 samples completions.
 
 `TorchEngine` (engines/torch_engine.py, transformers) and `VLLMEngine` (engines/vllm_engine.py)
-implement it; callers get one from engines.select.build_engine and never import either directly.
+implement it; workers get one from engines.select.build_engine and never import either directly. The
+learner's evaluator (services/learner/evaluator.py) builds a TorchEngine itself: vLLM never runs in the
+learner's process.
 This module imports neither torch nor vllm.
 
 Behaviour logprobs are defined exactly as the learner recomputes them: the log-softmax of

@@ -1,4 +1,8 @@
-"""TorchEngine: batched sampling with a KV cache on a Hugging Face causal LM from a local folder (CPU).
+"""TorchEngine: batched sampling with a KV cache on a Hugging Face causal LM from a local folder.
+
+The rollout workers sample with it (CPU, float32) and the learner's held-out evaluation decodes with it
+greedily (services/learner/evaluator.py: the learner's device and dtype, weights handed over in memory
+with `load_state_dict`), so both stop, encode and decode the same way.
 
 One `generate` call samples every prompt x num_samples at once:
 1. prefill the distinct prompts once (left-padded, explicit position ids), then copy their KV cache
@@ -8,7 +12,7 @@ One `generate` call samples every prompt x num_samples at once:
 3. stop when every row finished or after max_new_tokens (no forward after the last token).
 
 Not thread-safe: the worker calls `generate` and `load_weights` from one thread, so a weight swap
-always falls between two groups.
+always falls between two groups; the learner's evaluator likewise uses its engine from its eval thread only.
 """
 
 from __future__ import annotations
@@ -42,14 +46,17 @@ TIED_OUTPUT_KEY = "lm_head.weight"
 
 
 class TorchEngine(InferenceEngine):
-    def __init__(self, model_dir: Path | str, device: str = "cpu") -> None:
+    def __init__(
+        self, model_dir: Path | str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.model_dir = Path(model_dir)
         check_model_folder(self.model_dir)
         self.device = torch.device(device)
+        self.dtype = dtype  # the learner's evaluator matches its training dtype (bfloat16 on CUDA)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype)
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers types .to() for models only
         self.pad_token_id = pad_token_id(self.tokenizer)
         self.eos_token_ids = torch.tensor(sorted(eos_token_ids(self.model_dir, self.tokenizer)), device=self.device)
@@ -104,6 +111,15 @@ class TorchEngine(InferenceEngine):
         self.model.load_state_dict(state, strict=False)  # keys and shapes were checked above
         self._policy_version = policy_version
         log.info("loaded policy version %d (%d tensors, %d bytes)", policy_version, len(state), len(safetensors_bytes))
+
+    def load_state_dict(self, state: dict[str, torch.Tensor], policy_version: int) -> None:
+        """`load_weights` for tensors already in memory (the learner's evaluator hands over a snapshot of
+        its policy): the same checks, then a copy into the engine's parameters (cast to its dtype and
+        device). Raises WeightsLoadError and keeps the old weights and version if `state` does not fit."""
+        self._check_fits(state)
+        self.model.load_state_dict(state, strict=False)  # keys and shapes were checked above
+        self._policy_version = policy_version
+        log.debug("loaded policy version %d from memory (%d tensors)", policy_version, len(state))
 
     # sampling
     def _sample(
@@ -208,6 +224,12 @@ class TorchEngine(InferenceEngine):
             state = load(safetensors_bytes)
         except Exception as exc:  # safetensors raises its own error types (and others) for bad bytes
             raise WeightsLoadError(f"not a safetensors blob: {type(exc).__name__}: {exc}") from exc
+        self._check_fits(state)
+        return state
+
+    def _check_fits(self, state: dict[str, torch.Tensor]) -> None:
+        """Raises WeightsLoadError unless `state` has exactly the model's keys and shapes (a tied output
+        head may be left out; when present it must equal the input embedding)."""
         expected = self.model.state_dict()
         optional = {TIED_OUTPUT_KEY} if self.ties_output_to_input else set()
         missing = sorted(expected.keys() - state.keys() - optional)
@@ -225,7 +247,6 @@ class TorchEngine(InferenceEngine):
             input_key = next(k for k in state if k.endswith("embed_tokens.weight"))
             if not torch.equal(state[TIED_OUTPUT_KEY], state[input_key]):
                 raise WeightsLoadError(f"{TIED_OUTPUT_KEY} differs from {input_key} but the model ties them")
-        return state
 
 
 def choose_tokens(logits: torch.Tensor, temperature: float, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:

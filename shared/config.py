@@ -116,6 +116,12 @@ class LearnerConfig(Section):
         False,
         description="recompute decoder activations in backward (HF activation_checkpointing_enable, formerly gradient_checkpointing_enable)",
     )
+    eval_max_stall_s: float = Field(
+        5.0,
+        ge=0,
+        description="held-out evaluation runs on its own thread; when one is due while the previous one still "
+        "runs, training waits at most this long for it, then skips the new one (counted in num_evals_skipped)",
+    )
 
 
 class ScheduleConfig(Section):

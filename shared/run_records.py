@@ -56,14 +56,22 @@ class StepRecord(BaseModel):
 
 
 class EvalRecord(BaseModel):
+    """One held-out evaluation, written by the learner's eval thread when it finishes (so it may follow
+    the StepRecords of steps taken meanwhile; docs/evaluation.md)."""
+
     model_config = ConfigDict(extra="forbid")
 
     eval_step: int = Field(description="learner version evaluated")
     eval_accuracy: float = Field(description="greedy completions scoring exactly 1.0 on the held-out prompts")
     eval_reward_mean: float
     num_eval_prompts: int
-    eval_s: float
-    wall_s: float
+    eval_s: float = Field(description="the evaluation's own duration on the eval thread (load weights, decode, score)")
+    eval_stall_s: float = Field(
+        0.0,
+        description="how long the training loop blocked to hand this evaluation over (waiting for the previous "
+        "one, snapshotting the weights); 0.0 in records written before evaluation left the loop",
+    )
+    wall_s: float = Field(description="run time when the evaluation finished")
 
 
 class RunTotals(BaseModel):
@@ -90,6 +98,8 @@ class RunTotals(BaseModel):
     eval_accuracy_before: float | None = None
     eval_accuracy_last: float | None = None
     eval_step_last: int | None = None
+    eval_stall_s: float = 0.0  # training-loop time spent handing evaluations over (skipped ones included)
+    num_evals_skipped: int = 0  # due while the previous evaluation ran past [learner] eval_max_stall_s
 
     @property
     def busy_fraction(self) -> float:

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from services.learner.decode import generate
 from shared.messages import RolloutGroup, ScoredGroup, pack_float32, pack_int32
 from shared.tasks import TaskAdapter, TaskPrompt
+from tests.sampling import generate
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -2,15 +2,17 @@
 
     resume_or_start          checkpoint -> model, optimizer, version t, counters; else the initial policy
     publish_weights          version t servable by the chunk server, then announced
-    evaluate                 held-out greedy accuracy at step 0
+    evaluate                 held-out greedy accuracy at step 0, on the eval thread (evaluator.py)
     until num_steps or max_wall_s (or SIGTERM):
         collect_batch        groups_per_step groups admitted at t (t - v <= S); drops counted, bad groups dead-lettered
         train_step           one optimizer step: t -> t + 1
         publish_if_due       every publish_every steps
         record_step          metrics.jsonl line, totals, LearnerState in Redis
-        evaluate_if_due      every eval_every steps
+        evaluate_if_due      every eval_every steps: hand a weight snapshot to the eval thread and go on;
+                             if the previous eval still runs, wait at most eval_max_stall_s, then skip
         checkpoint_if_due    every checkpoint_every steps; then ack the groups it covers
-    finish                   last eval and checkpoint, model_final, learner_summary.json, status done
+    finish                   wait for the eval in flight, evaluate the final weights (waiting for it),
+                             checkpoint, model_final, learner_summary.json, status done
 
 Ack discipline: a dropped or dead-lettered group is acked when decided; an admitted group stays
 pending for the consumer "learner-0" until the checkpoint covering its step is on disk, so a crash
@@ -31,7 +33,7 @@ from pathlib import Path
 from services.learner import trainer
 from services.learner.batch import BatchCollector, CollectedBatch, TrainBatch, tensorize
 from services.learner.checkpoint import capture, checkpoint_path, load_checkpoint, restore, save_checkpoint
-from services.learner.evaluate import evaluate_greedy
+from services.learner.evaluator import Evaluator
 from services.learner.metrics import MetricsLog, write_summary
 from services.learner.mismatch import engine_mismatch
 from services.learner.model_init import build_initial_policy
@@ -43,10 +45,10 @@ from shared.config import RunConfig
 from shared.keys import RunKeys
 from shared.messages import LearnerState, LearnerStatus, WorkerMismatch
 from shared.retry import call_with_retry
-from shared.run_records import EvalRecord, LearnerSummary, RunTotals, StepRecord
+from shared.run_records import LearnerSummary, RunTotals, StepRecord, read_metrics
 from shared.streams import LEARNER_STATE, SCORED
 from shared.tasks import make_task
-from shared.tokenization import check_model_folder, eos_token_ids, model_fingerprint, pad_token_id
+from shared.tokenization import check_model_folder, model_fingerprint, pad_token_id
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +75,9 @@ class Learner:
 
         self.model_dir = self.ensure_initial_policy()
         self.model, self.tokenizer = trainer.load_policy(self.model_dir, run.learner)
-        # One pad id and one EOS set with the workers (shared.tokenization): a tokenizer without a pad
-        # token pads with EOS, and evaluation stops where sampling does.
+        # One pad id with the workers (shared.tokenization): a tokenizer without a pad token pads with EOS.
+        # (Evaluation stops where sampling does: it decodes with the workers' engine, see evaluator.py.)
         self.pad_token_id = pad_token_id(self.tokenizer)
-        self.eos_token_ids = eos_token_ids(self.model_dir, self.tokenizer)
         self.optimizer = trainer.make_optimizer(self.model, run.grpo)
         self.version = 0
         self.totals = RunTotals()
@@ -116,6 +117,16 @@ class Learner:
         )
         self._started_s = time.monotonic()
         self._wall_offset_s = 0.0  # run time before this process (restored from the checkpoint)
+        device, dtype = trainer.resolve_device_dtype(run.learner)
+        self.evaluator = Evaluator.for_model_folder(  # the workers' engine, on the learner's device and dtype
+            self.model_dir,
+            device,
+            dtype,
+            self.task,
+            max_new_tokens=run.grpo.max_new_tokens,
+            on_record=self.metrics.append,
+            wall_s=self.wall_s,
+        )
 
     # lifecycle: the chunk server lives as long as the learner
     def __enter__(self) -> Learner:
@@ -124,6 +135,7 @@ class Learner:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.evaluator.close()
         self.server.stop()
 
     def request_stop(self) -> None:
@@ -167,6 +179,7 @@ class Learner:
             # A crash between saving and acking: these are trained on already, never again.
             self.ack(checkpoint.covered_message_ids)
             num_lines = self.metrics.truncate_after(self.version)
+            self.add_evals_finished_after_the_checkpoint()
             log.info("resumed at version %d (%d metrics lines past it dropped)", self.version, num_lines)
         num_pending = self.collector.load_own_pending()
         log.info("%d scored groups admitted before a restart and never acked: decided again first", num_pending)
@@ -246,31 +259,27 @@ class Learner:
         if self.version % self.config.schedule.eval_every == 0:
             self.evaluate()
 
-    def evaluate(self) -> None:
-        started_s = time.perf_counter()
-        result = evaluate_greedy(
-            self.model,
-            self.tokenizer,
-            self.task,
-            max_new_tokens=self.config.grpo.max_new_tokens,
-            eos_token_ids=self.eos_token_ids,
-        )
-        record = EvalRecord(
-            eval_step=self.version,
-            eval_accuracy=result.accuracy,
-            eval_reward_mean=result.reward_mean,
-            num_eval_prompts=result.num_prompts,
-            eval_s=time.perf_counter() - started_s,
-            wall_s=self.wall_s(),
-        )
-        self.totals.add_eval(record)
-        self.metrics.append(record)
-        log.info(
-            "eval at version %d: accuracy %.3f on %d held-out prompts",
-            self.version,
-            result.accuracy,
-            result.num_prompts,
-        )
+    def evaluate(self, *, wait: bool = False) -> None:
+        """Hand the current weights to the eval thread; its record reaches metrics.jsonl when it is done
+        and the totals at the next sync_totals. With `wait`, the previous eval and this one are waited
+        for however long they take (the final eval: "after" must be the final weights' accuracy)."""
+        max_wait_s = None if wait else self.config.learner.eval_max_stall_s
+        handoff = self.evaluator.submit(self.model, self.version, max_wait_s=max_wait_s)
+        self.totals.eval_stall_s += handoff.stall_s
+        if not handoff.accepted:
+            self.totals.num_evals_skipped += 1
+            log.warning(
+                "eval at version %d skipped: the previous one still runs after %.1fs (eval_max_stall_s)",
+                self.version,
+                handoff.stall_s,
+            )
+        if wait:
+            self.wait_for_evals()
+
+    def wait_for_evals(self) -> None:
+        """Block until no evaluation is in flight and its record is in the totals."""
+        self.evaluator.wait_idle()
+        self.sync_totals()
 
     def checkpoint_if_due(self) -> None:
         if self.version % self.config.schedule.checkpoint_every == 0:
@@ -290,8 +299,9 @@ class Learner:
 
     def finish(self, stop_reason: str) -> LearnerSummary:
         finished = stop_reason != "signal"
+        self.wait_for_evals()  # also on a signal: the eval in flight lands in this checkpoint's totals
         if finished and self.totals.eval_step_last != self.version:
-            self.evaluate()
+            self.evaluate(wait=True)
         if self.checkpointed_version != self.version or self.uncheckpointed_ids:
             self.checkpoint()
         model_final_dir = self.save_final_model() if finished else None
@@ -318,11 +328,21 @@ class Learner:
             return "max_wall_s"
         return None
 
+    def add_evals_finished_after_the_checkpoint(self) -> None:
+        """An eval in flight when the checkpoint was written finished later: its line is in metrics.jsonl
+        (kept if it evaluated a version up to the checkpoint's) but not in the checkpoint's totals."""
+        _, evals = read_metrics(self.metrics.path)
+        for record in evals:
+            if self.totals.eval_step_last is None or record.eval_step > self.totals.eval_step_last:
+                self.totals.add_eval(record)
+
     def wall_s(self) -> float:
         return self._wall_offset_s + time.monotonic() - self._started_s
 
     def sync_totals(self) -> None:
-        """Bring the counters kept elsewhere (drops in the collector, the clock) into the totals."""
+        """Bring the counters kept elsewhere (drops in the collector, finished evals, the clock) into the totals."""
+        for record in self.evaluator.take_finished():
+            self.totals.add_eval(record)
         self.totals.wall_s = self.wall_s()
         self.totals.num_dropped = dict(self.collector.num_dropped)
         self.totals.num_dead_lettered = self.collector.num_dead_lettered

@@ -1,6 +1,7 @@
-"""Writing the learner's records: metrics.jsonl (a StepRecord after every optimizer step, an EvalRecord at
-step 0, every eval_every steps and at the end) and learner_summary.json (a LearnerSummary when the learner
-stops). The record classes are the contract with the tooling and live in shared/run_records.py.
+"""Writing the learner's records: metrics.jsonl (a StepRecord after every optimizer step, an EvalRecord for
+the evaluations of step 0, every eval_every steps and the end, appended by the eval thread when each
+finishes; a skipped one writes none) and learner_summary.json (a LearnerSummary when the learner stops).
+The record classes are the contract with the tooling and live in shared/run_records.py.
 
 After a crash the learner resumes from its checkpoint at version t and rewrites metrics.jsonl without
 the lines past t (those steps are taken again), so the file always describes one history.
@@ -10,21 +11,25 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 from shared.run_records import EvalRecord, LearnerSummary, StepRecord
 
 
 class MetricsLog:
-    """Appends records to metrics.jsonl, one flushed line each (safe to tail while the run goes)."""
+    """Appends records to metrics.jsonl, one flushed line each (safe to tail while the run goes). The
+    training loop and the eval thread both append: a lock keeps their lines whole."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._lock = threading.Lock()
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def append(self, record: StepRecord | EvalRecord) -> None:
-        with open(self.path, "a") as f:
-            f.write(record.model_dump_json() + "\n")
+        line = record.model_dump_json() + "\n"
+        with self._lock, open(self.path, "a") as f:
+            f.write(line)
 
     def truncate_after(self, policy_version: int) -> int:
         """Drop lines about versions past `policy_version` (taken again after a resume); returns how many."""

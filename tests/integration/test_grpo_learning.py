@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engines.torch_engine import TorchEngine
 from services.learner.batch import tensorize
 from services.learner.evaluate import evaluate_greedy
 from services.learner.trainer import load_policy, make_optimizer, train_step
@@ -30,10 +31,11 @@ def train_on_self_play(policy_dir: Path, num_steps: int, seed: int = 0) -> tuple
     optimizer = make_optimizer(model, grpo)
     prompt_rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
 
+    engine = TorchEngine(policy_dir)  # the learner's evaluation path: the workers' engine, greedy
+
     def accuracy() -> float:
-        return evaluate_greedy(
-            model, tokenizer, task, max_new_tokens=grpo.max_new_tokens, eos_token_ids={tokenizer.eos_token_id}
-        ).accuracy
+        engine.load_state_dict(model.state_dict(), policy_version=0)
+        return evaluate_greedy(engine, task, max_new_tokens=grpo.max_new_tokens).accuracy
 
     accuracies, rewards = [accuracy()], []
     for step in range(num_steps):

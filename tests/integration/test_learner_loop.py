@@ -29,7 +29,7 @@ from services.learner.settings import LearnerSettings
 from services.learner.trainer import load_policy
 from shared.bus import StreamBus, connect
 from shared.chunk_client import fetch_manifest, fetch_version
-from shared.config import BroadcastConfig, GRPOConfig, RunConfig, ScheduleConfig
+from shared.config import BroadcastConfig, GRPOConfig, LearnerConfig, RunConfig, ScheduleConfig
 from shared.keys import RunKeys
 from shared.messages import ScoredGroup, WeightsPublished, pack_int32
 from shared.retry import call_with_retry
@@ -37,6 +37,7 @@ from shared.run_records import LearnerSummary
 from shared.streams import LEARNER_STATE, SCORED, WEIGHTS
 from shared.tasks import make_task
 from shared.weights import WeightsError
+from tests.gated_task import GatedTask
 from tests.polling import wait_for
 from tests.selfplay import sample_scored_groups
 
@@ -214,6 +215,59 @@ def test_the_loop_trains_publishes_and_never_trains_on_what_the_bound_forbids(
     assert all(set(s["mismatch_by_worker"]) == {"stand-in"} for s in steps)
     assert all(m["logprob_abs_diff_mean"] < 1e-3 for s in steps for m in s["mismatch_by_worker"].values())
     assert set(state.mismatch_by_worker) == {"stand-in"}
+
+
+def test_a_slow_evaluation_stalls_training_at_most_the_budget_and_the_final_eval_waits(
+    bus: StreamBus, keys: RunKeys, redis_server: RedisServer, tiny_policy_dir: Path, tmp_path: Path
+) -> None:
+    """Step 0's evaluation hangs in scoring until the test opens the gate: the learner trains every step
+    anyway, skipping each eval due meanwhile after eval_max_stall_s; at the end it waits for the hung
+    eval and then evaluates the final weights, so "after" is the final policy's accuracy."""
+    run = small_run(keys.run_id, num_steps=6).model_copy(
+        update={
+            "schedule": ScheduleConfig(staleness_bound=1, num_steps=6, checkpoint_every=2, eval_every=1),
+            "learner": LearnerConfig(eval_max_stall_s=0.3),
+        }
+    )
+    settings = LearnerSettings(
+        redis_url=redis_server.url,
+        run_dir=tmp_path,
+        model_dir=tiny_policy_dir,
+        cluster_key=CLUSTER_KEY,
+        learner_port=0,
+        poll_block_ms=50,
+    )
+    gated = GatedTask(num_eval_prompts=run.task.num_eval_prompts, seed=run.task.seed)
+    worker = StandInWorker(bus, run, tiny_policy_dir)
+    worker.start()
+    summaries: list[LearnerSummary] = []
+    try:
+        with Learner(run, settings, bus) as learner:
+            learner.evaluator.task = gated  # the learner's own task, with scoring that waits for the gate
+            loop = threading.Thread(target=lambda: summaries.append(learner.run()), daemon=True)
+            loop.start()
+            try:
+                wait_for(
+                    lambda: (
+                        metric_steps(tmp_path) == ([1, 2, 3, 4, 5, 6], []) and learner.totals.num_evals_skipped == 6
+                    ),
+                    "six steps and six skipped evals while eval 0 hangs",
+                )
+            finally:
+                gated.gate.set()  # (also on failure: leaving the block waits for the eval thread)
+            loop.join(timeout=60)
+            assert not loop.is_alive()
+    finally:
+        worker.stop_event.set()
+        worker.join(timeout=10)
+
+    (summary,) = summaries
+    steps, evals = read_metrics(tmp_path)
+    assert [e["eval_step"] for e in evals] == [0, 6]
+    assert summary.totals.num_evals_skipped == 6  # due at steps 1-6, each while eval 0 still ran
+    assert summary.totals.eval_stall_s < 6 * 0.3 + 2.0  # six budgets, plus two snapshots and slack
+    assert all(e["eval_stall_s"] < 0.3 for e in evals[:1])  # eval 0 started on an idle thread
+    assert summary.eval_accuracy_after == evals[-1]["eval_accuracy"] and summary.totals.eval_step_last == 6
 
 
 def start_learner_process(
@@ -396,7 +450,9 @@ def test_a_learner_on_a_user_folder_pads_stops_and_signs_like_its_workers(
     learner = Learner(small_run(keys.run_id, num_steps=1), settings, bus)
     tokenizer = learner.tokenizer
     assert tokenizer.pad_token_id is None and learner.pad_token_id == tokenizer.eos_token_id
-    assert learner.eos_token_ids == {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(IM_END)}
+    engine = learner.evaluator.engine  # evaluation decodes with the workers' engine, so it stops where they do
+    assert set(engine.eos_token_ids.tolist()) == {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(IM_END)}
     assert learner.publisher.model_fingerprint == model_fingerprint(folder)
-    learner.evaluate()
+    learner.evaluate(wait=True)
     assert learner.totals.eval_accuracy_before is not None
+    learner.evaluator.close()

@@ -74,21 +74,23 @@ class OneAnswerTask(TaskAdapter):
 
 
 class ScriptedLM(torch.nn.Module):
-    """Answers "7", then emits `stop_id`; records every prompt it is given (its first call's rows)."""
+    """Answers "7", then emits `stop_id`, through the engine's KV-cache calls (prefill, then one token per
+    step: the answer depends on the last token only); records the prompts of the prefill, pads dropped."""
 
     def __init__(self, answer_id: int, stop_id: int, vocab_size: int) -> None:
         super().__init__()
         self.answer_id, self.stop_id, self.vocab_size = answer_id, stop_id, vocab_size
         self.seen_prompts: list[list[int]] = []
 
-    def forward(self, input_ids: torch.Tensor) -> object:
-        if not self.seen_prompts or len(input_ids[0]) <= len(self.seen_prompts[-1]):
-            self.seen_prompts.extend(input_ids.tolist())
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **_: object) -> object:
+        if not self.seen_prompts:  # the prefill: left-padded prompts
+            rows = zip(input_ids.tolist(), attention_mask.tolist(), strict=True)
+            self.seen_prompts = [[t for t, m in zip(ids, mask, strict=True) if m] for ids, mask in rows]
         logits = torch.zeros(*input_ids.shape, self.vocab_size)
         last = input_ids[:, -1]
         logits[:, -1, self.answer_id] = torch.where(last == self.answer_id, 0.0, 10.0)
         logits[:, -1, self.stop_id] = torch.where(last == self.answer_id, 10.0, 0.0)
-        return SimpleNamespace(logits=logits)
+        return SimpleNamespace(logits=logits, past_key_values=SimpleNamespace(batch_repeat_interleave=lambda n: None))
 
 
 # 1. a tokenizer without a pad token
@@ -130,9 +132,9 @@ def test_eval_stops_at_the_generation_config_eos_like_the_workers(llama_like_dir
 
     # A policy that answers "7" and ends with <|im_end|> (not the tokenizer's eos): full marks.
     answer_id = tokenizer("7", add_special_tokens=False)["input_ids"][0]
-    model = ScriptedLM(answer_id, im_end, len(tokenizer))
+    engine.model = ScriptedLM(answer_id, im_end, len(tokenizer))
     task = OneAnswerTask(num_eval_prompts=4, seed=0)
-    result = evaluate_greedy(model, tokenizer, task, max_new_tokens=3, eos_token_ids=eos)
+    result = evaluate_greedy(engine, task, max_new_tokens=3)
     assert result.accuracy == 1.0
 
 
@@ -148,7 +150,8 @@ def test_eval_encodes_prompts_exactly_as_the_workers_do(llama_like_dir: Path, to
 
     answer_id = tokenizer("7", add_special_tokens=False)["input_ids"][0]
     model = ScriptedLM(answer_id, tokenizer.eos_token_id, len(tokenizer))
-    evaluate_greedy(model, tokenizer, task, max_new_tokens=2, eos_token_ids={tokenizer.eos_token_id})
+    engine.model = model
+    evaluate_greedy(engine, task, max_new_tokens=2)
     assert sorted(model.seen_prompts) == sorted(worker_ids)
 
 

@@ -1,5 +1,7 @@
-"""A small decoder on the learner's own torch model: greedy for held-out evaluation, sampling for the
-single-process learning check and the tests' stand-in workers.
+"""A small sampler on a plain torch model, for tests only: the single-process learning check and the
+stand-in workers of the learner tests sample with it (tests/selfplay.py). The services have one
+inference path, engines/ (the workers' sampling and the learner's held-out evaluation); this one
+stays because it runs on the learner's own training model, with no folder or engine around it.
 
 No KV cache: the prompts are a handful of tokens and completions one or two, so re-running the whole
 prefix each step costs less than the bookkeeping. Prompts of equal length are decoded together, so
