@@ -13,7 +13,10 @@ log_softmax(logits) (temperature 1) whatever `temperature` says; the torch engin
 temperature. Both agree at temperature 1; greedy is for evaluation, whose log-probs nobody trains on.
 
 vLLM changes its host process (LD_PRELOAD, thread binding; torch.set_num_threads becomes a no-op):
-only rollout workers build this engine, never the learner. Not thread-safe, like the torch engine.
+only rollout workers build this engine, never the learner. vLLM's CPU kernels also expect the OpenMP
+settings of the thread that built the engine (called from another thread, attention aborts with
+`thread_num` 2 vs 1), so every vLLM call runs on the engine's own thread; callers may call from any
+one thread. Not thread-safe, like the torch engine.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import os
 import struct
 import tempfile
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +67,8 @@ class VLLMEngine(InferenceEngine):
         self.ties_output_to_input = bool(config.get("tie_word_embeddings", True))
         self._policy_version = -1
         self._weights_dir = tempfile.TemporaryDirectory(prefix="vllm-weights-")
-        self.llm = start_llm(self.model_dir, kv_cache_bytes, gpu_memory_utilization, num_threads)
+        self._vllm_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm")
+        self.llm = self._on_vllm_thread(start_llm, self.model_dir, kv_cache_bytes, gpu_memory_utilization, num_threads)
 
     @property
     def policy_version(self) -> int:
@@ -98,25 +103,31 @@ class VLLMEngine(InferenceEngine):
             logprobs=0,  # the sampled token's log-prob only
             detokenize=False,  # text is decoded below with the HF tokenizer, as the torch engine does
         )
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False)
+        requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
+        outputs = self._on_vllm_thread(self.llm.generate, requests, params, use_tqdm=False)
         groups = [self._to_samples(ids, output.outputs) for ids, output in zip(prompt_ids, outputs, strict=True)]
         return [group * num_samples for group in groups] if greedy else groups
 
     def load_weights(self, safetensors_bytes: bytes, policy_version: int) -> None:
         path = self._write_checked_blob(safetensors_bytes)
         try:
-            num_tensors = self.llm.collective_rpc(
-                "reload_weights_from_file", args=(str(path), self.ties_output_to_input)
+            num_tensors = self._on_vllm_thread(
+                self.llm.collective_rpc, "reload_weights_from_file", args=(str(path), self.ties_output_to_input)
             )[0]
         finally:
             path.unlink(missing_ok=True)
-        if not self.llm.reset_prefix_cache():
+        if not self._on_vllm_thread(self.llm.reset_prefix_cache):
             raise RuntimeError("vLLM refused to reset its prefix cache: old-weight KV blocks would be reused")
         self._policy_version = policy_version
         log.info("loaded policy version %d (%d tensors, %d bytes)", policy_version, num_tensors, len(safetensors_bytes))
 
     def close(self) -> None:
+        self._vllm_thread.shutdown()
         self._weights_dir.cleanup()
+
+    def _on_vllm_thread(self, function: Any, *args: Any, **kwargs: Any) -> Any:
+        """`function(*args, **kwargs)` run on the thread that built the engine; its exception is raised here."""
+        return self._vllm_thread.submit(function, *args, **kwargs).result()
 
     # sampling
     def _to_samples(self, prompt_ids: list[int], completions: Sequence[Any]) -> list[Sample]:

@@ -141,3 +141,16 @@ def build_folder(
         head_dim=head_dim,
     )
     return out_dir
+
+
+def build_char_folder(out_dir: Path, max_position_embeddings: int = 32) -> Path:
+    """The demo's character-level Qwen2 for the arithmetic task (16 tokens: EOS is frequent), with
+    2 heads of 32 (the demo's 4 heads of 16 have no vLLM CPU attention kernel)."""
+    from services.learner.model_init import build_initial_policy
+    from shared.config import ModelConfig
+    from shared.tasks import TASKS
+
+    config = ModelConfig(
+        hidden_size=64, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=max_position_embeddings
+    )
+    return build_initial_policy(config, TASKS["arithmetic_mod10"].alphabet, out_dir)

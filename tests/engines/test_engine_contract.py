@@ -31,7 +31,7 @@ from safetensors.torch import save as safetensors_save
 from engines.interface import InferenceEngine, PromptTooLongError, Sample, UnencodablePromptError, WeightsLoadError
 from shared.messages import ChatMessage
 from shared.tokenization import PromptInput, encode_prompt, eos_token_ids
-from tests.hf_folders import CHAT_TEMPLATE, build_folder
+from tests.hf_folders import CHAT_TEMPLATE, build_char_folder, build_folder
 from tests.vllm_required import require_vllm
 
 torch.set_num_threads(1)
@@ -64,15 +64,6 @@ class Folder:
 
     def load_reference(self, blob: bytes) -> None:
         self.reference.load_state_dict(safetensors_load(blob), strict=False)
-
-
-def build_char_folder(out_dir: Path) -> Path:
-    from services.learner.model_init import build_initial_policy
-    from shared.config import ModelConfig
-    from shared.tasks import TASKS
-
-    config = ModelConfig(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
-    return build_initial_policy(config, TASKS["arithmetic_mod10"].alphabet, out_dir)
 
 
 FOLDER_BUILDERS = {
