@@ -4,10 +4,15 @@ swapped in place, and the groups sampled after it carry its number and log-probs
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from safetensors.torch import load as safetensors_load
@@ -118,3 +123,43 @@ def test_a_vllm_worker_samples_with_each_announced_version(
         torch.testing.assert_close(
             torch.from_numpy(logprobs), expected[positions, torch.from_numpy(tokens).long()], atol=1e-4, rtol=0
         )
+
+
+def test_the_worker_process_runs_the_vllm_engine_named_in_the_run_file(
+    redis_server: RedisServer,
+    coordinator_url: str,
+    learner: LearnerSide,
+    keys: RunKeys,
+    model_dir: Path,
+    repo_root: Path,
+    tmp_path: Path,
+) -> None:
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(
+        f'run_id = "{keys.run_id}"\n[rollout]\nengine = "vllm"\nvllm_kv_cache_bytes = {64 << 20}\nheartbeat_interval_s = 0.2\n'
+    )
+    learner.set_version(0)
+    learner.publish(0)
+    env = {
+        **os.environ,
+        "RL_CLUSTER_KEY": CLUSTER_KEY,
+        "RL_COORDINATOR_URL": coordinator_url,
+        "RL_REDIS_URL": redis_server.url,
+        "RL_RUN_CONFIG": str(run_file),
+        "RL_MODEL_DIR": str(model_dir),
+        "RL_WORKER_NAME": "vllm-subprocess",
+    }
+    process = subprocess.Popen([sys.executable, "-m", "services.rollout"], cwd=repo_root, env=env)
+    try:
+
+        def loaded_version_0() -> bool:
+            workers = [w for w in httpx.get(f"{coordinator_url}/v1/workers").json() if w["name"] == "vllm-subprocess"]
+            return bool(workers) and workers[0]["policy_version"] == 0
+
+        wait_for(loaded_version_0, "the vLLM worker process reports version 0", timeout_s=90, interval_s=0.25)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
