@@ -6,7 +6,13 @@ Models (random weights, built here, no hub), all with the demo's character token
 - demo: exactly what configs/demo.toml builds (`[model] init = "tiny-random"`, a Qwen2 with 4 heads of 16);
   vLLM has no CPU attention kernel for head_dim 16, so only the torch engine runs it;
 - demo-32d-heads: the demo's shape with 2 heads of 32, which vLLM can run;
-- qwen3-25m: a ~25M-parameter Qwen3 (hidden 512, 6 layers, 8 heads of 128, 4 KV heads).
+- qwen2-25m: a ~25M-parameter Qwen2 (hidden 512, 8 layers, 8 heads of 64, 4 KV heads, MLP 1536). Qwen2,
+  not Qwen3: with `architecture = "qwen3"` the tiny-random character tokenizer loads back as another
+  tokenizer class that decodes with spaces, so every prompt is refused as unencodable (a model_init
+  issue, not an engine one); the two differ only by the q/k norms.
+
+The machine's cores may be shared with other work: the load average before each measurement is
+recorded, and vLLM (which pins its compute thread to one core) suffers most from a busy core.
 
 Workload per (engine, model): 16 prompts x 8 samples, up to 64 new tokens (fewer where the model's
 context is shorter), temperature 1; best of 3 `generate` calls after one warm-up. tokens/s counts the
@@ -42,11 +48,11 @@ MODEL_SHAPES = {
     # name: ModelConfig fields over the demo's (None: the demo run file's [model] as is)
     "demo": None,
     "demo-32d-heads": {"num_attention_heads": 2, "num_key_value_heads": 1},
-    "qwen3-25m": {
-        "architecture": "qwen3",
+    "qwen2-25m": {
+        "architecture": "qwen2",
         "hidden_size": 512,
         "intermediate_size": 1536,
-        "num_hidden_layers": 6,
+        "num_hidden_layers": 8,
         "num_attention_heads": 8,
         "num_key_value_heads": 4,
         "max_position_embeddings": 128,
@@ -68,7 +74,7 @@ def build_models(out_dir: Path) -> dict[str, Path]:
     return folders
 
 
-def measure(kind: str, model_dir: Path) -> dict:
+def measure(kind: str, model_dir: Path, num_threads: int) -> dict:
     """One engine on one model, in this process (a subprocess of main)."""
     import torch
     from safetensors.torch import load_file
@@ -78,7 +84,7 @@ def measure(kind: str, model_dir: Path) -> dict:
     from shared.config import RolloutConfig
 
     started = time.perf_counter()
-    engine = build_engine(kind, model_dir, RolloutConfig(engine=kind), num_threads=os.cpu_count() or 1, device="cpu")
+    engine = build_engine(kind, model_dir, RolloutConfig(engine=kind), num_threads=num_threads, device="cpu")
     start_s = time.perf_counter() - started
     config = json.loads((model_dir / "config.json").read_text())
     prompts = [f"{i % 10}+{(i * 7) % 10}{i // 10}=" for i in range(NUM_PROMPTS)]
@@ -113,8 +119,8 @@ def measure(kind: str, model_dir: Path) -> dict:
     }
 
 
-def run_child(python: str, kind: str, model_dir: Path, timeout_s: float) -> dict:
-    command = [python, "-m", "benchmarks.engine_throughput", "--child", kind, str(model_dir)]
+def run_child(python: str, kind: str, num_threads: int, model_dir: Path, timeout_s: float) -> dict:
+    command = [python, "-m", "benchmarks.engine_throughput", "--child", kind, str(num_threads), str(model_dir)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -143,13 +149,19 @@ def main() -> None:
         "--vllm-python", default=".venv-vllm-cpu/bin/python", help="interpreter of the vLLM environment"
     )
     parser.add_argument("--timeout-s", type=float, default=600.0, help="limit for one engine on one model")
-    parser.add_argument("--child", nargs=2, metavar=("ENGINE", "MODEL_DIR"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=3, metavar=("ENGINE", "NUM_THREADS", "MODEL_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.child[0], Path(args.child[1]))), flush=True)
+        print(json.dumps(measure(args.child[0], Path(args.child[2]), int(args.child[1]))), flush=True)
         return
 
-    interpreters = {"torch": sys.executable, "vllm": args.vllm_python}
+    # name: (interpreter, engine, num_threads). The worker's default is one thread (RL_WORKER_NUM_THREADS);
+    # vLLM on CPU binds its own (one compute thread here, the other core runs its scheduler).
+    variants = {
+        "torch-1thread": (sys.executable, "torch", 1),
+        f"torch-{os.cpu_count()}threads": (sys.executable, "torch", os.cpu_count() or 1),
+        "vllm": (args.vllm_python, "vllm", 1),
+    }
     results: dict = {
         "command": "make bench-engines",
         "host": {"machine": platform.machine(), "num_cpus": os.cpu_count(), "python": platform.python_version()},
@@ -169,7 +181,11 @@ def main() -> None:
             head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
             entry: dict = {"num_parameters": num_parameters(model_dir), "head_dim": head_dim, "engines": {}}
             for kind, python in interpreters.items():
-                entry["engines"][kind] = run_child(python, kind, model_dir, args.timeout_s)
+                load_before = os.getloadavg()[0]
+                entry["engines"][kind] = {
+                    **run_child(python, kind, model_dir, args.timeout_s),
+                    "load_avg_1min_before": load_before,
+                }
                 print(name, kind, json.dumps(entry["engines"][kind]), flush=True)
             results["models"][name] = entry
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
