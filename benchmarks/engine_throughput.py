@@ -180,13 +180,11 @@ def main() -> None:
             config = json.loads((model_dir / "config.json").read_text())
             head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
             entry: dict = {"num_parameters": num_parameters(model_dir), "head_dim": head_dim, "engines": {}}
-            for kind, python in interpreters.items():
+            for variant, (python, kind, num_threads) in variants.items():
                 load_before = os.getloadavg()[0]
-                entry["engines"][kind] = {
-                    **run_child(python, kind, model_dir, args.timeout_s),
-                    "load_avg_1min_before": load_before,
-                }
-                print(name, kind, json.dumps(entry["engines"][kind]), flush=True)
+                measured = run_child(python, kind, num_threads, model_dir, args.timeout_s)
+                entry["engines"][variant] = {**measured, "load_avg_1min_before": round(load_before, 2)}
+                print(name, variant, json.dumps(entry["engines"][variant]), flush=True)
             results["models"][name] = entry
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
