@@ -10,7 +10,7 @@ transformers forward of the same weights (fp32):
   log-probs (a stale prefix cache would serve the old ones);
 - a blob that does not fit is refused and the old weights and version stay.
 
-Folders: a Qwen3 with tied embeddings and a chat template; a Qwen3 with an untied head and a tokenizer
+Folders: a Qwen3 with tied embeddings, a chat template and two EOS ids; a Qwen3 with an untied head and a tokenizer
 that adds a BOS and has no pad token; the demo's character-level Qwen2 (EOS is frequent there).
 vLLM's CPU attention needs head_dim >= 32, so the models use 32. One engine per (engine, folder),
 shared by the module's tests: each test loads the weights it checks first.
@@ -31,7 +31,7 @@ from safetensors.torch import save as safetensors_save
 from engines.interface import InferenceEngine, PromptTooLongError, Sample, UnencodablePromptError, WeightsLoadError
 from shared.messages import ChatMessage
 from shared.tokenization import PromptInput, encode_prompt, eos_token_ids
-from tests.hf_folders import CHAT_TEMPLATE, build_char_folder, build_folder
+from tests.hf_folders import CHAT_TEMPLATE, ENDOFTEXT, IM_END, build_char_folder, build_folder
 from tests.vllm_required import require_vllm
 
 torch.set_num_threads(1)
@@ -68,7 +68,11 @@ class Folder:
 
 FOLDER_BUILDERS = {
     "qwen3-tied-chat": lambda out: build_folder(
-        out, chat_template=CHAT_TEMPLATE, head_dim=32, max_position_embeddings=256
+        out,
+        chat_template=CHAT_TEMPLATE,
+        generation_eos_tokens=(ENDOFTEXT, IM_END),  # an instruct model's two EOS ids: both stop
+        head_dim=32,
+        max_position_embeddings=256,
     ),
     "qwen3-untied-bos-padless": lambda out: build_folder(
         out, with_bos=True, with_pad=False, tie_word_embeddings=False, head_dim=32, max_position_embeddings=256
