@@ -137,10 +137,13 @@ class VLLMEngine(InferenceEngine):
             token_ids = list(completion.token_ids)
             stopped = completion.finish_reason == "stop"
             if stopped and (not token_ids or token_ids[-1] not in self.eos_token_ids):
-                token_ids.append(int(completion.stop_reason))  # a stop id vLLM left out of the output
-            logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs, token_ids, strict=False)]
-            if len(logprobs) != len(token_ids):
-                raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(token_ids)} tokens")
+                # vLLM keeps a stop token id in the output (checked against 0.32/0.33); the learner needs it
+                raise RuntimeError(
+                    f"vLLM stopped ({completion.stop_reason!r}) without an EOS id at the end of {token_ids[-5:]}"
+                )
+            if completion.logprobs is None or len(completion.logprobs) != len(token_ids):
+                raise RuntimeError(f"vLLM returned no log-prob for some of {len(token_ids)} tokens")
+            logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs, token_ids, strict=True)]
             visible = token_ids[:-1] if stopped else token_ids
             text = self.tokenizer.decode(visible, clean_up_tokenization_spaces=False)
             assert isinstance(text, str)  # one sequence decodes to one string
