@@ -11,13 +11,14 @@ transformers forward of the same weights (fp32):
 - a blob that does not fit is refused and the old weights and version stay.
 
 Folders: a Qwen3 with tied embeddings, a chat template and two EOS ids; a Qwen3 with an untied head and a tokenizer
-that adds a BOS and has no pad token; the demo's character-level Qwen2 (EOS is frequent there).
+that adds a BOS and has no pad token; the demo's character-level Qwen2 with a second EOS id in its generation config (both are frequent there).
 vLLM's CPU attention needs head_dim >= 32, so the models use 32. One engine per (engine, folder),
 shared by the module's tests: each test loads the weights it checks first.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,17 @@ class Folder:
         self.reference.load_state_dict(safetensors_load(blob), strict=False)
 
 
+def with_generation_eos(folder: Path, extra_eos_token: str) -> Path:
+    """generation_config.json listing a second EOS id (as instruct checkpoints do); on the 16-token
+    character vocabulary it is sampled often, so both EOS ids end samples."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    eos = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(extra_eos_token)]
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    return folder
+
+
 FOLDER_BUILDERS = {
     "qwen3-tied-chat": lambda out: build_folder(
         out,
@@ -77,7 +89,7 @@ FOLDER_BUILDERS = {
     "qwen3-untied-bos-padless": lambda out: build_folder(
         out, with_bos=True, with_pad=False, tie_word_embeddings=False, head_dim=32, max_position_embeddings=256
     ),
-    "char-qwen2": build_char_folder,
+    "char-qwen2": lambda out: with_generation_eos(build_char_folder(out), extra_eos_token="="),
 }
 ENGINE_CASES = [
     pytest.param((kind, folder), id=f"{kind}-{folder}", marks=[pytest.mark.vllm] if kind == "vllm" else [])
@@ -185,8 +197,9 @@ def test_samples_carry_prompt_ids_tokens_logprobs_and_finish_reasons(engine: Inf
                 assert sample.num_tokens == 8 and sample.token_ids[-1] not in eos
             visible = sample.token_ids[:-1] if sample.finish_reason == "stop" else sample.token_ids
             assert sample.text == tokenizer.decode(visible, clean_up_tokenization_spaces=False)
-    if folder.path.name.startswith("char-qwen2"):  # ~1 token in 15 is EOS: both endings occur
+    if folder.path.name.startswith("char-qwen2"):  # ~2 tokens in 16 are EOS: both endings, both EOS ids occur
         assert {s.finish_reason for g in groups for s in g} == {"stop", "length"}
+        assert {s.token_ids[-1] for g in groups for s in g if s.finish_reason == "stop"} == eos
 
 
 def test_logprobs_match_transformers_after_a_full_update_and_one_building_on_it(
