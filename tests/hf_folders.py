@@ -76,6 +76,8 @@ def build_tiny_model(
     generation_eos: list[int] | None = None,
     max_position_embeddings: int = 64,
     seed: int = 0,
+    tie_word_embeddings: bool = True,
+    head_dim: int = 16,
 ) -> None:
     """A random tiny causal LM sized to the tokenizer in `out_dir`; `generation_eos` goes into
     generation_config.json (instruct checkpoints list several EOS ids there)."""
@@ -97,9 +99,9 @@ def build_tiny_model(
             num_hidden_layers=1,
             num_attention_heads=2,
             num_key_value_heads=1,
-            head_dim=16,
+            head_dim=head_dim,
             max_position_embeddings=max_position_embeddings,
-            tie_word_embeddings=True,
+            tie_word_embeddings=tie_word_embeddings,
         )
     config.eos_token_id = tokenizer.eos_token_id
     model = AutoModelForCausalLM.from_config(config)
@@ -117,8 +119,11 @@ def build_folder(
     chat_template: str | None = None,
     generation_eos_tokens: tuple[str, ...] = (),
     max_position_embeddings: int = 64,
+    tie_word_embeddings: bool = True,
+    head_dim: int = 16,
 ) -> Path:
-    """Tokenizer + model in `out_dir` (created); returns it."""
+    """Tokenizer + model in `out_dir` (created); returns it. `tie_word_embeddings` is for the
+    Qwen/Llama shapes (GPT-2 always ties); vLLM's CPU attention needs `head_dim` >= 32."""
     from transformers import AutoTokenizer
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -132,5 +137,20 @@ def build_folder(
         architecture=architecture,
         generation_eos=generation_eos,
         max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        head_dim=head_dim,
     )
     return out_dir
+
+
+def build_char_folder(out_dir: Path, max_position_embeddings: int = 32) -> Path:
+    """The demo's character-level Qwen2 for the arithmetic task (16 tokens: EOS is frequent), with
+    2 heads of 32 (the demo's 4 heads of 16 have no vLLM CPU attention kernel)."""
+    from services.learner.model_init import build_initial_policy
+    from shared.config import ModelConfig
+    from shared.tasks import TASKS
+
+    config = ModelConfig(
+        hidden_size=64, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=max_position_embeddings
+    )
+    return build_initial_policy(config, TASKS["arithmetic_mod10"].alphabet, out_dir)

