@@ -21,13 +21,16 @@ BOS_TOKEN = "<bos>"
 
 def build_tokenizer(alphabet: str, out_dir: Path) -> None:
     """A character-level tokenizer: one token per character of `alphabet`, plus pad/eos/bos."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     characters = sorted(set(alphabet))
     vocab = {token: i for i, token in enumerate([PAD_TOKEN, EOS_TOKEN, BOS_TOKEN, *characters])}
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD_TOKEN))
     tokenizer.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")  # every character alone
+    # Decoding joins the characters back with nothing between them. Without an explicit decoder the
+    # tokenizer class transformers picks for some model types (qwen3) joins tokens with spaces.
+    tokenizer.decoder = decoders.Fuse()
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         pad_token=PAD_TOKEN,

@@ -62,3 +62,24 @@ def test_a_missing_folder_is_an_error_at_start_not_a_random_model(tmp_path: Path
     )
     with pytest.raises(ModelFolderError, match="typo"):
         missing.build_initial_policy()
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
+def test_the_tiny_random_tokenizer_round_trips_prompts_for_every_architecture(
+    tmp_path: Path, architecture: str
+) -> None:
+    """The character tokenizer decodes without separators whatever tokenizer class transformers picks
+    for the model type (qwen3's joined characters with spaces: every prompt was refused as unencodable)."""
+    from transformers import AutoTokenizer
+
+    from services.learner.model_init import build_initial_policy
+    from shared.config import ModelConfig
+    from shared.tasks import TASKS
+    from shared.tokenization import encode_prompt
+
+    config = ModelConfig(init="tiny-random", architecture=architecture)
+    folder = build_initial_policy(config, TASKS["arithmetic_mod10"].alphabet, tmp_path / architecture)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    ids = encode_prompt(tokenizer, "12+7=")  # raises PromptEncodingError when decoding loses characters
+    assert tokenizer.decode(ids) == "12+7="
+    assert tokenizer.decode([*ids, tokenizer.eos_token_id], skip_special_tokens=True) == "12+7="
