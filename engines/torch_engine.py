@@ -23,22 +23,9 @@ from pathlib import Path
 
 import torch
 
-from engines.interface import (
-    InferenceEngine,
-    PromptTooLongError,
-    Sample,
-    UnencodablePromptError,
-    WeightsLoadError,
-)
-from shared.tokenization import (
-    PromptEncodingError,
-    PromptInput,
-    check_model_folder,
-    encode_prompt,
-    eos_token_ids,
-    model_fingerprint,
-    pad_token_id,
-)
+from engines.interface import InferenceEngine, Sample, WeightsLoadError
+from engines.prompts import encode_checked_prompts
+from shared.tokenization import PromptInput, check_model_folder, eos_token_ids, model_fingerprint, pad_token_id
 
 log = logging.getLogger(__name__)
 
@@ -93,18 +80,8 @@ class TorchEngine(InferenceEngine):
         return self._to_samples(prompt_ids, num_samples, tokens, logprobs, lengths, stopped)
 
     def encode_prompts(self, prompts: Sequence[str | PromptInput], max_new_tokens: int = 0) -> list[list[int]]:
-        """Token ids of each prompt (shared.tokenization.encode_prompt, as the learner's evaluation);
-        raises if the tokenizer would lose characters, the chat template fails or the context overflows."""
-        try:
-            prompt_ids = [encode_prompt(self.tokenizer, prompt) for prompt in prompts]
-        except PromptEncodingError as exc:
-            raise UnencodablePromptError(str(exc)) from exc
-        longest = max(len(ids) for ids in prompt_ids)
-        if self.max_positions is not None and longest + max_new_tokens > self.max_positions:
-            raise PromptTooLongError(
-                f"{longest} prompt tokens + {max_new_tokens} new tokens exceed the context of {self.max_positions}"
-            )
-        return prompt_ids
+        """Token ids of each prompt, checked (engines/prompts.py: the vLLM engine encodes the same way)."""
+        return encode_checked_prompts(self.tokenizer, prompts, max_new_tokens, self.max_positions)
 
     def load_weights(self, safetensors_bytes: bytes, policy_version: int) -> None:
         state = self._validated_state_dict(safetensors_bytes)

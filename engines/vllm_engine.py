@@ -91,7 +91,7 @@ class VLLMEngine(InferenceEngine):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        prompt_ids = encode_checked_prompts(self.tokenizer, prompts, max_new_tokens, self.max_positions)
+        prompt_ids = self.encode_prompts(prompts, max_new_tokens)
         params = SamplingParams(
             n=1 if greedy else num_samples,  # vLLM refuses n > 1 for greedy: every copy would be the same
             max_tokens=max_new_tokens,
@@ -107,6 +107,15 @@ class VLLMEngine(InferenceEngine):
         outputs = self._on_vllm_thread(self.llm.generate, requests, params, use_tqdm=False)
         groups = [self._to_samples(ids, output.outputs) for ids, output in zip(prompt_ids, outputs, strict=True)]
         return [group * num_samples for group in groups] if greedy else groups
+
+    def encode_prompts(self, prompts: Sequence[str | PromptInput], max_new_tokens: int = 0) -> list[list[int]]:
+        """Token ids of each prompt, checked (engines/prompts.py: the torch engine encodes the same way)."""
+        return encode_checked_prompts(self.tokenizer, prompts, max_new_tokens, self.max_positions)
+
+    def call_on_engine_thread(self, function: Any, *args: Any, **kwargs: Any) -> Any:
+        """`function(*args, **kwargs)` on the thread that built the LLM (vLLM's CPU kernels need it), for
+        callers that use `self.llm` directly (benchmarks/gpu.py times bare `llm.generate` this way)."""
+        return self._on_vllm_thread(function, *args, **kwargs)
 
     def load_weights(self, safetensors_bytes: bytes, policy_version: int) -> None:
         path = self._write_checked_blob(safetensors_bytes)
