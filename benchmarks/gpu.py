@@ -205,7 +205,7 @@ def swap_phase(args: argparse.Namespace) -> dict:
 def learner_step_phase(args: argparse.Namespace) -> dict:
     import torch
 
-    from services.learner.batch import TrainBatch
+    from benchmarks.learner_memory import synthetic_batch
     from services.learner.trainer import load_policy, make_optimizer, train_step
     from shared.config import GRPOConfig, LearnerConfig
 
@@ -219,18 +219,7 @@ def learner_step_phase(args: argparse.Namespace) -> dict:
     grpo = GRPOConfig(learning_rate=1e-6)
     optimizer = make_optimizer(model, grpo)
     num_rows, num_tokens, num_prompt_tokens = (64, 64, 16) if args.smoke else (512, 300, 44)
-    vocab_size = model.config.vocab_size
-    completion_mask = torch.zeros((num_rows, num_tokens - 1), dtype=torch.bool)
-    completion_mask[:, num_prompt_tokens - 1 :] = True
-    batch = TrainBatch(
-        input_ids=torch.randint(0, vocab_size, (num_rows, num_tokens)),
-        attention_mask=torch.ones((num_rows, num_tokens), dtype=torch.long),
-        completion_mask=completion_mask,
-        behaviour_logprobs=torch.full((num_rows, num_tokens - 1), -12.0) * completion_mask,
-        advantages=torch.randn((num_rows, 1)),
-        temperatures=torch.ones(num_rows),
-        rewards=torch.rand(num_rows),
-    )
+    batch = synthetic_batch(num_rows, num_tokens, num_prompt_tokens, model.config.vocab_size)
     step_s = []
     for _ in range(args.rounds + 1):  # the first step warms up the allocator and kernels
         synchronize()

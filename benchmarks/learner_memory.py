@@ -26,6 +26,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from services.learner.batch import TrainBatch
 
 QWEN_VOCAB = 151_936
 RESULTS = Path("benchmarks/results/learner_memory.json")
@@ -37,7 +41,6 @@ def measure_step(path: str, num_rows: int, num_tokens: int, micro_batch_size: in
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from services.learner.batch import TrainBatch
     from services.learner.grpo import full_token_logprobs, policy_loss
     from services.learner.trainer import make_optimizer, train_step
     from shared.config import GRPOConfig, LearnerConfig
@@ -57,17 +60,7 @@ def measure_step(path: str, num_rows: int, num_tokens: int, micro_batch_size: in
     grpo = GRPOConfig()
     optimizer = make_optimizer(model, grpo)
     num_prompt_tokens = min(20, num_tokens // 2)  # completion tokens are the rest of each row
-    completion_mask = torch.zeros((num_rows, num_tokens - 1), dtype=torch.bool)
-    completion_mask[:, num_prompt_tokens - 1 :] = True
-    batch = TrainBatch(
-        input_ids=torch.randint(0, QWEN_VOCAB, (num_rows, num_tokens)),
-        attention_mask=torch.ones((num_rows, num_tokens), dtype=torch.long),
-        completion_mask=completion_mask,
-        behaviour_logprobs=torch.full((num_rows, num_tokens - 1), -12.0) * completion_mask,
-        advantages=torch.randn((num_rows, 1)),
-        temperatures=torch.ones(num_rows),
-        rewards=torch.rand(num_rows),
-    )
+    batch = synthetic_batch(num_rows, num_tokens, num_prompt_tokens, QWEN_VOCAB)
     before_kib = current_rss_kib()
     started_s = time.perf_counter()
     if path == "old":  # the learner before this change: trainer.train_step as it was
@@ -103,6 +96,26 @@ def measure_step(path: str, num_rows: int, num_tokens: int, micro_batch_size: in
         "step_rss_growth_gib": round((peak_kib - before_kib) / (1 << 20), 3),
         "step_s": round(step_s, 2),
     }
+
+
+def synthetic_batch(num_rows: int, num_tokens: int, num_prompt_tokens: int, vocab_size: int) -> TrainBatch:
+    """A training batch of random tokens: every row `num_tokens` long, the first `num_prompt_tokens`
+    of each the prompt, the rest its completion (what one learner step costs, not what it learns)."""
+    import torch
+
+    from services.learner.batch import TrainBatch
+
+    completion_mask = torch.zeros((num_rows, num_tokens - 1), dtype=torch.bool)
+    completion_mask[:, num_prompt_tokens - 1 :] = True
+    return TrainBatch(
+        input_ids=torch.randint(0, vocab_size, (num_rows, num_tokens)),
+        attention_mask=torch.ones((num_rows, num_tokens), dtype=torch.long),
+        completion_mask=completion_mask,
+        behaviour_logprobs=torch.full((num_rows, num_tokens - 1), -12.0) * completion_mask,
+        advantages=torch.randn((num_rows, 1)),
+        temperatures=torch.ones(num_rows),
+        rewards=torch.rand(num_rows),
+    )
 
 
 def current_rss_kib() -> int:

@@ -1,6 +1,7 @@
-"""Prompt checks every engine makes before sampling: encode with shared.tokenization.encode_prompt,
-refuse what the tokenizer cannot represent, refuse what would overflow the context. One home, so the
-torch and vLLM engines turn the same prompt into the same ids and refuse the same prompts."""
+"""Checks every engine makes before sampling: the sampling arguments; the prompts, encoded with
+shared.tokenization.encode_prompt, refusing what the tokenizer cannot represent and what would overflow
+the context. One home, so the torch and vLLM engines turn the same prompt into the same ids and refuse
+the same requests."""
 
 from __future__ import annotations
 
@@ -33,3 +34,11 @@ def encode_checked_prompts(
             f"{longest} prompt tokens + {max_new_tokens} new tokens exceed the context of {max_positions}"
         )
     return prompt_ids
+
+
+def check_sampling_args(num_samples: int, max_new_tokens: int, temperature: float) -> None:
+    """Raises ValueError unless num_samples >= 1, max_new_tokens >= 1 and temperature > 0."""
+    if num_samples < 1 or max_new_tokens < 1 or temperature <= 0:
+        raise ValueError(
+            f"need num_samples >= 1, max_new_tokens >= 1, temperature > 0; got {num_samples}, {max_new_tokens}, {temperature}"
+        )

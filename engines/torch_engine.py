@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from engines.interface import InferenceEngine, Sample, WeightsLoadError
-from engines.prompts import encode_checked_prompts
+from engines.prompts import check_sampling_args, encode_checked_prompts
 from shared.tokenization import PromptInput, check_model_folder, eos_token_ids, model_fingerprint, pad_token_id
 
 log = logging.getLogger(__name__)
@@ -66,10 +66,7 @@ class TorchEngine(InferenceEngine):
         temperature: float,
         greedy: bool = False,
     ) -> list[list[Sample]]:
-        if num_samples < 1 or max_new_tokens < 1 or temperature <= 0:
-            raise ValueError(
-                f"need num_samples >= 1, max_new_tokens >= 1, temperature > 0; got {num_samples}, {max_new_tokens}, {temperature}"
-            )
+        check_sampling_args(num_samples, max_new_tokens, temperature)
         if not prompts:
             return []
         prompt_ids = self.encode_prompts(prompts, max_new_tokens)
