@@ -23,12 +23,14 @@ short read and moves to another holder.
 from __future__ import annotations
 
 import logging
+import mmap
 import re
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs
 
 from shared.weights import Manifest, Payload, as_payload, verify_chunk
@@ -44,21 +46,41 @@ class ManifestMismatchError(KeyError):
 class _StoredArtifact:
     manifest: Manifest
     manifest_sha256: str
-    chunks: dict[int, bytes] = field(default_factory=dict)
+    # bytes in memory; or read-only views of a file-backed mapping (a spilled artifact, see ChunkStore)
+    chunks: dict[int, bytes | memoryview] = field(default_factory=dict)
+    spill_path: Path | None = None
 
     @property
     def complete(self) -> bool:
         return len(self.chunks) == self.manifest.num_chunks
 
+    def release(self) -> None:
+        """Drop the artifact's file, if spilled. The mapping itself stays valid for a request still
+        sending one of its chunks and goes away with the last view (Linux keeps an unlinked file's pages
+        until then)."""
+        if self.spill_path is not None:
+            self.spill_path.unlink(missing_ok=True)
+
 
 class ChunkStore:
-    """Thread-safe in-memory artifacts of the last `keep_versions` versions added (in arrival order, so
-    a restarted learner's lower version numbers are kept). Every chunk is verified on put."""
+    """Thread-safe artifacts of the last `keep_versions` versions added (in arrival order, so a restarted
+    learner's lower version numbers are kept). Every chunk is verified on put.
 
-    def __init__(self, keep_versions: int = 4) -> None:
+    With `spill_dir`, a whole version added at once (`put_version`: the learner's publications) is
+    written to a file there and served from a read-only mapping of it: the versions the store keeps are
+    page cache the kernel can drop and re-read, not the process's own memory (at Qwen3-0.6B in bf16,
+    4 versions are ~4.8 GB). Chunks added one by one (a worker relaying) stay in memory."""
+
+    def __init__(self, keep_versions: int = 4, spill_dir: Path | None = None) -> None:
         self.keep_versions = keep_versions
+        self.spill_dir = spill_dir
+        if spill_dir is not None:
+            spill_dir.mkdir(parents=True, exist_ok=True)
+            for stale in spill_dir.glob("*.chunks"):  # a previous process's: never served again
+                stale.unlink()
         self._versions: OrderedDict[int, dict[str, _StoredArtifact]] = OrderedDict()
         self._changed = threading.Condition()
+        self._num_spilled = 0
 
     # writing
     def add_manifest(self, manifest: Manifest) -> None:
@@ -69,11 +91,13 @@ class ChunkStore:
             if artifacts is None:
                 artifacts = self._versions[manifest.policy_version] = {}
                 while len(self._versions) > self.keep_versions:
-                    self._versions.popitem(last=False)
+                    for evicted in self._versions.popitem(last=False)[1].values():
+                        evicted.release()
             stored = artifacts.get(manifest.payload)
             if stored is None or stored.manifest != manifest:
                 if stored is not None:
                     log.info("replacing version %s: a different manifest arrived under that number", manifest.artifact)
+                    stored.release()
                 artifacts[manifest.payload] = _StoredArtifact(manifest, manifest.sha256())
             self._changed.notify_all()
 
@@ -88,9 +112,42 @@ class ChunkStore:
             self._changed.notify_all()
 
     def put_version(self, manifest: Manifest, chunks: list[bytes]) -> None:
+        """Add a whole artifact; with `spill_dir` its chunks are served from a file (see the class)."""
+        if self.spill_dir is None:
+            self.add_manifest(manifest)
+            for index, chunk in enumerate(chunks):
+                self.put_chunk(manifest.policy_version, index, chunk, manifest.payload)
+            return
+        spill_path, views = self._spill(manifest, chunks)
         self.add_manifest(manifest)
-        for index, chunk in enumerate(chunks):
-            self.put_chunk(manifest.policy_version, index, chunk, manifest.payload)
+        with self._changed:
+            stored = self._artifact(manifest.policy_version, manifest.payload)
+            assert stored is not None and stored.manifest == manifest  # added just above, under our lock since
+            for index, view in enumerate(views):
+                verify_chunk(manifest, index, view)
+            stored.release()  # the same manifest put again: the older file goes, its views stay valid
+            stored.chunks = dict(enumerate(views))
+            stored.spill_path = spill_path
+            self._changed.notify_all()
+
+    def _spill(self, manifest: Manifest, chunks: list[bytes]) -> tuple[Path, list[bytes | memoryview]]:
+        """Write the chunks to a new file in spill_dir; read-only views of its mapping, one per chunk."""
+        assert self.spill_dir is not None
+        self._num_spilled += 1  # a fresh name every time: a mapped file is never rewritten under its views
+        path = self.spill_dir / f"{manifest.policy_version}-{manifest.payload}-{self._num_spilled}.chunks"
+        with path.open("wb") as out:
+            for chunk in chunks:
+                out.write(chunk)
+        if path.stat().st_size == 0:
+            return path, [b"" for _ in chunks]
+        with path.open("rb") as mapped_file:
+            mapping = memoryview(mmap.mmap(mapped_file.fileno(), 0, access=mmap.ACCESS_READ))
+        views: list[bytes | memoryview] = []
+        offset = 0
+        for chunk in chunks:
+            views.append(mapping[offset : offset + len(chunk)])
+            offset += len(chunk)
+        return path, views
 
     # reading
     def manifest(self, policy_version: int, payload: Payload = "full") -> Manifest | None:
@@ -139,7 +196,9 @@ class ChunkStore:
                 chunk = stored.chunks.get(index)
                 remaining_s = deadline - time.monotonic()
                 if chunk is not None or remaining_s <= 0:
-                    return chunk
+                    return (
+                        bytes(chunk) if isinstance(chunk, memoryview) else chunk
+                    )  # a spilled chunk: copied per request
                 self._changed.wait(remaining_s)
 
     def missing_chunks(self, manifest: Manifest) -> list[int]:
@@ -156,7 +215,7 @@ class ChunkStore:
             stored = self._artifact(manifest.policy_version, manifest.payload)
             if stored is None or stored.manifest != manifest or not stored.complete:
                 raise KeyError(f"version {manifest.artifact} is not complete here")
-            return [stored.chunks[index] for index in range(manifest.num_chunks)]
+            return [bytes(stored.chunks[index]) for index in range(manifest.num_chunks)]
 
     def is_complete(self, policy_version: int, payload: Payload = "full") -> bool:
         with self._changed:

@@ -147,7 +147,7 @@ def split_into_chunks(blob: bytes, chunk_size_bytes: int) -> list[bytes]:
     return [blob[i : i + chunk_size_bytes] for i in range(0, len(blob), chunk_size_bytes)]
 
 
-def sha256_hex(data: bytes) -> str:
+def sha256_hex(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
@@ -229,7 +229,7 @@ def check_model_fingerprint(manifest: Manifest, own_fingerprint: str) -> None:
         )
 
 
-def verify_chunk(manifest: Manifest, index: int, data: bytes) -> None:
+def verify_chunk(manifest: Manifest, index: int, data: bytes | memoryview) -> None:
     """Raise ChunkVerificationError unless `data` is exactly chunk `index` of the manifest."""
     expected_length = manifest.chunk_length(index)
     if len(data) != expected_length:

@@ -99,7 +99,8 @@ class Learner:
             max_positions=self.model.config.max_position_embeddings,
             poll_block_ms=settings.poll_block_ms,
         )
-        self.store = ChunkStore(keep_versions=run.broadcast.keep_versions)
+        # the versions it serves live in files under the run folder (page cache), not in the learner's memory
+        self.store = ChunkStore(keep_versions=run.broadcast.keep_versions, spill_dir=self.run_dir / "published")
         self.server = ChunkServer(
             self.store, settings.learner_host, settings.learner_port, wait_s=run.broadcast.chunk_wait_s
         )
