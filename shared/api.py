@@ -9,12 +9,40 @@ capacity, cost, dashboard). Infinite quantities are sent as null.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+# Bounds of what a client may send: far above any real value, far below what overflows the control
+# computations (a swap time of 1e308 once made every control pass raise OverflowError).
+MAX_VERSION = 2**31 - 1
+MAX_COUNT = 2**53  # exact in a float
+MAX_RATE_PER_S = 1e9
+MAX_DURATION_S = 86_400.0
+MAX_UNIX_TIME_S = 1e10  # the year 2286
+MAX_BYTES = 2**50
 
 
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class RequestBody(Body):
+    """What a client sends: finite numbers only (NaN, +-Infinity and 1e999, which JSON parsers turn into
+    inf, are refused with 422 naming the field) and bounded ones (the bounds above)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def _utf8_encodable(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate escape ("\ud800") parses as JSON but is no text
+        raise ValueError("not valid UTF-8 text (a lone surrogate?)") from exc
+    return text
+
+
+Text = Annotated[str, AfterValidator(_utf8_encodable)]
 
 
 class WorkerState(StrEnum):
@@ -24,13 +52,13 @@ class WorkerState(StrEnum):
     DRAINING = "draining"  # finishing its current batch, then it deregisters and exits
 
 
-class RegisterWorkerRequest(Body):
-    name: str = Field("worker", min_length=1, max_length=64, description="human-readable label")
-    endpoint_url: str = Field("", max_length=512, description="the worker's own chunk-server base URL (empty: none)")
-    gpu_type: str = Field("cpu", min_length=1, max_length=64, description="accelerator kind")
+class RegisterWorkerRequest(RequestBody):
+    name: Text = Field("worker", min_length=1, max_length=64, description="human-readable label")
+    endpoint_url: Text = Field("", max_length=512, description="the worker's own chunk-server base URL (empty: none)")
+    gpu_type: Text = Field("cpu", min_length=1, max_length=64, description="accelerator kind")
     price_per_hour: float = Field(0.0, ge=0, le=10000, description="what the worker costs, $/h")
     bandwidth_mbps: float = Field(1000.0, gt=0, le=1e6, description="link speed the worker reports, Mbit/s")
-    region: str = Field("local", min_length=1, max_length=64, description="where it runs")
+    region: Text = Field("local", min_length=1, max_length=64, description="where it runs")
 
 
 class RegisterWorkerResponse(Body):
@@ -45,26 +73,32 @@ class RegisterWorkerResponse(Body):
     )
 
 
-class WeightSwapReport(Body):
+class WeightSwapReport(RequestBody):
     """A worker's account of its latest weight swap: the input of the measured T_bcast."""
 
-    policy_version: int = Field(ge=0, description="the version now loaded in the engine")
+    policy_version: int = Field(ge=0, le=MAX_VERSION, description="the version now loaded in the engine")
     announced_at_s: float = Field(
-        ge=0, description="unix time the learner announced it (WeightsPublished.published_at_s)"
+        ge=0, le=MAX_UNIX_TIME_S, description="unix time the learner announced it (WeightsPublished.published_at_s)"
     )
-    swapped_at_s: float = Field(ge=0, description="unix time the engine started sampling with it")
-    num_bytes: int = Field(ge=0, description="bytes this worker downloaded for it")
-    source_url: str = Field("", max_length=512, description="where the chunks came from (parent, holder or learner)")
+    swapped_at_s: float = Field(ge=0, le=MAX_UNIX_TIME_S, description="unix time the engine started sampling with it")
+    num_bytes: int = Field(ge=0, le=MAX_BYTES, description="bytes this worker downloaded for it")
+    source_url: Text = Field("", max_length=512, description="where the chunks came from (parent, holder or learner)")
 
 
-class HeartbeatRequest(Body):
-    policy_version: int = Field(-1, ge=-1, description="version the worker's engine holds (-1: none yet)")
-    num_groups_done: int = Field(0, ge=0, description="groups published since registration")
-    num_samples_done: int = Field(0, ge=0, description="samples published since registration")
-    samples_per_s: float = Field(0.0, ge=0, description="recent generation throughput")
+class HeartbeatRequest(RequestBody):
+    policy_version: int = Field(
+        -1, ge=-1, le=MAX_VERSION, description="version the worker's engine holds (-1: none yet)"
+    )
+    num_groups_done: int = Field(0, ge=0, le=MAX_COUNT, description="groups published since registration")
+    num_samples_done: int = Field(0, ge=0, le=MAX_COUNT, description="samples published since registration")
+    samples_per_s: float = Field(0.0, ge=0, le=MAX_RATE_PER_S, description="recent generation throughput")
     generating: bool = Field(False, description="false while gated (stale) or waiting for work")
-    tokens_per_s: float = Field(0.0, ge=0, description="recent completion tokens per second of generation time")
-    group_latency_s: float = Field(0.0, ge=0, description="L_gen: mean seconds of one engine call (a batch of groups)")
+    tokens_per_s: float = Field(
+        0.0, ge=0, le=MAX_RATE_PER_S, description="recent completion tokens per second of generation time"
+    )
+    group_latency_s: float = Field(
+        0.0, ge=0, le=MAX_DURATION_S, description="L_gen: mean seconds of one engine call (a batch of groups)"
+    )
     last_swap: WeightSwapReport | None = Field(None, description="the most recent weight swap, if any")
 
 

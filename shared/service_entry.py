@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from shared.config import RunConfig, ServiceSettings
 
 S = TypeVar("S", bound="ServiceSettings")
@@ -57,7 +59,7 @@ def start_service(name: str, settings_type: type[S]) -> tuple[S, RunConfig]:
         run = settings.load_run()
     except (OSError, ValueError) as exc:  # no such run file, or one that does not validate
         sys.exit(f"{name}: run file {settings.run_config}: {exc}")
-    log.info("settings: %s", settings.model_dump_json())  # secrets print as '**********'
+    log.info("settings: %s", describe_settings(settings))
     log.info("run config: %s", run.model_dump_json())
     return settings, run
 
@@ -72,3 +74,30 @@ def on_stop_signal(stop: Callable[[], None]) -> None:
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
+
+
+def describe_settings(settings: BaseModel) -> str:
+    """The settings as one JSON line for the log, with no secret in it: SecretStr fields print as
+    '**********' (pydantic), and a password inside a URL (RL_REDIS_URL=redis://user:pw@host) as '***'."""
+    import json
+
+    values = settings.model_dump(mode="json")
+    return json.dumps(
+        {name: redact_url_password(value) if isinstance(value, str) else value for name, value in values.items()}
+    )
+
+
+def redact_url_password(text: str) -> str:
+    """`scheme://user:password@host...` with the password replaced by '***'; any other text unchanged."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return text
+    if not parts.scheme or parts.password is None:
+        return text
+    userinfo = f"{parts.username or ''}:***"
+    host = parts.hostname or ""
+    netloc = f"{userinfo}@{host}" + (f":{parts.port}" if parts.port is not None else "")
+    return urlunsplit(parts._replace(netloc=netloc))

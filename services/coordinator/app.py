@@ -7,12 +7,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import redis
 from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
 from services.coordinator.auth import token_sha256
+from services.coordinator.body_limit import BodyLimit
 from services.coordinator.control import ControlPlane
 from services.coordinator.deps import Coordinator
 from services.coordinator.errors import install_error_handlers
@@ -32,12 +34,20 @@ MAX_SWEEP_INTERVAL_S = 1.0
 
 
 class CoordinatorAPI(FastAPI):
-    """FastAPI with the heartbeat fast path in front of everything (services/coordinator/heartbeat_path.py):
-    a worker's own heartbeat skips FastAPI's and Starlette's middleware layers, ~10% of its CPU."""
+    """FastAPI behind a body limit (services/coordinator/body_limit.py), with the heartbeat fast path in
+    front of everything else (services/coordinator/heartbeat_path.py): a worker's own heartbeat skips
+    FastAPI's and Starlette's middleware layers, ~10% of its CPU."""
 
     heartbeat_fast_path: HeartbeatFastPath | None = None
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._limited = BodyLimit(self._route)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._limited(scope, receive, send)
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.heartbeat_fast_path is None or scope["type"] != "http":
             await super().__call__(scope, receive, send)
         else:

@@ -6,6 +6,7 @@ import logging
 
 import redis
 from fastapi import FastAPI, Request, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
@@ -33,10 +34,22 @@ def error_docs(*status_codes: int) -> dict[int | str, dict[str, object]]:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(UnknownWorkerError, _unknown_worker)
     app.add_exception_handler(WorkerDeadError, _worker_dead)
     app.add_exception_handler(redis.ConnectionError, _redis_unreachable)
     app.add_exception_handler(redis.TimeoutError, _redis_unreachable)
+
+
+async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
+    """422 naming each bad field and why, without echoing the input back: FastAPI's own answer copies
+    the offending value (a 100 kB name came back whole) and fails to encode NaN or Infinity (a 500)."""
+    assert isinstance(exc, RequestValidationError)
+    errors = [
+        {"loc": list(error.get("loc", ())), "msg": str(error.get("msg", ""))[:200], "type": error.get("type", "")}
+        for error in exc.errors()[:20]
+    ]
+    return JSONResponse({"detail": errors}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
 
 
 async def _unknown_worker(request: Request, exc: Exception) -> JSONResponse:
