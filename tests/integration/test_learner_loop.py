@@ -167,18 +167,23 @@ def pending_count(bus: StreamBus, keys: RunKeys) -> int:
     )
 
 
-def test_the_loop_trains_publishes_and_never_trains_on_what_the_bound_forbids(
-    bus: StreamBus, keys: RunKeys, redis_server: RedisServer, tiny_policy_dir: Path, tmp_path: Path
-) -> None:
-    run = small_run(keys.run_id, num_steps=6)
-    settings = LearnerSettings(
-        redis_url=redis_server.url,
-        run_dir=tmp_path,
-        model_dir=tiny_policy_dir,
+def learner_settings(redis_url: str, run_dir: Path, model_dir: Path) -> LearnerSettings:
+    """A learner on `redis_url` with its chunk server on a free port and a short read block."""
+    return LearnerSettings(
+        redis_url=redis_url,
+        run_dir=run_dir,
+        model_dir=model_dir,
         cluster_key=CLUSTER_KEY,
         learner_port=0,
         poll_block_ms=50,
     )
+
+
+def test_the_loop_trains_publishes_and_never_trains_on_what_the_bound_forbids(
+    bus: StreamBus, keys: RunKeys, redis_server: RedisServer, tiny_policy_dir: Path, tmp_path: Path
+) -> None:
+    run = small_run(keys.run_id, num_steps=6)
+    settings = learner_settings(redis_server.url, tmp_path, tiny_policy_dir)
     worker = StandInWorker(bus, run, tiny_policy_dir, inject_bad=True)
     worker.start()
     try:
@@ -229,14 +234,7 @@ def test_a_slow_evaluation_stalls_training_at_most_the_budget_and_the_final_eval
             "learner": LearnerConfig(eval_max_stall_s=0.3),
         }
     )
-    settings = LearnerSettings(
-        redis_url=redis_server.url,
-        run_dir=tmp_path,
-        model_dir=tiny_policy_dir,
-        cluster_key=CLUSTER_KEY,
-        learner_port=0,
-        poll_block_ms=50,
-    )
+    settings = learner_settings(redis_server.url, tmp_path, tiny_policy_dir)
     gated = GatedTask(num_eval_prompts=run.task.num_eval_prompts, seed=run.task.seed)
     worker = StandInWorker(bus, run, tiny_policy_dir)
     worker.start()
@@ -384,14 +382,7 @@ def test_the_learner_rides_out_a_redis_restart_without_losing_admitted_groups(
     keys = RunKeys("redis-restart")
     bus = StreamBus(connect(server.url), keys, service="test")
     run = small_run(keys.run_id, num_steps=6)
-    settings = LearnerSettings(
-        redis_url=server.url,
-        run_dir=tmp_path / "run",
-        model_dir=tiny_policy_dir,
-        cluster_key=CLUSTER_KEY,
-        learner_port=0,
-        poll_block_ms=50,
-    )
+    settings = learner_settings(server.url, tmp_path / "run", tiny_policy_dir)
     worker = StandInWorker(bus, run, tiny_policy_dir)
 
     def restart_redis_after_step_2() -> None:

@@ -12,7 +12,8 @@ import pytest
 import torch
 from safetensors.torch import save as safetensors_save
 
-from engines.torch_engine import TIED_OUTPUT_KEY, TorchEngine
+from engines.torch_engine import TorchEngine
+from engines.weights_fit import TIED_OUTPUT_KEY
 from services.rollout.weights_sync import WeightsSync
 from shared.bus import StreamBus
 from shared.chunk_client import fetch_manifest, fetch_version

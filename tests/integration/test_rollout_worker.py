@@ -240,26 +240,46 @@ def test_the_worker_process_exits_cleanly_on_sigterm(
     run_file.write_text(f'run_id = "{keys.run_id}"\n[rollout]\nheartbeat_interval_s = 0.2\n')
     learner.set_version(0)
     learner.publish(0)
+    run_worker_process_to_version_0(coordinator_url, redis_server.url, run_file, model_dir, repo_root, "subprocess")
+    assert httpx.get(f"{coordinator_url}/v1/workers").json() == []  # it deregistered
+
+
+def run_worker_process_to_version_0(
+    coordinator_url: str,
+    redis_url: str,
+    run_file: Path,
+    model_dir: Path,
+    repo_root: Path,
+    worker_name: str,
+    *,
+    startup_timeout_s: float = 30.0,
+) -> None:
+    """`python -m services.rollout` with `run_file`: waits until the coordinator lists it with version 0
+    loaded, sends SIGTERM and asserts it exits 0; killed by PID if anything fails on the way."""
     env = {
         **os.environ,
         "RL_CLUSTER_KEY": CLUSTER_KEY,
         "RL_COORDINATOR_URL": coordinator_url,
-        "RL_REDIS_URL": redis_server.url,
+        "RL_REDIS_URL": redis_url,
         "RL_RUN_CONFIG": str(run_file),
         "RL_MODEL_DIR": str(model_dir),
-        "RL_WORKER_NAME": "subprocess",
+        "RL_WORKER_NAME": worker_name,
     }
     process = subprocess.Popen([sys.executable, "-m", "services.rollout"], cwd=repo_root, env=env)
     try:
 
         def loaded_version_0() -> bool:
-            workers = [w for w in httpx.get(f"{coordinator_url}/v1/workers").json() if w["name"] == "subprocess"]
+            workers = [w for w in httpx.get(f"{coordinator_url}/v1/workers").json() if w["name"] == worker_name]
             return bool(workers) and workers[0]["policy_version"] == 0
 
-        wait_for(loaded_version_0, "the worker process reports version 0", timeout_s=30, interval_s=0.25)
+        wait_for(
+            loaded_version_0,
+            f"the worker process {worker_name} reports version 0",
+            timeout_s=startup_timeout_s,
+            interval_s=0.25,
+        )
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=15) == 0
-        assert httpx.get(f"{coordinator_url}/v1/workers").json() == []  # it deregistered
+        assert process.wait(timeout=30) == 0
     finally:
         if process.poll() is None:
             process.kill()

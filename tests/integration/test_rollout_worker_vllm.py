@@ -4,15 +4,10 @@ swapped in place, and the groups sampled after it carry its number and log-probs
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from safetensors.torch import load as safetensors_load
@@ -25,7 +20,14 @@ from shared.config import CoordinatorConfig, RolloutConfig, RunConfig, ScheduleC
 from shared.keys import RunKeys
 from shared.streams import TASKS
 from tests.hf_folders import build_char_folder
-from tests.integration.test_rollout_worker import CLUSTER_KEY, STALENESS_BOUND, LearnerSide, make_task, rollouts_of
+from tests.integration.test_rollout_worker import (
+    CLUSTER_KEY,
+    STALENESS_BOUND,
+    LearnerSide,
+    make_task,
+    rollouts_of,
+    run_worker_process_to_version_0,
+)
 from tests.polling import wait_for
 from tests.vllm_required import require_vllm
 
@@ -140,26 +142,6 @@ def test_the_worker_process_runs_the_vllm_engine_named_in_the_run_file(
     )
     learner.set_version(0)
     learner.publish(0)
-    env = {
-        **os.environ,
-        "RL_CLUSTER_KEY": CLUSTER_KEY,
-        "RL_COORDINATOR_URL": coordinator_url,
-        "RL_REDIS_URL": redis_server.url,
-        "RL_RUN_CONFIG": str(run_file),
-        "RL_MODEL_DIR": str(model_dir),
-        "RL_WORKER_NAME": "vllm-subprocess",
-    }
-    process = subprocess.Popen([sys.executable, "-m", "services.rollout"], cwd=repo_root, env=env)
-    try:
-
-        def loaded_version_0() -> bool:
-            workers = [w for w in httpx.get(f"{coordinator_url}/v1/workers").json() if w["name"] == "vllm-subprocess"]
-            return bool(workers) and workers[0]["policy_version"] == 0
-
-        wait_for(loaded_version_0, "the vLLM worker process reports version 0", timeout_s=90, interval_s=0.25)
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    run_worker_process_to_version_0(
+        coordinator_url, redis_server.url, run_file, model_dir, repo_root, "vllm-subprocess", startup_timeout_s=90
+    )

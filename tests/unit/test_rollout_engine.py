@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import save as safetensors_save
 
 from engines.interface import UnencodablePromptError, WeightsLoadError
-from engines.torch_engine import TIED_OUTPUT_KEY, TorchEngine
+from engines.torch_engine import TorchEngine
+from engines.weights_fit import TIED_OUTPUT_KEY
 
 torch.set_num_threads(1)
 
