@@ -204,6 +204,32 @@ def test_a_forged_version_served_by_a_relay_peer_is_refused_and_never_loaded_nor
     assert sync.update(engine) == 1
 
 
+def test_a_relay_parent_holding_a_forged_version_under_the_announced_number_is_routed_around(
+    engine: TorchEngine, learner: Learner, learner_store: CorruptingStore, bus: StreamBus, keys: RunKeys
+) -> None:
+    # the coordinator made a malicious worker our parent; it holds its own signed "version 0"
+    parent = Learner(bus, keys, ChunkStore())
+    sync = WeightsSync(
+        bus,
+        ChunkStore(trusted_key=PUBLIC_KEY),
+        PUBLIC_KEY,
+        parents=lambda _: [parent.server.url],
+        retry_failed_after_s=0.0,
+    )
+    try:
+        forged = parent.publish(engine, policy_version=0, noise_scale=1.0, signing_key=FORGER_KEY)
+        genuine = learner.publish(engine, policy_version=0, noise_scale=0.3)  # the newest announcement
+
+        assert sync.update(engine) == 0
+        held = sync.store.manifest(0)
+        assert held is not None and held.sha256() == genuine.manifest_sha256 != forged.manifest_sha256
+        assert sync.store.chunks(held) == learner_store.chunks(held)  # every byte is the learner's
+        assert sync.last_swap is not None and sync.last_swap.source_url == learner.server.url
+    finally:
+        sync.close()
+        parent.server.stop()
+
+
 def test_an_announcement_naming_a_different_manifest_is_never_loaded(
     engine: TorchEngine, learner: Learner, sync: WeightsSync, bus: StreamBus, keys: RunKeys
 ) -> None:
