@@ -185,9 +185,9 @@ class RolloutWorker:
 
     def shut_down(self) -> None:
         self.generating = False
+        self.weights.close()  # before leaving: the coordinator kills our Redis connections when we deregister
         self.membership.leave()
         self.chunk_server.stop()
-        self.weights.close()
         self.coordinator.close()
         self.membership.client.close()
         log.info(

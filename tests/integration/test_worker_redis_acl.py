@@ -295,6 +295,15 @@ def test_a_rollout_under_another_workers_id_is_dead_lettered_and_the_honest_one_
         assert scored.rollout.worker_id == honest.worker_id and scored.rewards == [1.0, 1.0]
         info = WorkerInfo.model_validate(coordinator.api.get(f"/v1/workers/{honest.worker_id}").json())
         assert info.num_rollouts_forged == 2  # counted against the id it claimed
+        wait_for(
+            lambda: any(
+                line.startswith("relayrl_fleet_worker_rollouts_forged_total{")
+                and honest.worker_id in line
+                and line.endswith(" 2.0")
+                for line in coordinator.api.get("/metrics").text.splitlines()
+            ),
+            "the count in the coordinator's /metrics",
+        )
         assert service.producers.num_forged == 2
         (next_task,) = honest_bus.read(TASKS, "honest", count=1, block_ms=100)
         honest_bus.publish(
