@@ -27,6 +27,7 @@ environment:
   RL_REDIS_ACL          true: a Redis ACL user per worker, created at registration (needs +acl, +client|kill)
   RL_WORKER_REDIS_URL   the Redis URL handed to workers, without credentials (default: their own)
   RL_ROLLOUT_KEY_RETENTION_S  how long a departed worker's rollout-signing key is kept (default 86400)
+  RL_DRAIN_GRACE_S      with RL_REDIS_ACL: a worker draining this long loses its Redis user (default 300)
   RL_RUN_CONFIG         the run TOML file (default configs/demo.toml): lease_s, staleness bound, ...
   RL_RUN_ID             overrides run_id of the run file
   RL_LOG_LEVEL          logging level (default INFO)
@@ -59,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         acl=settings.redis_acl,
         worker_redis_url=settings.worker_redis_url,
         rollout_key_retention_s=settings.rollout_key_retention_s,
+        drain_grace_s=settings.drain_grace_s,
     )
     if not settings.redis_acl:
         log.warning("RL_REDIS_ACL is false: workers get no Redis user of their own and use their RL_REDIS_URL")

@@ -118,11 +118,11 @@ def create_app(
 
 async def sweep_leases(registry: WorkerRegistry, access: RedisAccess, interval_s: float) -> None:
     """Mark workers whose lease ran out as dead and revoke the Redis access of every worker without a live
-    lease, every `interval_s`, until cancelled."""
+    lease (or draining for too long), every `interval_s`, until cancelled."""
     while True:
         try:
             expired = await asyncio.to_thread(registry.expire_due)
-            await asyncio.to_thread(access.revoke_gone)
+            await asyncio.to_thread(access.revoke_gone, registry.clock())
         except redis.RedisError as exc:  # Redis down or restarting: try again next tick
             log.warning("lease sweep failed: %s", exc)
         else:

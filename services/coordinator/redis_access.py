@@ -12,9 +12,11 @@ Every worker gets, at registration:
 Revocation (`revoke_worker_access`): the user is deleted, its open connections are killed (a connection
 stays authenticated after its user is deleted otherwise), and the rollout key expires after a retention
 period (groups the worker published before it left are still verified meanwhile). It happens on
-deregistration (which a drained worker does once its last batch is acked), on lease expiry (the
-sweeper reconciles the run's users with the live leases every tick, so expiry by any path, even one
-marked while this coordinator was down, is covered), and on quarantine (call `revoke_worker_access`).
+deregistration (which a drained worker does once its last batch is acked), on lease expiry and after
+`drain_grace_s` of draining (the sweeper reconciles the run's users with the live leases every tick, so
+expiry by any path, even one marked while this coordinator was down, is covered), and on quarantine
+(call `revoke_worker_access`). A draining worker keeps its access for the grace period because it must
+still publish and ack the batch in hand.
 
 Users are saved with ACL SAVE when Redis runs with an ACL file, so they survive a Redis restart (AOF does
 not hold users); without one, a warning says a restarted Redis forgets them.
@@ -36,6 +38,7 @@ from shared.streams import DEAD, ROLLOUTS, TASKS, WEIGHTS
 log = logging.getLogger(__name__)
 
 DEFAULT_ROLLOUT_KEY_RETENTION_S = 86_400  # a worker's rollouts may wait this long for the reward service
+DEFAULT_DRAIN_GRACE_S = 300.0  # a draining worker finishes its batch and deregisters within this
 _NO_ACL_FILE = "not configured to use an ACL file"
 _warned_no_acl_file = False
 
@@ -71,6 +74,7 @@ class RedisAccess:
     acl: bool = False
     worker_redis_url: str | None = None
     rollout_key_retention_s: int = DEFAULT_ROLLOUT_KEY_RETENTION_S
+    drain_grace_s: float = DEFAULT_DRAIN_GRACE_S
 
     def grant(self, worker_id: str) -> WorkerAccess:
         """Call after the registry holds the worker's lease (the reconciler deletes users without one).
@@ -98,19 +102,27 @@ class RedisAccess:
     def revoke(self, worker_id: str) -> None:
         revoke_worker_access(self.redis, self.keys, worker_id, acl=self.acl, retention_s=self.rollout_key_retention_s)
 
-    def revoke_gone(self) -> list[str]:
-        """Revoke every worker of this run that holds a Redis user but no live lease; returns their ids.
-        The users are read before the leases: a user is created after its lease, so it is seen live."""
+    def revoke_gone(self, now_s: float) -> list[str]:
+        """Revoke every worker of this run that holds a Redis user but no live lease, or has been draining
+        for more than `drain_grace_s` (an honest one has deregistered by then); returns their ids. The
+        users are read before the leases: a user is created after its lease, so it is seen live."""
         if not self.acl:
             return []
         prefix = self.keys.worker_redis_user("")
         users = [_text(name) for name in self.redis.execute_command("ACL", "USERS")]
+        holders = [name[len(prefix) :] for name in users if name.startswith(prefix)]
         live = {_text(worker_id) for worker_id in self.redis.zrange(self.keys.worker_leases, 0, -1)}
-        gone = [name[len(prefix) :] for name in users if name.startswith(prefix) and name[len(prefix) :] not in live]
+        gone = [worker_id for worker_id in holders if worker_id not in live or self._drained(worker_id, now_s)]
         for worker_id in gone:
             self.revoke(worker_id)
-            log.info("revoked the Redis access of %s: it has no live lease", worker_id)
+            log.info("revoked the Redis access of %s: no live lease, or draining too long", worker_id)
         return gone
+
+    def _drained(self, worker_id: str, now_s: float) -> bool:
+        state, since_s = self.redis.hmget(self.keys.worker(worker_id), ["state", "state_since_s"])
+        if state is None or _text(state) != "draining" or since_s is None:
+            return False
+        return now_s - float(_text(since_s)) > self.drain_grace_s
 
     def _save_users(self) -> None:
         save_acl_users(self.redis)

@@ -37,3 +37,9 @@ class CoordinatorSettings(ServiceSettings):
         validation_alias="RL_ROLLOUT_KEY_RETENTION_S",
         description="how long a departed worker's rollout-signing key is kept (its groups in flight still verify)",
     )
+    drain_grace_s: float = Field(
+        300.0,
+        gt=0,
+        validation_alias="RL_DRAIN_GRACE_S",
+        description="with RL_REDIS_ACL: a worker draining this long loses its Redis user even if it still heartbeats",
+    )

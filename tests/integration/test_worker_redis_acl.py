@@ -39,6 +39,7 @@ from tests.polling import wait_for
 pytestmark = pytest.mark.integration
 
 LEASE_S = 5.0
+DRAIN_GRACE_S = 2.0  # shorter than the lease: a draining worker that keeps heartbeating still loses its user
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class AclCoordinator:
     api: httpx.Client
     clock: ManualClock
     redis: AclRedis
+    access: RedisAccess
 
 
 @pytest.fixture
@@ -75,10 +77,12 @@ def coordinator(acl_redis: AclRedis) -> Iterator[AclCoordinator]:
     """The coordinator app as its own Redis user, issuing per-worker users; its leases on a hand-driven clock."""
     run = RunConfig(run_id=acl_redis.keys.run_id, coordinator=CoordinatorConfig(lease_s=LEASE_S))
     client = acl_redis.client_of("coordinator")
-    access = RedisAccess(client, acl_redis.keys, acl=True, worker_redis_url=acl_redis.server.url)
+    access = RedisAccess(
+        client, acl_redis.keys, acl=True, worker_redis_url=acl_redis.server.url, drain_grace_s=DRAIN_GRACE_S
+    )
     clock = ManualClock()
     with served_coordinator(run, client, lease_clock=clock, access=access) as served:
-        yield AclCoordinator(served.client, clock, acl_redis)
+        yield AclCoordinator(served.client, clock, acl_redis, access)
     client.close()
 
 
@@ -149,10 +153,16 @@ def refused(call: Callable[[], object]) -> str:
 
 
 def cannot_log_in(registration: RegisterWorkerResponse) -> bool:
+    """True once Redis refuses the worker's credentials (a connection killed mid-revocation: not yet)."""
+    client = worker_client(registration)
     try:
-        worker_client(registration).ping()
+        client.ping()
     except redis.AuthenticationError:
         return True
+    except redis.ConnectionError:  # logged in just before its user was deleted, then killed
+        return False
+    finally:
+        client.close()
     return False
 
 
@@ -231,6 +241,19 @@ def test_lease_expiry_revokes_the_user(coordinator: AclCoordinator, seeded) -> N
     info = wait_for(lambda: coordinator.api.get("/v1/workers").json(), "the worker list")
     assert fresh.worker_id in {WorkerInfo.model_validate(w).worker_id for w in info}
     assert worker_client(fresh).ping()
+
+
+def test_a_worker_draining_past_the_grace_period_loses_its_user(coordinator: AclCoordinator, seeded) -> None:
+    registration = register(coordinator.api, "w")
+    drained = coordinator.api.post(f"/v1/workers/{registration.worker_id}/drain", headers=bearer(ADMIN_TOKEN))
+    assert drained.status_code == 200
+    assert coordinator.access.revoke_gone(coordinator.clock()) == []  # within the grace: finishing its batch
+    assert worker_client(registration).ping()
+    coordinator.clock.advance(DRAIN_GRACE_S + 1)  # still within its lease
+    wait_for(lambda: cannot_log_in(registration), "the sweeper to revoke the draining worker")
+    assert WorkerInfo.model_validate(coordinator.api.get(f"/v1/workers/{registration.worker_id}").json()).state == (
+        "draining"
+    )
 
 
 def test_revoke_worker_access_is_what_quarantine_calls(coordinator: AclCoordinator, seeded) -> None:
