@@ -65,3 +65,26 @@ class RedisUsers:
         with os.fdopen(fd, "w") as f:
             f.write(self.acl_file_text())
         return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m cluster.redis_acl --run-id <id> --out <file>`: the ACL file for a deployment whose
+    passwords come from the environment (RL_REDIS_PASSWORD_COORDINATOR, _REWARD, _LEARNER, _OPERATOR),
+    as docker-compose.yml's `redis-acl` step does."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m cluster.redis_acl", description=main.__doc__)
+    parser.add_argument("--run-id", required=True, help="the run whose keys (rl:<run_id>:*) the services may touch")
+    parser.add_argument("--out", type=Path, required=True, help="the ACL file to write (mode 0600)")
+    args = parser.parse_args(argv)
+    names = (*TRUSTED_SERVICES, OPERATOR)
+    variables = {name: f"RL_REDIS_PASSWORD_{name.upper()}" for name in names}
+    missing = [variable for variable in variables.values() if not os.environ.get(variable)]
+    if missing:
+        raise SystemExit(f"set {', '.join(missing)}")
+    users = RedisUsers(args.run_id, passwords={name: os.environ[variable] for name, variable in variables.items()})
+    print(f"wrote {users.write_acl_file(args.out)}: users {', '.join(names)}; the default user is off")
+
+
+if __name__ == "__main__":
+    main()
