@@ -14,24 +14,23 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
 import redis
 
-from cluster.redis_acl import OPERATOR, RedisUsers
-from cluster.redis_server import RedisServer
+from cluster.redis_acl import OPERATOR
 from services.coordinator.redis_access import RedisAccess, revoke_worker_access
 from services.reward.service import RewardService
 from services.reward.settings import RewardSettings
 from shared.api import RegisterWorkerResponse, WorkerInfo
-from shared.bus import StreamBus, connect
+from shared.bus import StreamBus
 from shared.config import CoordinatorConfig, RunConfig
 from shared.keys import RunKeys
 from shared.messages import DeadLetter, RolloutGroup, TaskGroup, WeightsPublished, pack_float32, pack_int32
 from shared.rollout_mac import sign_rollout
 from shared.streams import DEAD, LEARNER_STATE, ROLLOUTS, SCORED, TASKS, WEIGHTS
+from tests.acl_redis import AclRedis
 from tests.coordinator_rest import ADMIN_TOKEN, bearer, register, served_coordinator
 from tests.manual_clock import ManualClock
 from tests.polling import wait_for
@@ -40,28 +39,6 @@ pytestmark = pytest.mark.integration
 
 LEASE_S = 5.0
 DRAIN_GRACE_S = 2.0  # shorter than the lease: a draining worker that keeps heartbeating still loses its user
-
-
-@dataclass(frozen=True)
-class AclRedis:
-    server: RedisServer
-    users: RedisUsers
-    keys: RunKeys
-
-    def client_of(self, user: str) -> redis.Redis:
-        return connect(self.users.url_for(user, self.server.url))
-
-
-@pytest.fixture
-def acl_redis(tmp_path: Path) -> Iterator[AclRedis]:
-    """A redis-server of its own with the local cluster's ACL file: the default user off."""
-    run_id = f"test-{uuid.uuid4().hex[:10]}"
-    users = RedisUsers(run_id)
-    acl_file = users.write_acl_file(tmp_path / "users.acl")
-    server = RedisServer(tmp_path / "redis", acl_file=acl_file, probe_user=(OPERATOR, users.passwords[OPERATOR]))
-    server.start()
-    yield AclRedis(server, users, RunKeys(run_id))
-    server.stop()
 
 
 @dataclass(frozen=True)
