@@ -26,11 +26,11 @@ from tests.acl_redis import AclRedis
 from tests.coordinator_rest import served_coordinator
 from tests.manual_clock import ManualClock
 from tests.polling import wait_for
+from tests.weights_keys import PUBLIC_KEY_HEX, SIGNING_KEY
 
 pytestmark = pytest.mark.integration
 torch.set_num_threads(1)
 
-CLUSTER_KEY = "acl-cluster-key"
 LEASE_S = 30.0
 
 
@@ -61,7 +61,7 @@ def test_a_worker_works_as_its_issued_user_and_again_after_it_was_revoked(acl_re
     store = ChunkStore()
     chunks = ChunkServer(store, wait_s=1.0).start()
     WeightPublisher(
-        learner, keys, store, public_url=chunks.url, cluster_key=CLUSTER_KEY.encode(), chunk_size_bytes=64 * 1024
+        learner, keys, store, public_url=chunks.url, signing_key=SIGNING_KEY, chunk_size_bytes=64 * 1024
     ).publish(TorchEngine(model_dir).model, 0)
     learner.put_state(
         LEARNER_STATE,
@@ -81,7 +81,7 @@ def test_a_worker_works_as_its_issued_user_and_again_after_it_was_revoked(acl_re
     check = ProducerCheck(acl_redis.client_of("reward"), keys)
     with served_coordinator(run, coordinator_redis, lease_clock=clock, access=access) as coordinator:
         settings = RolloutSettings(
-            cluster_key=CLUSTER_KEY,
+            weights_public_key=PUBLIC_KEY_HEX,
             coordinator_url=coordinator.url,
             redis_url=acl_redis.server.url,  # no credentials: the default user is off
             model_dir=model_dir,
