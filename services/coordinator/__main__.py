@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     # uvicorn handles SIGTERM / SIGINT itself (graceful shutdown), so no on_stop_signal here
     settings, run = start_service("coordinator", CoordinatorSettings)
-    from services.coordinator.redis_access import RedisAccess
+    from services.coordinator.redis_access import AclSetupError, RedisAccess, check_acl_setup
     from shared.keys import RunKeys
 
     redis_client = connect(settings.redis_url)
@@ -62,7 +62,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         rollout_key_retention_s=settings.rollout_key_retention_s,
         drain_grace_s=settings.drain_grace_s,
     )
-    if not settings.redis_acl:
+    if settings.redis_acl:
+        try:
+            check_acl_setup(redis_client, settings.redis_url)
+        except AclSetupError as exc:
+            sys.exit(f"coordinator: {exc}")
+    else:
         log.warning("RL_REDIS_ACL is false: workers get no Redis user of their own and use their RL_REDIS_URL")
     app = create_app(run, redis_client, settings.admin_token.get_secret_value(), access=access)
     # The control pass runs in a thread next to the event loop. With the default 5 ms switch interval,

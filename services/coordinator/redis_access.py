@@ -32,6 +32,8 @@ import redis
 
 from shared.api import WorkerAccess
 from shared.keys import RunKeys
+from shared.redis_urls import without_credentials
+from shared.retry import REDIS_OUTAGE_ERRORS
 from shared.rollout_mac import new_rollout_key
 from shared.streams import DEAD, ROLLOUTS, TASKS, WEIGHTS
 
@@ -150,6 +152,39 @@ def revoke_worker_access(
     except redis.ResponseError as exc:
         if "No such user" not in str(exc):
             raise
+
+
+class AclSetupError(RuntimeError):
+    """RL_REDIS_ACL is on but the coordinator's Redis user cannot manage users."""
+
+
+def check_acl_setup(client: redis.Redis, redis_url: str) -> bool:
+    """At start, with RL_REDIS_ACL on: raises AclSetupError unless the coordinator's user may list users
+    (and so, with the rules of cluster/redis_acl.py, create and delete them); warns and returns False when
+    Redis still lets a connection without credentials in (its default user is on: workers' users then
+    restrict nothing, since any worker can log in as the default user). `redis_url`: the coordinator's."""
+    try:
+        client.execute_command("ACL", "USERS")
+    except REDIS_OUTAGE_ERRORS as exc:  # Redis not up yet: registration will tell, this check is a courtesy
+        log.warning("could not check the Redis ACL setup: %s", exc)
+        return False
+    except redis.ResponseError as exc:
+        raise AclSetupError(
+            f"RL_REDIS_ACL=true but the coordinator's Redis user cannot manage users ({exc}); it needs "
+            "+acl|setuser +acl|deluser +acl|users +acl|save +client|kill (cluster/redis_acl.py)"
+        ) from exc
+    anonymous = redis.Redis.from_url(without_credentials(redis_url), socket_timeout=5.0)
+    try:
+        anonymous.ping()
+    except redis.AuthenticationError:
+        return True
+    except REDIS_OUTAGE_ERRORS as exc:
+        log.warning("could not check the Redis ACL setup: %s", exc)
+        return False
+    finally:
+        anonymous.close()
+    log.warning("RL_REDIS_ACL=true but Redis accepts connections without credentials: disable its default user")
+    return False
 
 
 def save_acl_users(client: redis.Redis) -> None:

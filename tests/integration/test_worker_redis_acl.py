@@ -20,7 +20,8 @@ import pytest
 import redis
 
 from cluster.redis_acl import OPERATOR
-from services.coordinator.redis_access import RedisAccess, revoke_worker_access
+from cluster.redis_server import RedisServer
+from services.coordinator.redis_access import AclSetupError, RedisAccess, check_acl_setup, revoke_worker_access
 from services.reward.service import RewardService
 from services.reward.settings import RewardSettings
 from shared.api import RegisterWorkerResponse, WorkerInfo
@@ -311,3 +312,16 @@ def test_a_rollout_under_another_workers_id_is_dead_lettered_and_the_honest_one_
         )
         wait_for(lambda: service.num_scored == 2, "the service to keep scoring")  # it kept running
     assert coordinator.api.get("/v1/workers", headers=bearer(ADMIN_TOKEN)).status_code == 200
+
+
+def test_the_coordinator_checks_at_start_that_acls_can_mean_something(
+    acl_redis: AclRedis, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    coordinator_url = acl_redis.users.url_for("coordinator", acl_redis.server.url)
+    assert check_acl_setup(acl_redis.client_of("coordinator"), coordinator_url)
+    with pytest.raises(AclSetupError, match="cannot manage users"):  # a user without +acl
+        check_acl_setup(acl_redis.client_of("reward"), acl_redis.users.url_for("reward", acl_redis.server.url))
+    bare = redis.Redis.from_url(redis_server.url)  # a Redis whose default user is on: any worker could use it
+    assert not check_acl_setup(bare, redis_server.url)
+    assert "accepts connections without credentials" in caplog.text
+    bare.close()
