@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import secrets
 from dataclasses import dataclass
+from typing import cast
 
 import redis
 
@@ -85,7 +86,7 @@ class RedisAccess:
         key_name = self.keys.rollout_key(worker_id)
         self.redis.set(key_name, new_rollout_key(), nx=True)
         self.redis.persist(key_name)
-        rollout_key = bytes(self.redis.get(key_name) or b"")  # type: ignore[arg-type]  # a bytes-mode client
+        rollout_key = cast(bytes, self.redis.get(key_name))  # a bytes-mode client; just set if it was missing
         if not self.acl:
             return WorkerAccess(rollout_key_hex=rollout_key.hex())
         username = self.keys.worker_redis_user(worker_id)
