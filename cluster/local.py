@@ -161,7 +161,7 @@ class LocalCluster:
         """Stop every child by PID: workers, reward, coordinator, learner; count the groups; then Redis."""
         order = [name for name in self.supervisor.services if name.startswith("worker")]
         self.supervisor.stop([*order, "reward", "coordinator", "learner"])
-        if self.redis is not None and self.redis.exit_code() is None:
+        if self.redis is not None and self.redis.process is not None and self.redis.exit_code() is None:
             self.write_group_accounting()  # every consumer is stopped: the counts hold still
         self.supervisor.stop(["redis"])
         self.supervisor.write_summary(self.run_dir / "supervision.json")

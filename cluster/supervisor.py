@@ -32,6 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 log = logging.getLogger("cluster.supervisor")
 
+START_FAILED_EXIT_CODE = 255  # recorded as the crash's exit code when starting the service raised
+
 
 class Child(Protocol):
     """A started process the supervisor watches (cluster.processes.ServiceProcess, RedisServer)."""
@@ -219,11 +221,19 @@ class Supervisor:
 
     def _restart(self, service: Supervised, now_s: float) -> None:
         assert service.record is not None
-        service.child = service.start()
-        service.state = ServiceState.RUNNING
-        service.started_at_s = self.clock()
         service.restart_times_s.append(now_s)
         service.record.num_restarts += 1
+        try:
+            service.child = service.start()
+        # policy: a start that fails (Redis not coming up, no such binary) is one more crash: backed
+        # off and retried within the restart budget, then given up on, never the end of the runner
+        except (OSError, RuntimeError) as exc:
+            log.error("starting %s again failed: %s", service.name, exc)
+            service.started_at_s = now_s
+            self._exited(service, START_FAILED_EXIT_CODE, now_s)
+            return
+        service.state = ServiceState.RUNNING
+        service.started_at_s = self.clock()
         log.warning(
             "restarted %s (pid %d): restart %d, %d within the last %.0fs",
             service.name,

@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from cluster.processes import ServiceProcess
-from cluster.supervisor import RestartMode, RestartPolicy, ServiceState, SupervisionRecord, Supervisor
+from cluster.supervisor import (
+    START_FAILED_EXIT_CODE,
+    RestartMode,
+    RestartPolicy,
+    ServiceState,
+    SupervisionRecord,
+    Supervisor,
+)
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
@@ -110,3 +117,22 @@ def test_stop_by_pid_leaves_no_process_behind(tmp_path: Path) -> None:
     assert [supervisor.child(f"s{i}").exit_code() for i in range(3)] == [-signal.SIGTERM] * 3
     supervisor.poll()  # stopped services are not restarted
     assert [supervisor.child(f"s{i}").pid for i in range(3)] == pids
+
+
+def test_a_service_that_cannot_be_started_again_uses_up_its_restarts_instead_of_ending_the_runner(
+    tmp_path: Path,
+) -> None:
+    starts = child("import sys; sys.exit(1)", tmp_path, "flaky")
+    num_calls = []
+
+    def start() -> ServiceProcess:
+        num_calls.append(1)
+        if len(num_calls) > 1:
+            raise RuntimeError("redis-server did not load its data within 60s")  # as RedisServer.start() raises
+        return starts()
+
+    supervisor = Supervisor()
+    supervisor.add("flaky", start, FAST)
+    wait_for(lambda: supervisor.poll() or supervisor.state("flaky") == ServiceState.GAVE_UP, "giving up on it")
+    record = supervisor.summary().services["flaky"]
+    assert (record.num_restarts, record.crash_exit_codes) == (3, [1, START_FAILED_EXIT_CODE, 255, 255])
