@@ -21,7 +21,6 @@ from shared.keys import RunKeys
 from shared.streams import TASKS
 from tests.hf_folders import build_char_folder
 from tests.integration.test_rollout_worker import (
-    CLUSTER_KEY,
     STALENESS_BOUND,
     LearnerSide,
     make_task,
@@ -30,6 +29,7 @@ from tests.integration.test_rollout_worker import (
 )
 from tests.polling import wait_for
 from tests.vllm_required import require_vllm
+from tests.weights_keys import PUBLIC_KEY_HEX
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -75,7 +75,7 @@ def test_a_vllm_worker_samples_with_each_announced_version(
     from transformers import AutoModelForCausalLM
 
     settings = RolloutSettings(
-        cluster_key=CLUSTER_KEY,
+        weights_public_key=PUBLIC_KEY_HEX,
         coordinator_url=coordinator_url,
         redis_url=redis_server.url,
         model_dir=model_dir,
