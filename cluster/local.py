@@ -284,7 +284,9 @@ class LocalCluster:
         def start() -> ServiceProcess:
             return start_service(name, module, full_env, self.run_dir / "logs", REPO_ROOT)
 
-        mode = RestartMode.ON_FAILURE if name == "learner" else RestartMode.UNLESS_STOPPED
+        # exit 0 is deliberate for these two: the learner's run is complete, a worker was drained
+        deliberate_exit = name == "learner" or name.startswith("worker")
+        mode = RestartMode.ON_FAILURE if deliberate_exit else RestartMode.UNLESS_STOPPED
         process = self.supervisor.add(name, start, self.options.restart_policy(mode))
         assert isinstance(process, ServiceProcess)
         log.info("started %s (pid %d), log %s", name, process.pid, process.log_path)

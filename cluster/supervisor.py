@@ -1,10 +1,11 @@
 """Supervision of the local cluster's children: a crashed service is started again, with backoff.
 
 The policy is compose's `restart:` (docker-compose.yml carries the same one):
-- `unless-stopped` (Redis, coordinator, reward service, workers): any exit, whatever its code, is
-  a crash; the service is started again.
-- `on-failure` (the learner): a non-zero exit (or a kill) is a crash; exit 0 means it stopped on
-  its own (the runner then asks whether the run is complete, see cluster/local.py).
+- `unless-stopped` (Redis, coordinator, reward service): any exit, whatever its code, is a crash;
+  the service is started again.
+- `on-failure` (the learner, rollout workers): a non-zero exit (or a kill) is a crash; exit 0 means
+  it stopped on purpose: a worker that was drained stays out, and for the learner the runner asks
+  whether the run is complete (cluster/local.py).
 
 Backoff: the n-th consecutive crash waits min(max_delay_s, base_delay_s * 2**(n-1)) before the
 restart; a run that lasted `reset_after_s` resets n (as compose does after 10 s up). More than

@@ -41,13 +41,19 @@ def test_python_services_run_modules_that_exist_from_one_image(compose: dict, re
 
 
 def test_every_service_has_the_restart_policy_the_local_runner_applies(compose: dict) -> None:
-    """As cluster/supervisor.py does: long-running services come back from any exit, the learner only
-    from a failure (exit 0: its run is complete), the one-shot model builder never."""
+    """As cluster/local.py does: Redis, coordinator and reward come back from any exit; the learner and
+    the workers only from a failure (exit 0: the run is complete, the worker was drained); the one-shot
+    model builder never."""
     from cluster.supervisor import RestartMode
 
-    expected = {"init-model": "no", "learner": RestartMode.ON_FAILURE.value}
     for name, service in compose["services"].items():
-        assert service.get("restart") == expected.get(name, RestartMode.UNLESS_STOPPED.value), name
+        if name == "init-model":
+            expected = "no"
+        elif name == "learner" or name.startswith("worker-"):
+            expected = RestartMode.ON_FAILURE.value
+        else:
+            expected = RestartMode.UNLESS_STOPPED.value
+        assert service.get("restart") == expected, name
 
 
 def test_redis_keeps_an_append_only_file(compose: dict) -> None:
