@@ -246,8 +246,11 @@ class LearnerState(Message):
     idle_s_total: float = Field(0.0, ge=0, description="seconds spent waiting for admissible rollouts")
     wall_s: float = Field(0.0, ge=0, description="run time so far (across restarts)")
     staleness_histogram: dict[str, int] = Field(
-        default_factory=dict, description="trained groups by lag t - v, since this learner process started"
+        default_factory=dict, description="trained groups by lag t - v over the run (across restarts)"
     )
+    num_groups_trained: int = Field(0, ge=0, description="groups trained on in this run (each counted once)")
+    num_dead_lettered: int = Field(0, ge=0, description="groups the learner dead-lettered in this run")
+    num_restarts: int = Field(0, ge=0, description="times the learner resumed from a checkpoint")
     mismatch_by_worker: dict[str, WorkerMismatch] = Field(
         default_factory=dict, description="the last step's engine mismatch by worker id (workers with lag-0 groups)"
     )

@@ -93,6 +93,7 @@ class RunTotals(BaseModel):
     num_dropped: dict[str, int] = Field(default_factory=dict)  # by reason; kept by the collector, synced here
     num_dead_lettered: int = 0
     max_trained_staleness: int = 0
+    staleness_histogram: dict[str, int] = Field(default_factory=dict)  # trained groups by lag t - v, whole run
     reward_mean_first: float | None = None
     reward_mean_last: float | None = None
     eval_accuracy_before: float | None = None
@@ -116,6 +117,8 @@ class RunTotals(BaseModel):
         self.num_tokens += record.num_tokens
         self.num_replayed_groups += record.num_replayed_groups
         self.max_trained_staleness = max(self.max_trained_staleness, record.max_staleness)
+        for lag, count in record.staleness_histogram.items():
+            self.staleness_histogram[lag] = self.staleness_histogram.get(lag, 0) + count
         if self.reward_mean_first is None:
             self.reward_mean_first = record.reward_mean
         self.reward_mean_last = record.reward_mean
