@@ -49,6 +49,8 @@ class ClusterOptions:
     model_dir: Path | None = None  # the policy folder; None: the run file's [model] path, else <run_dir>/model
     progress_interval_s: float = 2.0
     startup_timeout_s: float = 120.0
+    # worker service name -> fault kind (services/rollout/faults.py): lying workers, for tests and benchmarks only
+    liars: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -165,7 +167,11 @@ class LocalCluster:
         self.launch("learner", "services.learner", {"RL_LEARNER_PORT": str(port), "RL_LEARNER_HOST": "127.0.0.1"})
 
     def start_worker(self, index: int) -> None:
-        self.launch(f"worker-{index}", "services.rollout", {"RL_WORKER_NAME": f"worker-{index}", "RL_WORKER_PORT": "0"})
+        name = f"worker-{index}"
+        env = {"RL_WORKER_NAME": name, "RL_WORKER_PORT": "0"}
+        if name in self.options.liars:  # test-only fault injection, with its explicit second switch
+            env |= {"RL_FAULT_INJECT": self.options.liars[name], "RL_ALLOW_FAULT_INJECTION": "1"}
+        self.launch(name, "services.rollout", env)
 
     # helpers
     def config_file(self) -> Path:

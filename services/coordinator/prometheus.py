@@ -100,3 +100,16 @@ def worker_families(snapshot: ControlSnapshot) -> Iterator[Metric]:
         families["policy_version"].add_metric(labels, w.policy_version)
         families["price_per_hour"].add_metric(labels, w.price_per_hour)
     yield from families.values()
+    yield from trust_families(snapshot)
+
+
+def trust_families(snapshot: ControlSnapshot) -> Iterator[Metric]:
+    """The learner's trust per worker (docs/trust.md): score and whether it is suspect."""
+    trust = snapshot.learner.trust_by_worker if snapshot.learner is not None else {}
+    score = GaugeMetricFamily(PREFIX + "fleet_worker_trust_score", "per worker: trust score (CUSUM)", labels=["worker"])
+    suspect = GaugeMetricFamily(PREFIX + "fleet_worker_trust_suspect", "per worker: 1 if suspect", labels=["worker"])
+    for worker_id, worker in trust.items():
+        score.add_metric([worker_id], worker.score)
+        suspect.add_metric([worker_id], float(worker.suspect))
+    yield score
+    yield suspect
