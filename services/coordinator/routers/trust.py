@@ -15,7 +15,7 @@ from shared.api import ReleaseResponse, WorkerState
 router = APIRouter(prefix="/v1/workers", tags=["workers"])
 
 
-@router.post("/{worker_id}/release", responses=error_docs(401, 403, 404))
+@router.post("/{worker_id}/release", responses=error_docs(401, 403, 404, 409))
 def release_worker(worker_id: WorkerIdPath, caller: CallerDep, control: ControlDep) -> ReleaseResponse:
     """Admin token only. The worker goes back to active (dead if its lease ran out meanwhile), its groups are
     trained on again, and the learner resets its trust score. 409 when it is not quarantined."""
