@@ -22,6 +22,7 @@ import redis
 from services.coordinator.worker_registry import WorkerRegistry
 from shared.api import WorkerInfo, WorkerState
 from shared.bus import StreamBus
+from shared.keys import RunKeys
 from shared.messages import LearnerState, QuarantinedWorkers
 from shared.streams import QUARANTINE
 
@@ -34,10 +35,11 @@ class NotQuarantinedError(Exception):
     """A release of a worker that is not quarantined."""
 
 
-def revoke_worker_access(client: redis.Redis, worker_id: str) -> None:
-    """MERGE HOOK: revoke the worker's own Redis ACL user (services/coordinator/redis_access.py provides
-    `revoke_worker_access(redis, worker_id)` on the branch that adds per-worker users). Until that lands
-    there is no per-worker user to revoke: the worker is cut off by its state and the learner's drops."""
+def revoke_worker_access(client: redis.Redis, keys: RunKeys, worker_id: str) -> None:
+    """MERGE HOOK: replace this body with services/coordinator/redis_access.py's
+    `revoke_worker_access(client, keys, worker_id, acl=<the coordinator's ACL setting>)` (the branch that adds
+    per-worker Redis users). Until then there is no per-worker user to revoke: the worker is cut off by its
+    state and the learner's drops."""
     log.info("redis access of worker %s: no per-worker ACL user to revoke in this build", worker_id)
 
 
@@ -79,7 +81,7 @@ class Quarantine:
                         trust.num_audit_failures,
                         trust.num_audits,
                     )
-                    revoke_worker_access(self.redis, worker_id)
+                    revoke_worker_access(self.redis, self.bus.keys, worker_id)
             quarantined = set(before.worker_ids) | {w.worker_id for w in workers if w.state == WorkerState.QUARANTINED}
             quarantined |= {wid for wid, state in after.items() if state == WorkerState.QUARANTINED}
             if quarantined != set(before.worker_ids):
