@@ -69,6 +69,8 @@ class ClusterOptions:
     restart_max_delay_s: float = 30.0
     max_restarts: int = 5
     restart_window_s: float = 300.0
+    # worker service name -> fault kind (services/rollout/faults.py): lying workers, for tests and benchmarks only
+    liars: dict[str, str] = field(default_factory=dict)
 
     def restart_policy(self, mode: RestartMode) -> RestartPolicy:
         return RestartPolicy(
@@ -251,7 +253,11 @@ class LocalCluster:
         self.launch("learner", "services.learner", env)
 
     def start_worker(self, index: int) -> None:
-        self.launch(f"worker-{index}", "services.rollout", {"RL_WORKER_NAME": f"worker-{index}", "RL_WORKER_PORT": "0"})
+        name = f"worker-{index}"
+        env = {"RL_WORKER_NAME": name, "RL_WORKER_PORT": "0"}
+        if name in self.options.liars:  # test-only fault injection, with its explicit second switch
+            env |= {"RL_FAULT_INJECT": self.options.liars[name], "RL_ALLOW_FAULT_INJECTION": "1"}
+        self.launch(name, "services.rollout", env)
 
     # helpers
     def config_file(self) -> Path:

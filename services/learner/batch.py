@@ -2,6 +2,7 @@
 
 Every group read is decided exactly once, at the learner's current version t:
 - another run's group: dropped (run_mismatch), acked at once;
+- a quarantined worker's group: dropped (quarantined), acked at once (docs/trust.md);
 - token ids outside the vocabulary, longer than the model's context, or non-finite logprobs or
   rewards: dead-lettered with the reason (acked with its dead letter) - a broken worker must not
   crash or poison the learner;
@@ -89,6 +90,7 @@ class BatchCollector:
         self.poll_block_ms = poll_block_ms
         self.num_dropped: Counter[str] = Counter()  # cumulative, by DropReason value (restore_decisions)
         self.num_dead_lettered = 0
+        self.quarantined: frozenset[str] = frozenset()  # worker ids whose groups are dropped (trust_monitor.py)
         self._replay: deque[Delivery[ScoredGroup]] = deque()
         self._held: set[str] = set()  # admitted by this process, not yet acked by the learner
         self._reply_maybe_lost = False
@@ -150,6 +152,9 @@ class BatchCollector:
         group = delivery.message
         if group.run_id != self.keys.run_id:
             self._drop(delivery, DropReason.RUN_MISMATCH)
+            return False
+        if group.rollout.worker_id in self.quarantined:
+            self._drop(delivery, DropReason.QUARANTINED)
             return False
         try:
             validate_group(group, self.vocab_size, self.max_positions)

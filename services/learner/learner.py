@@ -44,6 +44,7 @@ from services.learner.mismatch import engine_mismatch
 from services.learner.model_init import build_initial_policy
 from services.learner.publish import WeightPublisher
 from services.learner.settings import LearnerSettings
+from services.learner.trust_monitor import TrustMonitor
 from shared.bus import StreamBus
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import RunConfig
@@ -122,6 +123,7 @@ class Learner:
         )
         self._started_s = time.monotonic()
         self._wall_offset_s = 0.0  # run time before this process (restored from the checkpoint)
+        self.trust = TrustMonitor(run.trust, self.model, bus, self.run_dir / "trust.jsonl")
         device, dtype = trainer.resolve_device_dtype(run.learner)
         self.evaluator = Evaluator.for_model_folder(  # the workers' engine, on the learner's device and dtype
             self.model_dir,
@@ -191,10 +193,13 @@ class Learner:
         log.info("%d scored groups admitted before a restart and never acked: decided again first", num_pending)
 
     def publish_weights(self) -> float:
-        return self.publisher.publish(self.model, self.version).publish_s
+        publish_s = self.publisher.publish(self.model, self.version).publish_s
+        self.trust.on_publish(self.version, self.model)
+        return publish_s
 
     def collect_batch(self) -> CollectedBatch | None:
         started_s = time.monotonic()
+        self.trust.refresh_quarantine(self.collector)
         batch = self.collector.collect(self.version, should_stop=lambda: self.stop_reason() is not None)
         if batch is None:  # stopped while waiting: that wait was idle time too
             self.totals.idle_s += time.monotonic() - started_s
@@ -204,6 +209,7 @@ class Learner:
         groups = [admitted.group for admitted in batch.groups]
         tensors = tensorize(groups, self.pad_token_id, self.config.grpo.normalize_advantage_by_std)
         result = trainer.train_step(self.model, self.optimizer, tensors, self.config.grpo, self.config.learner)
+        self.trust.observe_step(self.version, batch.groups, tensors, result.logprobs)
         self.version += 1
         self.uncheckpointed_ids.extend(batch.message_ids)
         return TrainedStep(batch=batch, tensors=tensors, result=result)
@@ -428,6 +434,7 @@ class Learner:
             num_groups_trained=self.totals.num_groups,
             num_dead_lettered=self.collector.num_dead_lettered,
             num_restarts=self.totals.num_restarts,
+            trust_by_worker=self.trust.trust_by_worker(),
         )
         self.state = state
         call_with_retry(lambda: self.bus.put_state(LEARNER_STATE, state), "write learner state")
