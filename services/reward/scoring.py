@@ -1,26 +1,60 @@
-"""The data plane's consumer side: turn a rollout group into a scored group with the task's verifier."""
+"""The data plane's consumer side: turn a rollout group into a scored group with the task's verifier.
+
+The reward is the verifier's score of the text the *token ids* decode to (services/reward/decode.py),
+because the ids are what the learner trains on; the worker's own text only serves to count workers
+whose text disagrees with their ids (`text_mismatches_by_worker`). The verifier runs in a child process
+under a hard timeout (services/reward/verifier_pool.py).
+"""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import redis
 
+from services.reward.decode import CompletionDecoder, InvalidTokensError
+from services.reward.verifier_pool import VerifierFailedError, VerifierPool
 from shared.keys import RunKeys
 from shared.messages import RolloutGroup, ScoredGroup
-from shared.tasks import TaskAdapter
 
 
 class UnscorableGroupError(ValueError):
     """A rollout this service cannot score (unknown task, wrong task name): dead-lettered with the reason."""
 
 
-def score_group(group: RolloutGroup, task: TaskAdapter, redis_client: redis.Redis, keys: RunKeys) -> ScoredGroup:
-    if group.task_name != task.name:
-        raise UnscorableGroupError(
-            f"group {group.group_id} is for task {group.task_name!r}, this run scores {task.name!r}"
-        )
-    reference = redis_client.get(keys.task_reference(group.task_id))
-    if reference is None:
-        raise UnscorableGroupError(f"no reference for task {group.task_id} (never issued by this run, or expired)")
-    reference_text = reference.decode() if isinstance(reference, bytes) else str(reference)
-    rewards = [task.score(text, reference_text) for text in group.completion_texts]
-    return ScoredGroup(run_id=group.run_id, rollout=group, rewards=rewards)
+# Everything a bad group can raise while it is scored; the service dead-letters it with the reason.
+UNSCORABLE_ERRORS = (UnscorableGroupError, InvalidTokensError, VerifierFailedError)
+
+
+class GroupScorer:
+    """Scores groups of one task: checks, decodes, verifies. Keeps the counters /metrics shows."""
+
+    def __init__(self, task_name: str, decoder: CompletionDecoder, verifiers: VerifierPool) -> None:
+        self.task_name = task_name
+        self.decoder = decoder
+        self.verifiers = verifiers
+        self.text_mismatches_by_worker: Counter[str] = Counter()  # samples whose text differs from their ids
+        self.verifier_failures_by_kind: Counter[str] = Counter()  # groups failed: timeout, raised, died, bad_reward
+
+    def score(self, group: RolloutGroup, redis_client: redis.Redis, keys: RunKeys) -> ScoredGroup:
+        if group.task_name != self.task_name:
+            raise UnscorableGroupError(
+                f"group {group.group_id} is for task {group.task_name!r}, this run scores {self.task_name!r}"
+            )
+        reference = redis_client.get(keys.task_reference(group.task_id))
+        if reference is None:
+            raise UnscorableGroupError(f"no reference for task {group.task_id} (never issued by this run, or expired)")
+        reference_text = reference.decode() if isinstance(reference, bytes) else str(reference)
+        texts = self.decoder.decode(group)
+        self.count_mismatches(group, texts)
+        try:
+            rewards = self.verifiers.score(texts, reference_text)
+        except VerifierFailedError as exc:
+            self.verifier_failures_by_kind[exc.kind] += 1
+            raise
+        return ScoredGroup(run_id=group.run_id, rollout=group, rewards=rewards)
+
+    def count_mismatches(self, group: RolloutGroup, decoded: list[str]) -> None:
+        num_mismatches = sum(claimed != text for claimed, text in zip(group.completion_texts, decoded, strict=True))
+        if num_mismatches:
+            self.text_mismatches_by_worker[group.worker_id] += num_mismatches

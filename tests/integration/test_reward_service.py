@@ -1,13 +1,16 @@
-"""The reward service against a real redis-server: task feed with backpressure, scoring, dead letters."""
+"""The reward service against a real redis-server: task feed with backpressure, scoring from the token
+ids (never the worker's text), verifiers that hang or raise, dead letters."""
 
 from __future__ import annotations
 
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
+from tokenizers import Tokenizer
 
 from services.reward.service import RewardService
 from services.reward.settings import RewardSettings
@@ -28,9 +31,14 @@ def run(run_id: str) -> RunConfig:
     )
 
 
+@pytest.fixture(scope="module")
+def tokenizer(tiny_policy_dir: Path) -> Tokenizer:
+    return Tokenizer.from_file(str(tiny_policy_dir / "tokenizer.json"))
+
+
 @pytest.fixture
-def service(run: RunConfig, bus: StreamBus, redis_server) -> Iterator[RewardService]:
-    settings = RewardSettings(redis_url=redis_server.url, poll_block_ms=50)
+def service(run: RunConfig, bus: StreamBus, redis_server, model_dir: Path) -> Iterator[RewardService]:
+    settings = RewardSettings(redis_url=redis_server.url, poll_block_ms=50, model_dir=model_dir)
     reward = RewardService(run, settings, bus)
     thread = threading.Thread(target=reward.run_forever, daemon=True)
     thread.start()
@@ -40,7 +48,21 @@ def service(run: RunConfig, bus: StreamBus, redis_server) -> Iterator[RewardServ
     assert not thread.is_alive()
 
 
-def rollout_for(task: TaskGroup, texts: list[str], task_id: str | None = None) -> RolloutGroup:
+def rollout_for(
+    task: TaskGroup,
+    texts: list[str],
+    tokenizer: Tokenizer,
+    *,
+    task_id: str | None = None,
+    claimed_texts: list[str] | None = None,
+) -> RolloutGroup:
+    """The group an honest worker sends for these completion texts (ended by EOS, or cut at
+    max_new_tokens); with `claimed_texts`, a liar's: the ids of `texts`, but `claimed_texts` as the text."""
+    eos_id = tokenizer.token_to_id("<eos>")
+    encoded = [tokenizer.encode(text, add_special_tokens=False).ids for text in texts]
+    stopped = [len(ids) < task.max_new_tokens for ids in encoded]
+    samples = [ids + [eos_id] if stop else ids for ids, stop in zip(encoded, stopped, strict=True)]
+    token_ids = [token for sample in samples for token in sample]
     return RolloutGroup(
         run_id=task.run_id,
         group_id=uuid.uuid4().hex,
@@ -51,11 +73,11 @@ def rollout_for(task: TaskGroup, texts: list[str], task_id: str | None = None) -
         policy_version=0,
         temperature=1.0,
         prompt_token_ids=pack_int32([3, 4, 5, 6]),
-        completion_token_ids=pack_int32([7] * len(texts)),
-        completion_lengths=pack_int32([1] * len(texts)),
-        behaviour_logprobs=pack_float32([-1.0] * len(texts)),
-        completion_texts=texts,
-        finish_reasons=["stop"] * len(texts),
+        completion_token_ids=pack_int32(token_ids),
+        completion_lengths=pack_int32([len(sample) for sample in samples]),
+        behaviour_logprobs=pack_float32([-1.0] * len(token_ids)),
+        completion_texts=claimed_texts or texts,
+        finish_reasons=["stop" if stop else "length" for stop in stopped],
         generation_s=0.01,
     )
 
@@ -91,13 +113,13 @@ def test_task_feed_holds_the_pipeline_at_groups_per_step_times_s_plus_one(servic
     assert bus.length(TASKS) == 6  # taken but not finished: still in flight, nothing added
 
 
-def test_rollouts_are_scored_by_the_verifier_and_acked(service, bus, keys) -> None:
+def test_rollouts_are_scored_by_the_verifier_and_acked(service, bus, keys, tokenizer) -> None:
     wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
     task = take_tasks(bus, keys, 1)[0]
     a, b = (int(c) for c in task.prompt.rstrip("=").split("+"))
     right = str((a + b) % 10)
     wrong = str((a + b + 1) % 10)
-    bus.publish(ROLLOUTS, rollout_for(task, [right, wrong, right + right, ""]))
+    bus.publish(ROLLOUTS, rollout_for(task, [right, wrong, right + right, ""], tokenizer))
 
     scored = wait_for(
         lambda: bus.read(SCORED, "learner-test", count=1, block_ms=50),
@@ -106,14 +128,15 @@ def test_rollouts_are_scored_by_the_verifier_and_acked(service, bus, keys) -> No
     assert scored[0].message.rewards == [1.0, 0.0, 0.5, 0.0]
     wait_for(lambda: bus.backlog(ROLLOUTS) == 0, "the rollout acked")
     assert bus.dead_letters() == []
+    assert service.scorer.text_mismatches_by_worker == {}  # an honest worker's text is the decoded text
 
 
-def test_bad_rollouts_are_dead_lettered_and_the_service_keeps_scoring(service, bus, keys) -> None:
+def test_bad_rollouts_are_dead_lettered_and_the_service_keeps_scoring(service, bus, keys, tokenizer) -> None:
     wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
     task = take_tasks(bus, keys, 1)[0]
     bus.publish_raw(ROLLOUTS, b"garbage")
-    bus.publish(ROLLOUTS, rollout_for(task, ["1"], task_id="forged-task"))
-    bus.publish(ROLLOUTS, rollout_for(task, ["1", "2"]))
+    bus.publish(ROLLOUTS, rollout_for(task, ["1"], tokenizer, task_id="forged-task"))
+    bus.publish(ROLLOUTS, rollout_for(task, ["1", "2"], tokenizer))
 
     wait_for(lambda: bus.length(SCORED) == 1, "the good rollout scored")
     letters = wait_for(lambda: bus.dead_letters() if len(bus.dead_letters()) == 2 else None, "two dead letters")
@@ -123,14 +146,16 @@ def test_bad_rollouts_are_dead_lettered_and_the_service_keeps_scoring(service, b
     assert service.num_scored == 1
 
 
-def test_the_service_waits_out_a_redis_restart_and_loses_nothing(run: RunConfig, tmp_path) -> None:
+def test_the_service_waits_out_a_redis_restart_and_loses_nothing(
+    run: RunConfig, tmp_path, model_dir, tokenizer
+) -> None:
     from cluster.redis_server import RedisServer
     from shared.bus import connect
 
     server = RedisServer(tmp_path / "redis").start()
     keys = RunKeys(run.run_id)
     own_bus = StreamBus(connect(server.url, socket_timeout_s=2.0), keys, service="reward")
-    reward = RewardService(run, RewardSettings(redis_url=server.url, poll_block_ms=50), own_bus)
+    reward = RewardService(run, RewardSettings(redis_url=server.url, poll_block_ms=50, model_dir=model_dir), own_bus)
     turns = CallCounter(reward, "serve_once")
     thread = threading.Thread(target=reward.run_forever, daemon=True)
     thread.start()
@@ -144,7 +169,7 @@ def test_the_service_waits_out_a_redis_restart_and_loses_nothing(run: RunConfig,
         wait_for(lambda: turns.num_raised > num_failed, "the service to hit connection errors")
         assert thread.is_alive()
         server.start()
-        test_bus.publish(ROLLOUTS, rollout_for(task, ["0", "1"]))
+        test_bus.publish(ROLLOUTS, rollout_for(task, ["0", "1"], tokenizer))
         scored = wait_for(lambda: test_bus.length(SCORED) == 1, "the rollout scored after the restart", timeout_s=20)
         assert scored and thread.is_alive()
         assert test_bus.dead_letters() == []
@@ -152,3 +177,147 @@ def test_the_service_waits_out_a_redis_restart_and_loses_nothing(run: RunConfig,
         reward.stop_event.set()
         thread.join(timeout=10)
         server.stop()
+
+
+def metrics_text(service: RewardService) -> str:
+    from prometheus_client import generate_latest
+
+    from services.reward.prometheus import reward_families
+    from shared.metrics import CallbackCollector, new_registry
+
+    scorer = service.scorer
+    families = lambda: reward_families(  # noqa: E731
+        service.num_scored,
+        service.num_tasks_published,
+        scorer.text_mismatches_by_worker,
+        scorer.verifier_failures_by_kind,
+        scorer.verifiers.num_replaced,
+    )
+    return generate_latest(new_registry(CallbackCollector(families))).decode()
+
+
+def test_a_worker_whose_ids_say_a_wrong_answer_gets_the_reward_of_its_ids_and_is_counted(
+    service, bus, keys, tokenizer
+) -> None:
+    wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
+    task = take_tasks(bus, keys, 1)[0]
+    a, b = (int(c) for c in task.prompt.rstrip("=").split("+"))
+    right, wrong = str((a + b) % 10), str((a + b + 1) % 10)
+    liar = rollout_for(task, [wrong, wrong, right], tokenizer, claimed_texts=[right, right, right])
+    liar = liar.model_copy(update={"worker_id": "w-liar"})
+    bus.publish(ROLLOUTS, liar)
+    bus.publish(ROLLOUTS, rollout_for(task, [wrong, wrong, right], tokenizer))  # the honest twin
+
+    wait_for(lambda: bus.length(SCORED) == 2, "the two groups scored")
+    scored = bus.read(SCORED, "learner-test", count=2, block_ms=50)
+    rewards = {delivery.message.rollout.worker_id: delivery.message.rewards for delivery in scored}
+    assert rewards == {"w-liar": [0.0, 0.0, 1.0], "w-test": [0.0, 0.0, 1.0]}  # the ids decide, not the text
+    assert service.scorer.text_mismatches_by_worker == {"w-liar": 2}
+    assert 'relayrl_reward_text_mismatch_total{worker_id="w-liar"} 2.0' in metrics_text(service)
+    assert bus.dead_letters() == []
+
+
+def test_token_ids_no_engine_produces_are_dead_lettered_with_the_reason(service, bus, keys, tokenizer) -> None:
+    wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
+    task = take_tasks(bus, keys, 1)[0]
+    honest = rollout_for(task, ["1", "2"], tokenizer)
+    out_of_vocabulary = honest.model_copy(update={"completion_token_ids": pack_int32([5, 1, 15, 1])})
+    no_eos = honest.model_copy(update={"completion_token_ids": pack_int32([5, 6, 6, 1])})
+    bus.publish(ROLLOUTS, out_of_vocabulary)
+    bus.publish(ROLLOUTS, no_eos)
+    bus.publish(ROLLOUTS, honest)
+
+    wait_for(lambda: bus.length(SCORED) == 1, "the honest group scored")
+    letters = wait_for(lambda: bus.dead_letters() if len(bus.dead_letters()) == 2 else None, "two dead letters")
+    errors = sorted(letter.error for letter in letters)
+    assert "completion token id 15 is outside the vocabulary [0, 15)" in errors[0]
+    assert "sample 0 says it stopped but does not end with an EOS id" in errors[1]
+
+
+@pytest.fixture
+def trap_service(run_id: str, bus: StreamBus, redis_server, model_dir: Path, monkeypatch) -> Iterator[RewardService]:
+    """A reward service scoring tests/trap_task.py's task under a 1 s verifier timeout."""
+    from shared.tasks import TASKS as REGISTRY
+    from tests.trap_task import TrapTask
+
+    monkeypatch.setitem(REGISTRY, TrapTask.name, TrapTask)
+    run = RunConfig.model_validate(
+        {
+            "run_id": run_id,
+            "task": {"name": TrapTask.name},
+            "grpo": {"group_size": 2, "groups_per_step": 2},
+            "reward": {"verifier_timeout_s": 1.0},
+        }
+    )
+    reward = RewardService(run, RewardSettings(redis_url=redis_server.url, poll_block_ms=50, model_dir=model_dir), bus)
+    thread = threading.Thread(target=reward.run_forever, daemon=True)
+    thread.start()
+    yield reward
+    reward.stop_event.set()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert reward.scorer.verifiers.pid is None  # the verifier process was stopped with the service
+
+
+def test_a_verifier_that_hangs_or_raises_fails_its_group_in_time_and_the_service_keeps_scoring(
+    trap_service, bus, keys, tokenizer
+) -> None:
+    from tests.trap_task import HANG_PREFIX, RAISE_PREFIX
+
+    wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
+    wait_for(lambda: trap_service.scorer.verifiers.pid, "the verifier process")
+    first_pid = trap_service.scorer.verifiers.pid
+    task = take_tasks(bus, keys, 1)[0]
+    a, b = (int(c) for c in task.prompt.rstrip("=").split("+"))
+    right = str((a + b) % 10)
+    hangs = rollout_for(task, [right, HANG_PREFIX], tokenizer)
+    raises = rollout_for(task, [RAISE_PREFIX, right], tokenizer)
+    bus.publish(ROLLOUTS, hangs)
+    bus.publish(ROLLOUTS, raises)
+    bus.publish(ROLLOUTS, rollout_for(task, [right, "0" if right != "0" else "1"], tokenizer))
+
+    scored = wait_for(lambda: bus.read(SCORED, "learner-test", count=1, block_ms=50), "the honest group scored")
+    assert scored[0].message.rewards == [1.0, 0.0]
+    letters = {letter.error: letter for letter in bus.dead_letters()}
+    assert len(letters) == 2, letters.keys()
+    timeout_error = next(error for error in letters if "verifier timeout" in error)
+    raised_error = next(error for error in letters if "verifier raised: ValueError: cannot parse '='" in error)
+    # the hung group failed after the 1 s timeout, not after the verifier's 2**40 steps
+    assert letters[timeout_error].failed_at_s - hangs.created_at_s < 10.0
+    assert letters[raised_error].failed_at_s - raises.created_at_s < 10.0
+    verifiers = trap_service.scorer.verifiers
+    assert verifiers.num_replaced == 1 and verifiers.pid not in (None, first_pid)  # the hung process was replaced
+    assert trap_service.scorer.verifier_failures_by_kind == {"timeout": 1, "raised": 1}
+    text = metrics_text(trap_service)
+    assert 'relayrl_reward_verifier_failures_total{kind="timeout"} 1.0' in text
+    assert "relayrl_reward_verifier_restarts_total 1.0" in text
+
+    # the service keeps running, and its new verifier process scores the next group
+    bus.publish(ROLLOUTS, rollout_for(task, [right, right], tokenizer))
+    again = wait_for(lambda: bus.read(SCORED, "learner-test", count=1, block_ms=50), "a group after the failures")
+    assert again[0].message.rewards == [1.0, 1.0]
+    assert bus.backlog(ROLLOUTS) == 0  # every rollout accounted: scored or dead-lettered, all acked
+
+
+def test_the_reward_service_and_its_scorer_import_neither_torch_nor_transformers(model_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    program = f"""
+import sys
+from pathlib import Path
+import services.reward.__main__, services.reward.service
+from services.reward.decode import CompletionDecoder
+from services.reward.scoring import GroupScorer
+from services.reward.verifier_pool import TaskSpec, VerifierPool
+from shared.tasks.arithmetic import ArithmeticMod10Task
+
+pool = VerifierPool(TaskSpec(ArithmeticMod10Task, 20, 0), timeout_s=5.0).start()
+scorer = GroupScorer("arithmetic_mod10", CompletionDecoder(Path({str(model_dir)!r}), 2), pool)
+assert pool.score(["3", "4"], "3") == [1.0, 0.0]
+pool.close()
+print(sorted(name for name in ("torch", "transformers") if name in sys.modules))
+"""
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,26 @@
+"""A task whose verifier is broken on pathological input, as user code can be: the reward service must
+fail such a group with a reason, within its timeout, and keep scoring the others.
+
+`arithmetic_trap` is arithmetic_mod10 (same prompts and scores) except on completions that start with
+`+`, where the verifier hangs in a catastrophically backtracking regex (2**40 steps in C code, which
+neither a thread nor a signal handler can interrupt), and `=`, where it raises."""
+
+from __future__ import annotations
+
+import re
+
+from shared.tasks.arithmetic import ArithmeticMod10Task
+
+HANG_PREFIX = "+"
+RAISE_PREFIX = "="
+
+
+class TrapTask(ArithmeticMod10Task):
+    name = "arithmetic_trap"
+
+    def score(self, completion: str, reference: str) -> float:
+        if completion.startswith(HANG_PREFIX):
+            re.match(r"(a+)+$", "a" * 40 + "b")  # never returns in practice
+        if completion.startswith(RAISE_PREFIX):
+            raise ValueError(f"cannot parse {completion!r}")
+        return super().score(completion, reference)
