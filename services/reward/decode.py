@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from shared.messages import RolloutGroup, unpack_float32
+from shared.messages import RolloutGroup, unpack_float32, unpack_int32
 from shared.tokenization import ModelFolderError, generation_eos_ids, read_config, tokenizer_eos_token
 
 
@@ -65,32 +65,47 @@ class CompletionDecoder:
 
     def decode(self, group: RolloutGroup) -> list[str]:
         """One text per sample, decoded from its completion ids (EOS excluded); raises InvalidTokensError."""
-        samples = group.sample_tokens()
-        self.check(group, samples)
-        visible = [
-            ids[:-1].tolist() if reason == "stop" else ids.tolist()
-            for ids, reason in zip(samples, group.finish_reasons, strict=True)
+        ids = unpack_int32(group.completion_token_ids)  # (num_tokens,) all samples, concatenated
+        lengths = unpack_int32(group.completion_lengths)  # (num_samples,)
+        stopped = np.array([reason == "stop" for reason in group.finish_reasons])  # (num_samples,)
+        self.check(group, ids, lengths, stopped)
+        ends = np.cumsum(lengths).tolist()
+        starts = [0, *ends[:-1]]
+        visible_ends = (np.cumsum(lengths) - stopped).tolist()  # a stopped sample's last id is its EOS
+        id_list = ids.tolist()
+        # One decode call per sample: decode_batch's thread pool costs more than it saves on short samples.
+        return [
+            self.tokenizer.decode(id_list[start:end], skip_special_tokens=False)
+            for start, end in zip(starts, visible_ends, strict=True)
         ]
-        return list(self.tokenizer.decode_batch(visible, skip_special_tokens=False))
 
-    def check(self, group: RolloutGroup, samples: list[np.ndarray]) -> None:
-        for name, ids in (("prompt", group.prompt_tokens()), ("completion", np.concatenate(samples))):
-            outside = ids[(ids < 0) | (ids >= self.vocab_size)]
+    def check(self, group: RolloutGroup, ids: np.ndarray, lengths: np.ndarray, stopped: np.ndarray) -> None:
+        """Vectorised over the whole group (this runs for every group the service scores)."""
+        for name, values in (("prompt", group.prompt_tokens()), ("completion", ids)):
+            outside = values[(values < 0) | (values >= self.vocab_size)]
             if outside.size:
                 raise InvalidTokensError(
                     f"{name} token id {int(outside[0])} is outside the vocabulary [0, {self.vocab_size})"
                 )
         if not np.isfinite(unpack_float32(group.behaviour_logprobs)).all():
             raise InvalidTokensError("non-finite behaviour log-probs")
-        for index, (ids, reason) in enumerate(zip(samples, group.finish_reasons, strict=True)):
-            if len(ids) > self.max_new_tokens:
-                raise InvalidTokensError(
-                    f"sample {index} has {len(ids)} tokens, more than max_new_tokens {self.max_new_tokens}"
-                )
-            # Engines stop at the first EOS and keep it as the last token: EOS there iff "stop".
-            is_eos = np.isin(ids, self.eos_ids)
-            if reason == "stop" and (len(ids) == 0 or not is_eos[-1]):
-                raise InvalidTokensError(f"sample {index} says it stopped but does not end with an EOS id")
-            inner_eos = is_eos[:-1] if reason == "stop" else is_eos
-            if inner_eos.any():
-                raise InvalidTokensError(f"sample {index} goes on after an EOS id")
+        too_long = np.flatnonzero(lengths > self.max_new_tokens)
+        if too_long.size:
+            index = int(too_long[0])
+            raise InvalidTokensError(
+                f"sample {index} has {int(lengths[index])} tokens, more than max_new_tokens {self.max_new_tokens}"
+            )
+        # Engines stop at the first EOS and keep it as the last token: an EOS id is there iff "stop".
+        ends = np.cumsum(lengths)
+        is_eos = (ids[:, None] == self.eos_ids[None, :]).any(axis=1)  # (num_tokens,)
+        last_is_eos = np.zeros(len(lengths), dtype=bool)
+        has_tokens = lengths > 0
+        last_is_eos[has_tokens] = is_eos[ends[has_tokens] - 1]
+        missing = np.flatnonzero(stopped & ~last_is_eos)
+        if missing.size:
+            raise InvalidTokensError(f"sample {int(missing[0])} says it stopped but does not end with an EOS id")
+        is_eos[ends[stopped] - 1] = False  # the allowed ones; any EOS left is inside a sample
+        inner = np.flatnonzero(is_eos)
+        if inner.size:
+            index = int(np.searchsorted(ends, inner[0], side="right"))
+            raise InvalidTokensError(f"sample {index} goes on after an EOS id")
