@@ -18,10 +18,13 @@ reason; the learner never trains on a made-up reward):
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import multiprocessing
+import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -77,7 +80,7 @@ class VerifierPool:
         """Spawn the child and wait until it has built the task (a task that fails to build raises here)."""
         parent_conn, child_conn = self._context.Pipe()
         process = self._context.Process(
-            target=serve_verifier, args=(child_conn, self.task), name="reward-verifier", daemon=True
+            target=serve_verifier, args=(child_conn, self.task, os.getpid()), name="reward-verifier", daemon=True
         )
         process.start()
         child_conn.close()
@@ -152,10 +155,11 @@ def check_rewards(rewards: list[float], num_texts: int) -> None:
             raise VerifierFailedError("bad_reward", f"verifier returned {reward!r}, not a number in [0, 1]")
 
 
-def serve_verifier(conn: Connection, task_spec: TaskSpec) -> None:
+def serve_verifier(conn: Connection, task_spec: TaskSpec, parent_pid: int) -> None:
     """The child's loop: build the task once, then (texts, reference) -> ("ok", rewards) or ("raised", why)
-    until None or the parent's end closes (a parent killed with -9 leaves no orphan behind)."""
+    until None or the parent's end closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the terminal is the parent's to handle
+    die_with_parent(parent_pid)
     try:
         task = task_spec.build()
     except Exception as exc:  # boundary: reported to the parent, which refuses to start
@@ -176,3 +180,16 @@ def serve_verifier(conn: Connection, task_spec: TaskSpec) -> None:
             conn.send(("raised", f"{type(exc).__name__}: {exc}"[:MAX_REASON_CHARS]))
             continue
         conn.send(("ok", rewards))
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """A service killed with -9 while its verifier hangs must not leave the verifier spinning: on Linux
+    the kernel sends this process SIGKILL when its parent dies (PR_SET_PDEATHSIG). Elsewhere an idle
+    child still exits when the pipe closes; a hung one outlives its parent."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os._exit(1)

@@ -3,6 +3,7 @@ ids (never the worker's text), verifiers that hang or raise, dead letters."""
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from collections.abc import Iterator
@@ -321,3 +322,46 @@ print(sorted(name for name in ("torch", "transformers") if name in sys.modules))
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def process_running(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_a_reward_service_killed_while_its_verifier_hangs_leaves_no_verifier_behind() -> None:
+    import signal
+    import subprocess
+    import sys
+
+    program = """
+from services.reward.verifier_pool import TaskSpec, VerifierPool
+from tests.trap_task import HANG_PREFIX, TrapTask
+
+pool = VerifierPool(TaskSpec(TrapTask, 20, 0), timeout_s=600.0).start()
+print(pool.pid, flush=True)
+pool.score([HANG_PREFIX], "1")
+"""
+    service = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
+    verifier_pid = 0
+    try:
+        assert service.stdout is not None
+        verifier_pid = int(service.stdout.readline())
+        wait_for(lambda: cpu_seconds(verifier_pid) > 0.3, "the verifier to be stuck in its regex")
+        service.send_signal(signal.SIGKILL)
+        service.wait(timeout=10)
+        wait_for(lambda: not process_running(verifier_pid), "the hung verifier to die with its service")
+    finally:
+        service.kill()
+        service.wait(timeout=10)
+        if verifier_pid and process_running(verifier_pid):
+            os.kill(verifier_pid, signal.SIGKILL)
