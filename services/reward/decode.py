@@ -13,7 +13,9 @@ tokenizer.json with the `tokenizers` package: no torch, no transformers. So an h
 the decoded text (pinned by tests/unit/test_reward_decode.py on the demo's folder and on BPE folders).
 
 The ids are checked first; a group that fails a check is dead-lettered with the reason
-(`InvalidTokensError`): an id outside the model's vocabulary, a completion longer than max_new_tokens,
+(`InvalidTokensError`): prompt ids that are not the task's prompt (raw-text tasks: `check_prompt`; the
+rules of shared.tokenization.encode_prompt; chat prompts would need transformers' template renderer and
+are not checked here), an id outside the model's vocabulary, a completion longer than max_new_tokens,
 an EOS id anywhere but at the end of a sample that stopped, a sample that says it stopped without one,
 non-finite behaviour log-probs. Lengths that do not add up and a log-prob count that differs from the
 token count are already refused when the message is decoded (`RolloutGroup._arrays_agree`).
@@ -62,6 +64,15 @@ class CompletionDecoder:
             raise ModelFolderError(f"{model_dir}: no EOS token in the tokenizer or the generation config")
         self.eos_ids = np.array(sorted(eos_ids), dtype=np.int64)
         self.max_new_tokens = max_new_tokens
+
+    def check_prompt(self, group: RolloutGroup, prompt: str) -> None:
+        """The prompt ids must be the task's raw-text prompt encoded as workers encode it
+        (shared.tokenization.encode_prompt: with the tokenizer's special tokens, e.g. a BOS)."""
+        expected = self.tokenizer.encode(prompt, add_special_tokens=True).ids
+        got = group.prompt_tokens().tolist()
+        if got != expected:
+            shown = self.tokenizer.decode(got[:64], skip_special_tokens=False)
+            raise InvalidTokensError(f"prompt_token_ids are not the task's prompt {prompt[:64]!r}: they read {shown!r}")
 
     def decode(self, group: RolloutGroup) -> list[str]:
         """One text per sample, decoded from its completion ids (EOS excluded); raises InvalidTokensError."""

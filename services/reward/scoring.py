@@ -1,7 +1,8 @@
 """The data plane's consumer side: turn a rollout group into a scored group with the task's verifier.
 
 The reward is the verifier's score of the text the *token ids* decode to (services/reward/decode.py),
-because the ids are what the learner trains on; the worker's own text only serves to count workers
+because the ids are what the learner trains on (and the prompt ids must encode the task's prompt, or a
+right answer to the task would train the model to give it to another prompt); the worker's own text only serves to count workers
 whose text disagrees with their ids (`text_mismatches_by_worker`). The verifier runs in a child process
 under a hard timeout (services/reward/verifier_pool.py).
 """
@@ -41,14 +42,18 @@ class GroupScorer:
             raise UnscorableGroupError(
                 f"group {group.group_id} is for task {group.task_name!r}, this run scores {self.task_name!r}"
             )
-        reference = redis_client.get(keys.task_reference(group.task_id))
+        reference, prompt = (
+            as_text(value)
+            for value in redis_client.mget([keys.task_reference(group.task_id), keys.task_prompt(group.task_id)])
+        )
         if reference is None:
             raise UnscorableGroupError(f"no reference for task {group.task_id} (never issued by this run, or expired)")
-        reference_text = reference.decode() if isinstance(reference, bytes) else str(reference)
+        if prompt is not None:
+            self.decoder.check_prompt(group, prompt)
         texts = self.decoder.decode(group)
         self.count_mismatches(group, texts)
         try:
-            rewards = self.verifiers.score(texts, reference_text)
+            rewards = self.verifiers.score(texts, reference)
         except VerifierFailedError as exc:
             self.verifier_failures_by_kind[exc.kind] += 1
             raise
@@ -58,3 +63,7 @@ class GroupScorer:
         num_mismatches = sum(claimed != text for claimed, text in zip(group.completion_texts, decoded, strict=True))
         if num_mismatches:
             self.text_mismatches_by_worker[group.worker_id] += num_mismatches
+
+
+def as_text(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value

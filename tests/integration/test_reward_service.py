@@ -73,7 +73,7 @@ def rollout_for(
         worker_id="w-test",
         policy_version=0,
         temperature=1.0,
-        prompt_token_ids=pack_int32([3, 4, 5, 6]),
+        prompt_token_ids=pack_int32(tokenizer.encode(task.prompt).ids),  # the worker encodes with special tokens
         completion_token_ids=pack_int32(token_ids),
         completion_lengths=pack_int32([len(sample) for sample in samples]),
         behaviour_logprobs=pack_float32([-1.0] * len(token_ids)),
@@ -224,15 +224,18 @@ def test_token_ids_no_engine_produces_are_dead_lettered_with_the_reason(service,
     honest = rollout_for(task, ["1", "2"], tokenizer)
     out_of_vocabulary = honest.model_copy(update={"completion_token_ids": pack_int32([5, 1, 15, 1])})
     no_eos = honest.model_copy(update={"completion_token_ids": pack_int32([5, 6, 6, 1])})
-    bus.publish(ROLLOUTS, out_of_vocabulary)
-    bus.publish(ROLLOUTS, no_eos)
-    bus.publish(ROLLOUTS, honest)
+    # the task's right answer, sampled after another prompt: it would teach that prompt this answer
+    other_prompt = "1+1=" if task.prompt != "1+1=" else "2+2="
+    other = honest.model_copy(update={"prompt_token_ids": pack_int32(tokenizer.encode(other_prompt).ids)})
+    for group in (out_of_vocabulary, no_eos, other, honest):
+        bus.publish(ROLLOUTS, group)
 
     wait_for(lambda: bus.length(SCORED) == 1, "the honest group scored")
-    letters = wait_for(lambda: bus.dead_letters() if len(bus.dead_letters()) == 2 else None, "two dead letters")
+    letters = wait_for(lambda: bus.dead_letters() if len(bus.dead_letters()) == 3 else None, "three dead letters")
     errors = sorted(letter.error for letter in letters)
     assert "completion token id 15 is outside the vocabulary [0, 15)" in errors[0]
-    assert "sample 0 says it stopped but does not end with an EOS id" in errors[1]
+    assert f"prompt_token_ids are not the task's prompt {task.prompt!r}: they read {other_prompt!r}" in errors[1]
+    assert "sample 0 says it stopped but does not end with an EOS id" in errors[2]
 
 
 @pytest.fixture

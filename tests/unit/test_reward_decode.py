@@ -1,7 +1,8 @@
 """The reward service decodes the token ids it scores (services/reward/decode.py) with the `tokenizers`
 package alone; an honest worker's text, decoded by its engine with transformers, must be exactly that
-text, or every honest group would count as a mismatch. Checked on real engine output for the demo's
-character folder and a byte-level BPE folder with special tokens and two EOS ids."""
+text, or every honest group would count as a mismatch, and its prompt ids exactly the reward service's
+encoding of the task's prompt. Checked on real engine output for the demo's character folder and a
+byte-level BPE folder with a BOS, special tokens and two EOS ids."""
 
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="module")
 def bpe_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_folder(
-        tmp_path_factory.mktemp("bpe"), chat_template=CHAT_TEMPLATE, generation_eos_tokens=(ENDOFTEXT, IM_END)
+        tmp_path_factory.mktemp("bpe"),
+        with_bos=True,
+        chat_template=CHAT_TEMPLATE,
+        generation_eos_tokens=(ENDOFTEXT, IM_END),
     )
 
 
@@ -50,6 +54,9 @@ def test_an_honest_workers_text_is_the_text_the_reward_service_decodes(
     assert {"stop", "length"} <= set(finish_reasons)  # both decoding paths are exercised
     for group in groups:
         assert decoder.decode(group) == group.completion_texts
+        decoder.check_prompt(group, group.prompt)  # the worker's prompt ids are the task's prompt, encoded
+    if folder_name == "bpe":
+        assert groups[0].prompt_tokens()[0] == engine.tokenizer.bos_token_id  # the BOS rule is exercised
 
 
 @pytest.fixture
