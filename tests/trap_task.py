@@ -2,8 +2,8 @@
 fail such a group with a reason, within its timeout, and keep scoring the others.
 
 `arithmetic_trap` is arithmetic_mod10 (same prompts and scores) except on completions that start with
-`+`, where the verifier hangs in a catastrophically backtracking regex (2**40 steps in C code, which
-neither a thread nor a signal handler can interrupt), and `=`, where it raises."""
+`+`, where the verifier hangs in a catastrophically backtracking regex (about 2**40 steps: a thread
+running it cannot be stopped), and `=`, where it raises."""
 
 from __future__ import annotations
 
