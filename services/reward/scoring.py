@@ -9,6 +9,7 @@ under a hard timeout (services/reward/verifier_pool.py).
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 
 import redis
@@ -17,6 +18,8 @@ from services.reward.decode import CompletionDecoder, InvalidTokensError
 from services.reward.verifier_pool import VerifierFailedError, VerifierPool
 from shared.keys import RunKeys
 from shared.messages import RolloutGroup, ScoredGroup
+
+log = logging.getLogger(__name__)
 
 
 class UnscorableGroupError(ValueError):
@@ -62,6 +65,12 @@ class GroupScorer:
     def count_mismatches(self, group: RolloutGroup, decoded: list[str]) -> None:
         num_mismatches = sum(claimed != text for claimed, text in zip(group.completion_texts, decoded, strict=True))
         if num_mismatches:
+            if not self.text_mismatches_by_worker[group.worker_id]:  # once per worker; /metrics counts the rest
+                log.warning(
+                    "worker %s sent texts that its token ids do not decode to (group %s): scoring the decoded text",
+                    group.worker_id,
+                    group.group_id,
+                )
             self.text_mismatches_by_worker[group.worker_id] += num_mismatches
 
 
