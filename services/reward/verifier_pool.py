@@ -101,7 +101,11 @@ class VerifierPool:
             self._replace("found dead between groups")
         assert self._conn is not None
         started_s = time.monotonic()
-        self._conn.send((texts, reference))
+        try:
+            self._conn.send((texts, reference))
+        except OSError as exc:  # it died after the check above: the same case as dying mid-request
+            self._replace(f"could not take a request ({exc})")
+            raise VerifierFailedError("died", f"verifier process died ({exc})") from None
         if not self._conn.poll(self.timeout_s):
             self._replace(f"no answer within {self.timeout_s} s")
             raise VerifierFailedError("timeout", f"verifier timeout: no result within {self.timeout_s} s")

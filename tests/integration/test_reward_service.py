@@ -303,6 +303,25 @@ def test_a_verifier_that_hangs_or_raises_fails_its_group_in_time_and_the_service
     assert bus.backlog(ROLLOUTS) == 0  # every rollout accounted: scored or dead-lettered, all acked
 
 
+def test_a_verifier_process_that_dies_is_replaced_and_a_non_finite_reward_is_refused() -> None:
+    from services.reward.verifier_pool import TaskSpec, VerifierFailedError, VerifierPool
+    from tests.trap_task import EXIT_TEXT, NAN_TEXT, TrapTask
+
+    pool = VerifierPool(TaskSpec(TrapTask, 20, 0), timeout_s=30.0).start()
+    try:
+        first_pid = pool.pid
+        with pytest.raises(VerifierFailedError, match=r"verifier process died \(exit code 3\)") as died:
+            pool.score(["1", EXIT_TEXT], "1")
+        assert died.value.kind == "died" and pool.num_replaced == 1 and pool.pid != first_pid
+        with pytest.raises(VerifierFailedError, match="verifier returned nan, not a number in") as nan:
+            pool.score([NAN_TEXT], "1")
+        assert nan.value.kind == "bad_reward"
+        assert pool.score(["1", "11", "2"], "1") == [1.0, 0.5, 0.0]  # the replacement serves on
+    finally:
+        pool.close()
+    assert pool.pid is None
+
+
 def test_the_reward_service_and_its_scorer_import_neither_torch_nor_transformers(model_dir: Path) -> None:
     import subprocess
     import sys
