@@ -4,8 +4,8 @@ Loop: top up tasks -> receive rollouts -> score -> publish scored -> ack.
 A rollout is acked only after its scored group is in Redis; a rollout that cannot be scored is
 dead-lettered with the reason and the service keeps running. Scoring decodes the token ids the learner
 trains on (never the worker's text) and runs the verifier in a child process under a hard timeout
-(services/reward/scoring.py). A Redis outage is waited out with
-backoff: what was read but not acked stays pending and is claimed again after the outage.
+(services/reward/scoring.py). A Redis outage is waited out with backoff: what was read but not acked
+stays pending and is claimed again after the outage.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ A verifier is user code fed with a worker's output: on pathological input it can
 memory or never return (a huge number string, a regex blow-up, a loop in a custom task). A thread
 cannot be stopped, so the verifier runs in one child process (spawned: it imports the task, never
 torch), one request per group: the group's decoded texts and its reference go in, one reward per text
-comes back. The child outlives the group and serves the next; the round trip costs about 0.1 ms per
-group (benchmarks/reward_verifier_overhead.py).
+comes back. The child outlives the group and serves the next; the round trip costs 0.1-0.3 ms per
+group on a busy 2-core machine (benchmarks/reward_verifier_overhead.py).
 
 Policy for a group the verifier fails on (`VerifierFailedError`, dead-lettered by the service with the
 reason; the learner never trains on a made-up reward):
