@@ -112,7 +112,10 @@ class VerifierPool:
         try:
             status, payload = self._conn.recv()
         except EOFError:
-            exit_code = self._process.exitcode if self._process is not None else None
+            exit_code = None
+            if self._process is not None:
+                self._process.join(timeout=1.0)  # the pipe closes a moment before the process is reaped
+                exit_code = self._process.exitcode
             self._replace(f"exited with {exit_code}")
             raise VerifierFailedError("died", f"verifier process died (exit code {exit_code})") from None
         if status == "raised":

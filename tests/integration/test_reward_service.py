@@ -287,8 +287,8 @@ def test_a_verifier_that_hangs_or_raises_fails_its_group_in_time_and_the_service
     timeout_error = next(error for error in letters if "verifier timeout" in error)
     raised_error = next(error for error in letters if "verifier raised: ValueError: cannot parse '='" in error)
     # the hung group failed after the 1 s timeout, not after the verifier's 2**40 steps
-    assert letters[timeout_error].failed_at_s - hangs.created_at_s < 10.0
-    assert letters[raised_error].failed_at_s - raises.created_at_s < 10.0
+    assert letters[timeout_error].failed_at_s - hangs.created_at_s < 15.0
+    assert letters[raised_error].failed_at_s - raises.created_at_s < 15.0
     verifiers = trap_service.scorer.verifiers
     assert verifiers.num_replaced == 1 and verifiers.pid not in (None, first_pid)  # the hung process was replaced
     assert trap_service.scorer.verifier_failures_by_kind == {"timeout": 1, "raised": 1}
