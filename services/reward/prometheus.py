@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -17,20 +17,28 @@ def reward_families(
     text_mismatches_by_worker: Mapping[str, int] | None = None,
     verifier_failures_by_kind: Mapping[str, int] | None = None,
     num_verifier_restarts: int = 0,
+    rejected_by_worker: Mapping[tuple[str, str], int] | None = None,
 ) -> Iterator[Metric]:
     yield counter("reward_scored_groups", "groups scored and forwarded to the learner", num_scored)
     yield counter("reward_tasks_published", "prompt groups published to the tasks stream", num_tasks_published)
     yield labelled_counter(
         "reward_text_mismatch",
         "samples whose text from the worker differs from the text its token ids decode to (the decoded text is scored)",
-        "worker_id",
-        text_mismatches_by_worker or {},
+        ("worker_id",),
+        [((worker,), value) for worker, value in (text_mismatches_by_worker or {}).items()],
     )
     yield labelled_counter(
         "reward_verifier_failures",
         "groups dead-lettered because the verifier timed out, raised, died or returned a bad reward",
-        "kind",
-        verifier_failures_by_kind or {},
+        ("kind",),
+        [((kind,), value) for kind, value in (verifier_failures_by_kind or {}).items()],
+    )
+    yield labelled_counter(
+        "reward_rejected_groups",
+        "groups dead-lettered by the reward service, by worker and reason "
+        "(unscorable, invalid_tokens, verifier_timeout, verifier_raised, verifier_died, verifier_bad_reward)",
+        ("worker_id", "reason"),
+        (rejected_by_worker or {}).items(),
     )
     yield counter(
         "reward_verifier_restarts",
@@ -39,8 +47,11 @@ def reward_families(
     )
 
 
-def labelled_counter(name: str, documentation: str, label: str, values: Mapping[str, int]) -> CounterMetricFamily:
-    family = CounterMetricFamily(PREFIX + name, documentation, labels=[label])
-    for value_label, value in sorted(values.items()):
-        family.add_metric([value_label], value)
+def labelled_counter(
+    name: str, documentation: str, labels: tuple[str, ...], values: Iterable[tuple[Sequence[str], int]]
+) -> CounterMetricFamily:
+    """One counter family; `values`: (label values in the order of `labels`, count) pairs."""
+    family = CounterMetricFamily(PREFIX + name, documentation, labels=list(labels))
+    for label_values, value in values:
+        family.add_metric(list(label_values), value)
     return family

@@ -39,8 +39,18 @@ class GroupScorer:
         self.verifiers = verifiers
         self.text_mismatches_by_worker: Counter[str] = Counter()  # samples whose text differs from their ids
         self.verifier_failures_by_kind: Counter[str] = Counter()  # groups failed: timeout, raised, died, bad_reward
+        # groups dead-lettered, by (worker id, rejection_reason): what a worker's bad input cost it
+        self.rejected_by_worker: Counter[tuple[str, str]] = Counter()
 
     def score(self, group: RolloutGroup, redis_client: redis.Redis, keys: RunKeys) -> ScoredGroup:
+        """The scored group; raises one of UNSCORABLE_ERRORS (counted against the group's worker)."""
+        try:
+            return self.check_and_score(group, redis_client, keys)
+        except UNSCORABLE_ERRORS as exc:
+            self.rejected_by_worker[(group.worker_id, rejection_reason(exc))] += 1
+            raise
+
+    def check_and_score(self, group: RolloutGroup, redis_client: redis.Redis, keys: RunKeys) -> ScoredGroup:
         if group.task_name != self.task_name:
             raise UnscorableGroupError(
                 f"group {group.group_id} is for task {group.task_name!r}, this run scores {self.task_name!r}"
@@ -72,6 +82,13 @@ class GroupScorer:
                     group.group_id,
                 )
             self.text_mismatches_by_worker[group.worker_id] += num_mismatches
+
+
+def rejection_reason(exc: Exception) -> str:
+    """The /metrics label of a dead-lettered group: unscorable, invalid_tokens or verifier_<kind>."""
+    if isinstance(exc, VerifierFailedError):
+        return f"verifier_{exc.kind}"
+    return "invalid_tokens" if isinstance(exc, InvalidTokensError) else "unscorable"
 
 
 def as_text(value: bytes | str | None) -> str | None:

@@ -193,6 +193,7 @@ def metrics_text(service: RewardService) -> str:
         scorer.text_mismatches_by_worker,
         scorer.verifier_failures_by_kind,
         scorer.verifiers.num_replaced,
+        scorer.rejected_by_worker,
     )
     return generate_latest(new_registry(CallbackCollector(families))).decode()
 
@@ -236,6 +237,7 @@ def test_token_ids_no_engine_produces_are_dead_lettered_with_the_reason(service,
     assert "completion token id 15 is outside the vocabulary [0, 15)" in errors[0]
     assert f"prompt_token_ids are not the task's prompt {task.prompt!r}: they read {other_prompt!r}" in errors[1]
     assert "sample 0 says it stopped but does not end with an EOS id" in errors[2]
+    assert service.scorer.rejected_by_worker == {("w-test", "invalid_tokens"): 3}  # counted against the worker
 
 
 @pytest.fixture
@@ -295,6 +297,7 @@ def test_a_verifier_that_hangs_or_raises_fails_its_group_in_time_and_the_service
     text = metrics_text(trap_service)
     assert 'relayrl_reward_verifier_failures_total{kind="timeout"} 1.0' in text
     assert "relayrl_reward_verifier_restarts_total 1.0" in text
+    assert 'relayrl_reward_rejected_groups_total{reason="verifier_timeout",worker_id="w-test"} 1.0' in text
 
     # the service keeps running, and its new verifier process scores the next group
     bus.publish(ROLLOUTS, rollout_for(task, [right, right], tokenizer))
