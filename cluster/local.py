@@ -33,6 +33,7 @@ from pathlib import Path
 import httpx
 
 from cluster.processes import ServiceProcess, start_service
+from cluster.redis_acl import OPERATOR, RedisUsers
 from cluster.redis_server import RedisServer, free_port
 from shared.api import StatusResponse, WorkerState
 from shared.config import RunConfig, load_run_config, resolve_model_dir
@@ -62,6 +63,7 @@ class LocalCluster:
     run_dir: Path = field(init=False)
     model_dir: Path = field(init=False)  # every service's RL_MODEL_DIR
     redis: RedisServer | None = None
+    redis_users: RedisUsers = field(init=False)  # Redis ACL users of the trusted services (cluster/redis_acl.py)
     services: dict[str, ServiceProcess] = field(default_factory=dict)
     coordinator_url: str = ""
     admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
@@ -74,6 +76,7 @@ class LocalCluster:
         self.run = base.model_copy(update={"run_id": run_id})
         self.run_dir = (self.options.runs_dir / run_id).resolve()
         self.model_dir = resolve_model_dir(self.options.model_dir, self.run.model, self.run_dir).resolve()
+        self.redis_users = RedisUsers(run_id)
 
     # the table of contents
     def start(self) -> None:
@@ -126,8 +129,16 @@ class LocalCluster:
 
     # steps
     def start_redis(self) -> None:
-        self.redis = RedisServer(self.run_dir / "redis").start()
-        log.info("redis on %s", self.redis.url)
+        """Redis with ACLs on: the default user off, one user per trusted service (cluster/redis_acl.py)."""
+        acl_file = self.redis_users.write_acl_file(self.run_dir / "redis" / "users.acl")
+        probe_user = (OPERATOR, self.redis_users.passwords[OPERATOR])
+        self.redis = RedisServer(self.run_dir / "redis", acl_file=acl_file, probe_user=probe_user).start()
+        log.info("redis on %s (ACLs on: the default user is disabled)", self.redis.url)
+
+    def redis_url_for(self, user: str) -> str:
+        """The Redis URL with `user`'s credentials (a trusted service, or "operator" for tools)."""
+        assert self.redis is not None
+        return self.redis_users.url_for(user, self.redis.url)
 
     def build_initial_policy(self) -> None:
         """Build the tiny-random policy if the run file asks and it is not there yet; then check the
@@ -158,23 +169,23 @@ class LocalCluster:
     def start_coordinator(self) -> None:
         port = free_port()
         self.coordinator_url = f"http://127.0.0.1:{port}"
-        self.launch("coordinator", "services.coordinator", {"RL_COORDINATOR_PORT": str(port)})
+        access = {"RL_REDIS_ACL": "true", "RL_WORKER_REDIS_URL": self.redis.url if self.redis else ""}
+        env = {"RL_COORDINATOR_PORT": str(port), "RL_REDIS_URL": self.redis_url_for("coordinator"), **access}
+        self.launch("coordinator", "services.coordinator", env)
         self.wait_healthy(self.coordinator_url + "/healthz", self.services["coordinator"])
 
     def start_reward(self) -> None:
-        self.launch("reward", "services.reward", {})
+        self.launch("reward", "services.reward", {"RL_REDIS_URL": self.redis_url_for("reward")})
 
     def start_learner(self) -> None:
         port = free_port()
-        self.launch(
-            "learner",
-            "services.learner",
-            {
-                "RL_LEARNER_PORT": str(port),
-                "RL_LEARNER_HOST": "127.0.0.1",
-                SIGNING_KEY_ENV: self.weights_keys.signing_key_hex,
-            },
-        )
+        env = {
+            "RL_LEARNER_PORT": str(port),
+            "RL_LEARNER_HOST": "127.0.0.1",
+            "RL_REDIS_URL": self.redis_url_for("learner"),
+            SIGNING_KEY_ENV: self.weights_keys.signing_key_hex,
+        }
+        self.launch("learner", "services.learner", env)
 
     def start_worker(self, index: int) -> None:
         self.launch(f"worker-{index}", "services.rollout", {"RL_WORKER_NAME": f"worker-{index}", "RL_WORKER_PORT": "0"})
@@ -191,7 +202,7 @@ class LocalCluster:
     def common_env(self) -> dict[str, str]:
         assert self.redis is not None
         return {
-            "RL_REDIS_URL": self.redis.url,
+            "RL_REDIS_URL": self.redis.url,  # no credentials: workers get their own user at registration
             "RL_RUN_CONFIG": str(self.config_file()),
             "RL_RUN_ID": self.run.run_id,
             "RL_RUN_DIR": str(self.run_dir),

@@ -40,12 +40,23 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class RedisServer:
-    """A redis-server child process on 127.0.0.1; `append_only` turns on AOF (fsync every second)."""
+    """A redis-server child process on 127.0.0.1; `append_only` turns on AOF (fsync every second).
+    `acl_file`: the users it loads (cluster/redis_acl.py), then `probe_user` (name, password) is who the
+    readiness check logs in as."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, append_only: bool = True) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        append_only: bool = True,
+        acl_file: Path | None = None,
+        probe_user: tuple[str, str] | None = None,
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.append_only = append_only
+        self.acl_file = acl_file
+        self.probe_user = probe_user
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -75,6 +86,8 @@ class RedisServer:
             "--logfile",
             str((self.data_dir / "redis.log").resolve()),
         ]
+        if self.acl_file is not None:
+            args += ["--aclfile", str(self.acl_file.resolve())]
         # Its own session: a terminal's Ctrl-C must not kill Redis before the services using it stop.
         self.process = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
@@ -83,7 +96,8 @@ class RedisServer:
         return self
 
     def _wait_ready(self, timeout_s: float) -> None:
-        client = redis.Redis(port=self.port, socket_timeout=1.0)
+        username, password = self.probe_user or (None, None)
+        client = redis.Redis(port=self.port, socket_timeout=1.0, username=username, password=password)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:

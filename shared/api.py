@@ -61,6 +61,20 @@ class RegisterWorkerRequest(RequestBody):
     region: Text = Field("local", min_length=1, max_length=64, description="where it runs")
 
 
+class WorkerAccess(Body):
+    """What a worker needs to reach the data plane, issued at registration (services/coordinator/redis_access.py).
+
+    With Redis ACLs on (coordinator RL_REDIS_ACL=true) the worker connects to `redis_url` as `redis_username`
+    with `redis_password`, a user allowed only a worker's commands on a worker's streams; with ACLs off the
+    three are null and the worker uses its own RL_REDIS_URL. `rollout_key_hex` signs its rollouts
+    (shared/rollout_mac.py). Shown once; the coordinator keeps no password."""
+
+    rollout_key_hex: str = Field(min_length=64, max_length=64, description="HMAC-SHA256 key for producer_mac, hex")
+    redis_url: str | None = Field(None, description="the Redis to use, without credentials (redis:// or rediss://)")
+    redis_username: str | None = Field(None, description="this worker's own Redis ACL user")
+    redis_password: str | None = Field(None, description="its password")
+
+
 class RegisterWorkerResponse(Body):
     worker_id: str
     token: str = Field(description="bearer token for this worker's own calls")
@@ -71,6 +85,7 @@ class RegisterWorkerResponse(Body):
     state: WorkerState = Field(
         WorkerState.ACTIVE, description="active: take tasks; standby: wait (heartbeats say when)"
     )
+    access: WorkerAccess = Field(description="this worker's Redis credentials and rollout-signing key")
 
 
 class WeightSwapReport(RequestBody):
@@ -129,6 +144,9 @@ class WorkerInfo(Body):
     registered_at_s: float
     last_heartbeat_s: float
     lease_expires_at_s: float
+    num_rollouts_forged: int = Field(
+        0, description="rollouts claiming this worker whose producer_mac did not verify (dead-lettered)"
+    )
 
 
 class StalenessResponse(Body):

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
 import redis
+from redis.credentials import CredentialProvider
 
 from shared.keys import RunKeys
 from shared.messages import DeadLetter, Message, MessageDecodeError
@@ -60,9 +61,15 @@ class UndecodableEntryError(MessageDecodeError):
         self.entry_id = entry_id
 
 
-def connect(redis_url: str, socket_timeout_s: float = 30.0) -> redis.Redis:
-    """A bytes-mode client. BLOCK timeouts used by the bus stay well below `socket_timeout_s`."""
-    return redis.Redis.from_url(redis_url, socket_timeout=socket_timeout_s, decode_responses=False)
+def connect(
+    redis_url: str, socket_timeout_s: float = 30.0, credential_provider: CredentialProvider | None = None
+) -> redis.Redis:
+    """A bytes-mode client. BLOCK timeouts used by the bus stay well below `socket_timeout_s`. redis:// or
+    rediss:// (TLS; query parameters such as ssl_ca_certs are honoured). `credential_provider`: the user and
+    password come from it at every connect instead of from the URL (which must then carry none)."""
+    return redis.Redis.from_url(
+        redis_url, socket_timeout=socket_timeout_s, decode_responses=False, credential_provider=credential_provider
+    )
 
 
 class StreamBus:

@@ -43,6 +43,15 @@ class RunKeys:
         """coordinator: hash with one worker's record."""
         return self.prefix + f"worker:{worker_id}"
 
+    def rollout_key(self, worker_id: str) -> str:
+        """coordinator -> reward: the 32-byte key `worker_id` signs its rollouts with (shared/rollout_mac.py);
+        a worker's Redis user cannot read it (services/coordinator/redis_access.py)."""
+        return self.prefix + f"rollout-key:{worker_id}"
+
+    def worker_redis_user(self, worker_id: str) -> str:
+        """coordinator: the name of `worker_id`'s Redis ACL user (not a key: users share the run prefix)."""
+        return self.prefix + f"worker:{worker_id}"
+
     @property
     def worker_leases(self) -> str:
         """coordinator: sorted set worker_id -> lease expiry (unix seconds)."""

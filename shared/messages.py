@@ -124,6 +124,9 @@ class RolloutGroup(Message):
     finish_reasons: list[FinishReason]
     generation_s: float = Field(ge=0.0)
     created_at_s: float = Field(default_factory=time.time)
+    # HMAC-SHA256 of the group (this field empty) under the key the coordinator issued `worker_id` at
+    # registration (shared/rollout_mac.py); the reward service dead-letters a group whose mac does not match
+    producer_mac: bytes = Field(b"", max_length=32)
 
     @model_validator(mode="after")
     def _arrays_agree(self) -> Self:

@@ -13,6 +13,7 @@ import redis
 from fastapi import FastAPI
 
 from services.coordinator.app import create_app
+from services.coordinator.redis_access import RedisAccess
 from shared.api import RegisterWorkerResponse
 from shared.config import RunConfig
 from tests.uvicorn_thread import serve
@@ -34,12 +35,18 @@ ServeCoordinator = Callable[..., ServedCoordinator]  # the `serve_coordinator` f
 
 @contextlib.contextmanager
 def served_coordinator(
-    run: RunConfig, redis_client: redis.Redis, *, lease_clock: Clock | None = None, control_clock: Clock | None = None
+    run: RunConfig,
+    redis_client: redis.Redis,
+    *,
+    lease_clock: Clock | None = None,
+    control_clock: Clock | None = None,
+    access: RedisAccess | None = None,
 ) -> Iterator[ServedCoordinator]:
     """The real coordinator app for `run` under uvicorn until the block ends. `lease_clock` replaces the
     wall clock of the leases (registration, heartbeats, expiry, the sweeper), `control_clock` that of the
-    control loop (billing, dwell); both are set before the app serves anything or runs a pass."""
-    app = create_app(run, redis_client, ADMIN_TOKEN)
+    control loop (billing, dwell); both are set before the app serves anything or runs a pass. `access`:
+    how workers get Redis access (default: ACLs off)."""
+    app = create_app(run, redis_client, ADMIN_TOKEN, access=access)
     if lease_clock is not None:
         app.state.coordinator.registry.clock = lease_clock
     if control_clock is not None:

@@ -20,6 +20,7 @@ from services.coordinator.deps import Coordinator
 from services.coordinator.errors import install_error_handlers
 from services.coordinator.heartbeat_path import HeartbeatFastPath
 from services.coordinator.prometheus import install_metrics
+from services.coordinator.redis_access import RedisAccess
 from services.coordinator.routers import broadcast, control, status, workers
 from services.coordinator.worker_registry import WorkerRegistry
 from shared.bus import StreamBus
@@ -57,11 +58,15 @@ class CoordinatorAPI(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def create_app(run: RunConfig, redis_client: redis.Redis, admin_token: str) -> FastAPI:
-    """`redis_client` must be a bytes-mode client (`shared.bus.connect`)."""
+def create_app(
+    run: RunConfig, redis_client: redis.Redis, admin_token: str, *, access: RedisAccess | None = None
+) -> FastAPI:
+    """`redis_client` must be a bytes-mode client (`shared.bus.connect`). `access`: how workers get Redis
+    access (default: no ACL users, only rollout keys; services/coordinator/redis_access.py)."""
     if not admin_token:
         raise ValueError("admin_token must not be empty")
     keys = RunKeys(run.run_id)
+    access = access or RedisAccess(redis_client, keys)
     coordinator = Coordinator(
         run=run,
         keys=keys,
@@ -69,12 +74,15 @@ def create_app(run: RunConfig, redis_client: redis.Redis, admin_token: str) -> F
         registry=WorkerRegistry(redis_client, keys, lease_s=run.coordinator.lease_s),
         bus=StreamBus(redis_client, keys, service="coordinator"),
         admin_token_sha256=token_sha256(admin_token),
+        access=access,
     )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         sweep_interval_s = min(MAX_SWEEP_INTERVAL_S, run.coordinator.lease_s / 4)
-        sweeper = asyncio.create_task(sweep_leases(coordinator.registry, sweep_interval_s), name="lease-sweeper")
+        sweeper = asyncio.create_task(
+            sweep_leases(coordinator.registry, access, sweep_interval_s), name="lease-sweeper"
+        )
         planner = asyncio.create_task(control_plane.run_forever(), name="control-loop")  # activation, ledger, history
         yield
         for task in (sweeper, planner):
@@ -108,11 +116,13 @@ def create_app(run: RunConfig, redis_client: redis.Redis, admin_token: str) -> F
     return app
 
 
-async def sweep_leases(registry: WorkerRegistry, interval_s: float) -> None:
-    """Mark workers whose lease ran out as dead, every `interval_s`, until cancelled."""
+async def sweep_leases(registry: WorkerRegistry, access: RedisAccess, interval_s: float) -> None:
+    """Mark workers whose lease ran out as dead and revoke the Redis access of every worker without a live
+    lease (or draining for too long), every `interval_s`, until cancelled."""
     while True:
         try:
             expired = await asyncio.to_thread(registry.expire_due)
+            await asyncio.to_thread(access.revoke_gone, registry.clock())
         except redis.RedisError as exc:  # Redis down or restarting: try again next tick
             log.warning("lease sweep failed: %s", exc)
         else:

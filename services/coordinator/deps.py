@@ -1,7 +1,7 @@
 """What an endpoint can ask for, as typed aliases; the routers (services/coordinator/routers/) take them
 from here and nowhere else.
 
-    CoordinatorDep   the `Coordinator`: run config, Redis keys and client, worker registry, stream bus
+    CoordinatorDep   the `Coordinator`: run config, Redis keys and client, worker registry, stream bus, workers' access
     RegistryDep      its `WorkerRegistry`
     ControlDep       the `ControlPlane` (services/coordinator/control.py): the control loop's last pass
     CallerDep        who holds the bearer token: `AdminCaller` or `WorkerCaller` (401 for anyone else)
@@ -19,6 +19,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from services.coordinator.auth import Caller, InvalidTokenError, authenticate
 from services.coordinator.control import ControlPlane
+from services.coordinator.redis_access import RedisAccess
 from services.coordinator.worker_registry import WorkerRegistry
 from shared.bus import StreamBus
 from shared.config import RunConfig
@@ -36,6 +37,7 @@ class Coordinator:
     registry: WorkerRegistry
     bus: StreamBus
     admin_token_sha256: str
+    access: RedisAccess  # workers' Redis users and rollout keys (services/coordinator/redis_access.py)
 
 
 def get_coordinator(request: Request) -> Coordinator:

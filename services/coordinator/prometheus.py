@@ -100,3 +100,11 @@ def worker_families(snapshot: ControlSnapshot) -> Iterator[Metric]:
         families["policy_version"].add_metric(labels, w.policy_version)
         families["price_per_hour"].add_metric(labels, w.price_per_hour)
     yield from families.values()
+    forged = CounterMetricFamily(
+        PREFIX + "fleet_worker_rollouts_forged",
+        "per worker: rollouts claiming it whose producer_mac did not verify (dead-lettered by the reward service)",
+        labels=["worker", "name", "state"],
+    )
+    for w in snapshot.workers:
+        forged.add_metric([w.worker_id, w.name, w.state.value], w.num_rollouts_forged)
+    yield forged

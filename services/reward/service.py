@@ -1,9 +1,10 @@
 """The reward service: feeds prompts to the rollout workers and scores what comes back.
 
-Loop: top up tasks -> receive rollouts -> score -> publish scored -> ack.
+Loop: top up tasks -> receive rollouts -> verify the producer -> score -> publish scored -> ack.
 A rollout is acked only after its scored group is in Redis; a rollout that cannot be scored is
-dead-lettered with the reason and the service keeps running. Scoring decodes the token ids the learner
-trains on (never the worker's text) and runs the verifier in a child process under a hard timeout
+dead-lettered with the reason and the service keeps running; so is one not signed by the worker it
+names (services/reward/provenance.py). Scoring decodes the token ids the learner trains on (never the
+worker's text) and runs the verifier in a child process under a hard timeout
 (services/reward/scoring.py). A Redis outage is waited out with backoff: what was read but not acked
 stays pending and is claimed again after the outage.
 """
@@ -14,6 +15,7 @@ import logging
 import threading
 
 from services.reward.decode import CompletionDecoder
+from services.reward.provenance import ForgedRolloutError, ProducerCheck
 from services.reward.scoring import UNSCORABLE_ERRORS, GroupScorer
 from services.reward.settings import RewardSettings
 from services.reward.task_feed import top_up_tasks
@@ -38,6 +40,7 @@ class RewardService:
         self.task: TaskAdapter = make_task(
             run.task.name, num_eval_prompts=run.task.num_eval_prompts, seed=run.task.seed
         )
+        self.producers = ProducerCheck(bus.redis, self.keys)
         self.scorer = GroupScorer(
             self.task.name,
             CompletionDecoder(settings.resolved_model_dir(run.model), run.grpo.max_new_tokens),
@@ -97,9 +100,11 @@ class RewardService:
         scored, done = [], []
         for delivery in deliveries:
             try:
+                self.producers.verify(delivery.message)
                 scored.append(self.scorer.score(delivery.message, self.bus.redis, self.keys))
                 done.append(delivery)
-            except UNSCORABLE_ERRORS as exc:  # policy: a group we cannot score is dead-lettered, never retried
+            # policy: a forged group, or one we cannot score, is dead-lettered, never retried
+            except (ForgedRolloutError, *UNSCORABLE_ERRORS) as exc:
                 self.bus.dead_letter(delivery, str(exc))
         self.bus.publish_and_ack(SCORED, scored, done)
         self.num_scored += len(scored)

@@ -1,10 +1,11 @@
 """The rollout worker: turns TaskGroups into RolloutGroups with announced, verified policy weights.
 
 Main loop (`RolloutWorker.run`):
-    start: chunk server -> register -> heartbeat thread
+    start: chunk server -> register -> Redis as the issued user -> heartbeat thread
     loop:  sync weights -> gate on staleness -> receive tasks -> generate -> publish -> ack
     stop:  finish the current batch -> deregister -> stop the chunk server
 
+Every group is signed with the rollout key its registration issued (shared/rollout_mac.py).
 Delivery: a task is acked only after its RolloutGroup is in Redis; a worker that dies leaves its tasks
 pending and another worker claims them after `rollout.claim_idle_ms`. A task the engine cannot serve
 (EngineError, e.g. a prompt outside the tokenizer's vocabulary) is dead-lettered alone; the rest of
@@ -24,6 +25,7 @@ import redis
 from engines.interface import EngineError, InferenceEngine, Sample
 from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError
 from services.rollout.membership import Membership, NotRegisteredError
+from services.rollout.redis_access import connect_as_worker
 from services.rollout.relay_sources import CoordinatorParents
 from services.rollout.settings import RolloutSettings
 from services.rollout.weights_sync import WeightsSync
@@ -34,6 +36,7 @@ from shared.config import RunConfig
 from shared.keys import RunKeys
 from shared.messages import RolloutGroup, TaskGroup, pack_float32, pack_int32
 from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
+from shared.rollout_mac import sign_rollout
 from shared.streams import ROLLOUTS, TASKS, WEIGHTS
 from shared.tokenization import PromptInput
 
@@ -158,21 +161,33 @@ class RolloutWorker:
     def start(self) -> None:
         self.chunk_server.start()
         log.info("chunk server on %s; consumer %s", self.chunk_server.url, self.consumer_name)
-        self.bus.ensure_group(TASKS)
         registration = self.membership.register()
         if registration.run_id != self.keys.run_id:
             raise ValueError(
                 f"the coordinator at {self.settings.coordinator_url} runs {registration.run_id!r}, not {self.keys.run_id!r}"
             )
+        self.use_issued_redis_user()  # no Redis command before this: with ACLs on, only the issued user may
+        self.bus.ensure_group(TASKS)
         self.membership.start_heartbeats()
         self.weights.start()
         log.info("waiting for the first announced weights on %s", self.keys.name_of(WEIGHTS))
 
+    def use_issued_redis_user(self) -> None:
+        """Talk to Redis as the user the registration issued (services/rollout/redis_access.py); later
+        registrations' credentials are picked up at each reconnect. ACLs off: keep the given client."""
+        issued = connect_as_worker(
+            self.membership.registration.access, lambda: self.membership.registration.access, self.settings.redis_url
+        )
+        if issued is not None:
+            self.bus.redis.close()
+            self.bus.redis = issued
+            log.info("redis as user %s", self.membership.registration.access.redis_username)
+
     def shut_down(self) -> None:
         self.generating = False
+        self.weights.close()  # before leaving: the coordinator kills our Redis connections when we deregister
         self.membership.leave()
         self.chunk_server.stop()
-        self.weights.close()
         self.coordinator.close()
         self.membership.client.close()
         log.info(
@@ -283,9 +298,18 @@ class RolloutWorker:
             generation_s,
             sum(s.num_tokens for samples in groups for s in samples),
         )
-        worker_id = self.membership.worker_id
+        registration = self.membership.registration  # the id and its key from the same registration
+        rollout_key = bytes.fromhex(registration.access.rollout_key_hex)
         return [
-            (delivery, build_rollout_group(delivery.message, samples, worker_id, policy_version, generation_s))
+            (
+                delivery,
+                sign_rollout(
+                    build_rollout_group(
+                        delivery.message, samples, registration.worker_id, policy_version, generation_s
+                    ),
+                    rollout_key,
+                ),
+            )
             for delivery, samples in zip(batch, groups, strict=True)
         ]
 

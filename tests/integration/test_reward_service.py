@@ -19,10 +19,17 @@ from shared.bus import StreamBus
 from shared.config import RunConfig
 from shared.keys import RunKeys
 from shared.messages import RolloutGroup, TaskGroup, pack_float32, pack_int32
+from shared.rollout_mac import sign_rollout
 from shared.streams import ROLLOUTS, SCORED, TASKS
 from tests.polling import CallCounter, wait_for
 
 pytestmark = pytest.mark.integration
+
+TEST_WORKER_ROLLOUT_KEY = bytes(range(32))  # what the coordinator would have issued worker "w-test"
+
+
+def issue_test_rollout_key(client: redis.Redis, keys: RunKeys) -> None:
+    client.set(keys.rollout_key("w-test"), TEST_WORKER_ROLLOUT_KEY)
 
 
 @pytest.fixture
@@ -38,7 +45,8 @@ def tokenizer(tiny_policy_dir: Path) -> Tokenizer:
 
 
 @pytest.fixture
-def service(run: RunConfig, bus: StreamBus, redis_server, model_dir: Path) -> Iterator[RewardService]:
+def service(run: RunConfig, bus: StreamBus, keys: RunKeys, redis_server, model_dir: Path) -> Iterator[RewardService]:
+    issue_test_rollout_key(bus.redis, keys)
     settings = RewardSettings(redis_url=redis_server.url, poll_block_ms=50, model_dir=model_dir)
     reward = RewardService(run, settings, bus)
     thread = threading.Thread(target=reward.run_forever, daemon=True)
@@ -49,13 +57,19 @@ def service(run: RunConfig, bus: StreamBus, redis_server, model_dir: Path) -> It
     assert not thread.is_alive()
 
 
-def rollout_for(
+def rollout_for(task: TaskGroup, texts: list[str], tokenizer: Tokenizer, **fields: object) -> RolloutGroup:
+    """A group worker "w-test" sampled for `task`, signed with its rollout key (`fields`: replaced before signing)."""
+    return sign_rollout(unsigned_rollout_for(task, texts, tokenizer, **fields), TEST_WORKER_ROLLOUT_KEY)
+
+
+def unsigned_rollout_for(
     task: TaskGroup,
     texts: list[str],
     tokenizer: Tokenizer,
     *,
     task_id: str | None = None,
     claimed_texts: list[str] | None = None,
+    **fields: object,
 ) -> RolloutGroup:
     """The group an honest worker sends for these completion texts (ended by EOS, or cut at
     max_new_tokens); with `claimed_texts`, a liar's: the ids of `texts`, but `claimed_texts` as the text."""
@@ -80,7 +94,7 @@ def rollout_for(
         completion_texts=claimed_texts or texts,
         finish_reasons=["stop" if stop else "length" for stop in stopped],
         generation_s=0.01,
-    )
+    ).model_copy(update=fields)
 
 
 def wait_until_on_disk(client: redis.Redis) -> None:
@@ -162,6 +176,7 @@ def test_the_service_waits_out_a_redis_restart_and_loses_nothing(
     thread.start()
     try:
         test_bus = StreamBus(connect(server.url), keys, service="test")
+        issue_test_rollout_key(test_bus.redis, keys)
         wait_for(lambda: test_bus.length(TASKS) >= 2, "tasks")
         task = take_tasks(test_bus, keys, 1)[0]
         wait_until_on_disk(test_bus.redis)  # the tasks and their references survive the kill -9
@@ -178,6 +193,31 @@ def test_the_service_waits_out_a_redis_restart_and_loses_nothing(
         reward.stop_event.set()
         thread.join(timeout=10)
         server.stop()
+
+
+def test_forged_rollouts_are_dead_lettered_and_counted_against_the_claimed_worker(
+    service, bus, keys, tokenizer
+) -> None:
+    wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
+    task = take_tasks(bus, keys, 1)[0]
+    bus.redis.hset(keys.worker("w-test"), mapping={"num_rollouts_forged": 0})  # the claimed worker's record
+    bus.publish(ROLLOUTS, unsigned_rollout_for(task, ["1"], tokenizer))  # no mac at all
+    bus.publish(ROLLOUTS, sign_rollout(unsigned_rollout_for(task, ["1"], tokenizer), bytes(32)))  # another key
+    stranger = sign_rollout(
+        unsigned_rollout_for(task, ["1"], tokenizer).model_copy(update={"worker_id": "w-nobody"}), bytes(32)
+    )
+    bus.publish(ROLLOUTS, stranger)  # a worker id nobody was issued a key for
+    bus.publish(ROLLOUTS, rollout_for(task, ["1", "2"], tokenizer))  # the honest one
+
+    wait_for(lambda: bus.length(SCORED) == 1, "the honest rollout scored")
+    letters = wait_for(lambda: bus.dead_letters() if len(bus.dead_letters()) == 3 else None, "three dead letters")
+    assert all(letter.error.startswith("forged rollout: ") for letter in letters)
+    errors = " | ".join(letter.error for letter in letters)
+    assert "carries no producer_mac" in errors and "does not match the key of worker w-test" in errors
+    assert "w-nobody, which holds no rollout key" in errors
+    assert bus.redis.hget(keys.worker("w-test"), "num_rollouts_forged") == b"2"
+    assert not bus.redis.exists(keys.worker("w-nobody"))  # no record is made up for an unknown id
+    assert service.num_scored == 1 and service.producers.num_forged == 3
 
 
 def metrics_text(service: RewardService) -> str:
@@ -205,9 +245,10 @@ def test_a_worker_whose_ids_say_a_wrong_answer_gets_the_reward_of_its_ids_and_is
     task = take_tasks(bus, keys, 1)[0]
     a, b = (int(c) for c in task.prompt.rstrip("=").split("+"))
     right, wrong = str((a + b) % 10), str((a + b + 1) % 10)
-    liar = rollout_for(task, [wrong, wrong, right], tokenizer, claimed_texts=[right, right, right])
-    liar = liar.model_copy(update={"worker_id": "w-liar"})
-    bus.publish(ROLLOUTS, liar)
+    liar_key = bytes(range(1, 33))
+    bus.redis.set(keys.rollout_key("w-liar"), liar_key)  # a registered worker: its groups are its own
+    liar = unsigned_rollout_for(task, [wrong, wrong, right], tokenizer, claimed_texts=[right] * 3, worker_id="w-liar")
+    bus.publish(ROLLOUTS, sign_rollout(liar, liar_key))
     bus.publish(ROLLOUTS, rollout_for(task, [wrong, wrong, right], tokenizer))  # the honest twin
 
     wait_for(lambda: bus.length(SCORED) == 2, "the two groups scored")
@@ -223,11 +264,11 @@ def test_token_ids_no_engine_produces_are_dead_lettered_with_the_reason(service,
     wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
     task = take_tasks(bus, keys, 1)[0]
     honest = rollout_for(task, ["1", "2"], tokenizer)
-    out_of_vocabulary = honest.model_copy(update={"completion_token_ids": pack_int32([5, 1, 15, 1])})
-    no_eos = honest.model_copy(update={"completion_token_ids": pack_int32([5, 6, 6, 1])})
+    out_of_vocabulary = rollout_for(task, ["1", "2"], tokenizer, completion_token_ids=pack_int32([5, 1, 15, 1]))
+    no_eos = rollout_for(task, ["1", "2"], tokenizer, completion_token_ids=pack_int32([5, 6, 6, 1]))
     # the task's right answer, sampled after another prompt: it would teach that prompt this answer
     other_prompt = "1+1=" if task.prompt != "1+1=" else "2+2="
-    other = honest.model_copy(update={"prompt_token_ids": pack_int32(tokenizer.encode(other_prompt).ids)})
+    other = rollout_for(task, ["1", "2"], tokenizer, prompt_token_ids=pack_int32(tokenizer.encode(other_prompt).ids))
     for group in (out_of_vocabulary, no_eos, other, honest):
         bus.publish(ROLLOUTS, group)
 
@@ -241,8 +282,11 @@ def test_token_ids_no_engine_produces_are_dead_lettered_with_the_reason(service,
 
 
 @pytest.fixture
-def trap_service(run_id: str, bus: StreamBus, redis_server, model_dir: Path, monkeypatch) -> Iterator[RewardService]:
+def trap_service(
+    run_id: str, bus: StreamBus, keys: RunKeys, redis_server, model_dir: Path, monkeypatch
+) -> Iterator[RewardService]:
     """A reward service scoring tests/trap_task.py's task under a 1 s verifier timeout."""
+    issue_test_rollout_key(bus.redis, keys)
     from shared.tasks import TASKS as REGISTRY
     from tests.trap_task import TrapTask
 

@@ -45,6 +45,7 @@ def register_worker(
     worker_id = new_worker_id()
     token = issue_worker_token(worker_id)
     info = coordinator.registry.register(worker_id, request, token_sha256(token), state=control.initial_state(request))
+    access = coordinator.access.grant(worker_id)  # after the lease exists: services/coordinator/redis_access.py
     control.request_replan()
     run = coordinator.run
     return RegisterWorkerResponse(
@@ -55,6 +56,7 @@ def register_worker(
         heartbeat_interval_s=run.rollout.heartbeat_interval_s,
         staleness_bound=read_learner_view(coordinator.bus, run).staleness_bound,
         state=info.state,
+        access=access,
     )
 
 
@@ -85,13 +87,16 @@ def heartbeat(
 
 @router.delete("/{worker_id}", status_code=status.HTTP_204_NO_CONTENT, responses=error_docs(401, 403, 404))
 def deregister_worker(
-    worker_id: WorkerIdPath, caller: CallerDep, registry: RegistryDep, control: ControlDep
+    worker_id: WorkerIdPath, caller: CallerDep, coordinator: CoordinatorDep, control: ControlDep
 ) -> Response:
-    """Leave the run (with the worker's own token), or remove a worker (with the admin token)."""
+    """Leave the run (with the worker's own token), or remove a worker (with the admin token). Its Redis
+    access is revoked at once."""
+    registry = coordinator.registry
     registry.ensure_known(worker_id)
     if not isinstance(caller, AdminCaller):
         ensure_is_worker(caller, worker_id)
     registry.deregister(worker_id)
+    coordinator.access.revoke(worker_id)
     control.request_replan()
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
