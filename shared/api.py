@@ -13,6 +13,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from shared.messages import WorkerTrust
+
 # Bounds of what a client may send: far above any real value, far below what overflows the control
 # computations (a swap time of 1e308 once made every control pass raise OverflowError).
 MAX_VERSION = 2**31 - 1
@@ -50,6 +52,7 @@ class WorkerState(StrEnum):
     DEAD = "dead"  # lease expired; must register again
     STANDBY = "standby"  # leased, keeps its weights fresh, takes no tasks (cost-aware activation)
     DRAINING = "draining"  # finishing its current batch, then it deregisters and exits
+    QUARANTINED = "quarantined"  # its trust score crossed the threshold: no tasks, no relay, until an admin releases it
 
 
 class RegisterWorkerRequest(RequestBody):
@@ -86,6 +89,14 @@ class RegisterWorkerResponse(Body):
         WorkerState.ACTIVE, description="active: take tasks; standby: wait (heartbeats say when)"
     )
     access: WorkerAccess = Field(description="this worker's Redis credentials and rollout-signing key")
+
+
+class ReleaseResponse(Body):
+    """An admin released a quarantined worker (docs/trust.md)."""
+
+    worker_id: str
+    state: WorkerState = Field(description="active again, or dead when its lease ran out while quarantined")
+    num_releases: int = Field(ge=1, description="releases of this worker so far (the learner resets its score)")
 
 
 class WeightSwapReport(RequestBody):
@@ -300,3 +311,6 @@ class DashboardResponse(Body):
     capacity: CapacityResponse
     activation: ActivationInfo | None
     cost: CostResponse
+    trust_by_worker: dict[str, WorkerTrust] = Field(
+        default_factory=dict, description="the learner's trust per worker id (docs/trust.md)"
+    )

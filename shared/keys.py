@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     from shared.streams import StateKey, Stream
 
 
+DEAD_LETTERED = "dead_lettered"  # RunKeys.learner_decisions: the field counting the learner's dead letters
+
+
 @dataclass(frozen=True)
 class RunKeys:
     run_id: str
@@ -95,6 +98,13 @@ class RunKeys:
     def cost_ledger(self) -> str:
         """coordinator: hash of cumulative cost (learner + active workers, billed while active)."""
         return self.prefix + "cost:ledger"
+
+    @property
+    def learner_decisions(self) -> str:
+        """learner: hash of groups decided for good and acked at once: DropReason value -> count, plus
+        "dead_lettered". Counted in Redis in the same step as the ack, so a learner killed before its
+        next checkpoint loses none of them (services/learner/batch.py)."""
+        return self.prefix + "learner:decisions"
 
     @property
     def learner_history(self) -> str:

@@ -21,7 +21,7 @@ from services.coordinator.errors import install_error_handlers
 from services.coordinator.heartbeat_path import HeartbeatFastPath
 from services.coordinator.prometheus import install_metrics
 from services.coordinator.redis_access import RedisAccess
-from services.coordinator.routers import broadcast, control, status, workers
+from services.coordinator.routers import broadcast, control, status, trust, workers
 from services.coordinator.worker_registry import WorkerRegistry
 from shared.bus import StreamBus
 from shared.config import RunConfig
@@ -102,7 +102,7 @@ def create_app(
     )
     app.state.coordinator = coordinator
     control_plane = app.state.control = ControlPlane(coordinator)
-    for router in (workers.router, status.router, broadcast.router, control.router):
+    for router in (workers.router, trust.router, status.router, broadcast.router, control.router):
         app.include_router(router)
     install_metrics(app, control_plane)
     app.heartbeat_fast_path = HeartbeatFastPath(app.serve_with_fastapi, sync_client=redis_client, state=app.state)

@@ -9,7 +9,8 @@ Everything it decides lands in Redis (worker states, the ledger, the history), s
 on the same Redis serves the same answers; what it keeps in memory (the learner window, the last
 snapshot) is a cache a restarted coordinator rebuilds within a minute.
 
-States it moves: STANDBY <-> ACTIVE only. DRAINING and DEAD are never touched (draining is the
+States it moves: STANDBY <-> ACTIVE, and any live state -> QUARANTINED for a worker the learner reports
+as suspect (quarantine.py; only an admin's release moves it back). DRAINING and DEAD are never touched (draining is the
 operator's or the worker's call, dead is the lease's), so a planner racing a drain cannot undo it.
 
 The learner as the coordinator sees it (`LearnerView`: its version and S, read from `learner:state`)
@@ -38,6 +39,7 @@ from services.coordinator.capacity_view import (
     recent_broadcast_s,
 )
 from services.coordinator.ledger import CostLedger
+from services.coordinator.quarantine import Quarantine
 from shared.activation import ActivationPlan, ActivationPolicy, Candidate, plan_activation
 from shared.api import (
     ActivationInfo,
@@ -111,6 +113,7 @@ class ControlPlane:
         )
         self.ledger = CostLedger(coordinator.redis, coordinator.keys, max_billing_gap_s=self.config.max_billing_gap_s)
         self.window = LearnerWindow()
+        self.quarantine = Quarantine(coordinator.bus, coordinator.registry, coordinator.access, coordinator.run.run_id)
         self.clock = time.time  # unix seconds of billing and dwell times (tests replace it)
         self.snapshot: ControlSnapshot | None = None
         self._lock = threading.Lock()  # one pass at a time (the loop's thread and on-demand passes)
@@ -156,6 +159,8 @@ class ControlPlane:
             self.complete_broadcasts(workers)
             learner = read_learner_view(c.bus, c.run).state
             self.window.observe(learner)
+            if c.run.trust.enabled:  # before planning: a quarantined worker is neither active nor standby
+                workers = self.quarantine.apply(learner, workers)
             broadcast_s, num_queued = recent_broadcast_s(c.redis, c.keys), queued_groups(c.bus)
             measured = measure_inputs(c.run, learner, self.window, workers, broadcast_s, num_queued)
             activation = None

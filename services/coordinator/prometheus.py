@@ -108,3 +108,16 @@ def worker_families(snapshot: ControlSnapshot) -> Iterator[Metric]:
     for w in snapshot.workers:
         forged.add_metric([w.worker_id, w.name, w.state.value], w.num_rollouts_forged)
     yield forged
+    yield from trust_families(snapshot)
+
+
+def trust_families(snapshot: ControlSnapshot) -> Iterator[Metric]:
+    """The learner's trust per worker (docs/trust.md): score and whether it is suspect."""
+    trust = snapshot.learner.trust_by_worker if snapshot.learner is not None else {}
+    score = GaugeMetricFamily(PREFIX + "fleet_worker_trust_score", "per worker: trust score (CUSUM)", labels=["worker"])
+    suspect = GaugeMetricFamily(PREFIX + "fleet_worker_trust_suspect", "per worker: 1 if suspect", labels=["worker"])
+    for worker_id, worker in trust.items():
+        score.add_metric([worker_id], worker.score)
+        suspect.add_metric([worker_id], float(worker.suspect))
+    yield score
+    yield suspect

@@ -24,6 +24,7 @@ import redis
 
 from engines.interface import EngineError, InferenceEngine, Sample
 from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError
+from services.rollout.faults import fault_from_environment
 from services.rollout.membership import Membership, NotRegisteredError
 from services.rollout.redis_access import connect_as_worker
 from services.rollout.relay_sources import CoordinatorParents
@@ -122,6 +123,7 @@ class RolloutWorker:
         self.generating = False
         self.throughput = ThroughputMeter()
         self.gate_state = "closed"
+        self.fault = fault_from_environment()  # None unless a test asked for a lying worker (faults.py)
 
     def run(self) -> None:
         """Serve tasks until `stop()`; the current batch is always finished (published and acked) first."""
@@ -199,6 +201,8 @@ class RolloutWorker:
 
     # the loop's steps
     def sync_weights(self) -> None:
+        if self.fault is not None and not self.fault.loads_weights(self.engine.policy_version):
+            return
         loaded_version = self.weights.update(self.engine)
         if loaded_version is not None:
             log.info("now sampling with policy version %d", loaded_version)
@@ -209,7 +213,7 @@ class RolloutWorker:
         if self.engine.policy_version < 0:
             return False
         try:
-            verdict = self.coordinator.staleness(self.engine.policy_version)
+            verdict = self.coordinator.staleness(self.claimed_version())
         except CoordinatorUnavailableError as exc:
             # Fail open: the learner's admission rule drops stale groups anyway; the gate only saves work.
             self._note_gate("failing open", f"coordinator unavailable ({exc})")
@@ -279,7 +283,7 @@ class RolloutWorker:
     def _generate_batch(self, batch: list[Delivery[TaskGroup]]) -> list[Outcome]:
         """One engine call for the batch; if it fails, one call per task so a bad task fails alone."""
         first = batch[0].message
-        policy_version = self.engine.policy_version
+        policy_version = self.claimed_version()
         started_s = time.perf_counter()
         try:
             groups = self.engine.generate(
@@ -300,18 +304,22 @@ class RolloutWorker:
         )
         registration = self.membership.registration  # the id and its key from the same registration
         rollout_key = bytes.fromhex(registration.access.rollout_key_hex)
-        return [
-            (
-                delivery,
-                sign_rollout(
-                    build_rollout_group(
-                        delivery.message, samples, registration.worker_id, policy_version, generation_s
-                    ),
-                    rollout_key,
-                ),
-            )
+        built = [
+            build_rollout_group(delivery.message, samples, registration.worker_id, policy_version, generation_s)
             for delivery, samples in zip(batch, groups, strict=True)
         ]
+        if (
+            self.fault is not None
+        ):  # a lying worker signs its lies: the MAC binds a group to its producer, not to the truth
+            built = [self.fault.apply(group) for group in built]
+        return [(delivery, sign_rollout(group, rollout_key)) for delivery, group in zip(batch, built, strict=True)]
+
+    def claimed_version(self) -> int:
+        """The version written on the groups: the engine's, unless a fault injector lies about it."""
+        if self.fault is None:
+            return self.engine.policy_version
+        newest = self.bus.latest_entry(WEIGHTS)
+        return self.fault.claimed_version(self.engine.policy_version, newest.message.policy_version if newest else None)
 
     def _registration_request(self) -> RegisterWorkerRequest:
         return RegisterWorkerRequest(

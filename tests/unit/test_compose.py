@@ -42,6 +42,22 @@ def test_python_services_run_modules_that_exist_from_one_image(compose: dict, re
     assert (repo_root / "Dockerfile").exists()
 
 
+def test_every_service_has_the_restart_policy_the_local_runner_applies(compose: dict) -> None:
+    """As cluster/local.py does: Redis, coordinator and reward come back from any exit; the learner and
+    the workers only from a failure (exit 0: the run is complete, the worker was drained); the one-shot
+    steps (the model builder, the Redis ACL file writer) never."""
+    from cluster.supervisor import RestartMode
+
+    for name, service in compose["services"].items():
+        if name in ("init-model", "redis-acl"):
+            expected = "no"
+        elif name == "learner" or name.startswith("worker-"):
+            expected = RestartMode.ON_FAILURE.value
+        else:
+            expected = RestartMode.UNLESS_STOPPED.value
+        assert service.get("restart") == expected, name
+
+
 def test_redis_keeps_an_append_only_file(compose: dict) -> None:
     command = " ".join(compose["services"]["redis"]["command"])
     assert "--appendonly yes" in command
