@@ -77,7 +77,7 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -m slow
 
 test-faults: $(STAMP)
-	$(PY) -m pytest -m faults tests/faults
+	RL_FAULT_SUITE_RESULTS=benchmarks/results/fault_suite.json $(PY) -m pytest -m faults tests/faults
 
 test-all: $(STAMP)
 	$(PY) -m pytest -m ""

@@ -95,7 +95,7 @@ class TamperingStore(ChunkStore):
     def __init__(self, kind: FaultKind, keep_versions: int, trusted_key: Ed25519PublicKey | None) -> None:
         super().__init__(keep_versions=keep_versions, trusted_key=trusted_key)
         self.kind = kind
-        self._forging_key = Ed25519PrivateKey.generate()  # not the learner's: what it signs, nobody trusts
+        self.forging_key = Ed25519PrivateKey.generate()  # not the learner's: what it signs, nobody trusts
 
     def get_chunk(
         self,
@@ -125,7 +125,7 @@ class TamperingStore(ChunkStore):
                 "full_sha256": blob_sha256 if real.payload == "full" else real.full_sha256,
             }
         )
-        return sign(forged, self._forging_key)
+        return sign(forged, self.forging_key)
 
 
 def serving_store(fault: FaultInjector | None, keep_versions: int, trusted_key: Ed25519PublicKey | None) -> ChunkStore:

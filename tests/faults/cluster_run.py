@@ -5,7 +5,7 @@
 starts the cluster of cluster/local.py (Redis with ACLs, coordinator, reward, learner, N rollout workers,
 every one supervised) on tests/faults/faults.toml, calls `inject(cluster, status)` once, at the first
 status where the learner has reached `at_version`, waits for the learner to finish, takes the final
-coordinator status, stops everything by PID (the runner counts the groups before it stops Redis), writes
+coordinator status, calls `inspect(cluster, final_status)` (Redis and every service still up), stops everything by PID (the runner counts the groups before it stops Redis), writes
 the run report and returns it with the group accounting (cluster/accounting.py). `FaultRun.row` is the
 test's line in benchmarks/results/fault_suite.json (tests/faults/conftest.py writes it).
 """
@@ -23,12 +23,16 @@ import httpx
 
 from cluster.accounting import GroupAccounting
 from cluster.local import ClusterOptions, LocalCluster
+from cluster.redis_acl import OPERATOR
 from cluster.report import write_report
 from shared.api import StatusResponse, WorkerInfo
+from shared.bus import StreamBus, connect
+from shared.keys import RunKeys
 
 FAULTS_TOML = Path(__file__).with_name("faults.toml")
 
 Injection = Callable[[LocalCluster, StatusResponse], None]
+Inspection = Callable[[LocalCluster, StatusResponse], None]  # (the cluster, its final status)
 
 
 @dataclass
@@ -59,6 +63,7 @@ def run_with_fault(
     *,
     inject: Injection | None = None,
     at_version: int = 0,
+    inspect: Inspection | None = None,
     num_workers: int = 3,
     liars: dict[str, str] | None = None,
     worker_env: dict[str, dict[str, str]] | None = None,
@@ -88,6 +93,8 @@ def run_with_fault(
         cluster.start()
         cluster.wait_until_done(on_progress)
         final_status = final_status_of(cluster)
+        if inspect is not None:
+            inspect(cluster, final_status)
     finally:
         cluster.stop()
     wall_s = time.monotonic() - started_s
@@ -141,6 +148,11 @@ def assert_nothing_lost(run: FaultRun, *, num_dead_lettered: int = 0) -> None:
     assert accounting.num_produced >= accounting.num_trained
     dead_lettered = accounting.num_dead_lettered_reward + accounting.num_dead_lettered_learner
     assert dead_lettered == num_dead_lettered, accounting.summary()
+
+
+def operator_bus(cluster: LocalCluster) -> StreamBus:
+    """The run's streams as the operator sees them (every key, every command); close its client."""
+    return StreamBus(connect(cluster.redis_url_for(OPERATOR)), RunKeys(cluster.run.run_id), service="fault-suite")
 
 
 def kill(service: str) -> Injection:

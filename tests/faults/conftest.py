@@ -1,9 +1,10 @@
 """The fault suite's fixtures and its results table.
 
 `fault_run(...)`: tests/faults/cluster_run.py's `run_with_fault` in this test's tmp_path, on the tiny policy
-built once per session. Every test's outcome, wall time and group accounting is merged, at the end of the
-session, into benchmarks/results/fault_suite.json (one row per test, keyed by its name; a partial run
-updates only its own rows), so `make test-faults` reproduces the table.
+built once per session. With RL_FAULT_SUITE_RESULTS=<path> (`make test-faults` sets
+benchmarks/results/fault_suite.json), every test's outcome, wall time and group accounting is merged into
+that file at the end of the session (one row per test, keyed by its name; a partial run updates only its
+own rows), so `make test-faults` reproduces the table.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 from tests.faults.cluster_run import FaultRun, run_with_fault
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-RESULTS_PATH = REPO_ROOT / "benchmarks" / "results" / "fault_suite.json"
+RESULTS_ENV = "RL_FAULT_SUITE_RESULTS"  # where to write the table (unset: nowhere)
 
 ROWS: dict[str, dict[str, Any]] = {}  # test name -> its row, in the order the tests ran
 
@@ -53,9 +54,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if not ROWS:
+    results = os.environ.get(RESULTS_ENV)
+    if not ROWS or not results:
         return
-    previous: dict[str, Any] = json.loads(RESULTS_PATH.read_text()) if RESULTS_PATH.exists() else {}
+    path = REPO_ROOT / results
+    previous: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     rows = {row["test"]: row for row in previous.get("tests", [])}
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for name, row in ROWS.items():
@@ -69,8 +72,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         "total_test_wall_s": round(sum(row.get("test_wall_s", 0.0) for row in rows.values()), 1),
         "tests": list(rows.values()),
     }
-    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_PATH.write_text(json.dumps(table, indent=2) + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table, indent=2) + "\n")
 
 
 def commit() -> str:
