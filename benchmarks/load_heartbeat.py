@@ -204,6 +204,9 @@ def register_workers(base_url: str, num_workers: int) -> list[tuple[str, str]]:
     with httpx.Client(base_url=base_url, timeout=30.0) as client:
         for i in range(num_workers):
             response = client.post("/v1/workers", json={"name": f"load-{i:04d}", "price_per_hour": 0.0})
+            while response.status_code == 429:  # the registration rate limit: register_s includes its waits
+                time.sleep(float(response.headers.get("Retry-After", "1")))
+                response = client.post("/v1/workers", json={"name": f"load-{i:04d}", "price_per_hour": 0.0})
             response.raise_for_status()
             workers.append((response.json()["worker_id"], response.json()["token"]))
     return workers
@@ -356,6 +359,7 @@ def measure(args: argparse.Namespace, tree: Path = REPO_ROOT) -> dict:
         env = {
             **os.environ,
             "RL_ADMIN_TOKEN": secrets.token_urlsafe(24),
+            "RL_OPEN_REGISTRATION": "true",  # the benchmark registers its simulated fleet without a token
             "RL_REDIS_URL": redis_server.url,
             "RL_RUN_CONFIG": str(run_file),
             "RL_COORDINATOR_PORT": str(port),

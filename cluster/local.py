@@ -62,6 +62,7 @@ class LocalCluster:
     coordinator_url: str = ""
     admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     cluster_key: str = field(default_factory=lambda: secrets.token_hex(32))
+    join_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # workers register with it
     metrics_urls: dict[str, str] = field(default_factory=dict)  # service name -> its Prometheus /metrics
 
     def __post_init__(self) -> None:
@@ -187,6 +188,7 @@ class LocalCluster:
             "RL_COORDINATOR_URL": self.coordinator_url,
             "RL_ADMIN_TOKEN": self.admin_token,
             "RL_CLUSTER_KEY": self.cluster_key,
+            "RL_JOIN_TOKEN": self.join_token,
         }
 
     def write_cluster_env(self) -> Path:

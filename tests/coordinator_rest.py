@@ -13,11 +13,13 @@ import redis
 from fastapi import FastAPI
 
 from services.coordinator.app import create_app
-from shared.api import RegisterWorkerResponse
+from shared.api import JOIN_TOKEN_HEADER, RegisterWorkerResponse
 from shared.config import RunConfig
 from tests.uvicorn_thread import serve
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
+JOIN_TOKEN = "test-join-token-0123456789"
+JOIN_HEADERS = {JOIN_TOKEN_HEADER: JOIN_TOKEN}  # what a worker sends to register
 
 Clock = Callable[[], float]  # unix seconds
 
@@ -25,7 +27,7 @@ Clock = Callable[[], float]  # unix seconds
 @dataclass(frozen=True)
 class ServedCoordinator:
     url: str
-    client: httpx.Client  # on `url`
+    client: httpx.Client  # on `url`, sending the join token (JOIN_HEADERS)
     app: FastAPI  # app.state.control: the control loop; app.state.coordinator.registry: the leases
 
 
@@ -38,13 +40,14 @@ def served_coordinator(
 ) -> Iterator[ServedCoordinator]:
     """The real coordinator app for `run` under uvicorn until the block ends. `lease_clock` replaces the
     wall clock of the leases (registration, heartbeats, expiry, the sweeper), `control_clock` that of the
-    control loop (billing, dwell); both are set before the app serves anything or runs a pass."""
-    app = create_app(run, redis_client, ADMIN_TOKEN)
+    control loop (billing, dwell); both are set before the app serves anything or runs a pass. The app
+    requires JOIN_TOKEN to register; the client sends it with every request (JOIN_HEADERS)."""
+    app = create_app(run, redis_client, ADMIN_TOKEN, JOIN_TOKEN)
     if lease_clock is not None:
         app.state.coordinator.registry.clock = lease_clock
     if control_clock is not None:
         app.state.control.clock = control_clock
-    with serve(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+    with serve(app) as url, httpx.Client(base_url=url, timeout=10, headers=JOIN_HEADERS) as client:
         yield ServedCoordinator(url=url, client=client, app=app)
 
 

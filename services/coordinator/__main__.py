@@ -21,6 +21,8 @@ DESCRIPTION = (
 ENVIRONMENT_HELP = """\
 environment:
   RL_ADMIN_TOKEN        required secret: bearer token of admin calls (at least 16 characters)
+  RL_JOIN_TOKEN         required secret: workers send it to register (header X-RL-Join-Token; >= 16 chars)
+  RL_OPEN_REGISTRATION  true: no join token, anyone may register (dev only; default false)
   RL_COORDINATOR_HOST   interface to bind (default 127.0.0.1)
   RL_COORDINATOR_PORT   TCP port (default 8000)
   RL_REDIS_URL          Redis holding the run's streams and state (default redis://127.0.0.1:6379/0)
@@ -46,7 +48,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     # uvicorn handles SIGTERM / SIGINT itself (graceful shutdown), so no on_stop_signal here
     settings, run = start_service("coordinator", CoordinatorSettings)
-    app = create_app(run, connect(settings.redis_url), settings.admin_token.get_secret_value())
+    app = create_app(
+        run, connect(settings.redis_url), settings.admin_token.get_secret_value(), settings.join_token_value()
+    )
     # The control pass runs in a thread next to the event loop. With the default 5 ms switch interval,
     # every time the loop waits on a socket the pass keeps the GIL for up to 5 ms before the loop gets it
     # back: at 1000 heartbeats/s that alone queued heartbeats for hundreds of ms (benchmarks/load_heartbeat.py).

@@ -20,6 +20,7 @@ from services.coordinator.deps import Coordinator
 from services.coordinator.errors import install_error_handlers
 from services.coordinator.heartbeat_path import HeartbeatFastPath
 from services.coordinator.prometheus import install_metrics
+from services.coordinator.registration_limit import RegistrationLimit
 from services.coordinator.routers import broadcast, control, status, workers
 from services.coordinator.worker_registry import WorkerRegistry
 from shared.bus import StreamBus
@@ -57,10 +58,14 @@ class CoordinatorAPI(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def create_app(run: RunConfig, redis_client: redis.Redis, admin_token: str) -> FastAPI:
-    """`redis_client` must be a bytes-mode client (`shared.bus.connect`)."""
+def create_app(run: RunConfig, redis_client: redis.Redis, admin_token: str, join_token: str | None = None) -> FastAPI:
+    """`redis_client` must be a bytes-mode client (`shared.bus.connect`). `join_token`: what a worker
+    must send to register (header X-RL-Join-Token); None opens registration to anyone (dev and tests
+    only: CoordinatorSettings requires RL_JOIN_TOKEN unless RL_OPEN_REGISTRATION is set)."""
     if not admin_token:
         raise ValueError("admin_token must not be empty")
+    if join_token is not None and not join_token:
+        raise ValueError("join_token must not be empty (None opens registration)")
     keys = RunKeys(run.run_id)
     coordinator = Coordinator(
         run=run,
@@ -69,6 +74,8 @@ def create_app(run: RunConfig, redis_client: redis.Redis, admin_token: str) -> F
         registry=WorkerRegistry(redis_client, keys, lease_s=run.coordinator.lease_s),
         bus=StreamBus(redis_client, keys, service="coordinator"),
         admin_token_sha256=token_sha256(admin_token),
+        join_token_sha256=None if join_token is None else token_sha256(join_token),
+        registration_limit=RegistrationLimit(run.coordinator.registrations_per_s, run.coordinator.registration_burst),
     )
 
     @contextlib.asynccontextmanager

@@ -28,6 +28,7 @@ def error_docs(*status_codes: int) -> dict[int | str, dict[str, object]]:
         403: "the token does not allow this call",
         404: "no such worker",
         410: "the worker's lease expired: register again",
+        429: "too many registrations: retry after Retry-After seconds",
         503: "Redis is unreachable",
     }
     return {code: {"model": ErrorResponse, "description": reasons[code]} for code in status_codes}

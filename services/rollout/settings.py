@@ -16,6 +16,9 @@ class RolloutSettings(ServiceSettings):
         None, description="HF model folder (config + tokenizer); default [model] path, else <run_dir>/model"
     )
     cluster_key: SecretStr = Field(description="shared secret that signs weight manifests")
+    join_token: SecretStr | None = Field(
+        None, description="the cluster's join token, sent to register (RL_JOIN_TOKEN; None: open registration)"
+    )
     worker_engine: EngineKind | None = Field(
         None, description="inference engine (torch, vllm, auto); overrides the run file's [rollout] engine"
     )
@@ -35,6 +38,9 @@ class RolloutSettings(ServiceSettings):
         16, ge=1, description="tasks read at once and sampled in one engine call (more: faster, coarser)"
     )
     worker_poll_s: float = Field(0.2, gt=0, description="pause between checks while waiting for admissible weights")
+
+    def join_token_value(self) -> str | None:
+        return None if self.join_token is None else self.join_token.get_secret_value()
 
     def resolved_model_dir(self, model: ModelConfig) -> Path:
         return resolve_model_dir(self.model_dir, model, self.run_dir)

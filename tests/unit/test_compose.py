@@ -68,3 +68,4 @@ def test_services_reach_redis_and_each_other_by_compose_names_and_secrets_have_n
         assert env["RL_COORDINATOR_URL"] == "http://coordinator:8000", name
         assert env["RL_ADMIN_TOKEN"].startswith("${RL_ADMIN_TOKEN:?"), name
         assert env["RL_CLUSTER_KEY"].startswith("${RL_CLUSTER_KEY:?"), name
+        assert env["RL_JOIN_TOKEN"].startswith("${RL_JOIN_TOKEN:?"), name
