@@ -36,7 +36,12 @@ ServeCoordinator = Callable[..., ServedCoordinator]  # the `serve_coordinator` f
 
 @contextlib.contextmanager
 def served_coordinator(
-    run: RunConfig, redis_client: redis.Redis, *, lease_clock: Clock | None = None, control_clock: Clock | None = None
+    run: RunConfig,
+    redis_client: redis.Redis,
+    *,
+    lease_clock: Clock | None = None,
+    control_clock: Clock | None = None,
+    port: int | None = None,
 ) -> Iterator[ServedCoordinator]:
     """The real coordinator app for `run` under uvicorn until the block ends. `lease_clock` replaces the
     wall clock of the leases (registration, heartbeats, expiry, the sweeper), `control_clock` that of the
@@ -47,7 +52,7 @@ def served_coordinator(
         app.state.coordinator.registry.clock = lease_clock
     if control_clock is not None:
         app.state.control.clock = control_clock
-    with serve(app) as url, httpx.Client(base_url=url, timeout=10, headers=JOIN_HEADERS) as client:
+    with serve(app, port) as url, httpx.Client(base_url=url, timeout=10, headers=JOIN_HEADERS) as client:
         yield ServedCoordinator(url=url, client=client, app=app)
 
 
