@@ -1,4 +1,5 @@
-"""The control loop: measure -> assess capacity -> plan activation -> apply states -> bill -> record history.
+"""The control loop: prune the long dead -> measure -> assess capacity -> plan activation -> apply states
+-> bill -> record history.
 
 Runs every `activation.replan_interval_s`, and at once when membership changes (join, drain, leave).
 A pass reads every worker record (O(N): ~60 ms at 1000 workers, ~3x that on a starved host), in a
@@ -38,6 +39,7 @@ from services.coordinator.capacity_view import (
     recent_broadcast_s,
 )
 from services.coordinator.ledger import CostLedger
+from services.coordinator.pruning import DeadWorkerPruner
 from shared.activation import ActivationPlan, ActivationPolicy, Candidate, plan_activation
 from shared.api import (
     ActivationInfo,
@@ -111,6 +113,9 @@ class ControlPlane:
         )
         self.ledger = CostLedger(coordinator.redis, coordinator.keys, max_billing_gap_s=self.config.max_billing_gap_s)
         self.window = LearnerWindow()
+        self.pruner = DeadWorkerPruner(
+            coordinator.redis, coordinator.keys, coordinator.run.coordinator.dead_worker_retention_s
+        )
         self.clock = time.time  # unix seconds of billing and dwell times (tests replace it)
         self.snapshot: ControlSnapshot | None = None
         self._lock = threading.Lock()  # one pass at a time (the loop's thread and on-demand passes)
@@ -152,7 +157,7 @@ class ControlPlane:
         with self._lock:
             now_s = self.clock() if now_s is None else now_s
             c = self.coordinator
-            workers = c.registry.list_workers()
+            workers = self.prune(c.registry.list_workers())
             self.complete_broadcasts(workers)
             learner = read_learner_view(c.bus, c.run).state
             self.window.observe(learner)
@@ -187,6 +192,12 @@ class ControlPlane:
         return LearnerView(snapshot.learner.learner_version, snapshot.learner.staleness_bound, snapshot.learner)
 
     # steps
+    def prune(self, workers: list[WorkerInfo]) -> list[WorkerInfo]:
+        """Forget workers dead longer than the retention period (services/coordinator/pruning.py); their
+        lease time is the registry's clock."""
+        pruned = self.pruner.prune(workers, self.coordinator.registry.clock())
+        return [w for w in workers if w.worker_id not in pruned] if pruned else workers
+
     def complete_broadcasts(self, workers: list[WorkerInfo]) -> None:
         """T_bcast of every version all active workers have swapped in (heartbeats only record the swaps)."""
         completed = BroadcastTimes(self.coordinator.redis, self.coordinator.keys).complete_pending(workers)

@@ -6,6 +6,8 @@ Layout of `RunKeys.cost_ledger` (one hash, values as strings):
     learner_usd        the learner, billed while its status is starting/training
     worker:<id>        one worker, billed while it is ACTIVE or DRAINING (standby is not billed)
     workers_usd        the sum over workers (kept so a read needs no scan)
+    pruned_workers_usd what workers cost that have since been pruned (services/coordinator/pruning.py):
+                       their `worker:<id>` fields move here, so the totals above never shrink
 
 Billing runs in one Lua script: it bills the seconds since `billed_until_s` (capped at
 `max_billing_gap_s`, so a coordinator that was down does not invent hours of cost) at the rates
@@ -23,6 +25,7 @@ import redis
 from shared.keys import RunKeys
 
 WORKER_FIELD_PREFIX = "worker:"
+PRUNED_WORKERS_FIELD = "pruned_workers_usd"
 
 # KEYS: ledger. ARGV: now_s, max_gap_s, learner $/h, then (worker id, $/h) pairs. Returns billed seconds.
 _BILL_LUA = """
