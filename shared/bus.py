@@ -183,6 +183,18 @@ class StreamBus:
             for _, fields in _range_entries(self.redis.xrange(self.keys.name_of(stream), count=count))
         ]
 
+    def newest(self, stream: Stream[M], count: int) -> tuple[list[M], int]:
+        """The newest `count` entries' messages, newest first (XREVRANGE), and how many of those entries
+        were undecodable (skipped): for readers of streams read without a group."""
+        messages: list[M] = []
+        num_undecodable = 0
+        for _, fields in _range_entries(self.redis.xrevrange(self.keys.name_of(stream), count=count)):
+            try:
+                messages.append(stream.message_type.decode(fields.get(_PAYLOAD_FIELD, b"")))
+            except MessageDecodeError:
+                num_undecodable += 1
+        return messages, num_undecodable
+
     def wait_for_entries(self, stream: Stream[Any], *, after_id: str, block_ms: int) -> bool:
         """Block until the stream has an entry newer than `after_id` ("0-0": any entry), at most
         `block_ms` (XREAD BLOCK); True if there is one."""

@@ -12,9 +12,14 @@ import httpx
 import redis
 from fastapi import FastAPI
 
+from services.coordinator.announcements import Announcements
 from services.coordinator.app import create_app
 from shared.api import JOIN_TOKEN_HEADER, RegisterWorkerResponse
+from shared.bus import StreamBus
 from shared.config import RunConfig
+from shared.keys import RunKeys
+from shared.messages import WeightsPublished
+from shared.streams import WEIGHTS
 from tests.uvicorn_thread import serve
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
@@ -54,6 +59,24 @@ def served_coordinator(
         app.state.control.clock = control_clock
     with serve(app, port) as url, httpx.Client(base_url=url, timeout=10, headers=JOIN_HEADERS) as client:
         yield ServedCoordinator(url=url, client=client, app=app)
+
+
+def announce(redis_client: redis.Redis, run_id: str, policy_version: int, published_at_s: float) -> None:
+    """What the learner does when a version is out (a WeightsPublished on the WEIGHTS stream), and the
+    coordinator reading it at once (its control pass would within a second): only then do swap reports
+    of that version count (services/coordinator/announcements.py)."""
+    keys = RunKeys(run_id)
+    announcement = WeightsPublished(
+        run_id=run_id,
+        policy_version=policy_version,
+        manifest_url=f"http://learner:8100/v1/weights/{policy_version}/manifest",
+        manifest_sha256="0" * 64,
+        total_size_bytes=10,
+        num_chunks=1,
+        published_at_s=published_at_s,
+    )
+    StreamBus(redis_client, keys, service="test-learner").publish(WEIGHTS, announcement)
+    Announcements(redis_client, keys).ingest()
 
 
 def bearer(token: str) -> dict[str, str]:

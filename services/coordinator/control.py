@@ -20,7 +20,6 @@ is defined here too: a pass caches it, and heartbeat answers read it from the la
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import threading
@@ -39,6 +38,7 @@ from services.coordinator.capacity_view import (
     recent_broadcast_s,
 )
 from services.coordinator.ledger import CostLedger
+from services.coordinator.measurements import BAD_MEASUREMENTS, sane_learner_state
 from services.coordinator.pruning import DeadWorkerPruner
 from shared.activation import ActivationPlan, ActivationPolicy, Candidate, plan_activation
 from shared.api import (
@@ -54,7 +54,7 @@ from shared.api import (
 from shared.bus import StreamBus
 from shared.capacity import assess, provisioning_samples_per_s
 from shared.config import RunConfig
-from shared.messages import LearnerState
+from shared.messages import LearnerState, MessageDecodeError
 from shared.streams import LEARNER_STATE
 
 if TYPE_CHECKING:  # deps.py imports this module (ControlDep)
@@ -80,8 +80,13 @@ class LearnerView:
 
 
 def read_learner_view(bus: StreamBus, run: RunConfig) -> LearnerView:
-    """The learner's `LearnerState`, which the learner keeps under one key, read now."""
-    state = bus.get_state(LEARNER_STATE)
+    """The learner's `LearnerState`, which the learner keeps under one key, read now (an undecodable one,
+    or one holding a bad number, is read as no state, and counted: services/coordinator/measurements.py)."""
+    try:
+        state = sane_learner_state(bus.get_state(LEARNER_STATE))
+    except MessageDecodeError as exc:
+        BAD_MEASUREMENTS.count("learner.state", str(exc))
+        state = None
     if state is None:
         return LearnerView(learner_version=0, staleness_bound=run.schedule.staleness_bound, state=None)
     # the learner applies the admission rule, so its S is the one that holds (it read the same run file)
@@ -158,6 +163,7 @@ class ControlPlane:
             now_s = self.clock() if now_s is None else now_s
             c = self.coordinator
             workers = self.prune(c.registry.list_workers())
+            c.registry.announcements.ingest()  # the learner's announcements: what swap reports may name
             self.complete_broadcasts(workers)
             learner = read_learner_view(c.bus, c.run).state
             self.window.observe(learner)
@@ -265,8 +271,20 @@ class ControlPlane:
 
     # answers
     def history(self) -> list[HistoryPoint]:
+        """The dashboard's points; one that does not parse as a HistoryPoint of finite numbers is left out (counted)."""
         raw = self.coordinator.redis.lrange(self.coordinator.keys.learner_history, 0, -1)
-        return [HistoryPoint.model_validate(json.loads(item)) for item in raw]
+        points = []
+        for item in raw:
+            try:
+                point = HistoryPoint.model_validate_json(item)
+            except ValueError:  # pydantic's ValidationError is one
+                BAD_MEASUREMENTS.count("learner.history", item)
+                continue
+            if all(math.isfinite(v) for v in (point.reward_mean, point.utilization, point.cost_usd, point.at_s)):
+                points.append(point)
+            else:
+                BAD_MEASUREMENTS.count("learner.history", item)
+        return points
 
     def cost(self, snapshot: ControlSnapshot) -> CostResponse:
         totals = self.ledger.totals()

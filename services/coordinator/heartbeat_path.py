@@ -132,6 +132,8 @@ class HeartbeatFastPath:
         )
         if outcome.code != OK:
             return False  # unknown, wrong token or dead: the general path says which
+        if outcome.swap_ignored is not None:  # counted; an unannounced version re-reads the announcements
+            await run_in_threadpool(coordinator.registry.note_ignored_swap, outcome.swap_ignored)
         if outcome.swap_is_news:  # the script recorded it; completing a version reads every worker: O(N) per
             # report, O(N^2) per version. A small fleet completes at once; past INLINE_COMPLETION_MAX_WORKERS
             # the control loop completes versions, once a pass, and the heartbeat answers without waiting.

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shared.api import MAX_COUNT, MAX_DURATION_S, MAX_RATE_PER_S, MAX_UNIX_TIME_S, MAX_VERSION
+from shared.messages import LearnerState
 
 log = logging.getLogger(__name__)
 
@@ -126,3 +127,37 @@ def sanitize_worker_record(record: dict[str, Any]) -> dict[str, Any]:
             number = bounded_int(clean[name], f"worker.{name}", ilow, ihigh)
             clean[name] = ineutral if number is None else number
     return clean
+
+
+# LearnerState's float fields: (low, high). A bad one reads as 0 (the learner rewrites its state every step).
+LEARNER_FLOAT_FIELDS: dict[str, tuple[float, float]] = {
+    "last_reward_mean": (-1e9, 1e9),
+    "last_train_s": (0.0, MAX_DURATION_S),
+    "busy_fraction": (0.0, 1.0 + 1e-6),
+    "updated_at_s": (0.0, MAX_UNIX_TIME_S),
+    "train_s_total": (0.0, MAX_UNIX_TIME_S),
+    "idle_s_total": (0.0, MAX_UNIX_TIME_S),
+    "wall_s": (0.0, MAX_UNIX_TIME_S),
+}
+
+
+def sane_learner_state(state: LearnerState | None) -> LearnerState | None:
+    """`state` with every bad float replaced by 0 and every engine-mismatch entry holding one left out
+    (both counted), so no response or control computation sees a non-finite number."""
+    if state is None:
+        return None
+    update: dict[str, Any] = {}
+    for name, (low, high) in LEARNER_FLOAT_FIELDS.items():
+        value = getattr(state, name)
+        if not low <= value <= high:  # NaN fails too
+            BAD_MEASUREMENTS.count(f"learner.{name}", value)
+            update[name] = 0.0
+    mismatch = {
+        worker_id: m
+        for worker_id, m in state.mismatch_by_worker.items()
+        if math.isfinite(m.logprob_abs_diff_mean) and math.isfinite(m.kl_k3)
+    }
+    if len(mismatch) != len(state.mismatch_by_worker):
+        BAD_MEASUREMENTS.count("learner.mismatch_by_worker", len(state.mismatch_by_worker) - len(mismatch))
+        update["mismatch_by_worker"] = mismatch
+    return state.model_copy(update=update) if update else state

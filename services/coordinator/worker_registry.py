@@ -21,10 +21,12 @@ import redis
 from pydantic import TypeAdapter, ValidationError
 from redis.typing import EncodableT
 
+from services.coordinator.announcements import IGNORED_SWAPS, Announcements
 from services.coordinator.broadcast_times import BroadcastTimes
 from services.coordinator.heartbeat_batch import (
     DEAD,
     HEARTBEAT_LUA,
+    UNANNOUNCED,
     UNKNOWN,
     HeartbeatEntry,
     parse_outcomes,
@@ -136,6 +138,7 @@ class WorkerRegistry:
         self._set_state_script = client.register_script(_SET_STATE_LUA)
         self._list_script = client.register_script(_LIST_LUA)
         self._revive_script = client.register_script(_REVIVE_LUA)
+        self.announcements = Announcements(client, keys)  # the versions a swap report may name
 
     # writing
     def register(
@@ -214,7 +217,17 @@ class WorkerRegistry:
             raise WorkerDeadError(f"worker {worker_id} is dead (its lease expired); register again")
         if outcome.swap_is_news:  # T_bcast bookkeeping: services/coordinator/broadcast_times.py
             BroadcastTimes(self.redis, self.keys).complete_pending(self.list_workers())
+        self.note_ignored_swap(outcome.swap_ignored)
         return WorkerState(outcome.state), entry.expiry_s
+
+    def note_ignored_swap(self, reason: str | None) -> None:
+        """Count a swap report the heartbeat script ignored; one naming a version not announced (yet)
+        makes the announcements be read again soon (services/coordinator/announcements.py)."""
+        if reason is None:
+            return
+        IGNORED_SWAPS.count(reason)
+        if reason == UNANNOUNCED:
+            self.announcements.ingest_soon()
 
     def deregister(self, worker_id: str) -> None:
         self.ensure_known(worker_id)
