@@ -12,8 +12,10 @@ hashes forever and set T_bcast to anything (issue 10, item 8). Now:
                                other report is ignored and counted (`IGNORED_SWAPS`)
 
 Ingest runs once per control pass, and on demand (at most every MIN_INGEST_INTERVAL_S) when a heartbeat
-reports a version not announced yet: the worker repeats its latest swap with every heartbeat, so a swap
-reported just before the ingest that announces it is recorded one heartbeat later, with its own time.
+reports a version not announced yet, after which that heartbeat's swap is tried once more; the worker
+also repeats its latest swap with every heartbeat, so a swap reported just before the ingest that
+announces it is recorded at the latest one heartbeat later, with its own time. A report of a version
+never announced is ignored every time and costs one range read of the stream's new entries.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from shared.streams import WEIGHTS
 log = logging.getLogger(__name__)
 
 MAX_ANNOUNCED_VERSIONS = 64  # announcements kept (and read back from the stream per ingest)
-MIN_INGEST_INTERVAL_S = 0.2  # on-demand ingests: a worker naming unknown versions costs at most this often
+MIN_INGEST_INTERVAL_S = 0.05  # on-demand ingests (one XREVRANGE of what is new): at most this often
 
 
 class IgnoredSwaps:
@@ -63,10 +65,13 @@ class Announcements:
         self.bus = StreamBus(client, keys, service="coordinator")
         self._lock = threading.Lock()
         self._last_ingest_s = 0.0
+        self._last_id = "0-0"  # the newest announcement read: an ingest reads only what came after it
 
     def ingest(self) -> int:
         """Record the newest announcements of this run not recorded yet; returns how many were new."""
-        messages, num_undecodable = self.bus.newest(WEIGHTS, MAX_ANNOUNCED_VERSIONS)
+        messages, num_undecodable, self._last_id = self.bus.newest(
+            WEIGHTS, MAX_ANNOUNCED_VERSIONS, after_id=self._last_id
+        )
         for _ in range(num_undecodable):
             BAD_MEASUREMENTS.count("weights.announcement", "undecodable")
         published: dict[int, float] = {}
@@ -91,14 +96,15 @@ class Announcements:
             self.trim()
         return len(new)
 
-    def ingest_soon(self) -> None:
-        """`ingest`, unless one ran less than MIN_INGEST_INTERVAL_S ago (a heartbeat named an unknown version)."""
+    def ingest_soon(self) -> int:
+        """`ingest`, unless one ran less than MIN_INGEST_INTERVAL_S ago (a heartbeat named an unknown
+        version); returns how many announcements were new."""
         with self._lock:
             now_s = time.monotonic()
             if now_s - self._last_ingest_s < MIN_INGEST_INTERVAL_S:
-                return
+                return 0
             self._last_ingest_s = now_s
-        self.ingest()
+        return self.ingest()
 
     def trim(self) -> None:
         """Keep the newest MAX_ANNOUNCED_VERSIONS announcements (bounded whatever is reported)."""

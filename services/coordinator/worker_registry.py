@@ -211,23 +211,22 @@ class WorkerRegistry:
         )
         script_keys, args = script_arguments(self.keys, [entry])
         (outcome,) = parse_outcomes(self._heartbeat_script(keys=script_keys, args=args))
+        if self.announced_since(outcome.swap_ignored):  # the same heartbeat again: the lease is set, not added to
+            (outcome,) = parse_outcomes(self._heartbeat_script(keys=script_keys, args=args))
         if outcome.code == UNKNOWN:
             raise UnknownWorkerError(f"no worker {worker_id} is registered")
         if outcome.code == DEAD:
             raise WorkerDeadError(f"worker {worker_id} is dead (its lease expired); register again")
         if outcome.swap_is_news:  # T_bcast bookkeeping: services/coordinator/broadcast_times.py
             BroadcastTimes(self.redis, self.keys).complete_pending(self.list_workers())
-        self.note_ignored_swap(outcome.swap_ignored)
+        if outcome.swap_ignored is not None:
+            IGNORED_SWAPS.count(outcome.swap_ignored)
         return WorkerState(outcome.state), entry.expiry_s
 
-    def note_ignored_swap(self, reason: str | None) -> None:
-        """Count a swap report the heartbeat script ignored; one naming a version not announced (yet)
-        makes the announcements be read again soon (services/coordinator/announcements.py)."""
-        if reason is None:
-            return
-        IGNORED_SWAPS.count(reason)
-        if reason == UNANNOUNCED:
-            self.announcements.ingest_soon()
+    def announced_since(self, swap_ignored: str | None) -> bool:
+        """True when a swap report was ignored as naming a version not announced yet and reading the
+        announcements again found new ones (services/coordinator/announcements.py): worth one retry."""
+        return swap_ignored == UNANNOUNCED and self.announcements.ingest_soon() > 0
 
     def deregister(self, worker_id: str) -> None:
         self.ensure_known(worker_id)
