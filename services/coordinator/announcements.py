@@ -96,6 +96,10 @@ class Announcements:
             self.trim()
         return len(new)
 
+    def ingest_due(self) -> bool:
+        """Whether `ingest_soon` would read the stream now (a cheap check, no lock, no I/O)."""
+        return time.monotonic() - self._last_ingest_s >= MIN_INGEST_INTERVAL_S
+
     def ingest_soon(self) -> int:
         """`ingest`, unless one ran less than MIN_INGEST_INTERVAL_S ago (a heartbeat named an unknown
         version); returns how many announcements were new."""

@@ -132,8 +132,11 @@ class HeartbeatFastPath:
         outcome = await self.batcher().submit(entry)
         if outcome.code != OK:
             return False  # unknown, wrong token or dead: the general path says which
-        if outcome.swap_ignored == UNANNOUNCED and await run_in_threadpool(
-            coordinator.registry.announced_since, outcome.swap_ignored
+        registry = coordinator.registry
+        if (
+            outcome.swap_ignored == UNANNOUNCED
+            and registry.announcements.ingest_due()  # else no thread hop: a liar's reports stay cheap
+            and await run_in_threadpool(registry.announced_since, outcome.swap_ignored)
         ):  # the learner announced it meanwhile: the same heartbeat once more (the lease is set, not added to)
             outcome = await self.batcher().submit(entry)
         if outcome.swap_ignored is not None:  # a version never announced, or a swap time out of bounds
@@ -143,7 +146,7 @@ class HeartbeatFastPath:
             # the control loop completes versions, once a pass, and the heartbeat answers without waiting.
             snapshot = self.state.control.snapshot
             if snapshot is None or len(snapshot.workers) <= INLINE_COMPLETION_MAX_WORKERS:
-                times, registry = BroadcastTimes(coordinator.redis, coordinator.keys), coordinator.registry
+                times = BroadcastTimes(coordinator.redis, coordinator.keys)
                 await run_in_threadpool(lambda: times.complete_pending(registry.list_workers()))
         learner = self.state.control.learner_view()
         answer = HeartbeatResponse(
