@@ -5,8 +5,9 @@
          or wrong (skipped when the coordinator runs with open registration, a dev setting)
       2. the registration rate limit (services/coordinator/registration_limit.py): 429 + Retry-After
       3. a returning worker (body `previous_worker_id`, header `Authorization: Bearer <its token>`):
-         401 without the bearer token, 403 if the token is not that worker's; else its record is
-         revived: same id, same totals, a fresh lease and a new token. A previous id the coordinator
+         401 without the bearer token, 403 if the token is not that worker's, 409 if its state is
+         not dead, active or standby (draining, or a state an operator put it in: rejoining is no
+         way out); else its record is revived: same id, same totals, a fresh lease and a new token. A previous id the coordinator
          no longer knows (pruned after `dead_worker_retention_s`, or Redis lost it) joins as a new
          worker: nothing is left to prove the identity against.
       4. anyone else is a new worker with a new id.
@@ -25,7 +26,7 @@ from fastapi import HTTPException, status
 
 from services.coordinator.auth import issue_worker_token, new_worker_id, token_sha256
 from services.coordinator.registration_limit import RegistrationLimit, retry_after_header
-from services.coordinator.worker_registry import REVIVE_WRONG_TOKEN, REVIVED, WorkerRegistry
+from services.coordinator.worker_registry import REVIVE_REFUSED, REVIVE_WRONG_TOKEN, REVIVED, WorkerRegistry
 from shared.api import JOIN_TOKEN_HEADER, RegisterWorkerRequest, WorkerInfo, WorkerState
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,11 @@ def join_or_rejoin(
                 return Joined(previous, token, registry.get(previous), rejoined=True)
             if outcome == REVIVE_WRONG_TOKEN:  # its token changed between the check and the script
                 raise _forbidden(previous)
+            if outcome == REVIVE_REFUSED:
+                raise HTTPException(
+                    status.HTTP_409_CONFLICT,
+                    detail=f"worker {previous} is {registry.get(previous).state.value}: rejoining does not change that",
+                )
         log.info("worker %s is no longer known (pruned or lost): it joins under a new id", previous)
     worker_id = new_worker_id()
     token = issue_worker_token(worker_id)

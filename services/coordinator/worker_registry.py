@@ -108,11 +108,15 @@ return cjson.encode(out)
 
 # KEYS: worker hash, leases, worker ids. ARGV: worker id, the presented token's sha256, now_s, expiry_s,
 # state, the new token's sha256, then (field, value) pairs of the registration. Revives a known worker
-# whose stored token digest is the presented one. Returns 1 revived, 0 unknown, -1 wrong token.
+# whose stored token digest is the presented one, if it is dead, active or standby (any other state,
+# e.g. one an operator or the trust score put it in, is not the worker's to leave by rejoining).
+# Returns 1 revived, 0 unknown, -1 wrong token, -2 not revivable in its state.
 _REVIVE_LUA = """
 local digest = redis.call('HGET', KEYS[1], 'token_sha256')
 if not digest then return 0 end
 if digest ~= ARGV[2] then return -1 end
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'dead' and state ~= 'active' and state ~= 'standby' then return -2 end
 redis.call('HSET', KEYS[1], 'state', ARGV[5], 'state_since_s', ARGV[3], 'last_heartbeat_s', ARGV[3],
   'lease_expires_at_s', ARGV[4], 'token_sha256', ARGV[6])
 for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
@@ -120,7 +124,7 @@ redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
 redis.call('SADD', KEYS[3], ARGV[1])
 return 1
 """
-REVIVED, REVIVE_UNKNOWN, REVIVE_WRONG_TOKEN = 1, 0, -1
+REVIVED, REVIVE_UNKNOWN, REVIVE_WRONG_TOKEN, REVIVE_REFUSED = 1, 0, -1, -2
 _WORKER_LIST = TypeAdapter(list[WorkerInfo])
 LIST_CHUNK = 100  # workers per script call: Redis serves no heartbeat while one runs (~5 ms each)
 
@@ -180,7 +184,7 @@ class WorkerRegistry:
         record back: same id, same totals and registration time; a fresh lease, `state`, the new token's
         digest and the registration's fields. Checked and applied in one script, so the presented token
         is the one stored at that moment. Returns REVIVED, REVIVE_UNKNOWN (no such record: pruned or
-        never known) or REVIVE_WRONG_TOKEN."""
+        never known), REVIVE_WRONG_TOKEN or REVIVE_REFUSED (its state is not dead, active or standby)."""
         now_s = self.clock()
         fields = _to_redis_fields(request.model_dump(exclude={"previous_worker_id"}))
         args: list[EncodableT] = [worker_id, presented_token_sha256, repr(now_s), repr(now_s + self.lease_s)]

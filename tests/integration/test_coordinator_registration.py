@@ -168,3 +168,18 @@ def test_the_membership_loop_keeps_its_id_across_a_coordinator_restart_longer_th
             membership.leave()
     finally:
         membership.leave()
+
+
+def test_a_draining_worker_cannot_rejoin_its_way_back_to_active(
+    serve_coordinator: ServeCoordinator, lease_run: RunConfig
+) -> None:
+    api = serve_coordinator(lease_run).client
+    worker = register(api, "leaving")
+    assert api.post(f"/v1/workers/{worker.worker_id}/drain", headers=bearer(worker.token)).status_code == 200
+
+    again = api.post(
+        "/v1/workers", json={"name": "leaving", "previous_worker_id": worker.worker_id}, headers=bearer(worker.token)
+    )
+
+    assert again.status_code == 409 and "draining" in again.json()["detail"]
+    assert [(w.worker_id, w.state) for w in workers(api)] == [(worker.worker_id, "draining")]

@@ -38,7 +38,7 @@ from shared.api import (
 router = APIRouter(prefix="/v1/workers", tags=["workers"])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, responses=error_docs(401, 403, 429))
+@router.post("", status_code=status.HTTP_201_CREATED, responses=error_docs(401, 403, 409, 429))
 def register_worker(
     request: RegisterWorkerRequest,
     coordinator: CoordinatorDep,
