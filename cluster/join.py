@@ -9,7 +9,7 @@ active or on standby (cost-aware activation) and the dashboard shows it.
     python -m cluster.join --name gpu-a --price 0.5        # or: make worker NAME=gpu-a PRICE=0.5
     python -m cluster.join --print-env                     # the environment, to start a worker by hand
 
-A worker on another machine needs the same variables (RL_COORDINATOR_URL, RL_REDIS_URL, RL_CLUSTER_KEY,
+A worker on another machine needs the same variables (RL_COORDINATOR_URL, RL_REDIS_URL, RL_WEIGHTS_PUBLIC_KEY,
 RL_RUN_CONFIG, RL_RUN_ID, RL_MODEL_DIR) with addresses it can reach, and RL_WORKER_HOST set to an
 interface the other workers can reach for weight relaying.
 """
@@ -27,7 +27,7 @@ DEFAULT_RUN_DIR = REPO_ROOT / "runs" / "latest"
 WORKER_VARIABLES = (
     "RL_COORDINATOR_URL",
     "RL_REDIS_URL",
-    "RL_CLUSTER_KEY",
+    "RL_WEIGHTS_PUBLIC_KEY",
     "RL_JOIN_TOKEN",
     "RL_RUN_CONFIG",
     "RL_RUN_ID",

@@ -7,7 +7,10 @@ service, learner and N rollout workers; shows live progress; stops everything by
 learner is done or on Ctrl-C; writes runs/<run-id>/report.json with plots, and points runs/latest
 at it.
 
-While it runs, runs/<run-id>/cluster.env (mode 0600: it holds the admin token and the cluster key)
+Each run makes its own Ed25519 key pair for weight manifests: the private half (RL_SIGNING_KEY) goes
+to the learner's environment only, the public half (RL_WEIGHTS_PUBLIC_KEY) to every service.
+
+While it runs, runs/<run-id>/cluster.env (mode 0600: it holds the admin token; never the signing key)
 has the URLs and secrets another terminal needs: `python -m cluster.join` (make worker) adds a worker
 to the newest cluster, `python -m cluster.drain <name>` (make drain) drains one. Every service
 serves Prometheus metrics (RL_METRICS_PORT: a free port each), listed when the cluster is up.
@@ -33,6 +36,7 @@ from cluster.processes import ServiceProcess, start_service
 from cluster.redis_server import RedisServer, free_port
 from shared.api import StatusResponse, WorkerState
 from shared.config import RunConfig, load_run_config, resolve_model_dir
+from shared.signing import PUBLIC_KEY_ENV, SIGNING_KEY_ENV, KeyPair, generate_key_pair
 from shared.tokenization import ModelFolderError, check_model_folder
 
 log = logging.getLogger("cluster")
@@ -61,7 +65,7 @@ class LocalCluster:
     services: dict[str, ServiceProcess] = field(default_factory=dict)
     coordinator_url: str = ""
     admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
-    cluster_key: str = field(default_factory=lambda: secrets.token_hex(32))
+    weights_keys: KeyPair = field(default_factory=generate_key_pair)  # signing half: the learner's env only
     join_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # workers register with it
     metrics_urls: dict[str, str] = field(default_factory=dict)  # service name -> its Prometheus /metrics
 
@@ -163,7 +167,15 @@ class LocalCluster:
 
     def start_learner(self) -> None:
         port = free_port()
-        self.launch("learner", "services.learner", {"RL_LEARNER_PORT": str(port), "RL_LEARNER_HOST": "127.0.0.1"})
+        self.launch(
+            "learner",
+            "services.learner",
+            {
+                "RL_LEARNER_PORT": str(port),
+                "RL_LEARNER_HOST": "127.0.0.1",
+                SIGNING_KEY_ENV: self.weights_keys.signing_key_hex,
+            },
+        )
 
     def start_worker(self, index: int) -> None:
         self.launch(f"worker-{index}", "services.rollout", {"RL_WORKER_NAME": f"worker-{index}", "RL_WORKER_PORT": "0"})
@@ -187,7 +199,7 @@ class LocalCluster:
             "RL_MODEL_DIR": str(self.model_dir),
             "RL_COORDINATOR_URL": self.coordinator_url,
             "RL_ADMIN_TOKEN": self.admin_token,
-            "RL_CLUSTER_KEY": self.cluster_key,
+            PUBLIC_KEY_ENV: self.weights_keys.public_key_hex,
             "RL_JOIN_TOKEN": self.join_token,
         }
 

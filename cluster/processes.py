@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.signing import SIGNING_KEY_ENV
+
 
 @dataclass
 class ServiceProcess:
@@ -52,10 +54,13 @@ class ServiceProcess:
 
 
 def start_service(name: str, module: str, env: dict[str, str], log_dir: Path, cwd: Path) -> ServiceProcess:
-    """`python -m <module>` with `env` added to this process's environment, output to <log_dir>/<name>.log."""
+    """`python -m <module>` with `env` added to this process's environment, output to <log_dir>/<name>.log.
+    A weight-signing key in this process's environment is not passed on: a child gets one only in `env`
+    (the learner), so a worker never inherits one from the shell that started the cluster."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
-    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **env}
+    inherited = {key: value for key, value in os.environ.items() if key != SIGNING_KEY_ENV}
+    child_env = {**inherited, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **env}
     with open(log_path, "ab") as log_file:
         popen = subprocess.Popen(
             [sys.executable, "-m", module],

@@ -1,6 +1,6 @@
 """Fetching weights from a chunk server over HTTP, verifying everything before it is used.
 
-The manifest's signature is checked against the cluster key first; each chunk is checked against
+The manifest's signature is checked against the learner's public key first; each chunk is checked against
 the manifest's sha256 as it arrives (and stored in an optional local ChunkStore, which is what lets
 this holder relay it to its own children); the reassembled blob is checked last.
 
@@ -23,6 +23,7 @@ import httpx
 
 from shared.chunk_server import ChunkStore
 from shared.messages import WeightsPublished
+from shared.signing import Ed25519PublicKey
 from shared.weights import Manifest, Payload, WeightsError, as_payload, assemble, verify_chunk, verify_signature
 
 _ANNOUNCED_MANIFEST = re.compile(r"^(https?://.+?)/v1/weights/(\d+)(?:/(full|delta))?/manifest$")
@@ -63,13 +64,18 @@ def manifest_path(policy_version: int | None, payload: Payload | None = None) ->
 
 
 def fetch_manifest(
-    client: httpx.Client, base_url: str, policy_version: int | None, cluster_key: bytes, payload: Payload | None = None
+    client: httpx.Client,
+    base_url: str,
+    policy_version: int | None,
+    public_key: Ed25519PublicKey,
+    payload: Payload | None = None,
 ) -> Manifest:
     """The signed manifest of `policy_version` (its full payload unless `payload` says otherwise), or
-    the source's newest complete version when `policy_version` is None."""
+    the source's newest complete version when `policy_version` is None. Raises ManifestError unless the
+    learner's key (`public_key`) signed it, whoever served it."""
     body = _get(client, base_url + manifest_path(policy_version, payload))
     manifest = Manifest.from_json(body)
-    verify_signature(manifest, cluster_key)
+    verify_signature(manifest, public_key)
     if policy_version is not None and manifest.policy_version != policy_version:
         raise FetchError(f"{base_url} answered version {manifest.policy_version} for {policy_version}")
     if payload is not None and manifest.payload != payload:

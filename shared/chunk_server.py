@@ -33,7 +33,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs
 
-from shared.weights import Manifest, Payload, as_payload, verify_chunk
+from shared.signing import Ed25519PublicKey
+from shared.weights import Manifest, Payload, as_payload, verify_chunk, verify_signature
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +70,17 @@ class ChunkStore:
     With `spill_dir`, a whole version added at once (`put_version`: the learner's publications) is
     written to a file there and served from a read-only mapping of it: the versions the store keeps are
     page cache the kernel can drop and re-read, not the process's own memory (at Qwen3-0.6B in bf16,
-    4 versions are ~4.8 GB). Chunks added one by one (a worker relaying) stay in memory."""
+    4 versions are ~4.8 GB). Chunks added one by one (a worker relaying) stay in memory.
 
-    def __init__(self, keep_versions: int = 4, spill_dir: Path | None = None) -> None:
+    With `trusted_key` (the learner's public key: a worker's store), a manifest is held only if the
+    learner signed it (ManifestError otherwise), so nothing else is ever served or relayed from here and
+    a forged manifest cannot replace a held one under the same number."""
+
+    def __init__(
+        self, keep_versions: int = 4, spill_dir: Path | None = None, trusted_key: Ed25519PublicKey | None = None
+    ) -> None:
         self.keep_versions = keep_versions
+        self.trusted_key = trusted_key
         self.spill_dir = spill_dir
         if spill_dir is not None:
             spill_dir.mkdir(parents=True, exist_ok=True)
@@ -85,7 +93,10 @@ class ChunkStore:
     # writing
     def add_manifest(self, manifest: Manifest) -> None:
         """Hold `manifest`'s artifact (no chunks yet). A different manifest under the same version and
-        payload replaces the old one and its chunks: the learner restarted and re-used the number."""
+        payload replaces the old one and its chunks: the learner restarted and re-used the number.
+        Raises ManifestError (holding nothing) if the store has a trusted key that did not sign it."""
+        if self.trusted_key is not None:
+            verify_signature(manifest, self.trusted_key)
         with self._changed:
             artifacts = self._versions.get(manifest.policy_version)
             if artifacts is None:

@@ -1,7 +1,7 @@
 """Run configuration (one TOML file shared by every service) and per-process settings from the environment.
 
 The run file describes the experiment; environment variables (prefix `RL_`) say where each service
-runs and how it reaches the others. Secrets (`RL_ADMIN_TOKEN`, `RL_CLUSTER_KEY`) have no default.
+runs and how it reaches the others. Secrets (`RL_ADMIN_TOKEN`, the learner's `RL_SIGNING_KEY`) have no default.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def start_service(name: str, settings_type: type[S]) -> tuple[S, RunConfig]:
 
     try:
         settings = settings_type()
-    except ValidationError as exc:  # a missing RL_CLUSTER_KEY and the like: say which, no traceback
+    except ValidationError as exc:  # a missing RL_SIGNING_KEY and the like: say which, no traceback
         sys.exit(f"{name} settings (RL_* environment variables): {exc}")
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise

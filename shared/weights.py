@@ -10,18 +10,22 @@ its base by hash (`base_sha256`), so it is never applied to other bytes that sha
 (a restarted learner re-uses numbers).
 
 A receiver verifies every chunk against the manifest before it stores, relays or loads it, and the
-manifest's signature against the cluster key before it trusts any of it.
+manifest's Ed25519 signature against the learner's public key before it trusts any of it. Only the
+learner holds the private key (shared.signing): a worker can check the weights it relays but cannot
+sign any of its own.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import time
-from typing import Literal, Self, cast
+from typing import Any, Literal, Self, cast
 
+from cryptography.exceptions import InvalidSignature
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from shared.signing import Ed25519PrivateKey, Ed25519PublicKey, key_id
 
 
 class WeightsError(RuntimeError):
@@ -29,7 +33,8 @@ class WeightsError(RuntimeError):
 
 
 class ManifestError(WeightsError):
-    """The manifest is malformed, unsigned, or its signature does not match the cluster key."""
+    """The manifest is malformed, of an old schema, unsigned, signed by another key than the trusted
+    one, or its signature does not match its body."""
 
 
 class ChunkVerificationError(WeightsError):
@@ -52,6 +57,7 @@ def as_payload(text: str) -> Payload:
 
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
+MANIFEST_SCHEMA_VERSION: Literal[3] = 3  # 3: Ed25519 under the learner's key; 2 was HMAC under a key every worker held
 
 
 class Manifest(BaseModel):
@@ -60,7 +66,7 @@ class Manifest(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
-    schema_version: Literal[2] = 2
+    schema_version: Literal[3] = MANIFEST_SCHEMA_VERSION
     run_id: str = Field(min_length=1)
     policy_version: int = Field(ge=0)
     format: Literal["safetensors"] = "safetensors"
@@ -82,7 +88,28 @@ class Manifest(BaseModel):
         description="shared.tokenization.model_fingerprint of the learner's folder (tokenizer + architecture); empty: unknown",
     )
     created_at_s: float
-    signature: str = Field("", description="hex HMAC-SHA256 of the canonical manifest body under the cluster key")
+    signing_key_id: str = Field(
+        "",
+        pattern=r"^([0-9a-f]{16})?$",
+        description="shared.signing.key_id of the public key that verifies the signature; empty: unsigned",
+    )
+    signature: str = Field(
+        "",
+        pattern=r"^([0-9a-f]{128})?$",
+        description="hex Ed25519 signature of the canonical body (every other field) by the learner's private key",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _current_schema(cls, data: Any) -> Any:
+        schema_version = data.get("schema_version", MANIFEST_SCHEMA_VERSION) if isinstance(data, dict) else None
+        if schema_version != MANIFEST_SCHEMA_VERSION and schema_version is not None:
+            raise ValueError(
+                f"manifest schema_version {schema_version!r}, this receiver accepts only {MANIFEST_SCHEMA_VERSION} "
+                "(Ed25519-signed by the learner's RL_SIGNING_KEY); version 2 manifests were HMAC-signed with the "
+                "shared RL_CLUSTER_KEY, which any worker held, and are no longer trusted: upgrade the learner"
+            )
+        return data
 
     @model_validator(mode="after")
     def _chunk_count_matches_size(self) -> Self:
@@ -121,10 +148,8 @@ class Manifest(BaseModel):
         return min(self.chunk_size_bytes, self.total_size_bytes - index * self.chunk_size_bytes)
 
     def body_bytes(self) -> bytes:
-        """Canonical bytes that the signature covers: every field except the signature."""
-        # An empty fingerprint is left out, so manifests signed before the field existed still verify.
-        exclude = {"signature"} if self.model_fingerprint else {"signature", "model_fingerprint"}
-        body = self.model_dump(mode="json", exclude=exclude)
+        """Canonical bytes that the signature covers: every field except the signature (the key id too)."""
+        body = self.model_dump(mode="json", exclude={"signature"})
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
     def to_json(self) -> bytes:
@@ -151,18 +176,31 @@ def sha256_hex(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sign(manifest: Manifest, cluster_key: bytes) -> Manifest:
-    signature = hmac.new(cluster_key, manifest.body_bytes(), hashlib.sha256).hexdigest()
-    return manifest.model_copy(update={"signature": signature})
+def sign(manifest: Manifest, signing_key: Ed25519PrivateKey) -> Manifest:
+    """`manifest` signed by the learner's private key: its key id set, then the body signed."""
+    keyed = manifest.model_copy(update={"signing_key_id": key_id(signing_key.public_key()), "signature": ""})
+    return keyed.model_copy(update={"signature": signing_key.sign(keyed.body_bytes()).hex()})
 
 
-def verify_signature(manifest: Manifest, cluster_key: bytes) -> None:
-    """Raise ManifestError unless the manifest carries a valid signature under `cluster_key`."""
+def verify_signature(manifest: Manifest, public_key: Ed25519PublicKey) -> None:
+    """Raise ManifestError unless the manifest carries a valid signature by the holder of the private
+    key that goes with `public_key` (the learner's)."""
     if not manifest.signature:
-        raise ManifestError(f"manifest of version {manifest.policy_version} is unsigned")
-    expected = hmac.new(cluster_key, manifest.body_bytes(), hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(expected, manifest.signature):
-        raise ManifestError(f"manifest of version {manifest.policy_version} has a forged or corrupt signature")
+        raise ManifestError(f"manifest of version {manifest.artifact} is unsigned")
+    trusted_id = key_id(public_key)
+    if manifest.signing_key_id != trusted_id:
+        raise ManifestError(
+            f"manifest of version {manifest.artifact} is signed by key {manifest.signing_key_id or '(none)'}, "
+            f"this receiver trusts key {trusted_id} (RL_WEIGHTS_PUBLIC_KEY): either it is not the learner's "
+            "manifest or the learner's RL_SIGNING_KEY and this RL_WEIGHTS_PUBLIC_KEY are not a pair"
+        )
+    try:
+        public_key.verify(bytes.fromhex(manifest.signature), manifest.body_bytes())
+    except InvalidSignature:
+        raise ManifestError(
+            f"manifest of version {manifest.artifact} has a forged or corrupt signature "
+            f"(its body was changed after signing, or key {trusted_id} did not sign it)"
+        ) from None
 
 
 def build_manifest(
@@ -171,7 +209,7 @@ def build_manifest(
     run_id: str,
     policy_version: int,
     chunk_size_bytes: int,
-    cluster_key: bytes,
+    signing_key: Ed25519PrivateKey,
     model_fingerprint: str = "",
 ) -> tuple[Manifest, list[bytes]]:
     """Chunk the full weights `blob` and describe them; returns the signed manifest and the chunks in order."""
@@ -189,11 +227,11 @@ def build_manifest(
         model_fingerprint=model_fingerprint,
         created_at_s=time.time(),
     )
-    return sign(manifest, cluster_key), chunks
+    return sign(manifest, signing_key), chunks
 
 
 def build_delta_manifest(
-    delta: bytes, *, full: Manifest, base: Manifest, codec: str, cluster_key: bytes
+    delta: bytes, *, full: Manifest, base: Manifest, codec: str, signing_key: Ed25519PrivateKey
 ) -> tuple[Manifest, list[bytes]]:
     """Chunk `delta` (which turns `base`'s full weights into `full`'s) and describe it, signed."""
     if full.payload != "full" or base.payload != "full":
@@ -215,7 +253,7 @@ def build_delta_manifest(
         model_fingerprint=full.model_fingerprint,
         created_at_s=time.time(),
     )
-    return sign(manifest, cluster_key), chunks
+    return sign(manifest, signing_key), chunks
 
 
 def check_model_fingerprint(manifest: Manifest, own_fingerprint: str) -> None:

@@ -28,9 +28,11 @@ import numpy as np
 
 from services.rollout.relay_fetch import RelayFetcher, RelayFetchError
 from shared.chunk_server import ChunkServer, ChunkStore
+from shared.signing import load_signing_key
 from shared.weights import Manifest, build_manifest, sha256_hex, sign, verify_signature
 
-CLUSTER_KEY = b"broadcast-benchmark-key"
+SIGNING_KEY = load_signing_key("5" * 64)  # fixed: the learner node signs, receivers verify with PUBLIC_KEY
+PUBLIC_KEY = SIGNING_KEY.public_key()
 PORT = 8000
 
 
@@ -43,7 +45,7 @@ def serve_learner(args: argparse.Namespace) -> None:
     server = ChunkServer(store, host=args.host, port=PORT, wait_s=args.chunk_wait_s).start()
     blob = np.random.default_rng(args.seed).bytes(args.size_bytes)
     template, chunks = build_manifest(
-        blob, run_id="bench", policy_version=0, chunk_size_bytes=args.chunk_size_bytes, cluster_key=CLUSTER_KEY
+        blob, run_id="bench", policy_version=0, chunk_size_bytes=args.chunk_size_bytes, signing_key=SIGNING_KEY
     )
     emit({"event": "ready", "url": server.url, "size_bytes": len(blob), "num_chunks": template.num_chunks})
     for line in sys.stdin:
@@ -51,7 +53,7 @@ def serve_learner(args: argparse.Namespace) -> None:
         if command["cmd"] == "quit":
             break
         manifest = sign(
-            template.model_copy(update={"policy_version": command["version"], "created_at_s": time.time()}), CLUSTER_KEY
+            template.model_copy(update={"policy_version": command["version"], "created_at_s": time.time()}), SIGNING_KEY
         )
         store.put_version(manifest, chunks)  # the same bytes under a new version: no copy
         emit({"event": "published", "manifest": manifest.to_json().decode()})
@@ -80,7 +82,7 @@ def serve_receiver(args: argparse.Namespace) -> None:
 
 def fetch_once(fetcher: RelayFetcher, command: dict) -> dict:
     manifest = Manifest.from_json(command["manifest"])
-    verify_signature(manifest, CLUSTER_KEY)
+    verify_signature(manifest, PUBLIC_KEY)
     sources = list(command["sources"])
     time.sleep(max(0.0, command["start_at"] - time.time()))  # every receiver starts at the same instant
     started_at_s = time.time()

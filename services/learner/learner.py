@@ -109,7 +109,7 @@ class Learner:
             self.keys,
             self.store,
             public_url=settings.resolved_public_url(self.server.port),
-            cluster_key=settings.cluster_key.get_secret_value().encode(),
+            signing_key=settings.private_key(),
             chunk_size_bytes=run.broadcast.chunk_size_bytes,
             full_every=run.broadcast.full_every if run.broadcast.delta else 1,
             delta_zstd_level=run.broadcast.delta_zstd_level,

@@ -1,7 +1,7 @@
 """Publishing a policy version: serialise, chunk, sign, make servable, and only then announce.
 
     blob      = safetensors bytes of the state dict (the tied lm_head left out)
-    full      = build_manifest(blob): version, sizes, sha256 of every chunk, HMAC under the cluster key
+    full      = build_manifest(blob): version, sizes, sha256 of every chunk, Ed25519-signed (learner only)
     delta     = encode_delta(previous blob, blob), when allowed and smaller than the blob (shared/delta.py)
     store     = ChunkStore.put_version(full [, delta])      # the learner's ChunkServer serves them now
     announce  = XADD WeightsPublished to `weights`          # last: every chunk is servable by then
@@ -36,6 +36,7 @@ from shared.keys import RunKeys
 from shared.messages import WeightsPublished
 from shared.retry import call_with_retry
 from shared.run_records import PublishRecord
+from shared.signing import Ed25519PrivateKey
 from shared.streams import WEIGHTS
 from shared.weights import Manifest, build_delta_manifest, build_manifest
 
@@ -89,7 +90,7 @@ class WeightPublisher:
         store: ChunkStore,
         *,
         public_url: str,
-        cluster_key: bytes,
+        signing_key: Ed25519PrivateKey,  # the learner's private key: only this process can sign weights
         chunk_size_bytes: int,
         full_every: int = 1,
         delta_zstd_level: int = 3,
@@ -102,7 +103,7 @@ class WeightPublisher:
         self.keys = keys
         self.store = store
         self.public_url = public_url.rstrip("/")
-        self.cluster_key = cluster_key
+        self.signing_key = signing_key
         self.chunk_size_bytes = chunk_size_bytes
         self.full_every = full_every  # 1: every version full (no deltas)
         self.delta_zstd_level = delta_zstd_level
@@ -122,7 +123,7 @@ class WeightPublisher:
             run_id=self.keys.run_id,
             policy_version=policy_version,
             chunk_size_bytes=self.chunk_size_bytes,
-            cluster_key=self.cluster_key,
+            signing_key=self.signing_key,
             model_fingerprint=self.model_fingerprint,
         )
         self.store.put_version(full, chunks)  # every chunk servable from here on
@@ -163,7 +164,7 @@ class WeightPublisher:
         delta = encode_delta(base_blob, blob, level=self.delta_zstd_level)
         if len(delta) >= len(blob):
             return None
-        manifest, chunks = build_delta_manifest(delta, full=full, base=base, codec=CODEC, cluster_key=self.cluster_key)
+        manifest, chunks = build_delta_manifest(delta, full=full, base=base, codec=CODEC, signing_key=self.signing_key)
         self.store.put_version(manifest, chunks)
         return manifest
 

@@ -1,7 +1,7 @@
 """Rollout worker: samples GRPO groups for the tasks on the `tasks` stream with the newest announced,
 verified policy weights, and publishes them to `rollouts`.
 
-    RL_COORDINATOR_URL=http://<host>:<port> RL_REDIS_URL=redis://<host>:<port>/0 RL_CLUSTER_KEY=...
+    RL_COORDINATOR_URL=http://<host>:<port> RL_REDIS_URL=redis://<host>:<port>/0 RL_WEIGHTS_PUBLIC_KEY=...
     RL_RUN_CONFIG=<run.toml> RL_RUN_ID=<run id> RL_MODEL_DIR=<model folder> python -m services.rollout
 
 (`python -m cluster.join` does this with the settings of the newest local cluster, runs/latest/cluster.env.)
@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from services.rollout.settings import RolloutSettings, describe_environment
 
     parse_cli("python -m services.rollout", __doc__, argv, epilog="environment:\n" + describe_environment())
-    # a missing RL_CLUSTER_KEY fails here, before anything starts
+    # a missing or malformed RL_WEIGHTS_PUBLIC_KEY fails here, before anything starts
     settings, run = start_service("rollout", RolloutSettings)
     log.info(
         "model folder %s, engine %s",

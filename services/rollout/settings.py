@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 
 from shared.config import EngineKind, ModelConfig, ServiceSettings, resolve_model_dir
+from shared.signing import KEY_HEX_PATTERN, Ed25519PublicKey, load_public_key
 
 
 class RolloutSettings(ServiceSettings):
@@ -15,7 +16,11 @@ class RolloutSettings(ServiceSettings):
     model_dir: Path | None = Field(
         None, description="HF model folder (config + tokenizer); default [model] path, else <run_dir>/model"
     )
-    cluster_key: SecretStr = Field(description="shared secret that signs weight manifests")
+    # The public half only: a worker verifies the learner's weights but holds nothing that can sign them.
+    weights_public_key: str = Field(
+        pattern=KEY_HEX_PATTERN,
+        description="the learner's Ed25519 public key (hex of 32 bytes) that verifies weight manifests",
+    )
     join_token: SecretStr | None = Field(
         None, description="the cluster's join token, sent to register (RL_JOIN_TOKEN; None: open registration)"
     )
@@ -38,6 +43,9 @@ class RolloutSettings(ServiceSettings):
         16, ge=1, description="tasks read at once and sampled in one engine call (more: faster, coarser)"
     )
     worker_poll_s: float = Field(0.2, gt=0, description="pause between checks while waiting for admissible weights")
+
+    def public_key(self) -> Ed25519PublicKey:
+        return load_public_key(self.weights_public_key)
 
     def join_token_value(self) -> str | None:
         return None if self.join_token is None else self.join_token.get_secret_value()

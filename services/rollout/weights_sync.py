@@ -2,7 +2,8 @@
 then swap between groups.
 
     background thread (`start()`), for every new announcement on `weights`:
-        manifest   from the announcing learner; signature, run id, and that it is the announced one
+        manifest   from the announcing learner; Ed25519 signature under the learner's public key (this
+                   worker holds no key that can sign), run id, and that it is the announced one
         payload    the delta if we hold its base (same version AND same full sha256), else the full one
         relay      services/rollout/relay_fetch.py: stream from our parent (the coordinator's plan),
                    verify every chunk, store it (our chunk server relays it at once), route around
@@ -40,6 +41,7 @@ from shared.chunk_server import ChunkStore
 from shared.delta import DeltaError, apply_delta
 from shared.messages import WeightsPublished
 from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
+from shared.signing import Ed25519PublicKey
 from shared.streams import WEIGHTS
 from shared.weights import (
     ChunkVerificationError,
@@ -89,7 +91,7 @@ class WeightsSync:
         self,
         bus: StreamBus,
         store: ChunkStore,
-        cluster_key: bytes,
+        public_key: Ed25519PublicKey,
         *,
         parents: ParentLookup | None = None,
         own_url: str = "",
@@ -104,7 +106,7 @@ class WeightsSync:
         self.model_fingerprint = model_fingerprint  # of this worker's folder; "" checks nothing
         self.keys = bus.keys
         self.store = store
-        self.cluster_key = cluster_key
+        self.public_key = public_key  # the learner's: verifies manifests, cannot sign them
         self.parents = parents  # None: fetch from the learner only
         self.retry_failed_after_s = retry_failed_after_s
         self.relay = RelayFetcher(
@@ -179,7 +181,7 @@ class WeightsSync:
         """The announced version's full weights, every check passed; raises a WeightsError subclass otherwise."""
         learner_url, announced_payload = announced_source(announcement)
         version = announcement.policy_version
-        manifest = fetch_manifest(self._http, learner_url, version, self.cluster_key, payload=announced_payload)
+        manifest = fetch_manifest(self._http, learner_url, version, self.public_key, payload=announced_payload)
         check_manifest_matches(announcement, manifest, self.keys.run_id)
         check_model_fingerprint(manifest, self.model_fingerprint)
         resolve = self._sources(learner_url)
@@ -191,7 +193,7 @@ class WeightsSync:
         else:
             full = manifest
             if manifest.payload == "delta":  # a late joiner, or it missed the base: the full payload
-                full = fetch_manifest(self._http, learner_url, version, self.cluster_key, payload="full")
+                full = fetch_manifest(self._http, learner_url, version, self.public_key, payload="full")
                 check_full_matches(manifest, full)
                 log.info(
                     "no base v%d (%s..) for delta v%d: fetching the full payload",
@@ -295,7 +297,7 @@ class WeightsSync:
         """Store the rebuilt full payload under the learner's signed full manifest, so this worker can
         serve late joiners too. Best effort: without it, they fetch the full payload elsewhere."""
         try:
-            full = fetch_manifest(self._http, learner_url, delta.policy_version, self.cluster_key, payload="full")
+            full = fetch_manifest(self._http, learner_url, delta.policy_version, self.public_key, payload="full")
             check_full_matches(delta, full)
             self.store.put_version(full, split_into_chunks(blob, full.chunk_size_bytes))
         except WeightsError as exc:

@@ -90,14 +90,15 @@ class RolloutWorker:
         self.keys = RunKeys(run.run_id)
         self.bus = StreamBus(redis_client, self.keys, service="rollout")
         self.stopping = stopping or threading.Event()  # set by stop() or the process's signal handler
-        self.store = ChunkStore(keep_versions=run.broadcast.keep_versions)
+        # holds (and relays) only manifests the learner signed
+        self.store = ChunkStore(keep_versions=run.broadcast.keep_versions, trusted_key=settings.public_key())
         self.chunk_server = ChunkServer(
             self.store, host=settings.worker_host, port=settings.worker_port, wait_s=run.broadcast.chunk_wait_s
         )
         self.weights = WeightsSync(
             self.bus,
             self.store,
-            settings.cluster_key.get_secret_value().encode(),
+            settings.public_key(),
             fetch_timeout_s=run.broadcast.chunk_wait_s + 5.0,
             # relay: stream from the parent the coordinator assigns; fetching runs on its own thread
             parents=CoordinatorParents(settings.coordinator_url, lambda: self.membership.worker_id),

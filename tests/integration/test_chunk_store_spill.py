@@ -16,16 +16,16 @@ import pytest
 from shared.chunk_client import fetch_manifest, fetch_version
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.weights import build_manifest
+from tests.weights_keys import PUBLIC_KEY, SIGNING_KEY
 
 pytestmark = pytest.mark.integration
-KEY = b"k"
 MIB = 1 << 20
 
 
 def version(policy_version: int, size_bytes: int, chunk_size_bytes: int = 4 * MIB):  # type: ignore[no-untyped-def]
     blob = os.urandom(size_bytes)
     manifest, chunks = build_manifest(
-        blob, run_id="r", policy_version=policy_version, chunk_size_bytes=chunk_size_bytes, cluster_key=KEY
+        blob, run_id="r", policy_version=policy_version, chunk_size_bytes=chunk_size_bytes, signing_key=SIGNING_KEY
     )
     return blob, manifest, chunks
 
@@ -42,7 +42,7 @@ def test_a_spilled_version_is_served_byte_identical(spilled_server: ChunkServer,
     spilled_server.store.put_version(manifest, chunks)
     assert len(list((tmp_path / "published").glob("3-full-*.chunks"))) == 1
     with httpx.Client() as client:
-        fetched = fetch_manifest(client, spilled_server.url, None, KEY)
+        fetched = fetch_manifest(client, spilled_server.url, None, PUBLIC_KEY)
         assert fetch_version(client, spilled_server.url, fetched, store=ChunkStore()) == blob
     assert spilled_server.store.chunks(manifest) == chunks
 

@@ -19,11 +19,11 @@ from services.rollout.weights_sync import WeightsSync
 from shared.bus import StreamBus
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.keys import RunKeys
+from tests.weights_keys import FORGER_KEY, PUBLIC_KEY, SIGNING_KEY
 
 pytestmark = pytest.mark.integration
 torch.set_num_threads(1)
 
-KEY = b"delta-test-key"
 FULL_EVERY = 3
 
 
@@ -68,7 +68,7 @@ def new_worker(
     sync = WeightsSync(
         StreamBus(redis_client, keys, service="rollout"),
         store,
-        KEY,
+        PUBLIC_KEY,
         parents=parents,
         own_url=servers[-1].url,
         retry_failed_after_s=0.0,
@@ -93,7 +93,7 @@ def test_deltas_rebuild_the_learners_exact_weights_and_late_joiners_get_the_full
         keys,
         learner_server.store,
         public_url=learner_server.url,
-        cluster_key=KEY,
+        signing_key=SIGNING_KEY,
         chunk_size_bytes=16384,
         full_every=FULL_EVERY,
         journal_path=tmp_path / "broadcast.jsonl",
@@ -158,7 +158,7 @@ def test_a_forged_delta_is_refused_and_the_engine_keeps_its_weights(
         keys,
         learner_server.store,
         public_url=learner_server.url,
-        cluster_key=KEY,
+        signing_key=SIGNING_KEY,
         chunk_size_bytes=16384,
         full_every=10,
     )
@@ -171,7 +171,7 @@ def test_a_forged_delta_is_refused_and_the_engine_keeps_its_weights(
         keys,
         learner_server.store,
         public_url=learner_server.url,
-        cluster_key=b"not-the-cluster-key",
+        signing_key=FORGER_KEY,
         chunk_size_bytes=16384,
         full_every=10,
     )

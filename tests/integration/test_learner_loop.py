@@ -40,10 +40,10 @@ from shared.weights import WeightsError
 from tests.gated_task import GatedTask
 from tests.polling import wait_for
 from tests.selfplay import sample_scored_groups
+from tests.weights_keys import PUBLIC_KEY, SIGNING_KEY_HEX
 
 pytestmark = pytest.mark.integration
 torch.set_num_threads(1)
-CLUSTER_KEY = "test-cluster-key"
 
 
 def small_run(run_id: str, *, num_steps: int) -> RunConfig:
@@ -99,7 +99,7 @@ class StandInWorker(threading.Thread):
 
     def load(self, client: httpx.Client, announcement: WeightsPublished) -> None:
         base_url = announcement.manifest_url.split("/v1/weights/")[0]
-        manifest = fetch_manifest(client, base_url, announcement.policy_version, CLUSTER_KEY.encode())
+        manifest = fetch_manifest(client, base_url, announcement.policy_version, PUBLIC_KEY)
         if manifest.sha256() != announcement.manifest_sha256:
             raise WeightsError(f"version {announcement.policy_version} at {base_url} is not the one announced")
         blob = fetch_version(client, base_url, manifest)
@@ -173,7 +173,7 @@ def learner_settings(redis_url: str, run_dir: Path, model_dir: Path) -> LearnerS
         redis_url=redis_url,
         run_dir=run_dir,
         model_dir=model_dir,
-        cluster_key=CLUSTER_KEY,
+        signing_key=SIGNING_KEY_HEX,
         learner_port=0,
         poll_block_ms=50,
     )
@@ -280,7 +280,7 @@ def start_learner_process(
         "RL_RUN_ID": run_id,
         "RL_RUN_DIR": str(run_dir),
         "RL_MODEL_DIR": str(policy_dir),
-        "RL_CLUSTER_KEY": CLUSTER_KEY,
+        "RL_SIGNING_KEY": SIGNING_KEY_HEX,
         "RL_LEARNER_PORT": "0",
         "RL_POLL_BLOCK_MS": "50",
     }
@@ -414,7 +414,9 @@ def test_a_learner_without_a_model_folder_fails_at_start_instead_of_building_one
     from shared.tokenization import ModelFolderError
 
     (tmp_path / "model").mkdir()  # a folder without config.json used to become a random char model
-    settings = LearnerSettings(redis_url=redis_server.url, run_dir=tmp_path, cluster_key=CLUSTER_KEY, learner_port=0)
+    settings = LearnerSettings(
+        redis_url=redis_server.url, run_dir=tmp_path, signing_key=SIGNING_KEY_HEX, learner_port=0
+    )
     with pytest.raises(ModelFolderError, match="no config.json"):
         Learner(small_run(keys.run_id, num_steps=1), settings, bus)
     assert not (tmp_path / "model" / "config.json").exists()
@@ -436,7 +438,7 @@ def test_a_learner_on_a_user_folder_pads_stops_and_signs_like_its_workers(
         generation_eos_tokens=(ENDOFTEXT, IM_END),
     )
     settings = LearnerSettings(
-        redis_url=redis_server.url, run_dir=tmp_path, model_dir=folder, cluster_key=CLUSTER_KEY, learner_port=0
+        redis_url=redis_server.url, run_dir=tmp_path, model_dir=folder, signing_key=SIGNING_KEY_HEX, learner_port=0
     )
     learner = Learner(small_run(keys.run_id, num_steps=1), settings, bus)
     tokenizer = learner.tokenizer

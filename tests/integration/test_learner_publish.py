@@ -19,10 +19,10 @@ from shared.keys import RunKeys
 from shared.messages import WeightsPublished
 from shared.streams import WEIGHTS, Stream
 from shared.weights import ManifestError
+from tests.weights_keys import FORGER_KEY, PUBLIC_KEY, SIGNING_KEY
 
 pytestmark = pytest.mark.integration
 torch.set_num_threads(1)
-KEY = b"cluster-key"
 
 
 class ServabilityCheckingBus:
@@ -37,7 +37,7 @@ class ServabilityCheckingBus:
     def publish(self, stream: Stream[WeightsPublished], message: WeightsPublished) -> str:
         assert isinstance(message, WeightsPublished)
         with httpx.Client(timeout=5.0) as client:
-            manifest = fetch_manifest(client, self.base_url, message.policy_version, KEY)
+            manifest = fetch_manifest(client, self.base_url, message.policy_version, PUBLIC_KEY)
             self.blobs_fetched_before_announcing.append(fetch_version(client, self.base_url, manifest))
         return self.bus.publish(stream, message)
 
@@ -51,7 +51,12 @@ def test_a_published_version_is_fetched_verified_and_loads_into_a_fresh_model_id
             parameter.add_(torch.randn_like(parameter) * 0.01)
     checking_bus = ServabilityCheckingBus(bus, chunk_server.url)
     publisher = WeightPublisher(
-        checking_bus, keys, chunk_server.store, public_url=chunk_server.url, cluster_key=KEY, chunk_size_bytes=16384
+        checking_bus,
+        keys,
+        chunk_server.store,
+        public_url=chunk_server.url,
+        signing_key=SIGNING_KEY,
+        chunk_size_bytes=16384,
     )
 
     published = publisher.publish(model, policy_version=3)
@@ -62,13 +67,13 @@ def test_a_published_version_is_fetched_verified_and_loads_into_a_fresh_model_id
     assert announcement.policy_version == 3
     assert announcement.manifest_url == f"{chunk_server.url}/v1/weights/3/manifest"
     with httpx.Client(timeout=5.0) as client:
-        manifest = fetch_manifest(client, chunk_server.url, 3, KEY)
+        manifest = fetch_manifest(client, chunk_server.url, 3, PUBLIC_KEY)
         assert manifest.sha256() == announcement.manifest_sha256
         assert client.get(announcement.manifest_url).content == manifest.to_json()
         blob = fetch_version(client, chunk_server.url, manifest)
         assert "lm_head.weight" not in safetensors_load(blob)  # tied to the embedding: sent once
         with pytest.raises(ManifestError):
-            fetch_manifest(client, chunk_server.url, 3, b"not-the-cluster-key")
+            fetch_manifest(client, chunk_server.url, 3, FORGER_KEY.public_key())
 
     fresh, _ = load_policy(tiny_policy_dir)
     load_weights_blob(fresh, blob)

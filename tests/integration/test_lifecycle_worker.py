@@ -37,11 +37,10 @@ from shared.messages import LearnerState, TaskGroup
 from shared.streams import LEARNER_STATE, ROLLOUTS, TASKS
 from tests.coordinator_rest import ADMIN_TOKEN, JOIN_HEADERS, JOIN_TOKEN
 from tests.polling import CallCounter, wait_for
+from tests.weights_keys import PUBLIC_KEY_HEX, SIGNING_KEY
 
 pytestmark = pytest.mark.integration
 torch.set_num_threads(1)
-
-CLUSTER_KEY = "lifecycle-cluster-key"
 
 
 @pytest.fixture
@@ -62,7 +61,7 @@ def publish_version_0(bus: StreamBus, keys: RunKeys, model_dir: Path) -> Iterato
     store = ChunkStore()
     server = ChunkServer(store, wait_s=1.0).start()
     publisher = WeightPublisher(
-        bus, keys, store, public_url=server.url, cluster_key=CLUSTER_KEY.encode(), chunk_size_bytes=64 * 1024
+        bus, keys, store, public_url=server.url, signing_key=SIGNING_KEY, chunk_size_bytes=64 * 1024
     )
     publisher.publish(TorchEngine(model_dir).model, 0)
     set_learner(bus, keys, train_s=1.0)
@@ -144,7 +143,7 @@ def test_a_drained_worker_process_finishes_its_batch_loses_no_task_and_leaves(
     feeder.start()
     env = {
         **os.environ,
-        "RL_CLUSTER_KEY": CLUSTER_KEY,
+        "RL_WEIGHTS_PUBLIC_KEY": PUBLIC_KEY_HEX,
         "RL_JOIN_TOKEN": JOIN_TOKEN,
         "RL_COORDINATOR_URL": coordinator_url,
         "RL_REDIS_URL": redis_server.url,
@@ -195,7 +194,7 @@ def test_a_drained_worker_process_finishes_its_batch_loses_no_task_and_leaves(
     assert bus.backlog(TASKS) == len(task_ids) - len(set(done))
     # a second worker takes over: every task ends up sampled exactly once
     settings = RolloutSettings(
-        cluster_key=CLUSTER_KEY,
+        weights_public_key=PUBLIC_KEY_HEX,
         join_token=JOIN_TOKEN,
         coordinator_url=coordinator_url,
         redis_url=redis_server.url,
@@ -235,7 +234,7 @@ def test_a_standby_worker_keeps_heartbeating_and_fresh_weights_but_takes_no_task
     )
     wait_for(lambda: httpx.get(f"{coordinator_url}/v1/capacity").json()["known"], "the planner knows the requirement")
     settings = RolloutSettings(
-        cluster_key=CLUSTER_KEY,
+        weights_public_key=PUBLIC_KEY_HEX,
         join_token=JOIN_TOKEN,
         coordinator_url=coordinator_url,
         redis_url=redis_server.url,

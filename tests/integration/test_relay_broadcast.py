@@ -21,10 +21,10 @@ from shared.chunk_server import ChunkServer, ChunkStore, ManifestMismatchError
 from shared.weights import Manifest, build_manifest
 from tests.corrupting_store import CorruptingStore
 from tests.polling import wait_for
+from tests.weights_keys import SIGNING_KEY
 
 pytestmark = pytest.mark.integration
 
-KEY = b"relay-test-key"
 CHUNK_SIZE_BYTES = 64 * 1024
 NUM_CHUNKS = 16
 
@@ -100,7 +100,7 @@ def holders() -> Iterator[list[Holder]]:
 def new_version(policy_version: int = 1) -> tuple[Manifest, list[bytes], bytes]:
     blob = np.random.default_rng(policy_version).bytes(NUM_CHUNKS * CHUNK_SIZE_BYTES - 1000)
     manifest, chunks = build_manifest(
-        blob, run_id="r", policy_version=policy_version, chunk_size_bytes=CHUNK_SIZE_BYTES, cluster_key=KEY
+        blob, run_id="r", policy_version=policy_version, chunk_size_bytes=CHUNK_SIZE_BYTES, signing_key=SIGNING_KEY
     )
     return manifest, chunks, blob
 
@@ -264,7 +264,7 @@ def test_a_store_replaces_a_version_whose_manifest_differs_and_pins_requests_to_
     holder.store.put_version(old, old_chunks)
     blob = b"a restarted learner re-used version number 1" * 2000
     new, new_chunks = build_manifest(
-        blob, run_id="r", policy_version=1, chunk_size_bytes=CHUNK_SIZE_BYTES, cluster_key=KEY
+        blob, run_id="r", policy_version=1, chunk_size_bytes=CHUNK_SIZE_BYTES, signing_key=SIGNING_KEY
     )
 
     holder.store.put_version(new, new_chunks)

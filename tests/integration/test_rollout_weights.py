@@ -1,5 +1,6 @@
 """Weight sync of a rollout worker against a real ChunkServer and real Redis: an announced version is
-fetched, verified, kept for relaying and loaded; a version failing any check is never loaded."""
+fetched, verified, kept for relaying and loaded; a version failing any check (a corrupt chunk, a
+manifest not signed by the learner's key) is never loaded nor relayed."""
 
 from __future__ import annotations
 
@@ -20,15 +21,16 @@ from shared.chunk_client import fetch_manifest, fetch_version
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.keys import RunKeys
 from shared.messages import WeightsPublished
+from shared.signing import Ed25519PrivateKey, key_id
 from shared.streams import WEIGHTS
 from shared.tokenization import model_fingerprint
-from shared.weights import build_manifest
+from shared.weights import ManifestError, build_manifest
 from tests.corrupting_store import CorruptingStore
+from tests.weights_keys import FORGER_KEY, PUBLIC_KEY, SIGNING_KEY
 
 pytestmark = pytest.mark.integration
 torch.set_num_threads(1)
 
-CLUSTER_KEY = b"test-cluster-key"
 CHUNK_SIZE_BYTES = 64 * 1024
 PROMPTS = ["3+4=", "12+345=", "9="]
 
@@ -45,7 +47,7 @@ class Learner:
         engine: TorchEngine,
         policy_version: int,
         noise_scale: float,
-        cluster_key: bytes = CLUSTER_KEY,
+        signing_key: Ed25519PrivateKey = SIGNING_KEY,
         model_fingerprint: str = "",
     ) -> WeightsPublished:
         generator = torch.Generator().manual_seed(policy_version)
@@ -61,7 +63,7 @@ class Learner:
             run_id=self.keys.run_id,
             policy_version=policy_version,
             chunk_size_bytes=CHUNK_SIZE_BYTES,
-            cluster_key=cluster_key,
+            signing_key=signing_key,
             model_fingerprint=model_fingerprint,
         )
         self.store.put_version(manifest, chunks)
@@ -96,7 +98,8 @@ def learner(bus: StreamBus, keys: RunKeys, learner_store: CorruptingStore) -> It
 
 @pytest.fixture
 def sync(bus: StreamBus) -> Iterator[WeightsSync]:
-    sync = WeightsSync(bus, ChunkStore(), CLUSTER_KEY, retry_failed_after_s=0.0)
+    # as a worker builds it: its store holds (and relays) only manifests the learner signed
+    sync = WeightsSync(bus, ChunkStore(trusted_key=PUBLIC_KEY), PUBLIC_KEY, retry_failed_after_s=0.0)
     yield sync
     sync.close()
 
@@ -122,7 +125,7 @@ def test_an_announced_version_is_verified_kept_for_relaying_and_loaded(
     relay = ChunkServer(sync.store).start()
     try:
         with httpx.Client() as client:
-            manifest = fetch_manifest(client, relay.url, 0, CLUSTER_KEY)
+            manifest = fetch_manifest(client, relay.url, 0, PUBLIC_KEY)
             assert fetch_version(client, relay.url, manifest) == fetch_version(client, learner.server.url, manifest)
     finally:
         relay.stop()
@@ -152,11 +155,79 @@ def test_a_corrupt_chunk_is_never_loaded_and_the_version_is_retried_later(
 def test_a_manifest_signed_with_another_key_is_never_loaded(
     engine: TorchEngine, learner: Learner, sync: WeightsSync
 ) -> None:
-    learner.publish(engine, policy_version=0, noise_scale=0.3, cluster_key=b"someone-else")
+    learner.publish(engine, policy_version=0, noise_scale=0.3, signing_key=FORGER_KEY)
 
     assert sync.update(engine) is None
     assert engine.policy_version == -1 and sync.num_rejected == 1
     assert sync.store.versions() == []
+
+
+def test_a_forged_version_served_by_a_relay_peer_is_refused_and_never_loaded_nor_relayed(
+    engine: TorchEngine, learner: Learner, sync: WeightsSync, bus: StreamBus, keys: RunKeys
+) -> None:
+    learner.publish(engine, policy_version=0, noise_scale=0.3)
+    assert sync.update(engine) == 0
+    before = greedy_logprobs(engine)
+    # A malicious worker: its own chunk server holds a "version 1" it signed with the only kind of key a
+    # worker can have (not the learner's), every chunk hash correct; it announces it as the learner would.
+    peer = Learner(bus, keys, ChunkStore())
+    relay = ChunkServer(sync.store).start()  # the honest worker's own chunk server, serving its children
+    try:
+        forged = peer.publish(engine, policy_version=1, noise_scale=1.0, signing_key=FORGER_KEY)
+        with httpx.Client() as client:
+            with pytest.raises(
+                ManifestError,
+                match=f"signed by key {key_id(FORGER_KEY.public_key())}, this receiver trusts key {key_id(PUBLIC_KEY)}",
+            ):
+                fetch_manifest(client, peer.server.url, 1, PUBLIC_KEY)
+
+            assert sync.update(engine) is None
+            assert engine.policy_version == 0 and sync.num_rejected == 1
+            assert greedy_logprobs(engine) == before
+            # nothing of it reached the worker's store: its children cannot be served the forged version
+            assert sync.store.versions() == [0]
+            assert client.get(f"{relay.url}/v1/weights/1/manifest").status_code == 404
+            assert client.get(f"{relay.url}/v1/weights/latest").json()["policy_version"] == 0
+
+            # the same manifest claiming the learner's key id: the signature itself fails
+            spoofed = peer.store.manifest(1)
+            assert spoofed is not None and spoofed.sha256() == forged.manifest_sha256
+            spoofed = spoofed.model_copy(update={"signing_key_id": key_id(PUBLIC_KEY)})
+            with pytest.raises(ManifestError, match="forged or corrupt"):
+                sync.store.add_manifest(spoofed)
+            assert sync.store.versions() == [0]
+    finally:
+        relay.stop()
+        peer.server.stop()
+
+    learner.publish(engine, policy_version=1, noise_scale=0.2)  # the learner's own version 1 loads as ever
+    assert sync.update(engine) == 1
+
+
+def test_a_relay_parent_holding_a_forged_version_under_the_announced_number_is_routed_around(
+    engine: TorchEngine, learner: Learner, learner_store: CorruptingStore, bus: StreamBus, keys: RunKeys
+) -> None:
+    # the coordinator made a malicious worker our parent; it holds its own signed "version 0"
+    parent = Learner(bus, keys, ChunkStore())
+    sync = WeightsSync(
+        bus,
+        ChunkStore(trusted_key=PUBLIC_KEY),
+        PUBLIC_KEY,
+        parents=lambda _: [parent.server.url],
+        retry_failed_after_s=0.0,
+    )
+    try:
+        forged = parent.publish(engine, policy_version=0, noise_scale=1.0, signing_key=FORGER_KEY)
+        genuine = learner.publish(engine, policy_version=0, noise_scale=0.3)  # the newest announcement
+
+        assert sync.update(engine) == 0
+        held = sync.store.manifest(0)
+        assert held is not None and held.sha256() == genuine.manifest_sha256 != forged.manifest_sha256
+        assert sync.store.chunks(held) == learner_store.chunks(held)  # every byte is the learner's
+        assert sync.last_swap is not None and sync.last_swap.source_url == learner.server.url
+    finally:
+        sync.close()
+        parent.server.stop()
 
 
 def test_an_announcement_naming_a_different_manifest_is_never_loaded(
@@ -173,7 +244,7 @@ def test_a_resumed_learner_announcing_an_older_version_is_followed(
     engine: TorchEngine, learner: Learner, bus: StreamBus
 ) -> None:
     # a store keeping one version evicts the older one on arrival: it is loaded all the same
-    sync = WeightsSync(bus, ChunkStore(keep_versions=1), CLUSTER_KEY, retry_failed_after_s=0.0)
+    sync = WeightsSync(bus, ChunkStore(keep_versions=1), PUBLIC_KEY, retry_failed_after_s=0.0)
     learner.publish(engine, policy_version=5, noise_scale=0.3)
     assert sync.update(engine) == 5
 
@@ -192,7 +263,7 @@ def test_weights_published_for_another_model_folder_are_refused_once_and_never_l
     other_folder = build_folder(tmp_path / "other")  # another tokenizer and architecture
     assert model_fingerprint(other_folder) != engine.model_fingerprint
     sync = WeightsSync(
-        bus, ChunkStore(), CLUSTER_KEY, retry_failed_after_s=0.0, model_fingerprint=engine.model_fingerprint
+        bus, ChunkStore(), PUBLIC_KEY, retry_failed_after_s=0.0, model_fingerprint=engine.model_fingerprint
     )
     try:
         learner.publish(engine, policy_version=0, noise_scale=0.3, model_fingerprint=model_fingerprint(other_folder))

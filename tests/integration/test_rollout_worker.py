@@ -33,11 +33,11 @@ from shared.weights import build_manifest
 from tests.coordinator_rest import JOIN_TOKEN, ServeCoordinator
 from tests.manual_clock import ManualClock
 from tests.polling import CallCounter, wait_for
+from tests.weights_keys import PUBLIC_KEY_HEX, SIGNING_KEY
 
 pytestmark = pytest.mark.integration
 torch.set_num_threads(1)
 
-CLUSTER_KEY = "worker-test-cluster-key"
 STALENESS_BOUND = 1
 
 
@@ -59,7 +59,7 @@ class LearnerSide:
             run_id=self.keys.run_id,
             policy_version=policy_version,
             chunk_size_bytes=128 * 1024,
-            cluster_key=CLUSTER_KEY.encode(),
+            signing_key=SIGNING_KEY,
         )
         self.server.store.put_version(manifest, chunks)
         self.bus.publish(
@@ -134,7 +134,7 @@ def test_worker_samples_with_announced_versions_gates_on_staleness_and_dead_lett
     model_dir: Path,
 ) -> None:
     settings = RolloutSettings(
-        cluster_key=CLUSTER_KEY,
+        weights_public_key=PUBLIC_KEY_HEX,
         join_token=JOIN_TOKEN,
         coordinator_url=coordinator_url,
         redis_url=redis_server.url,
@@ -264,7 +264,7 @@ def run_worker_process_to_version_0(
     loaded, sends SIGTERM and asserts it exits 0; killed by PID if anything fails on the way."""
     env = {
         **os.environ,
-        "RL_CLUSTER_KEY": CLUSTER_KEY,
+        "RL_WEIGHTS_PUBLIC_KEY": PUBLIC_KEY_HEX,
         "RL_JOIN_TOKEN": JOIN_TOKEN,
         "RL_COORDINATOR_URL": coordinator_url,
         "RL_REDIS_URL": redis_url,

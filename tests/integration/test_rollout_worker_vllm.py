@@ -22,7 +22,6 @@ from shared.streams import TASKS
 from tests.coordinator_rest import JOIN_TOKEN
 from tests.hf_folders import build_char_folder
 from tests.integration.test_rollout_worker import (
-    CLUSTER_KEY,
     STALENESS_BOUND,
     LearnerSide,
     make_task,
@@ -31,6 +30,7 @@ from tests.integration.test_rollout_worker import (
 )
 from tests.polling import wait_for
 from tests.vllm_required import require_vllm
+from tests.weights_keys import PUBLIC_KEY_HEX
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -76,7 +76,7 @@ def test_a_vllm_worker_samples_with_each_announced_version(
     from transformers import AutoModelForCausalLM
 
     settings = RolloutSettings(
-        cluster_key=CLUSTER_KEY,
+        weights_public_key=PUBLIC_KEY_HEX,
         join_token=JOIN_TOKEN,
         coordinator_url=coordinator_url,
         redis_url=redis_server.url,

@@ -67,5 +67,14 @@ def test_services_reach_redis_and_each_other_by_compose_names_and_secrets_have_n
         assert env["RL_REDIS_URL"] == "redis://redis:6379/0", name
         assert env["RL_COORDINATOR_URL"] == "http://coordinator:8000", name
         assert env["RL_ADMIN_TOKEN"].startswith("${RL_ADMIN_TOKEN:?"), name
-        assert env["RL_CLUSTER_KEY"].startswith("${RL_CLUSTER_KEY:?"), name
+        assert env["RL_WEIGHTS_PUBLIC_KEY"].startswith("${RL_WEIGHTS_PUBLIC_KEY:?"), name
+        assert "RL_CLUSTER_KEY" not in env, name
         assert env["RL_JOIN_TOKEN"].startswith("${RL_JOIN_TOKEN:?"), name
+
+
+def test_only_the_learner_gets_the_private_signing_key(compose: dict) -> None:
+    holders = [
+        name for name, service in compose["services"].items() if "RL_SIGNING_KEY" in service.get("environment", {})
+    ]
+    assert holders == ["learner"]
+    assert compose["services"]["learner"]["environment"]["RL_SIGNING_KEY"].startswith("${RL_SIGNING_KEY:?")

@@ -9,8 +9,7 @@ import pytest
 
 from shared.delta import CODEC, DeltaError, apply_delta, encode_delta
 from shared.weights import ManifestError, build_delta_manifest, build_manifest, sha256_hex, sign, verify_signature
-
-KEY = b"cluster-key"
+from tests.weights_keys import PUBLIC_KEY, SIGNING_KEY
 
 
 def float_weights(seed: int, num_floats: int = 50_000) -> np.ndarray:
@@ -68,27 +67,27 @@ def test_a_broken_delta_or_the_wrong_base_is_caught() -> None:
 
 def test_a_delta_manifest_is_signed_names_its_base_and_the_full_weights() -> None:
     base_blob, target_blob = float_weights(0).tobytes(), one_step_later(float_weights(0)).tobytes()
-    base, _ = build_manifest(base_blob, run_id="r", policy_version=4, chunk_size_bytes=4096, cluster_key=KEY)
-    full, _ = build_manifest(target_blob, run_id="r", policy_version=5, chunk_size_bytes=4096, cluster_key=KEY)
+    base, _ = build_manifest(base_blob, run_id="r", policy_version=4, chunk_size_bytes=4096, signing_key=SIGNING_KEY)
+    full, _ = build_manifest(target_blob, run_id="r", policy_version=5, chunk_size_bytes=4096, signing_key=SIGNING_KEY)
     delta = encode_delta(base_blob, target_blob)
 
-    manifest, chunks = build_delta_manifest(delta, full=full, base=base, codec=CODEC, cluster_key=KEY)
+    manifest, chunks = build_delta_manifest(delta, full=full, base=base, codec=CODEC, signing_key=SIGNING_KEY)
 
-    verify_signature(manifest, KEY)
+    verify_signature(manifest, PUBLIC_KEY)
     assert (manifest.payload, manifest.artifact, manifest.base_version) == ("delta", "5/delta", 4)
     assert manifest.base_sha256 == sha256_hex(base_blob) and manifest.full_sha256 == sha256_hex(target_blob)
     assert manifest.total_size_bytes == len(delta) < manifest.full_size_bytes == len(target_blob)
     assert b"".join(chunks) == delta and full.full_sha256 == full.blob_sha256
     # pointing a delta at another base (or other full weights) breaks the signature
     with pytest.raises(ManifestError, match="forged"):
-        verify_signature(manifest.model_copy(update={"base_sha256": "0" * 64}), KEY)
+        verify_signature(manifest.model_copy(update={"base_sha256": "0" * 64}), PUBLIC_KEY)
     with pytest.raises(ManifestError, match="forged"):
-        verify_signature(manifest.model_copy(update={"full_sha256": "1" * 64}), KEY)
-    verify_signature(sign(manifest.model_copy(update={"base_version": 3}), KEY), KEY)
+        verify_signature(manifest.model_copy(update={"full_sha256": "1" * 64}), PUBLIC_KEY)
+    verify_signature(sign(manifest.model_copy(update={"base_version": 3}), SIGNING_KEY), PUBLIC_KEY)
 
 
 def test_a_manifest_must_be_consistent_about_its_payload() -> None:
-    full, _ = build_manifest(b"w" * 100, run_id="r", policy_version=1, chunk_size_bytes=64, cluster_key=KEY)
+    full, _ = build_manifest(b"w" * 100, run_id="r", policy_version=1, chunk_size_bytes=64, signing_key=SIGNING_KEY)
     body = full.model_dump()
     with pytest.raises(ValueError, match="describe itself"):
         type(full).model_validate({**body, "full_sha256": "2" * 64})
