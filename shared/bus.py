@@ -31,6 +31,7 @@ M = TypeVar("M", bound=Message)
 M_co = TypeVar("M_co", bound=Message, covariant=True)
 
 _PAYLOAD_FIELD = b"data"  # each entry holds one field: the msgpack-encoded message
+PAYLOAD_FIELD = _PAYLOAD_FIELD  # for Lua scripts that read entries (services/coordinator/heartbeat_batch.py)
 
 
 @dataclass(frozen=True)

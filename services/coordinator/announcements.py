@@ -9,20 +9,19 @@ hashes forever and set T_bcast to anything (issue 10, item 8). Now:
                                MAX_ANNOUNCED_VERSIONS only)  + RunKeys.broadcast_pending (to measure)
     heartbeat script           records a swap only of an announced version, swapped between its
                                announcement and now (services/coordinator/heartbeat_batch.py); any
-                               other report is ignored and counted (`IGNORED_SWAPS`)
+                               other report is ignored and counted (`IGNORED_SWAPS`). A version not
+                               in the hash yet is looked up in the stream's newest entries by the
+                               script itself (and recorded), so a report right after an announcement
+                               is never lost to the order of ingest and heartbeat.
 
-Ingest runs once per control pass, and on demand (at most every MIN_INGEST_INTERVAL_S) when a heartbeat
-reports a version not announced yet, after which that heartbeat's swap is tried once more; the worker
-also repeats its latest swap with every heartbeat, so a swap reported just before the ingest that
-announces it is recorded at the latest one heartbeat later, with its own time. A report of a version
-never announced is ignored every time and costs one range read of the stream's new entries.
+Ingest runs once per control pass (reading only the entries after the last one it read); it records
+the versions nobody has reported yet and keeps the hash bounded.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter
 
 import redis
@@ -36,7 +35,6 @@ from shared.streams import WEIGHTS
 log = logging.getLogger(__name__)
 
 MAX_ANNOUNCED_VERSIONS = 64  # announcements kept (and read back from the stream per ingest)
-MIN_INGEST_INTERVAL_S = 0.05  # on-demand ingests (one XREVRANGE of what is new): at most this often
 
 
 class IgnoredSwaps:
@@ -63,8 +61,6 @@ class Announcements:
         self.redis = client
         self.keys = keys
         self.bus = StreamBus(client, keys, service="coordinator")
-        self._lock = threading.Lock()
-        self._last_ingest_s = 0.0
         self._last_id = "0-0"  # the newest announcement read: an ingest reads only what came after it
 
     def ingest(self) -> int:
@@ -93,22 +89,8 @@ class Announcements:
                     if seconds is None:
                         pipe.zadd(self.keys.broadcast_pending, {str(version): at_s}, nx=True)
                 pipe.execute()
-            self.trim()
+        self.trim()  # the heartbeat script records announcements too: trim whatever recorded them
         return len(new)
-
-    def ingest_due(self) -> bool:
-        """Whether `ingest_soon` would read the stream now (a cheap check, no lock, no I/O)."""
-        return time.monotonic() - self._last_ingest_s >= MIN_INGEST_INTERVAL_S
-
-    def ingest_soon(self) -> int:
-        """`ingest`, unless one ran less than MIN_INGEST_INTERVAL_S ago (a heartbeat named an unknown
-        version); returns how many announcements were new."""
-        with self._lock:
-            now_s = time.monotonic()
-            if now_s - self._last_ingest_s < MIN_INGEST_INTERVAL_S:
-                return 0
-            self._last_ingest_s = now_s
-        return self.ingest()
 
     def trim(self) -> None:
         """Keep the newest MAX_ANNOUNCED_VERSIONS announcements (bounded whatever is reported)."""

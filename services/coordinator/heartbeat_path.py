@@ -56,7 +56,7 @@ from starlette.concurrency import run_in_threadpool
 from services.coordinator.announcements import IGNORED_SWAPS
 from services.coordinator.auth import TOKEN_SEPARATOR, token_sha256
 from services.coordinator.broadcast_times import BroadcastTimes
-from services.coordinator.heartbeat_batch import OK, UNANNOUNCED, HeartbeatBatcher, HeartbeatEntry
+from services.coordinator.heartbeat_batch import OK, HeartbeatBatcher, HeartbeatEntry
 from services.coordinator.worker_registry import heartbeat_fields
 from shared.api import HeartbeatRequest, HeartbeatResponse, WorkerState
 
@@ -121,24 +121,18 @@ class HeartbeatFastPath:
         coordinator = self.state.coordinator
         now_s = coordinator.registry.clock()
         expiry_s = now_s + coordinator.registry.lease_s
-        entry = HeartbeatEntry(
-            worker_id=worker_id,
-            token_sha256=token_sha256(token),
-            now_s=now_s,
-            expiry_s=expiry_s,
-            fields=heartbeat_fields(request, now_s),
-            swap=request.last_swap,
+        outcome = await self.batcher().submit(
+            HeartbeatEntry(
+                worker_id=worker_id,
+                token_sha256=token_sha256(token),
+                now_s=now_s,
+                expiry_s=expiry_s,
+                fields=heartbeat_fields(request, now_s),
+                swap=request.last_swap,
+            )
         )
-        outcome = await self.batcher().submit(entry)
         if outcome.code != OK:
             return False  # unknown, wrong token or dead: the general path says which
-        registry = coordinator.registry
-        if (
-            outcome.swap_ignored == UNANNOUNCED
-            and registry.announcements.ingest_due()  # else no thread hop: a liar's reports stay cheap
-            and await run_in_threadpool(registry.announced_since, outcome.swap_ignored)
-        ):  # the learner announced it meanwhile: the same heartbeat once more (the lease is set, not added to)
-            outcome = await self.batcher().submit(entry)
         if outcome.swap_ignored is not None:  # a version never announced, or a swap time out of bounds
             IGNORED_SWAPS.count(outcome.swap_ignored)
         if outcome.swap_is_news:  # the script recorded it; completing a version reads every worker: O(N) per
@@ -146,7 +140,7 @@ class HeartbeatFastPath:
             # the control loop completes versions, once a pass, and the heartbeat answers without waiting.
             snapshot = self.state.control.snapshot
             if snapshot is None or len(snapshot.workers) <= INLINE_COMPLETION_MAX_WORKERS:
-                times = BroadcastTimes(coordinator.redis, coordinator.keys)
+                times, registry = BroadcastTimes(coordinator.redis, coordinator.keys), coordinator.registry
                 await run_in_threadpool(lambda: times.complete_pending(registry.list_workers()))
         learner = self.state.control.learner_view()
         answer = HeartbeatResponse(

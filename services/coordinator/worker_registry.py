@@ -26,7 +26,6 @@ from services.coordinator.broadcast_times import BroadcastTimes
 from services.coordinator.heartbeat_batch import (
     DEAD,
     HEARTBEAT_LUA,
-    UNANNOUNCED,
     UNKNOWN,
     HeartbeatEntry,
     parse_outcomes,
@@ -215,8 +214,6 @@ class WorkerRegistry:
         )
         script_keys, args = script_arguments(self.keys, [entry])
         (outcome,) = parse_outcomes(self._heartbeat_script(keys=script_keys, args=args))
-        if self.announced_since(outcome.swap_ignored):  # the same heartbeat again: the lease is set, not added to
-            (outcome,) = parse_outcomes(self._heartbeat_script(keys=script_keys, args=args))
         if outcome.code == UNKNOWN:
             raise UnknownWorkerError(f"no worker {worker_id} is registered")
         if outcome.code == DEAD:
@@ -226,11 +223,6 @@ class WorkerRegistry:
         if outcome.swap_ignored is not None:
             IGNORED_SWAPS.count(outcome.swap_ignored)
         return WorkerState(outcome.state), entry.expiry_s
-
-    def announced_since(self, swap_ignored: str | None) -> bool:
-        """True when a swap report was ignored as naming a version not announced yet and reading the
-        announcements again found new ones (services/coordinator/announcements.py): worth one retry."""
-        return swap_ignored == UNANNOUNCED and self.announcements.ingest_soon() > 0
 
     def deregister(self, worker_id: str) -> None:
         self.ensure_known(worker_id)
