@@ -7,6 +7,12 @@ service, learner and N rollout workers; shows live progress; stops everything by
 learner is done or on Ctrl-C; writes runs/<run-id>/report.json with plots, and points runs/latest
 at it.
 
+Every child is supervised (cluster/supervisor.py, docs/operations.md): a crashed service is started
+again with the same command, environment and ports after an exponential backoff; Redis on the same
+port with its AOF. A dead worker never ends the run: it ends when the learner exits 0 with its run
+complete, or on Ctrl-C / SIGTERM. A service that crashes more than --max-restarts times within
+--restart-window-s is left down, and the runner says so.
+
 Each run makes its own Ed25519 key pair for weight manifests: the private half (RL_SIGNING_KEY) goes
 to the learner's environment only, the public half (RL_WEIGHTS_PUBLIC_KEY) to every service.
 
@@ -32,10 +38,15 @@ from pathlib import Path
 
 import httpx
 
+from cluster.accounting import count_groups
 from cluster.processes import ServiceProcess, start_service
+from cluster.redis_acl import OPERATOR, RedisUsers
 from cluster.redis_server import RedisServer, free_port
+from cluster.supervisor import RestartMode, RestartPolicy, ServiceState, SupervisionRecord, Supervisor
 from shared.api import StatusResponse, WorkerState
 from shared.config import RunConfig, load_run_config, resolve_model_dir
+from shared.retry import REDIS_OUTAGE_ERRORS
+from shared.run_records import LearnerSummary
 from shared.signing import PUBLIC_KEY_ENV, SIGNING_KEY_ENV, KeyPair, generate_key_pair
 from shared.tokenization import ModelFolderError, check_model_folder
 
@@ -53,6 +64,22 @@ class ClusterOptions:
     model_dir: Path | None = None  # the policy folder; None: the run file's [model] path, else <run_dir>/model
     progress_interval_s: float = 2.0
     startup_timeout_s: float = 120.0
+    # supervision (cluster/supervisor.py): backoff base and cap, and the restart budget per service
+    restart_base_delay_s: float = 0.5
+    restart_max_delay_s: float = 30.0
+    max_restarts: int = 5
+    restart_window_s: float = 300.0
+    # worker service name -> fault kind (services/rollout/faults.py): lying workers, for tests and benchmarks only
+    liars: dict[str, str] = field(default_factory=dict)
+
+    def restart_policy(self, mode: RestartMode) -> RestartPolicy:
+        return RestartPolicy(
+            mode=mode,
+            base_delay_s=self.restart_base_delay_s,
+            max_delay_s=self.restart_max_delay_s,
+            max_restarts=self.max_restarts,
+            window_s=self.restart_window_s,
+        )
 
 
 @dataclass
@@ -62,7 +89,8 @@ class LocalCluster:
     run_dir: Path = field(init=False)
     model_dir: Path = field(init=False)  # every service's RL_MODEL_DIR
     redis: RedisServer | None = None
-    services: dict[str, ServiceProcess] = field(default_factory=dict)
+    redis_users: RedisUsers = field(init=False)  # Redis ACL users of the trusted services (cluster/redis_acl.py)
+    supervisor: Supervisor = field(default_factory=Supervisor)
     coordinator_url: str = ""
     admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     weights_keys: KeyPair = field(default_factory=generate_key_pair)  # signing half: the learner's env only
@@ -75,6 +103,7 @@ class LocalCluster:
         self.run = base.model_copy(update={"run_id": run_id})
         self.run_dir = (self.options.runs_dir / run_id).resolve()
         self.model_dir = resolve_model_dir(self.options.model_dir, self.run.model, self.run_dir).resolve()
+        self.redis_users = RedisUsers(run_id)
 
     # the table of contents
     def start(self) -> None:
@@ -89,46 +118,93 @@ class LocalCluster:
         for index in range(self.options.num_workers):
             self.start_worker(index)
 
-    def wait_until_done(
-        self,
-        on_progress: Callable[[StatusResponse], None] | None = None,
-        ignore_dead: frozenset[str] | set[str] = frozenset(),
-    ) -> StatusResponse | None:
-        """Block until the learner finishes (or dies); returns the last status seen (None: none yet). A
-        service other than the learner that dies is an error, unless named in `ignore_dead` (fault runs)."""
+    @property
+    def services(self) -> dict[str, ServiceProcess]:
+        """The services' current processes by name (a restart replaces one); Redis is `self.redis`."""
+        return {
+            name: child
+            for name, supervised in self.supervisor.services.items()
+            if isinstance(child := supervised.child, ServiceProcess)
+        }
+
+    def wait_until_done(self, on_progress: Callable[[StatusResponse], None] | None = None) -> StatusResponse | None:
+        """Supervise the services until the learner exits 0 with its run complete; returns the last status
+        seen (None: none yet). Raises RuntimeError if the supervisor gives up on the learner."""
         deadline = time.monotonic() + self.run.schedule.max_wall_s + self.options.startup_timeout_s
         status: StatusResponse | None = None
         with httpx.Client(base_url=self.coordinator_url, timeout=5.0) as client:
             while time.monotonic() < deadline:
+                self.supervisor.poll()
+                self.supervisor.write_summary(self.run_dir / "supervision.json")
                 status = self.fetch_status(client) or status
                 self.save_broadcast_times(client)  # T_bcast per version, for the report's broadcast section
                 if on_progress is not None and status is not None:
                     on_progress(status)
-                learner = self.services["learner"]
-                if not learner.alive():
-                    if learner.popen.returncode != 0:
-                        raise RuntimeError(f"learner exited with {learner.popen.returncode}:\n{learner.log_tail()}")
+                if self.learner_done():
                     return status
-                self.check_services_alive(ignore_dead)
                 time.sleep(self.options.progress_interval_s)
         raise TimeoutError(f"the learner did not finish within {self.run.schedule.max_wall_s}s + startup")
 
+    def learner_done(self) -> bool:
+        """True once the learner exited 0 with its run complete. Exit 0 short of that (a SIGTERM from
+        someone else): started again at once, it resumes from its checkpoint."""
+        state = self.supervisor.state("learner")
+        if state == ServiceState.GAVE_UP:
+            learner = self.services["learner"]
+            raise RuntimeError(f"the learner kept crashing; gave up on it:\n{learner.log_tail()}")
+        if state != ServiceState.EXITED:
+            return False
+        summary_path = self.run_dir / "learner_summary.json"
+        if summary_path.exists() and LearnerSummary.model_validate_json(summary_path.read_text()).finished:
+            return True
+        log.warning("the learner exited 0 before its run was complete: starting it again")
+        self.supervisor.restart_now("learner")
+        return False
+
+    def check_services_alive(self) -> None:
+        """For runs that expect no crash (tests): raise if a service other than the learner has exited."""
+        for name, process in self.services.items():
+            if name != "learner" and not process.alive():
+                raise RuntimeError(f"{name} died with exit code {process.popen.returncode}:\n{process.log_tail()}")
+
     def stop(self) -> None:
-        """Stop every child by PID: workers, reward, coordinator, learner, then Redis."""
-        order = [name for name in self.services if name.startswith("worker")] + ["reward", "coordinator", "learner"]
-        for name in order:
-            process = self.services.get(name)
-            if process is not None:
-                code = process.stop()
-                log.info("stopped %s (pid %d, exit %s)", name, process.pid, code)
-        if self.redis is not None:
-            self.redis.stop()
-            log.info("stopped redis (pid %d)", self.redis.process.pid if self.redis.process else -1)
+        """Stop every child by PID: workers, reward, coordinator, learner; count the groups; then Redis."""
+        order = [name for name in self.supervisor.services if name.startswith("worker")]
+        self.supervisor.stop([*order, "reward", "coordinator", "learner"])
+        if self.redis is not None and self.redis.process is not None and self.redis.exit_code() is None:
+            self.write_group_accounting()  # every consumer is stopped: the counts hold still
+        self.supervisor.stop(["redis"])
+        self.supervisor.write_summary(self.run_dir / "supervision.json")
+
+    def supervision(self) -> SupervisionRecord:
+        return self.supervisor.summary()
+
+    def write_group_accounting(self) -> None:
+        """<run_dir>/accounting.json: every group produced, trained, dropped by reason, dead-lettered or
+        pending (cluster/accounting.py). Best effort: a Redis that is down leaves the report without it."""
+        assert self.redis is not None
+        try:
+            accounting = count_groups(self.redis.url, self.run.run_id)
+        except REDIS_OUTAGE_ERRORS as exc:
+            log.warning("group accounting unavailable: %s", exc)
+            return
+        (self.run_dir / "accounting.json").write_text(accounting.model_dump_json(indent=2) + "\n")
 
     # steps
     def start_redis(self) -> None:
-        self.redis = RedisServer(self.run_dir / "redis").start()
-        log.info("redis on %s", self.redis.url)
+        """Redis with ACLs on: the default user off, one user per trusted service (cluster/redis_acl.py).
+        Supervised: a restart reuses the same port, AOF and ACL file."""
+        acl_file = self.redis_users.write_acl_file(self.run_dir / "redis" / "users.acl")
+        probe_user = (OPERATOR, self.redis_users.passwords[OPERATOR])
+        redis_server = RedisServer(self.run_dir / "redis", acl_file=acl_file, probe_user=probe_user)
+        self.redis = redis_server
+        self.supervisor.add("redis", redis_server.start, self.options.restart_policy(RestartMode.UNLESS_STOPPED))
+        log.info("redis on %s (ACLs on: the default user is disabled)", redis_server.url)
+
+    def redis_url_for(self, user: str) -> str:
+        """The Redis URL with `user`'s credentials (a trusted service, or "operator" for tools)."""
+        assert self.redis is not None
+        return self.redis_users.url_for(user, self.redis.url)
 
     def build_initial_policy(self) -> None:
         """Build the tiny-random policy if the run file asks and it is not there yet; then check the
@@ -159,26 +235,30 @@ class LocalCluster:
     def start_coordinator(self) -> None:
         port = free_port()
         self.coordinator_url = f"http://127.0.0.1:{port}"
-        self.launch("coordinator", "services.coordinator", {"RL_COORDINATOR_PORT": str(port)})
+        access = {"RL_REDIS_ACL": "true", "RL_WORKER_REDIS_URL": self.redis.url if self.redis else ""}
+        env = {"RL_COORDINATOR_PORT": str(port), "RL_REDIS_URL": self.redis_url_for("coordinator"), **access}
+        self.launch("coordinator", "services.coordinator", env)
         self.wait_healthy(self.coordinator_url + "/healthz", self.services["coordinator"])
 
     def start_reward(self) -> None:
-        self.launch("reward", "services.reward", {})
+        self.launch("reward", "services.reward", {"RL_REDIS_URL": self.redis_url_for("reward")})
 
     def start_learner(self) -> None:
         port = free_port()
-        self.launch(
-            "learner",
-            "services.learner",
-            {
-                "RL_LEARNER_PORT": str(port),
-                "RL_LEARNER_HOST": "127.0.0.1",
-                SIGNING_KEY_ENV: self.weights_keys.signing_key_hex,
-            },
-        )
+        env = {
+            "RL_LEARNER_PORT": str(port),
+            "RL_LEARNER_HOST": "127.0.0.1",
+            "RL_REDIS_URL": self.redis_url_for("learner"),
+            SIGNING_KEY_ENV: self.weights_keys.signing_key_hex,
+        }
+        self.launch("learner", "services.learner", env)
 
     def start_worker(self, index: int) -> None:
-        self.launch(f"worker-{index}", "services.rollout", {"RL_WORKER_NAME": f"worker-{index}", "RL_WORKER_PORT": "0"})
+        name = f"worker-{index}"
+        env = {"RL_WORKER_NAME": name, "RL_WORKER_PORT": "0"}
+        if name in self.options.liars:  # test-only fault injection, with its explicit second switch
+            env |= {"RL_FAULT_INJECT": self.options.liars[name], "RL_ALLOW_FAULT_INJECTION": "1"}
+        self.launch(name, "services.rollout", env)
 
     # helpers
     def config_file(self) -> Path:
@@ -192,7 +272,7 @@ class LocalCluster:
     def common_env(self) -> dict[str, str]:
         assert self.redis is not None
         return {
-            "RL_REDIS_URL": self.redis.url,
+            "RL_REDIS_URL": self.redis.url,  # no credentials: workers get their own user at registration
             "RL_RUN_CONFIG": str(self.config_file()),
             "RL_RUN_ID": self.run.run_id,
             "RL_RUN_DIR": str(self.run_dir),
@@ -214,12 +294,21 @@ class LocalCluster:
         return path
 
     def launch(self, name: str, module: str, env: dict[str, str]) -> None:
+        """Start `python -m module` under supervision; a restart reuses this environment (ports included)."""
         if name != "coordinator":  # the coordinator serves /metrics on its own port
             port = free_port()
             env = {"RL_METRICS_PORT": str(port), **env}
             self.metrics_urls[name] = f"http://127.0.0.1:{port}/metrics"
-        process = start_service(name, module, {**self.common_env(), **env}, self.run_dir / "logs", REPO_ROOT)
-        self.services[name] = process
+        full_env = {**self.common_env(), **env}
+
+        def start() -> ServiceProcess:
+            return start_service(name, module, full_env, self.run_dir / "logs", REPO_ROOT)
+
+        # exit 0 is deliberate for these two: the learner's run is complete, a worker was drained
+        deliberate_exit = name == "learner" or name.startswith("worker")
+        mode = RestartMode.ON_FAILURE if deliberate_exit else RestartMode.UNLESS_STOPPED
+        process = self.supervisor.add(name, start, self.options.restart_policy(mode))
+        assert isinstance(process, ServiceProcess)
         log.info("started %s (pid %d), log %s", name, process.pid, process.log_path)
 
     def wait_healthy(self, url: str, process: ServiceProcess) -> None:
@@ -252,11 +341,6 @@ class LocalCluster:
             return None
         return StatusResponse.model_validate_json(response.content) if response.status_code == 200 else None
 
-    def check_services_alive(self, ignore_dead: frozenset[str] | set[str] = frozenset()) -> None:
-        for name, process in self.services.items():
-            if name != "learner" and name not in ignore_dead and not process.alive():
-                raise RuntimeError(f"{name} died with exit code {process.popen.returncode}:\n{process.log_tail()}")
-
 
 def point_latest_at(run_dir: Path) -> None:
     latest = run_dir.parent / "latest"
@@ -265,7 +349,7 @@ def point_latest_at(run_dir: Path) -> None:
     latest.symlink_to(run_dir.name)
 
 
-def print_progress(status: StatusResponse) -> None:
+def print_progress(status: StatusResponse, supervision: SupervisionRecord | None = None) -> None:
     learner = status.learner
     if learner is None:
         print("waiting for the learner to publish version 0 ...", flush=True)
@@ -280,9 +364,17 @@ def print_progress(status: StatusResponse) -> None:
         f" | worker versions {versions}"
         f" | tasks {depths.get('tasks', 0)} rollouts {depths.get('rollouts', 0)} scored {depths.get('scored', 0)}"
         f" | dead letters {status.num_dead_letters}"
-        f" | cost ${status.cost_usd:.4f}",
+        f" | cost ${status.cost_usd:.4f}" + (f" | {restarts_text(supervision)}" if supervision is not None else ""),
         flush=True,
     )
+
+
+def restarts_text(supervision: SupervisionRecord) -> str:
+    """ "restarts 3 (worker-0 2, reward 1)", plus "gave up on ..." when the supervisor has."""
+    counts = ", ".join(f"{name} {s.num_restarts}" for name, s in supervision.services.items() if s.num_restarts)
+    text = f"restarts {supervision.num_restarts}" + (f" ({counts})" if counts else "")
+    gave_up = [name for name, service in supervision.services.items() if service.gave_up]
+    return text + (f" | gave up on {', '.join(gave_up)}" if gave_up else "")
 
 
 def raise_keyboard_interrupt(signum: int, frame: object) -> None:
@@ -302,13 +394,39 @@ def main() -> None:
         default=None,
         help="local HF causal-LM folder to train (overrides [model] path); default: the run file's [model]",
     )
+    defaults = ClusterOptions(config_path=Path())
+    parser.add_argument(
+        "--restart-base-delay-s",
+        type=float,
+        default=defaults.restart_base_delay_s,
+        help="backoff before restarting a crashed service; doubles per consecutive crash",
+    )
+    parser.add_argument(
+        "--restart-max-delay-s", type=float, default=defaults.restart_max_delay_s, help="cap of that backoff"
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=defaults.max_restarts,
+        help="restarts of one service within --restart-window-s before the runner gives up on it",
+    )
+    parser.add_argument("--restart-window-s", type=float, default=defaults.restart_window_s)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per status poll otherwise
     from cluster.report import write_report
 
     cluster = LocalCluster(
-        ClusterOptions(config_path=args.config, num_workers=args.workers, run_id=args.run_id, model_dir=args.model_dir)
+        ClusterOptions(
+            config_path=args.config,
+            num_workers=args.workers,
+            run_id=args.run_id,
+            model_dir=args.model_dir,
+            restart_base_delay_s=args.restart_base_delay_s,
+            restart_max_delay_s=args.restart_max_delay_s,
+            max_restarts=args.max_restarts,
+            restart_window_s=args.restart_window_s,
+        )
     )
     # Explicit handlers: a runner started in the background inherits SIGINT ignored, and `kill <pid>`
     # (SIGTERM) must stop the cluster like Ctrl-C does.
@@ -334,13 +452,16 @@ def main() -> None:
             + f" coordinator={cluster.coordinator_url}/metrics",
             flush=True,
         )
-        final_status = cluster.wait_until_done(print_progress)
+        final_status = cluster.wait_until_done(lambda status: print_progress(status, cluster.supervision()))
     except KeyboardInterrupt:
         print("interrupted: stopping the cluster", flush=True)
-    # a service died or never came up, or the model folder is unusable: stop the rest, report, fail
+    # the learner kept crashing, a service never came up, or the model folder is unusable: stop, report, fail
     except (RuntimeError, TimeoutError, ModelFolderError) as exc:
         failure = exc
     finally:
+        # a second Ctrl-C must not cut the stop short and leave children behind
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         cluster.stop()
     report = write_report(cluster.run_dir, cluster.run, final_status, wall_s=time.monotonic() - started_s)
     if failure is not None:
@@ -355,9 +476,13 @@ def main() -> None:
         "learner_busy_fraction",
         "max_trained_staleness",
         "num_dropped_stale",
+        "num_restarts",
         "wall_s",
     ):
         print(f"  {key}: {report[key]}")
+    if report.get("accounting") is not None:
+        accounting = report["accounting"]
+        print(f"  groups produced {accounting['num_produced']}, unaccounted {accounting['num_unaccounted']}")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,10 @@ class ServiceProcess:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
+    def exit_code(self) -> int | None:
+        """None while it runs; else its exit code (negative: the signal that killed it)."""
+        return self.popen.poll()
+
     def stop(self, grace_s: float = 20.0) -> int | None:
         """SIGTERM, then SIGKILL if it has not exited within `grace_s`. Returns the exit code."""
         if self.alive():

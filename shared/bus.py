@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
 import redis
+from redis.credentials import CredentialProvider
 
 from shared.keys import RunKeys
 from shared.messages import DeadLetter, Message, MessageDecodeError
@@ -61,9 +62,15 @@ class UndecodableEntryError(MessageDecodeError):
         self.entry_id = entry_id
 
 
-def connect(redis_url: str, socket_timeout_s: float = 30.0) -> redis.Redis:
-    """A bytes-mode client. BLOCK timeouts used by the bus stay well below `socket_timeout_s`."""
-    return redis.Redis.from_url(redis_url, socket_timeout=socket_timeout_s, decode_responses=False)
+def connect(
+    redis_url: str, socket_timeout_s: float = 30.0, credential_provider: CredentialProvider | None = None
+) -> redis.Redis:
+    """A bytes-mode client. BLOCK timeouts used by the bus stay well below `socket_timeout_s`. redis:// or
+    rediss:// (TLS; query parameters such as ssl_ca_certs are honoured). `credential_provider`: the user and
+    password come from it at every connect instead of from the URL (which must then carry none)."""
+    return redis.Redis.from_url(
+        redis_url, socket_timeout=socket_timeout_s, decode_responses=False, credential_provider=credential_provider
+    )
 
 
 class StreamBus:
@@ -146,8 +153,38 @@ class StreamBus:
             return 0
         return int(self.redis.xack(self.keys.name_of(stream), _group_of(stream), *message_ids))
 
-    def dead_letter(self, delivery: Delivery[Message], error: str) -> None:
-        """Move a decoded entry whose processing failed to the dead-letter stream (and ack it)."""
+    def ack_and_count(self, stream: Stream[Any], message_id: str, counter_key: str, counter_field: str) -> int:
+        """XACK one entry and, only if it was still pending, HINCRBY `counter_field` of the hash
+        `counter_key` by 1, atomically (one Lua script): a retried call whose first reply was lost
+        counts nothing twice, and a crash never leaves the ack without the count. Returns 1 if acked now."""
+        return int(
+            cast(
+                Any,
+                self.redis.eval(
+                    _ACK_AND_COUNT_SCRIPT,
+                    2,
+                    self.keys.name_of(stream),
+                    counter_key,
+                    _group_of(stream),
+                    message_id,
+                    counter_field,
+                ),
+            )
+        )
+
+    def counts(self, counter_key: str) -> dict[str, int]:
+        """A hash of counters (as `ack_and_count` keeps them), field -> count."""
+        raw = cast(dict[bytes, bytes], self.redis.hgetall(counter_key))
+        return {_text(name): int(value) for name, value in raw.items()}
+
+    def put_counts(self, counter_key: str, counts: dict[str, int]) -> None:
+        """Set counters of a hash (fields not named keep their values)."""
+        if counts:
+            self.redis.hset(counter_key, mapping={name: count for name, count in counts.items()})
+
+    def dead_letter(self, delivery: Delivery[Message], error: str, *, tally: tuple[str, str] | None = None) -> None:
+        """Move a decoded entry whose processing failed to the dead-letter stream (and ack it). `tally`
+        (hash key, field): a counter incremented in the same transaction (the learner's decisions)."""
         self._dead_letter_raw(
             delivery.stream,
             delivery.group,
@@ -155,6 +192,7 @@ class StreamBus:
             delivery.message.encode(),
             error,
             delivery.num_deliveries,
+            tally,
         )
 
     # reading without a group (announcements, tooling, tests)
@@ -272,7 +310,14 @@ class StreamBus:
         return counts
 
     def _dead_letter_raw(
-        self, stream: str, group: str, entry_id: str, payload: bytes, error: str, num_deliveries: int
+        self,
+        stream: str,
+        group: str,
+        entry_id: str,
+        payload: bytes,
+        error: str,
+        num_deliveries: int,
+        tally: tuple[str, str] | None = None,
     ) -> None:
         letter = DeadLetter(
             run_id=self.keys.run_id,
@@ -288,7 +333,17 @@ class StreamBus:
         with self.redis.pipeline(transaction=True) as pipe:
             pipe.xadd(self.keys.name_of(DEAD), {_PAYLOAD_FIELD: letter.encode()})
             pipe.xack(stream, group, entry_id)
+            if tally is not None:
+                pipe.hincrby(tally[0], tally[1], 1)
             pipe.execute()
+
+
+# KEYS: stream, counter hash; ARGV: group, entry id, counter field
+_ACK_AND_COUNT_SCRIPT = """
+local acked = redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+if acked == 1 then redis.call('HINCRBY', KEYS[2], ARGV[3], 1) end
+return acked
+"""
 
 
 def _group_of(stream: Stream[Any]) -> str:

@@ -239,6 +239,36 @@ class ActivationConfig(Section):
     )
 
 
+class TrustConfig(Section):
+    """The per-worker trust score, spot audits and quarantine (docs/trust.md): learner and coordinator."""
+
+    enabled: bool = Field(True, description="false: no score, no audits, nobody is quarantined")
+    band_nats: list[float] = Field(
+        default_factory=lambda: [0.01, 2.0, 4.0],
+        min_length=1,
+        description="per claimed lag k (index; the last entry for larger k): the honest band of a group's mean "
+        "|log mu - log pi_prox|, nats (measured on honest demo runs, docs/trust.md)",
+    )
+    audit_tolerance_nats: float = Field(
+        0.01,
+        gt=0,
+        description="a group recomputed at its exact claimed version (lag 0, or an audit) may differ by this much "
+        "mean |log mu - log pi| (engine mismatch) before the audit fails",
+    )
+    audit_fraction: float = Field(
+        0.25, ge=0, le=1, description="fraction of lag >= 1 groups re-scored at their claimed version (spot audits)"
+    )
+    audit_keep_versions: int = Field(
+        3, ge=0, description="recent versions whose weights the learner keeps in memory for audits (0: no audits)"
+    )
+    suspicious_weight: float = Field(1.0, gt=0, description="score added by a group outside the band")
+    audit_failure_weight: float = Field(5.0, gt=0, description="score added by a failed exact comparison")
+    honest_decay: float = Field(
+        0.25, ge=0, description="score removed by a group inside the band (CUSUM drift; floor 0)"
+    )
+    quarantine_score: float = Field(10.0, gt=0, description="a worker at or past this score is quarantined")
+
+
 class RunConfig(Section):
     run_id: str = Field("demo", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     model: ModelConfig = ModelConfig()
@@ -251,6 +281,7 @@ class RunConfig(Section):
     data: DataConfig = DataConfig()
     coordinator: CoordinatorConfig = CoordinatorConfig()
     activation: ActivationConfig = ActivationConfig()
+    trust: TrustConfig = TrustConfig()
 
     @property
     def max_groups_in_flight(self) -> int:

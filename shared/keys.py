@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     from shared.streams import StateKey, Stream
 
 
+DEAD_LETTERED = "dead_lettered"  # RunKeys.learner_decisions: the field counting the learner's dead letters
+
+
 @dataclass(frozen=True)
 class RunKeys:
     run_id: str
@@ -37,6 +40,15 @@ class RunKeys:
 
     def worker(self, worker_id: str) -> str:
         """coordinator: hash with one worker's record."""
+        return self.prefix + f"worker:{worker_id}"
+
+    def rollout_key(self, worker_id: str) -> str:
+        """coordinator -> reward: the 32-byte key `worker_id` signs its rollouts with (shared/rollout_mac.py);
+        a worker's Redis user cannot read it (services/coordinator/redis_access.py)."""
+        return self.prefix + f"rollout-key:{worker_id}"
+
+    def worker_redis_user(self, worker_id: str) -> str:
+        """coordinator: the name of `worker_id`'s Redis ACL user (not a key: users share the run prefix)."""
         return self.prefix + f"worker:{worker_id}"
 
     @property
@@ -82,6 +94,13 @@ class RunKeys:
     def cost_ledger(self) -> str:
         """coordinator: hash of cumulative cost (learner + active workers, billed while active)."""
         return self.prefix + "cost:ledger"
+
+    @property
+    def learner_decisions(self) -> str:
+        """learner: hash of groups decided for good and acked at once: DropReason value -> count, plus
+        "dead_lettered". Counted in Redis in the same step as the ack, so a learner killed before its
+        next checkpoint loses none of them (services/learner/batch.py)."""
+        return self.prefix + "learner:decisions"
 
     @property
     def learner_history(self) -> str:

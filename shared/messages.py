@@ -124,6 +124,9 @@ class RolloutGroup(Message):
     finish_reasons: list[FinishReason]
     generation_s: float = Field(ge=0.0)
     created_at_s: float = Field(default_factory=time.time)
+    # HMAC-SHA256 of the group (this field empty) under the key the coordinator issued `worker_id` at
+    # registration (shared/rollout_mac.py); the reward service dead-letters a group whose mac does not match
+    producer_mac: bytes = Field(b"", max_length=32)
 
     @model_validator(mode="after")
     def _arrays_agree(self) -> Self:
@@ -219,6 +222,24 @@ class WorkerMismatch(BaseModel):
     kl_k3: float = Field(description="KL(mu || pi), k3 estimator on mu's samples: E[r - 1 - log r], r = pi / mu")
 
 
+class WorkerTrust(BaseModel):
+    """How far the learner trusts one rollout worker (docs/trust.md). Producer: learner (services/learner/trust.py,
+    in LearnerState). Consumer: the coordinator, which quarantines a worker whose `suspect` is true."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    score: float = Field(ge=0.0, allow_inf_nan=False, description="running evidence against the worker (CUSUM)")
+    suspect: bool = Field(description="score >= the run's trust.quarantine_score")
+    num_groups: int = Field(ge=0, description="trained groups checked since the last release")
+    num_suspicious: int = Field(ge=0, description="of those, groups whose statistic left the honest band")
+    num_audits: int = Field(ge=0, description="exact comparisons at the claimed version (lag 0, or an audit)")
+    num_audit_failures: int = Field(ge=0, description="of those, groups off by more than trust.audit_tolerance_nats")
+    num_releases_seen: int = Field(ge=0, description="admin releases applied (each one reset the score)")
+    last_statistic_nats: float = Field(
+        ge=0.0, allow_inf_nan=False, description="the last group's mean |log mu - log pi|"
+    )
+
+
 # starting: loading / resuming; training: taking steps; done: reached num_steps or max_wall_s.
 LearnerStatus = Literal["starting", "training", "done"]
 
@@ -243,8 +264,24 @@ class LearnerState(Message):
     idle_s_total: float = Field(0.0, ge=0, description="seconds spent waiting for admissible rollouts")
     wall_s: float = Field(0.0, ge=0, description="run time so far (across restarts)")
     staleness_histogram: dict[str, int] = Field(
-        default_factory=dict, description="trained groups by lag t - v, since this learner process started"
+        default_factory=dict, description="trained groups by lag t - v over the run (across restarts)"
     )
+    num_groups_trained: int = Field(0, ge=0, description="groups trained on in this run (each counted once)")
+    num_dead_lettered: int = Field(0, ge=0, description="groups the learner dead-lettered in this run")
+    num_restarts: int = Field(0, ge=0, description="times the learner resumed from a checkpoint")
     mismatch_by_worker: dict[str, WorkerMismatch] = Field(
         default_factory=dict, description="the last step's engine mismatch by worker id (workers with lag-0 groups)"
     )
+    trust_by_worker: dict[str, WorkerTrust] = Field(
+        default_factory=dict, description="every worker whose groups the learner trained on: its trust (docs/trust.md)"
+    )
+
+
+class QuarantinedWorkers(Message):
+    """The workers the coordinator quarantined, and how often an admin released each. Producer: coordinator
+    (services/coordinator/quarantine.py). Consumer: the learner, which drops their groups (reason
+    `quarantined`) and resets a worker's score when its release count grows."""
+
+    worker_ids: list[str] = Field(default_factory=list, description="quarantined now")
+    num_releases: dict[str, int] = Field(default_factory=dict, description="admin releases by worker id")
+    updated_at_s: float = Field(default_factory=time.time)

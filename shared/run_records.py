@@ -4,6 +4,7 @@ that reads them (cluster/report.py, simulator/validation.py, tests).
     metrics.jsonl          one StepRecord per optimizer step and one EvalRecord per evaluation, told apart
                            by their first key ("step" / "eval_step")
     broadcast.jsonl        one PublishRecord per announced version (bytes as a fraction of the full size)
+    trust.jsonl            one GroupTrustRecord per trained group: the trust statistic (docs/trust.md)
     learner_summary.json   a LearnerSummary when the learner stops
 
 Readers parse lines into these classes (`read_metrics`, `read_publish_journal`), so a renamed field fails
@@ -93,6 +94,7 @@ class RunTotals(BaseModel):
     num_dropped: dict[str, int] = Field(default_factory=dict)  # by reason; kept by the collector, synced here
     num_dead_lettered: int = 0
     max_trained_staleness: int = 0
+    staleness_histogram: dict[str, int] = Field(default_factory=dict)  # trained groups by lag t - v, whole run
     reward_mean_first: float | None = None
     reward_mean_last: float | None = None
     eval_accuracy_before: float | None = None
@@ -116,6 +118,8 @@ class RunTotals(BaseModel):
         self.num_tokens += record.num_tokens
         self.num_replayed_groups += record.num_replayed_groups
         self.max_trained_staleness = max(self.max_trained_staleness, record.max_staleness)
+        for lag, count in record.staleness_histogram.items():
+            self.staleness_histogram[lag] = self.staleness_histogram.get(lag, 0) + count
         if self.reward_mean_first is None:
             self.reward_mean_first = record.reward_mean
         self.reward_mean_last = record.reward_mean
@@ -165,6 +169,30 @@ class PublishRecord(BaseModel):
     size_fraction: float = Field(description="payload_size_bytes / full_size_bytes")
     publish_s: float = Field(description="serialise + chunk + sign + announce")
     published_at_s: float = Field(description="unix time of the announcement")
+
+
+class GroupTrustRecord(BaseModel):
+    """One trained group's trust evidence (services/learner/trust.py, docs/trust.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: int = Field(description="the learner version the group trained at (t, before the step)")
+    worker_id: str
+    policy_version: int = Field(description="v, the version the worker claims it sampled with")
+    lag: int = Field(description="claimed lag t - v")
+    num_tokens: int = Field(description="completion tokens of the group")
+    abs_diff_nats: float = Field(description="mean |log mu - log pi_prox| over them")
+    exact_diff_nats: float | None = Field(
+        description="mean |log mu - log pi_v| at the claimed version (lag 0, or a spot audit); None: not checked"
+    )
+    audit_s: float = Field(description="wall seconds of the spot audit (0: none)")
+    suspicious: bool = Field(description="abs_diff_nats above the band of its lag")
+    audit_failed: bool = Field(description="exact_diff_nats above the audit tolerance")
+    score: float = Field(description="the worker's score after this group")
+
+
+def read_trust_records(path: Path) -> list[GroupTrustRecord]:
+    return [GroupTrustRecord.model_validate_json(line) for line in _lines(path)]
 
 
 def read_metrics(path: Path) -> tuple[list[StepRecord], list[EvalRecord]]:

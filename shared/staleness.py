@@ -13,6 +13,7 @@ class DropReason(StrEnum):
     STALE = "stale"  # t - v > S: too old to train on
     FUTURE_VERSION = "future_version"  # v > t: no such policy exists yet (a forged or confused worker)
     RUN_MISMATCH = "run_mismatch"  # the group belongs to another run
+    QUARANTINED = "quarantined"  # its worker is quarantined (docs/trust.md): nothing it sent is trained on
 
 
 def staleness_of(learner_version: int, policy_version: int) -> int:

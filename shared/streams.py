@@ -11,7 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from shared.messages import DeadLetter, LearnerState, Message, RolloutGroup, ScoredGroup, TaskGroup, WeightsPublished
+from shared.messages import (
+    DeadLetter,
+    LearnerState,
+    Message,
+    QuarantinedWorkers,
+    RolloutGroup,
+    ScoredGroup,
+    TaskGroup,
+    WeightsPublished,
+)
 
 M = TypeVar("M", bound=Message)
 
@@ -52,6 +61,9 @@ DEAD: Stream[DeadLetter] = Stream("dead", None, DeadLetter)
 
 # learner -> coordinator, local cluster runner: the learner's latest state
 LEARNER_STATE: StateKey[LearnerState] = StateKey("learner:state", LearnerState)
+
+# coordinator -> learner: the quarantined workers (docs/trust.md) and each one's admin releases
+QUARANTINE: StateKey[QuarantinedWorkers] = StateKey("trust:quarantine", QuarantinedWorkers)
 
 # the streams consumed through a group, in pipeline order; their depth (the group's unfinished
 # entries) is what /v1/status and /metrics report

@@ -248,7 +248,7 @@ def run_cluster(
         cluster.start()
         cluster.wait_until_done()
         assert cluster.redis is not None
-        bus = StreamBus(connect(cluster.redis.url), RunKeys(cluster.run.run_id), service="validation")
+        bus = StreamBus(connect(cluster.redis_url_for("operator")), RunKeys(cluster.run.run_id), service="validation")
         pipeline = measure_pipeline(bus)
         bus.redis.close()
     finally:

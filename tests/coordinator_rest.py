@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 from services.coordinator.announcements import Announcements
 from services.coordinator.app import create_app
+from services.coordinator.redis_access import RedisAccess
 from shared.api import JOIN_TOKEN_HEADER, RegisterWorkerResponse
 from shared.bus import StreamBus
 from shared.config import RunConfig
@@ -47,12 +48,14 @@ def served_coordinator(
     lease_clock: Clock | None = None,
     control_clock: Clock | None = None,
     port: int | None = None,
+    access: RedisAccess | None = None,
 ) -> Iterator[ServedCoordinator]:
     """The real coordinator app for `run` under uvicorn until the block ends. `lease_clock` replaces the
     wall clock of the leases (registration, heartbeats, expiry, the sweeper), `control_clock` that of the
-    control loop (billing, dwell); both are set before the app serves anything or runs a pass. The app
-    requires JOIN_TOKEN to register; the client sends it with every request (JOIN_HEADERS)."""
-    app = create_app(run, redis_client, ADMIN_TOKEN, JOIN_TOKEN)
+    control loop (billing, dwell); both are set before the app serves anything or runs a pass. `access`:
+    how workers get Redis access (default: ACLs off). The app requires JOIN_TOKEN to register; the client
+    sends it with every request (JOIN_HEADERS)."""
+    app = create_app(run, redis_client, ADMIN_TOKEN, JOIN_TOKEN, access=access)
     if lease_clock is not None:
         app.state.coordinator.registry.clock = lease_clock
     if control_clock is not None:

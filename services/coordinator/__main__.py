@@ -26,6 +26,10 @@ environment:
   RL_COORDINATOR_HOST   interface to bind (default 127.0.0.1)
   RL_COORDINATOR_PORT   TCP port (default 8000)
   RL_REDIS_URL          Redis holding the run's streams and state (default redis://127.0.0.1:6379/0)
+  RL_REDIS_ACL          true: a Redis ACL user per worker, created at registration (needs +acl, +client|kill)
+  RL_WORKER_REDIS_URL   the Redis URL handed to workers, without credentials (default: their own)
+  RL_ROLLOUT_KEY_RETENTION_S  how long a departed worker's rollout-signing key is kept (default 86400)
+  RL_DRAIN_GRACE_S      with RL_REDIS_ACL: a worker draining this long loses its Redis user (default 300)
   RL_RUN_CONFIG         the run TOML file (default configs/demo.toml): lease_s, staleness bound, ...
   RL_RUN_ID             overrides run_id of the run file
   RL_LOG_LEVEL          logging level (default INFO)
@@ -48,8 +52,27 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     # uvicorn handles SIGTERM / SIGINT itself (graceful shutdown), so no on_stop_signal here
     settings, run = start_service("coordinator", CoordinatorSettings)
+    from services.coordinator.redis_access import AclSetupError, RedisAccess, check_acl_setup
+    from shared.keys import RunKeys
+
+    redis_client = connect(settings.redis_url)
+    access = RedisAccess(
+        redis_client,
+        RunKeys(run.run_id),
+        acl=settings.redis_acl,
+        worker_redis_url=settings.worker_redis_url,
+        rollout_key_retention_s=settings.rollout_key_retention_s,
+        drain_grace_s=settings.drain_grace_s,
+    )
+    if settings.redis_acl:
+        try:
+            check_acl_setup(redis_client, settings.redis_url)
+        except AclSetupError as exc:
+            sys.exit(f"coordinator: {exc}")
+    else:
+        log.warning("RL_REDIS_ACL is false: workers get no Redis user of their own and use their RL_REDIS_URL")
     app = create_app(
-        run, connect(settings.redis_url), settings.admin_token.get_secret_value(), settings.join_token_value()
+        run, redis_client, settings.admin_token.get_secret_value(), settings.join_token_value(), access=access
     )
     # The control pass runs in a thread next to the event loop. With the default 5 ms switch interval,
     # every time the loop waits on a socket the pass keeps the GIL for up to 5 ms before the loop gets it

@@ -20,8 +20,9 @@ from services.coordinator.deps import Coordinator
 from services.coordinator.errors import install_error_handlers
 from services.coordinator.heartbeat_path import HeartbeatFastPath
 from services.coordinator.prometheus import install_metrics
+from services.coordinator.redis_access import RedisAccess
 from services.coordinator.registration_limit import RegistrationLimit
-from services.coordinator.routers import broadcast, control, status, workers
+from services.coordinator.routers import broadcast, control, status, trust, workers
 from services.coordinator.worker_registry import WorkerRegistry
 from shared.bus import StreamBus
 from shared.config import RunConfig
@@ -58,15 +59,24 @@ class CoordinatorAPI(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def create_app(run: RunConfig, redis_client: redis.Redis, admin_token: str, join_token: str | None = None) -> FastAPI:
+def create_app(
+    run: RunConfig,
+    redis_client: redis.Redis,
+    admin_token: str,
+    join_token: str | None = None,
+    *,
+    access: RedisAccess | None = None,
+) -> FastAPI:
     """`redis_client` must be a bytes-mode client (`shared.bus.connect`). `join_token`: what a worker
     must send to register (header X-RL-Join-Token); None opens registration to anyone (dev and tests
-    only: CoordinatorSettings requires RL_JOIN_TOKEN unless RL_OPEN_REGISTRATION is set)."""
+    only: CoordinatorSettings requires RL_JOIN_TOKEN unless RL_OPEN_REGISTRATION is set). `access`: how
+    workers get Redis access (default: no ACL users, only rollout keys; services/coordinator/redis_access.py)."""
     if not admin_token:
         raise ValueError("admin_token must not be empty")
     if join_token is not None and not join_token:
         raise ValueError("join_token must not be empty (None opens registration)")
     keys = RunKeys(run.run_id)
+    access = access or RedisAccess(redis_client, keys)
     coordinator = Coordinator(
         run=run,
         keys=keys,
@@ -76,12 +86,15 @@ def create_app(run: RunConfig, redis_client: redis.Redis, admin_token: str, join
         admin_token_sha256=token_sha256(admin_token),
         join_token_sha256=None if join_token is None else token_sha256(join_token),
         registration_limit=RegistrationLimit(run.coordinator.registrations_per_s, run.coordinator.registration_burst),
+        access=access,
     )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         sweep_interval_s = min(MAX_SWEEP_INTERVAL_S, run.coordinator.lease_s / 4)
-        sweeper = asyncio.create_task(sweep_leases(coordinator.registry, sweep_interval_s), name="lease-sweeper")
+        sweeper = asyncio.create_task(
+            sweep_leases(coordinator.registry, access, sweep_interval_s), name="lease-sweeper"
+        )
         planner = asyncio.create_task(control_plane.run_forever(), name="control-loop")  # activation, ledger, history
         yield
         for task in (sweeper, planner):
@@ -101,7 +114,7 @@ def create_app(run: RunConfig, redis_client: redis.Redis, admin_token: str, join
     )
     app.state.coordinator = coordinator
     control_plane = app.state.control = ControlPlane(coordinator)
-    for router in (workers.router, status.router, broadcast.router, control.router):
+    for router in (workers.router, trust.router, status.router, broadcast.router, control.router):
         app.include_router(router)
     install_metrics(app, control_plane)
     app.heartbeat_fast_path = HeartbeatFastPath(app.serve_with_fastapi, sync_client=redis_client, state=app.state)
@@ -115,11 +128,13 @@ def create_app(run: RunConfig, redis_client: redis.Redis, admin_token: str, join
     return app
 
 
-async def sweep_leases(registry: WorkerRegistry, interval_s: float) -> None:
-    """Mark workers whose lease ran out as dead, every `interval_s`, until cancelled."""
+async def sweep_leases(registry: WorkerRegistry, access: RedisAccess, interval_s: float) -> None:
+    """Mark workers whose lease ran out as dead and revoke the Redis access of every worker without a live
+    lease (or draining for too long), every `interval_s`, until cancelled."""
     while True:
         try:
             expired = await asyncio.to_thread(registry.expire_due)
+            await asyncio.to_thread(access.revoke_gone, registry.clock())
         except redis.RedisError as exc:  # Redis down or restarting: try again next tick
             log.warning("lease sweep failed: %s", exc)
         else:

@@ -10,7 +10,8 @@ Everything it decides lands in Redis (worker states, the ledger, the history), s
 on the same Redis serves the same answers; what it keeps in memory (the learner window, the last
 snapshot) is a cache a restarted coordinator rebuilds within a minute.
 
-States it moves: STANDBY <-> ACTIVE only. DRAINING and DEAD are never touched (draining is the
+States it moves: STANDBY <-> ACTIVE, and any live state -> QUARANTINED for a worker the learner reports
+as suspect (quarantine.py; only an admin's release moves it back). DRAINING and DEAD are never touched (draining is the
 operator's or the worker's call, dead is the lease's), so a planner racing a drain cannot undo it.
 
 The learner as the coordinator sees it (`LearnerView`: its version and S, read from `learner:state`)
@@ -40,6 +41,7 @@ from services.coordinator.capacity_view import (
 from services.coordinator.ledger import CostLedger
 from services.coordinator.measurements import BAD_MEASUREMENTS, sane_learner_state
 from services.coordinator.pruning import DeadWorkerPruner
+from services.coordinator.quarantine import Quarantine
 from shared.activation import ActivationPlan, ActivationPolicy, Candidate, plan_activation
 from shared.api import (
     ActivationInfo,
@@ -121,6 +123,7 @@ class ControlPlane:
         self.pruner = DeadWorkerPruner(
             coordinator.redis, coordinator.keys, coordinator.run.coordinator.dead_worker_retention_s
         )
+        self.quarantine = Quarantine(coordinator.bus, coordinator.registry, coordinator.access, coordinator.run.run_id)
         self.clock = time.time  # unix seconds of billing and dwell times (tests replace it)
         self.snapshot: ControlSnapshot | None = None
         self._lock = threading.Lock()  # one pass at a time (the loop's thread and on-demand passes)
@@ -167,6 +170,8 @@ class ControlPlane:
             self.complete_broadcasts(workers)
             learner = read_learner_view(c.bus, c.run).state
             self.window.observe(learner)
+            if c.run.trust.enabled:  # before planning: a quarantined worker is neither active nor standby
+                workers = self.quarantine.apply(learner, workers)
             broadcast_s, num_queued = recent_broadcast_s(c.redis, c.keys), queued_groups(c.bus)
             measured = measure_inputs(c.run, learner, self.window, workers, broadcast_s, num_queued)
             activation = None

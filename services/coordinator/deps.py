@@ -1,7 +1,7 @@
 """What an endpoint can ask for, as typed aliases; the routers (services/coordinator/routers/) take them
 from here and nowhere else.
 
-    CoordinatorDep   the `Coordinator`: run config, Redis keys and client, worker registry, stream bus
+    CoordinatorDep   the `Coordinator`: run config, Redis keys and client, worker registry, stream bus, workers' access
     RegistryDep      its `WorkerRegistry`
     ControlDep       the `ControlPlane` (services/coordinator/control.py): the control loop's last pass
     CallerDep        who holds the bearer token: `AdminCaller` or `WorkerCaller` (401 for anyone else)
@@ -21,6 +21,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from services.coordinator.auth import Caller, InvalidTokenError, authenticate
 from services.coordinator.control import ControlPlane
+from services.coordinator.redis_access import RedisAccess
 from services.coordinator.registration_limit import RegistrationLimit
 from services.coordinator.worker_registry import WorkerRegistry
 from shared.api import JOIN_TOKEN_HEADER
@@ -42,6 +43,7 @@ class Coordinator:
     admin_token_sha256: str
     join_token_sha256: str | None  # None: open registration (dev)
     registration_limit: RegistrationLimit
+    access: RedisAccess  # workers' Redis users and rollout keys (services/coordinator/redis_access.py)
 
 
 def get_coordinator(request: Request) -> Coordinator:

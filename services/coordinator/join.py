@@ -5,9 +5,9 @@
          or wrong (skipped when the coordinator runs with open registration, a dev setting)
       2. the registration rate limit (services/coordinator/registration_limit.py): 429 + Retry-After
       3. a returning worker (body `previous_worker_id`, header `Authorization: Bearer <its token>`):
-         401 without the bearer token, 403 if the token is not that worker's, 409 if its state is
-         not dead, active or standby (draining, or a state an operator put it in: rejoining is no
-         way out); else its record is revived: same id, same totals, a fresh lease and a new token. A previous id the coordinator
+         401 without the bearer token, 403 if the token is not that worker's, 409 if it is
+         quarantined or its state is not dead, active or standby (draining, quarantined: rejoining is
+         no way out); else its record is revived: same id, same totals, a fresh lease and a new token. A previous id the coordinator
          no longer knows (pruned after `dead_worker_retention_s`, or Redis lost it) joins as a new
          worker: nothing is left to prove the identity against.
       4. anyone else is a new worker with a new id.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from fastapi import HTTPException, status
@@ -59,10 +60,15 @@ def admit_registration(
 
 
 def join_or_rejoin(
-    registry: WorkerRegistry, request: RegisterWorkerRequest, bearer_token: str | None, state: WorkerState
+    registry: WorkerRegistry,
+    request: RegisterWorkerRequest,
+    bearer_token: str | None,
+    state: WorkerState,
+    quarantined: Collection[str] = (),
 ) -> Joined:
     """Steps 3 and 4 of the module doc: revive a returning worker or register a new one (401/403 on a
-    returning worker's bad credentials)."""
+    returning worker's bad credentials; 409 for one in `quarantined`, which its lease running out does
+    not release: services/coordinator/quarantine.py)."""
     previous = request.previous_worker_id
     if previous is not None:
         if bearer_token is None:
@@ -72,6 +78,11 @@ def join_or_rejoin(
             presented = token_sha256(bearer_token)
             if not hmac.compare_digest(presented, stored):
                 raise _forbidden(previous)
+            if previous in quarantined:
+                raise HTTPException(
+                    status.HTTP_409_CONFLICT,
+                    detail=f"worker {previous} is quarantined: an admin must release it (POST /v1/workers/{previous}/release)",
+                )
             token = issue_worker_token(previous)
             outcome = registry.revive(previous, request, presented, token_sha256(token), state)
             if outcome == REVIVED:

@@ -135,3 +135,24 @@ def worker_families(snapshot: ControlSnapshot) -> Iterator[Metric]:
         families["policy_version"].add_metric(labels, w.policy_version)
         families["price_per_hour"].add_metric(labels, w.price_per_hour)
     yield from families.values()
+    forged = CounterMetricFamily(
+        PREFIX + "fleet_worker_rollouts_forged",
+        "per worker: rollouts claiming it whose producer_mac did not verify (dead-lettered by the reward service)",
+        labels=["worker", "name", "state"],
+    )
+    for w in snapshot.workers:
+        forged.add_metric([w.worker_id, w.name, w.state.value], w.num_rollouts_forged)
+    yield forged
+    yield from trust_families(snapshot)
+
+
+def trust_families(snapshot: ControlSnapshot) -> Iterator[Metric]:
+    """The learner's trust per worker (docs/trust.md): score and whether it is suspect."""
+    trust = snapshot.learner.trust_by_worker if snapshot.learner is not None else {}
+    score = GaugeMetricFamily(PREFIX + "fleet_worker_trust_score", "per worker: trust score (CUSUM)", labels=["worker"])
+    suspect = GaugeMetricFamily(PREFIX + "fleet_worker_trust_suspect", "per worker: 1 if suspect", labels=["worker"])
+    for worker_id, worker in trust.items():
+        score.add_metric([worker_id], worker.score)
+        suspect.add_metric([worker_id], float(worker.suspect))
+    yield score
+    yield suspect

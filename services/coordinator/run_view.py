@@ -58,6 +58,7 @@ def dashboard_response(control: ControlPlane) -> DashboardResponse:
         capacity=snapshot.capacity,
         activation=snapshot.activation,
         cost=control.cost(snapshot),
+        trust_by_worker=dict(learner.trust_by_worker) if learner is not None else {},
     )
 
 

@@ -32,6 +32,31 @@ class CoordinatorSettings(ServiceSettings):
         description="dev only: anyone who reaches the coordinator may register (no join token)",
     )
 
+    redis_acl: bool = Field(
+        False,
+        validation_alias="RL_REDIS_ACL",
+        description="true: give each worker its own Redis ACL user at registration (the coordinator's Redis user "
+        "needs +acl and +client|kill); false: workers use their own RL_REDIS_URL (embedded dev mode, bare Redis)",
+    )
+    worker_redis_url: str | None = Field(
+        None,
+        validation_alias="RL_WORKER_REDIS_URL",
+        description="the Redis URL workers are told to use, without credentials (redis:// or rediss://); "
+        "default: their own RL_REDIS_URL",
+    )
+    rollout_key_retention_s: int = Field(
+        86_400,
+        ge=1,
+        validation_alias="RL_ROLLOUT_KEY_RETENTION_S",
+        description="how long a departed worker's rollout-signing key is kept (its groups in flight still verify)",
+    )
+    drain_grace_s: float = Field(
+        300.0,
+        gt=0,
+        validation_alias="RL_DRAIN_GRACE_S",
+        description="with RL_REDIS_ACL: a worker draining this long loses its Redis user even if it still heartbeats",
+    )
+
     @model_validator(mode="after")
     def _join_token_unless_open(self) -> CoordinatorSettings:
         if self.join_token is None and not self.open_registration:

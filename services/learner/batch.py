@@ -2,6 +2,7 @@
 
 Every group read is decided exactly once, at the learner's current version t:
 - another run's group: dropped (run_mismatch), acked at once;
+- a quarantined worker's group: dropped (quarantined), acked at once (docs/trust.md);
 - token ids outside the vocabulary, longer than the model's context, or non-finite logprobs or
   rewards: dead-lettered with the reason (acked with its dead letter) - a broken worker must not
   crash or poison the learner;
@@ -11,6 +12,10 @@ Every group read is decided exactly once, at the learner's current version t:
 
 After a restart the groups this consumer had admitted but not acked (bus.read_own_pending) come
 first, and are decided again at the restored version.
+
+A drop or a dead letter is final when it is made (the entry is acked: nobody sees it again), so its
+count is kept in Redis (RunKeys.learner_decisions), incremented atomically with the ack; a restarted
+learner continues those counts (`restore_decisions`) instead of the older ones of its checkpoint.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import torch
 
 from services.learner.grpo import group_advantages
 from shared.bus import Delivery, StreamBus
-from shared.keys import RunKeys
+from shared.keys import DEAD_LETTERED, RunKeys
 from shared.messages import ScoredGroup, unpack_float32, unpack_int32
 from shared.retry import call_with_retry
 from shared.staleness import DropReason, admission_verdict, staleness_of
@@ -83,8 +88,9 @@ class BatchCollector:
         self.vocab_size = vocab_size
         self.max_positions = max_positions
         self.poll_block_ms = poll_block_ms
-        self.num_dropped: Counter[str] = Counter()  # cumulative, by DropReason value (restored from checkpoints)
+        self.num_dropped: Counter[str] = Counter()  # cumulative, by DropReason value (restore_decisions)
         self.num_dead_lettered = 0
+        self.quarantined: frozenset[str] = frozenset()  # worker ids whose groups are dropped (trust_monitor.py)
         self._replay: deque[Delivery[ScoredGroup]] = deque()
         self._held: set[str] = set()  # admitted by this process, not yet acked by the learner
         self._reply_maybe_lost = False
@@ -106,6 +112,21 @@ class BatchCollector:
         unseen = [delivery for delivery in pending if delivery.message_id not in known]
         self._replay.extend(unseen)
         return len(unseen)
+
+    def restore_decisions(self, checkpointed_dropped: dict[str, int], checkpointed_dead_lettered: int) -> None:
+        """Continue the drop and dead-letter counts after a restart: Redis holds every decision up to the
+        crash; the checkpoint's (older) counts matter only if Redis lost its data (no AOF). The larger
+        of the two per reason, written back so Redis and this process count on from the same totals."""
+        stored = call_with_retry(lambda: self.bus.counts(self.keys.learner_decisions), "read decision counts")
+        merged = {
+            reason: max(stored.get(reason, 0), checkpointed_dropped.get(reason, 0))
+            for reason in {*stored, *checkpointed_dropped} - {DEAD_LETTERED}
+        }
+        dead_lettered = max(stored.get(DEAD_LETTERED, 0), checkpointed_dead_lettered)
+        self.num_dropped = Counter({reason: count for reason, count in merged.items() if count})
+        self.num_dead_lettered = dead_lettered
+        mapping = {**merged, DEAD_LETTERED: dead_lettered}
+        call_with_retry(lambda: self.bus.put_counts(self.keys.learner_decisions, mapping), "write decision counts")
 
     def release(self, message_ids: list[str]) -> None:
         """The learner acked these (their checkpoint is on disk): no longer held by this process."""
@@ -132,11 +153,15 @@ class BatchCollector:
         if group.run_id != self.keys.run_id:
             self._drop(delivery, DropReason.RUN_MISMATCH)
             return False
+        if group.rollout.worker_id in self.quarantined:
+            self._drop(delivery, DropReason.QUARANTINED)
+            return False
         try:
             validate_group(group, self.vocab_size, self.max_positions)
         except InvalidGroupError as exc:  # policy: a group we cannot train on goes to the dead letters
             error = f"learner: {exc}"
-            call_with_retry(lambda: self.bus.dead_letter(delivery, error), "dead-letter")
+            tally = (self.keys.learner_decisions, DEAD_LETTERED)
+            call_with_retry(lambda: self.bus.dead_letter(delivery, error, tally=tally), "dead-letter")
             self.num_dead_lettered += 1
             return False
         reason = admission_verdict(learner_version, group.rollout.policy_version, self.staleness_bound)
@@ -146,9 +171,10 @@ class BatchCollector:
         return True
 
     def _drop(self, delivery: Delivery[ScoredGroup], reason: DropReason) -> None:
-        # Acked at once: the effect of a drop is only this count, which the next checkpoint records.
+        # Acked at once: the effect of a drop is only its count, kept in Redis with the ack.
+        key = self.keys.learner_decisions
+        call_with_retry(lambda: self.bus.ack_and_count(SCORED, delivery.message_id, key, reason.value), "ack drop")
         self.num_dropped[reason.value] += 1
-        call_with_retry(lambda: self.bus.ack(SCORED, [delivery.message_id]), "ack drop")
         log.debug(
             "dropped group %s (v%d): %s",
             delivery.message.rollout.group_id,

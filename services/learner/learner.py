@@ -17,6 +17,11 @@
 Ack discipline: a dropped or dead-lettered group is acked when decided; an admitted group stays
 pending for the consumer "learner-0" until the checkpoint covering its step is on disk, so a crash
 loses nothing: the restarted learner resumes at the checkpoint's version and re-reads those groups.
+
+Totals across a restart: what the retaken steps redo (steps, groups trained, train/idle seconds, the
+staleness histogram) continues from the checkpoint, so each trained group counts once; what is final
+when decided (drops, dead letters: counted in Redis with their ack) and the run's clock (the last
+LearnerState's wall_s) continue from where the killed process left them.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from services.learner.mismatch import engine_mismatch
 from services.learner.model_init import build_initial_policy
 from services.learner.publish import WeightPublisher
 from services.learner.settings import LearnerSettings
+from services.learner.trust_monitor import TrustMonitor
 from shared.bus import StreamBus
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import RunConfig
@@ -85,7 +91,6 @@ class Learner:
         self.checkpointed_version = -1
         self.last_train_s = 0.0
         self.last_mismatch: dict[str, WorkerMismatch] = {}  # the last step's, by worker (into LearnerState)
-        self.staleness_counts: Counter[int] = Counter()  # trained groups by lag t - v, this process
         self.state: LearnerState | None = None  # the latest state written (read by /metrics)
         self.stop_requested = threading.Event()
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
@@ -118,6 +123,7 @@ class Learner:
         )
         self._started_s = time.monotonic()
         self._wall_offset_s = 0.0  # run time before this process (restored from the checkpoint)
+        self.trust = TrustMonitor(run.trust, self.model, bus, self.run_dir / "trust.jsonl")
         device, dtype = trainer.resolve_device_dtype(run.learner)
         self.evaluator = Evaluator.for_model_folder(  # the workers' engine, on the learner's device and dtype
             self.model_dir,
@@ -163,8 +169,8 @@ class Learner:
 
     # steps
     def resume_or_start(self) -> None:
-        self.write_state("starting")
         self.collector.ensure_group()
+        wall_s_before_restart = self.wall_s_before_restart()  # read before this process writes its state
         checkpoint = load_checkpoint(checkpoint_path(self.run_dir))
         if checkpoint is None:
             log.info("no checkpoint in %s: starting at version 0", self.run_dir)
@@ -174,22 +180,26 @@ class Learner:
             self.version = self.checkpointed_version = checkpoint.policy_version
             self.totals = RunTotals.model_validate(checkpoint.counters)
             self.totals.num_restarts += 1
-            self._wall_offset_s = self.totals.wall_s
-            self.collector.num_dropped = Counter(self.totals.num_dropped)
-            self.collector.num_dead_lettered = self.totals.num_dead_lettered
+            self._wall_offset_s = max(self.totals.wall_s, wall_s_before_restart)
             # A crash between saving and acking: these are trained on already, never again.
             self.ack(checkpoint.covered_message_ids)
             num_lines = self.metrics.truncate_after(self.version)
             self.add_evals_finished_after_the_checkpoint()
             log.info("resumed at version %d (%d metrics lines past it dropped)", self.version, num_lines)
+        # Drops and dead letters before a crash were acked for good: Redis has counted every one.
+        self.collector.restore_decisions(self.totals.num_dropped, self.totals.num_dead_lettered)
+        self.write_state("starting")  # only now: the state it writes carries the restored totals
         num_pending = self.collector.load_own_pending()
         log.info("%d scored groups admitted before a restart and never acked: decided again first", num_pending)
 
     def publish_weights(self) -> float:
-        return self.publisher.publish(self.model, self.version).publish_s
+        publish_s = self.publisher.publish(self.model, self.version).publish_s
+        self.trust.on_publish(self.version, self.model)
+        return publish_s
 
     def collect_batch(self) -> CollectedBatch | None:
         started_s = time.monotonic()
+        self.trust.refresh_quarantine(self.collector)
         batch = self.collector.collect(self.version, should_stop=lambda: self.stop_reason() is not None)
         if batch is None:  # stopped while waiting: that wait was idle time too
             self.totals.idle_s += time.monotonic() - started_s
@@ -199,6 +209,7 @@ class Learner:
         groups = [admitted.group for admitted in batch.groups]
         tensors = tensorize(groups, self.pad_token_id, self.config.grpo.normalize_advantage_by_std)
         result = trainer.train_step(self.model, self.optimizer, tensors, self.config.grpo, self.config.learner)
+        self.trust.observe_step(self.version, batch.groups, tensors, result.logprobs)
         self.version += 1
         self.uncheckpointed_ids.extend(batch.message_ids)
         return TrainedStep(batch=batch, tensors=tensors, result=result)
@@ -242,7 +253,6 @@ class Learner:
         self.metrics.append(record)
         self.last_train_s = record.train_s
         self.last_mismatch = record.mismatch_by_worker
-        self.staleness_counts.update({int(lag): count for lag, count in record.staleness_histogram.items()})
         self.write_state("training")
         log.info(
             "step %d/%d reward %.3f train %.3fs idle %.3fs publish %.3fs lag %s dropped %s",
@@ -340,6 +350,12 @@ class Learner:
     def wall_s(self) -> float:
         return self._wall_offset_s + time.monotonic() - self._started_s
 
+    def wall_s_before_restart(self) -> float:
+        """The run time the previous learner process last reported (0.0 if none): the clock of a run
+        does not go back to its checkpoint's when the learner is killed."""
+        state = call_with_retry(lambda: self.bus.get_state(LEARNER_STATE), "read learner state")
+        return state.wall_s if state is not None and state.run_id == self.config.run_id else 0.0
+
     def sync_totals(self) -> None:
         """Bring the counters kept elsewhere (drops in the collector, finished evals, the clock) into the totals."""
         for record in self.evaluator.take_finished():
@@ -413,8 +429,12 @@ class Learner:
             train_s_total=self.totals.train_s,
             idle_s_total=self.totals.idle_s,
             wall_s=self.wall_s(),
-            staleness_histogram={str(lag): count for lag, count in sorted(self.staleness_counts.items())},
+            staleness_histogram=dict(sorted(self.totals.staleness_histogram.items(), key=lambda item: int(item[0]))),
             mismatch_by_worker=self.last_mismatch,
+            num_groups_trained=self.totals.num_groups,
+            num_dead_lettered=self.collector.num_dead_lettered,
+            num_restarts=self.totals.num_restarts,
+            trust_by_worker=self.trust.trust_by_worker(),
         )
         self.state = state
         call_with_retry(lambda: self.bus.put_state(LEARNER_STATE, state), "write learner state")

@@ -1,8 +1,9 @@
 """The reward service: feeds prompts to the rollout workers and scores what comes back.
 
-Loop: top up tasks -> receive rollouts -> score -> publish scored -> ack.
+Loop: top up tasks -> receive rollouts -> verify the producer -> score -> publish scored -> ack.
 A rollout is acked only after its scored group is in Redis; a rollout that cannot be scored is
-dead-lettered with the reason and the service keeps running. A Redis outage is waited out with
+dead-lettered with the reason and the service keeps running; so is one not signed by the worker it
+names (services/reward/provenance.py). A Redis outage is waited out with
 backoff: what was read but not acked stays pending and is claimed again after the outage.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from services.reward.provenance import ForgedRolloutError, ProducerCheck
 from services.reward.scoring import UnscorableGroupError, score_group
 from services.reward.settings import RewardSettings
 from services.reward.task_feed import top_up_tasks
@@ -34,6 +36,7 @@ class RewardService:
         self.task: TaskAdapter = make_task(
             run.task.name, num_eval_prompts=run.task.num_eval_prompts, seed=run.task.seed
         )
+        self.producers = ProducerCheck(bus.redis, self.keys)
         self.stop_event = threading.Event()
         self.num_scored = 0
         self.num_tasks_published = 0
@@ -82,9 +85,11 @@ class RewardService:
         scored, done = [], []
         for delivery in deliveries:
             try:
+                self.producers.verify(delivery.message)
                 scored.append(score_group(delivery.message, self.task, self.bus.redis, self.keys))
                 done.append(delivery)
-            except UnscorableGroupError as exc:  # policy: a group we cannot score is dead-lettered, never retried
+            # policy: a forged group, or one we cannot score, is dead-lettered, never retried
+            except (ForgedRolloutError, UnscorableGroupError) as exc:
                 self.bus.dead_letter(delivery, str(exc))
         self.bus.publish_and_ack(SCORED, scored, done)
         self.num_scored += len(scored)

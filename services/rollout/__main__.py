@@ -6,6 +6,8 @@ verified policy weights, and publishes them to `rollouts`.
     RL_MODEL_DIR=<model folder> python -m services.rollout
 
 (`python -m cluster.join` does this with the settings of the newest local cluster, runs/latest/cluster.env.)
+RL_REDIS_URL needs no credentials where the coordinator runs with RL_REDIS_ACL=true: registration issues
+this worker its own Redis user (and the URL to use), and no Redis connection is opened before that.
 
 Reads: the run file (RL_RUN_CONFIG), tasks and weight announcements from Redis, weight chunks over
 HTTP, the coordinator's staleness verdicts. Writes: rollouts and dead letters to Redis, heartbeats to

@@ -14,7 +14,8 @@ Policies at this boundary:
 
 The state in every registration and heartbeat answer is obeyed: ACTIVE takes tasks; STANDBY takes none
 but keeps heartbeating and keeps its weights fresh (`on_standby`, checked by the worker loop);
-DRAINING sets the worker's stop flag, so it finishes the batch in hand (published and acked),
+QUARANTINED (the coordinator caught it lying, docs/trust.md) is obeyed like STANDBY: no tasks, heartbeats
+go on, so an admin's release (back to ACTIVE) reaches it; DRAINING sets the worker's stop flag, so it finishes the batch in hand (published and acked),
 deregisters and exits, exactly as on SIGTERM.
 """
 
@@ -85,7 +86,8 @@ class Membership:
 
     @property
     def on_standby(self) -> bool:
-        return self.state == WorkerState.STANDBY
+        """Take no tasks: standby, or quarantined until an admin releases the worker."""
+        return self.state in (WorkerState.STANDBY, WorkerState.QUARANTINED)
 
     def register(self) -> RegisterWorkerResponse:
         """Register (as the worker we were, if we were registered before), retrying while the coordinator

@@ -1,10 +1,11 @@
 """The rollout worker: turns TaskGroups into RolloutGroups with announced, verified policy weights.
 
 Main loop (`RolloutWorker.run`):
-    start: chunk server -> register -> heartbeat thread
+    start: chunk server -> register -> Redis as the issued user -> heartbeat thread
     loop:  sync weights -> gate on staleness -> receive tasks -> generate -> publish -> ack
     stop:  finish the current batch -> deregister -> stop the chunk server
 
+Every group is signed with the rollout key its registration issued (shared/rollout_mac.py).
 Delivery: a task is acked only after its RolloutGroup is in Redis; a worker that dies leaves its tasks
 pending and another worker claims them after `rollout.claim_idle_ms`. A task the engine cannot serve
 (EngineError, e.g. a prompt outside the tokenizer's vocabulary) is dead-lettered alone; the rest of
@@ -23,7 +24,9 @@ import redis
 
 from engines.interface import EngineError, InferenceEngine, Sample
 from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError
+from services.rollout.faults import fault_from_environment
 from services.rollout.membership import Membership, NotRegisteredError
+from services.rollout.redis_access import connect_as_worker
 from services.rollout.relay_sources import CoordinatorParents
 from services.rollout.settings import RolloutSettings
 from services.rollout.weights_sync import WeightsSync
@@ -34,6 +37,7 @@ from shared.config import RunConfig
 from shared.keys import RunKeys
 from shared.messages import RolloutGroup, TaskGroup, pack_float32, pack_int32
 from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
+from shared.rollout_mac import sign_rollout
 from shared.streams import ROLLOUTS, TASKS, WEIGHTS
 from shared.tokenization import PromptInput
 
@@ -122,6 +126,7 @@ class RolloutWorker:
         self.generating = False
         self.throughput = ThroughputMeter()
         self.gate_state = "closed"
+        self.fault = fault_from_environment()  # None unless a test asked for a lying worker (faults.py)
 
     def run(self) -> None:
         """Serve tasks until `stop()`; the current batch is always finished (published and acked) first."""
@@ -161,21 +166,33 @@ class RolloutWorker:
     def start(self) -> None:
         self.chunk_server.start()
         log.info("chunk server on %s; consumer %s", self.chunk_server.url, self.consumer_name)
-        self.bus.ensure_group(TASKS)
         registration = self.membership.register()
         if registration.run_id != self.keys.run_id:
             raise ValueError(
                 f"the coordinator at {self.settings.coordinator_url} runs {registration.run_id!r}, not {self.keys.run_id!r}"
             )
+        self.use_issued_redis_user()  # no Redis command before this: with ACLs on, only the issued user may
+        self.bus.ensure_group(TASKS)
         self.membership.start_heartbeats()
         self.weights.start()
         log.info("waiting for the first announced weights on %s", self.keys.name_of(WEIGHTS))
 
+    def use_issued_redis_user(self) -> None:
+        """Talk to Redis as the user the registration issued (services/rollout/redis_access.py); later
+        registrations' credentials are picked up at each reconnect. ACLs off: keep the given client."""
+        issued = connect_as_worker(
+            self.membership.registration.access, lambda: self.membership.registration.access, self.settings.redis_url
+        )
+        if issued is not None:
+            self.bus.redis.close()
+            self.bus.redis = issued
+            log.info("redis as user %s", self.membership.registration.access.redis_username)
+
     def shut_down(self) -> None:
         self.generating = False
+        self.weights.close()  # before leaving: the coordinator kills our Redis connections when we deregister
         self.membership.leave()
         self.chunk_server.stop()
-        self.weights.close()
         self.coordinator.close()
         self.membership.client.close()
         log.info(
@@ -187,6 +204,8 @@ class RolloutWorker:
 
     # the loop's steps
     def sync_weights(self) -> None:
+        if self.fault is not None and not self.fault.loads_weights(self.engine.policy_version):
+            return
         loaded_version = self.weights.update(self.engine)
         if loaded_version is not None:
             log.info("now sampling with policy version %d", loaded_version)
@@ -197,7 +216,7 @@ class RolloutWorker:
         if self.engine.policy_version < 0:
             return False
         try:
-            verdict = self.coordinator.staleness(self.engine.policy_version)
+            verdict = self.coordinator.staleness(self.claimed_version())
         except CoordinatorUnavailableError as exc:
             # Fail open: the learner's admission rule drops stale groups anyway; the gate only saves work.
             self._note_gate("failing open", f"coordinator unavailable ({exc})")
@@ -267,7 +286,7 @@ class RolloutWorker:
     def _generate_batch(self, batch: list[Delivery[TaskGroup]]) -> list[Outcome]:
         """One engine call for the batch; if it fails, one call per task so a bad task fails alone."""
         first = batch[0].message
-        policy_version = self.engine.policy_version
+        policy_version = self.claimed_version()
         started_s = time.perf_counter()
         try:
             groups = self.engine.generate(
@@ -286,11 +305,24 @@ class RolloutWorker:
             generation_s,
             sum(s.num_tokens for samples in groups for s in samples),
         )
-        worker_id = self.membership.worker_id
-        return [
-            (delivery, build_rollout_group(delivery.message, samples, worker_id, policy_version, generation_s))
+        registration = self.membership.registration  # the id and its key from the same registration
+        rollout_key = bytes.fromhex(registration.access.rollout_key_hex)
+        built = [
+            build_rollout_group(delivery.message, samples, registration.worker_id, policy_version, generation_s)
             for delivery, samples in zip(batch, groups, strict=True)
         ]
+        if (
+            self.fault is not None
+        ):  # a lying worker signs its lies: the MAC binds a group to its producer, not to the truth
+            built = [self.fault.apply(group) for group in built]
+        return [(delivery, sign_rollout(group, rollout_key)) for delivery, group in zip(batch, built, strict=True)]
+
+    def claimed_version(self) -> int:
+        """The version written on the groups: the engine's, unless a fault injector lies about it."""
+        if self.fault is None:
+            return self.engine.policy_version
+        newest = self.bus.latest_entry(WEIGHTS)
+        return self.fault.claimed_version(self.engine.policy_version, newest.message.policy_version if newest else None)
 
     def _registration_request(self) -> RegisterWorkerRequest:
         return RegisterWorkerRequest(

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import RunConfig
+from tests.acl_redis import AclRedis, acl_redis_server
 from tests.coordinator_rest import ServeCoordinator, ServedCoordinator, served_coordinator
 from tests.manual_clock import ManualClock
 
@@ -22,6 +24,13 @@ def chunk_server() -> Iterator[ChunkServer]:
     server = ChunkServer(ChunkStore(keep_versions=2), wait_s=1.0).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def acl_redis(tmp_path: Path) -> Iterator[AclRedis]:
+    """A redis-server of this test's own with ACLs on, as the local runner starts it (tests/acl_redis.py)."""
+    with acl_redis_server(tmp_path) as server:
+        yield server
 
 
 @pytest.fixture

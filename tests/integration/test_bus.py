@@ -221,3 +221,18 @@ def test_group_operations_refuse_a_stream_read_without_a_group(bus: StreamBus) -
         bus.read(WEIGHTS, "w1", block_ms=10)
     with pytest.raises(ValueError, match="without a consumer group"):
         bus.ensure_group(WEIGHTS)
+
+
+def test_ack_and_count_counts_an_entry_once_however_often_it_is_acked(bus: StreamBus, keys: RunKeys) -> None:
+    bus.ensure_group(TASKS)
+    for index in range(2):
+        bus.publish(TASKS, make_task(keys.run_id, index))
+    first, second = bus.read(TASKS, "c1", count=2, block_ms=100)
+    counters = keys.learner_decisions
+    assert bus.ack_and_count(TASKS, first.message_id, counters, "stale") == 1
+    assert bus.ack_and_count(TASKS, first.message_id, counters, "stale") == 0  # a retry after a lost reply
+    assert bus.ack_and_count(TASKS, second.message_id, counters, "future_version") == 1
+    assert bus.counts(counters) == {"stale": 1, "future_version": 1}
+    assert bus.group_progress(TASKS) == (0, 0)
+    bus.put_counts(counters, {"stale": 5})
+    assert bus.counts(counters) == {"stale": 5, "future_version": 1}

@@ -15,7 +15,11 @@ from cluster.redis_server import free_port
 from services.rollout.coordinator_client import CoordinatorClient, RegistrationThrottledError
 from services.rollout.membership import Membership
 from shared.api import JOIN_TOKEN_HEADER, HeartbeatRequest, RegisterWorkerRequest, WorkerInfo
+from shared.bus import StreamBus
 from shared.config import CoordinatorConfig, RolloutConfig, RunConfig
+from shared.keys import RunKeys
+from shared.messages import QuarantinedWorkers
+from shared.streams import QUARANTINE
 from tests.coordinator_rest import JOIN_TOKEN, ServeCoordinator, bearer, register, served_coordinator
 from tests.manual_clock import ManualClock
 from tests.polling import wait_for
@@ -183,3 +187,20 @@ def test_a_draining_worker_cannot_rejoin_its_way_back_to_active(
 
     assert again.status_code == 409 and "draining" in again.json()["detail"]
     assert [(w.worker_id, w.state) for w in workers(api)] == [(worker.worker_id, "draining")]
+
+
+def test_a_quarantined_worker_whose_lease_ran_out_cannot_rejoin_its_way_out(
+    serve_coordinator: ServeCoordinator, lease_run: RunConfig, clock: ManualClock, redis_client: redis.Redis
+) -> None:
+    api = serve_coordinator(lease_run, lease_clock=clock).client
+    worker = register(api, "suspect")
+    quarantined = QuarantinedWorkers(run_id=lease_run.run_id, worker_ids=[worker.worker_id])
+    StreamBus(redis_client, RunKeys(lease_run.run_id), service="test").put_state(QUARANTINE, quarantined)
+    clock.advance(LEASE_S + 1)
+
+    again = api.post(
+        "/v1/workers", json={"name": "suspect", "previous_worker_id": worker.worker_id}, headers=bearer(worker.token)
+    )
+
+    assert again.status_code == 409 and "quarantined" in again.json()["detail"]
+    assert [(w.worker_id, w.state) for w in workers(api)] == [(worker.worker_id, "dead")]

@@ -54,5 +54,8 @@ def test_only_the_learner_process_gets_the_private_signing_key(
     assert not any(pair.signing_key_hex in value for value in worker.values())
     assert learner["RL_SIGNING_KEY"] == pair.signing_key_hex
     assert learner["RL_WEIGHTS_PUBLIC_KEY"] == pair.public_key_hex
+    # Redis: the learner logs in as its own user; the worker holds no Redis password (registration issues one)
+    assert learner["RL_REDIS_URL"].startswith("redis://learner:") and "@" not in worker["RL_REDIS_URL"]
+    assert cluster.redis_users.passwords["learner"] not in " ".join(worker.values())
     # and a worker's settings have no place for a private key
     assert {"signing_key", "cluster_key"}.isdisjoint(RolloutSettings.model_fields)

@@ -15,10 +15,17 @@ from shared.bus import StreamBus
 from shared.config import RunConfig
 from shared.keys import RunKeys
 from shared.messages import RolloutGroup, TaskGroup, pack_float32, pack_int32
+from shared.rollout_mac import sign_rollout
 from shared.streams import ROLLOUTS, SCORED, TASKS
 from tests.polling import CallCounter, wait_for
 
 pytestmark = pytest.mark.integration
+
+TEST_WORKER_ROLLOUT_KEY = bytes(range(32))  # what the coordinator would have issued worker "w-test"
+
+
+def issue_test_rollout_key(client: redis.Redis, keys: RunKeys) -> None:
+    client.set(keys.rollout_key("w-test"), TEST_WORKER_ROLLOUT_KEY)
 
 
 @pytest.fixture
@@ -29,7 +36,8 @@ def run(run_id: str) -> RunConfig:
 
 
 @pytest.fixture
-def service(run: RunConfig, bus: StreamBus, redis_server) -> Iterator[RewardService]:
+def service(run: RunConfig, bus: StreamBus, keys: RunKeys, redis_server) -> Iterator[RewardService]:
+    issue_test_rollout_key(bus.redis, keys)
     settings = RewardSettings(redis_url=redis_server.url, poll_block_ms=50)
     reward = RewardService(run, settings, bus)
     thread = threading.Thread(target=reward.run_forever, daemon=True)
@@ -41,6 +49,11 @@ def service(run: RunConfig, bus: StreamBus, redis_server) -> Iterator[RewardServ
 
 
 def rollout_for(task: TaskGroup, texts: list[str], task_id: str | None = None) -> RolloutGroup:
+    """A group worker "w-test" sampled for `task`, signed with its rollout key."""
+    return sign_rollout(unsigned_rollout_for(task, texts, task_id), TEST_WORKER_ROLLOUT_KEY)
+
+
+def unsigned_rollout_for(task: TaskGroup, texts: list[str], task_id: str | None = None) -> RolloutGroup:
     return RolloutGroup(
         run_id=task.run_id,
         group_id=uuid.uuid4().hex,
@@ -136,6 +149,7 @@ def test_the_service_waits_out_a_redis_restart_and_loses_nothing(run: RunConfig,
     thread.start()
     try:
         test_bus = StreamBus(connect(server.url), keys, service="test")
+        issue_test_rollout_key(test_bus.redis, keys)
         wait_for(lambda: test_bus.length(TASKS) >= 2, "tasks")
         task = take_tasks(test_bus, keys, 1)[0]
         wait_until_on_disk(test_bus.redis)  # the tasks and their references survive the kill -9
@@ -152,3 +166,24 @@ def test_the_service_waits_out_a_redis_restart_and_loses_nothing(run: RunConfig,
         reward.stop_event.set()
         thread.join(timeout=10)
         server.stop()
+
+
+def test_forged_rollouts_are_dead_lettered_and_counted_against_the_claimed_worker(service, bus, keys) -> None:
+    wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
+    task = take_tasks(bus, keys, 1)[0]
+    bus.redis.hset(keys.worker("w-test"), mapping={"num_rollouts_forged": 0})  # the claimed worker's record
+    bus.publish(ROLLOUTS, unsigned_rollout_for(task, ["1"]))  # no mac at all
+    bus.publish(ROLLOUTS, sign_rollout(unsigned_rollout_for(task, ["1"]), bytes(32)))  # another key
+    stranger = sign_rollout(unsigned_rollout_for(task, ["1"]).model_copy(update={"worker_id": "w-nobody"}), bytes(32))
+    bus.publish(ROLLOUTS, stranger)  # a worker id nobody was issued a key for
+    bus.publish(ROLLOUTS, rollout_for(task, ["1", "2"]))  # the honest one
+
+    wait_for(lambda: bus.length(SCORED) == 1, "the honest rollout scored")
+    letters = wait_for(lambda: bus.dead_letters() if len(bus.dead_letters()) == 3 else None, "three dead letters")
+    assert all(letter.error.startswith("forged rollout: ") for letter in letters)
+    errors = " | ".join(letter.error for letter in letters)
+    assert "carries no producer_mac" in errors and "does not match the key of worker w-test" in errors
+    assert "w-nobody, which holds no rollout key" in errors
+    assert bus.redis.hget(keys.worker("w-test"), "num_rollouts_forged") == b"2"
+    assert not bus.redis.exists(keys.worker("w-nobody"))  # no record is made up for an unknown id
+    assert service.num_scored == 1 and service.producers.num_forged == 3

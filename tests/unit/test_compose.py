@@ -9,6 +9,8 @@ import pytest
 import yaml
 
 LONG_RUNNING = ["redis", "coordinator", "reward", "learner"]
+ONE_SHOT = ("init-model", "redis-acl")  # steps that run once before the services start
+TRUSTED = ("coordinator", "reward", "learner")  # each logs in to Redis as its own user
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,22 @@ def test_python_services_run_modules_that_exist_from_one_image(compose: dict, re
     assert (repo_root / "Dockerfile").exists()
 
 
+def test_every_service_has_the_restart_policy_the_local_runner_applies(compose: dict) -> None:
+    """As cluster/local.py does: Redis, coordinator and reward come back from any exit; the learner and
+    the workers only from a failure (exit 0: the run is complete, the worker was drained); the one-shot
+    steps (the model builder, the Redis ACL file writer) never."""
+    from cluster.supervisor import RestartMode
+
+    for name, service in compose["services"].items():
+        if name in ("init-model", "redis-acl"):
+            expected = "no"
+        elif name == "learner" or name.startswith("worker-"):
+            expected = RestartMode.ON_FAILURE.value
+        else:
+            expected = RestartMode.UNLESS_STOPPED.value
+        assert service.get("restart") == expected, name
+
+
 def test_redis_keeps_an_append_only_file(compose: dict) -> None:
     command = " ".join(compose["services"]["redis"]["command"])
     assert "--appendonly yes" in command
@@ -48,12 +66,12 @@ def test_redis_keeps_an_append_only_file(compose: dict) -> None:
 def test_long_running_services_have_healthchecks_and_wait_for_healthy_dependencies(compose: dict) -> None:
     services = compose["services"]
     for name, service in services.items():
-        if name == "init-model":
+        if name in ONE_SHOT:
             continue
         assert service["healthcheck"]["test"], name
         for dependency, condition in service.get("depends_on", {}).items():
             assert dependency in services, f"{name} depends on unknown {dependency}"
-            expected = "service_completed_successfully" if dependency == "init-model" else "service_healthy"
+            expected = "service_completed_successfully" if dependency in ONE_SHOT else "service_healthy"
             assert condition == {"condition": expected}, f"{name} -> {dependency}"
     for name in ["coordinator", "reward", "learner", "worker-0"]:
         assert "redis" in services[name]["depends_on"] or "coordinator" in services[name]["depends_on"]
@@ -61,10 +79,14 @@ def test_long_running_services_have_healthchecks_and_wait_for_healthy_dependenci
 
 def test_services_reach_redis_and_each_other_by_compose_names_and_secrets_have_no_default(compose: dict) -> None:
     for name, service in compose["services"].items():
-        if name in ("redis", "init-model"):
+        if name in ("redis", *ONE_SHOT):
             continue
         env = service["environment"]
-        assert env["RL_REDIS_URL"] == "redis://redis:6379/0", name
+        if name in TRUSTED:  # its own Redis user, its password a secret without default
+            assert env["RL_REDIS_URL"].startswith(f"redis://{name}:${{RL_REDIS_PASSWORD_{name.upper()}:?"), name
+            assert env["RL_REDIS_URL"].endswith("@redis:6379/0"), name
+        else:  # a worker: no credentials until registration issues its user
+            assert env["RL_REDIS_URL"] == "redis://redis:6379/0", name
         assert env["RL_COORDINATOR_URL"] == "http://coordinator:8000", name
         assert env["RL_ADMIN_TOKEN"].startswith("${RL_ADMIN_TOKEN:?"), name
         assert env["RL_WEIGHTS_PUBLIC_KEY"].startswith("${RL_WEIGHTS_PUBLIC_KEY:?"), name
@@ -78,3 +100,14 @@ def test_only_the_learner_gets_the_private_signing_key(compose: dict) -> None:
     ]
     assert holders == ["learner"]
     assert compose["services"]["learner"]["environment"]["RL_SIGNING_KEY"].startswith("${RL_SIGNING_KEY:?")
+
+
+def test_redis_runs_with_acls_and_the_coordinator_issues_worker_users(compose: dict) -> None:
+    services = compose["services"]
+    assert "--aclfile /data/users.acl" in " ".join(services["redis"]["command"])
+    assert services["redis-acl"]["command"][:3] == ["python", "-m", "cluster.redis_acl"]
+    assert services["redis"]["depends_on"]["redis-acl"] == {"condition": "service_completed_successfully"}
+    coordinator = services["coordinator"]["environment"]
+    assert coordinator["RL_REDIS_ACL"] == "true"
+    assert coordinator["RL_WORKER_REDIS_URL"] == "redis://redis:6379/0"
+    assert "RL_REDIS_PASSWORD_OPERATOR" in " ".join(services["redis"]["healthcheck"]["test"])

@@ -54,7 +54,9 @@ def register_worker(
     A worker whose lease ran out rejoins as itself: `previous_worker_id` in the body and its previous
     token as `Authorization: Bearer` (403 if the token is not that worker's); see services/coordinator/join.py."""
     admit_registration(join_token, coordinator.join_token_sha256, coordinator.registration_limit)
-    joined = join_or_rejoin(coordinator.registry, request, bearer_token, control.initial_state(request))
+    quarantined = control.quarantine.current().worker_ids if request.previous_worker_id else []
+    joined = join_or_rejoin(coordinator.registry, request, bearer_token, control.initial_state(request), quarantined)
+    access = coordinator.access.grant(joined.worker_id)  # after the lease exists: services/coordinator/redis_access.py
     control.request_replan()
     run = coordinator.run
     return RegisterWorkerResponse(
@@ -66,6 +68,7 @@ def register_worker(
         staleness_bound=read_learner_view(coordinator.bus, run).staleness_bound,
         state=joined.info.state,
         rejoined=joined.rejoined,
+        access=access,
     )
 
 
@@ -96,13 +99,16 @@ def heartbeat(
 
 @router.delete("/{worker_id}", status_code=status.HTTP_204_NO_CONTENT, responses=error_docs(401, 403, 404))
 def deregister_worker(
-    worker_id: WorkerIdPath, caller: CallerDep, registry: RegistryDep, control: ControlDep
+    worker_id: WorkerIdPath, caller: CallerDep, coordinator: CoordinatorDep, control: ControlDep
 ) -> Response:
-    """Leave the run (with the worker's own token), or remove a worker (with the admin token)."""
+    """Leave the run (with the worker's own token), or remove a worker (with the admin token). Its Redis
+    access is revoked at once."""
+    registry = coordinator.registry
     registry.ensure_known(worker_id)
     if not isinstance(caller, AdminCaller):
         ensure_is_worker(caller, worker_id)
     registry.deregister(worker_id)
+    coordinator.access.revoke(worker_id)
     control.request_replan()
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 

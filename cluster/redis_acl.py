@@ -1,0 +1,90 @@
+"""The local cluster's Redis users: one per trusted service with a random password per run, and the default
+user disabled, written as an ACL file redis-server loads (`--aclfile`; passwords only as sha256 there).
+
+    user          keys               commands
+    default       -                  off: an unauthenticated connection can do nothing
+    coordinator   rl:<run_id>:*      +@all -@dangerous, +acl|setuser|deluser|users|save, +client|kill
+                                     (creates and removes the workers' users: services/coordinator/redis_access.py)
+    reward        rl:<run_id>:*      +@all -@dangerous
+    learner       rl:<run_id>:*      +@all -@dangerous
+    operator      *                  +@all (the runner's readiness probe, tools and people; never given to a service)
+    rl:<run_id>:worker:<id>          created at registration, see services/coordinator/redis_access.py
+
+`-@dangerous` takes away FLUSHALL, FLUSHDB, KEYS, CONFIG, DEBUG, SHUTDOWN, MONITOR, ACL, CLIENT KILL, INFO ...
+which no service's code issues. The coordinator saves the workers' users to the same file (ACL SAVE), so
+a restarted Redis still knows them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shared.redis_urls import with_credentials
+
+TRUSTED_SERVICES = ("coordinator", "reward", "learner")
+OPERATOR = "operator"
+_SERVICE_RULES = ("resetchannels", "-@all", "+@all", "-@dangerous")
+_COORDINATOR_EXTRA_RULES = ("+acl|setuser", "+acl|deluser", "+acl|users", "+acl|save", "+client|kill")
+
+
+@dataclass(frozen=True)
+class RedisUsers:
+    """The trusted users of one run and their passwords (random per run: the runner hands each service
+    its own URL with its own password; workers get theirs from the coordinator)."""
+
+    run_id: str
+    passwords: dict[str, str] = field(
+        default_factory=lambda: {name: secrets.token_urlsafe(24) for name in (*TRUSTED_SERVICES, OPERATOR)}
+    )
+
+    def url_for(self, name: str, base_url: str) -> str:
+        """`base_url` (no credentials) with `name`'s user and password."""
+        return with_credentials(base_url, name, self.passwords[name])
+
+    def rules(self, name: str) -> list[str]:
+        if name == OPERATOR:
+            return ["on", "~*", "&*", "+@all"]
+        rules = ["on", f"~rl:{self.run_id}:*", *_SERVICE_RULES]
+        return rules + list(_COORDINATOR_EXTRA_RULES) if name == "coordinator" else rules
+
+    def acl_file_text(self) -> str:
+        lines = ["user default off resetkeys resetchannels -@all"]
+        for name, password in self.passwords.items():
+            digest = hashlib.sha256(password.encode()).hexdigest()
+            lines.append(" ".join(["user", name, *self.rules(name), f"#{digest}"]))
+        return "\n".join(lines) + "\n"
+
+    def write_acl_file(self, path: Path) -> Path:
+        """The ACL file redis-server loads (mode 0600)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.acl_file_text())
+        return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m cluster.redis_acl --run-id <id> --out <file>`: the ACL file for a deployment whose
+    passwords come from the environment (RL_REDIS_PASSWORD_COORDINATOR, _REWARD, _LEARNER, _OPERATOR),
+    as docker-compose.yml's `redis-acl` step does."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m cluster.redis_acl", description=main.__doc__)
+    parser.add_argument("--run-id", required=True, help="the run whose keys (rl:<run_id>:*) the services may touch")
+    parser.add_argument("--out", type=Path, required=True, help="the ACL file to write (mode 0600)")
+    args = parser.parse_args(argv)
+    names = (*TRUSTED_SERVICES, OPERATOR)
+    variables = {name: f"RL_REDIS_PASSWORD_{name.upper()}" for name in names}
+    missing = [variable for variable in variables.values() if not os.environ.get(variable)]
+    if missing:
+        raise SystemExit(f"set {', '.join(missing)}")
+    users = RedisUsers(args.run_id, passwords={name: os.environ[variable] for name, variable in variables.items()})
+    print(f"wrote {users.write_acl_file(args.out)}: users {', '.join(names)}; the default user is off")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Exact comparisons at the claimed version: the learner re-scores a group with the weights of the very
+version v the worker says it sampled with (docs/trust.md).
+
+An honest worker's behaviour log-probs mu then match to engine precision; a worker that sampled with other
+weights (older than claimed), invented mu, or sent token ids it did not sample does not. Two sources of pi_v:
+
+- lag 0 (v == t): pi_prox, which the training step computed anyway, is pi_v: free.
+- lag >= 1: a spot audit for `audit_fraction` of the groups whose version the learner still holds in
+  memory (`VersionCache`, the last `audit_keep_versions` versions it published): one no-grad forward of
+  the group's rows on a second copy of the model. The choice is random per group, so a worker cannot
+  tell which of its groups will be checked.
+
+Only versions this learner process published are compared, and only groups created after that publication:
+after a learner restart, a version number the old process published may name other weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from services.learner.batch import AdmittedGroup, TrainBatch
+from services.learner.grpo import token_logprobs
+from services.learner.trust import GroupStatistic
+from shared.config import TrustConfig
+
+
+@dataclass(frozen=True)
+class ExactCheck:
+    """One group's comparison at its claimed version (diff None: not checked)."""
+
+    exact_diff_nats: float | None  # mean |log mu - log pi_v| over the group's completion tokens
+    audit_s: float  # wall seconds a spot audit took (0 for lag 0 and unchecked groups)
+
+
+NOT_CHECKED = ExactCheck(None, 0.0)
+
+
+class VersionCache:
+    """The weights of the last `keep_versions` versions this process published (CPU copies; at the demo's
+    124k parameters 0.5 MB each; at Qwen3-0.6B in bf16, 1.2 GB each: set audit_keep_versions accordingly)."""
+
+    def __init__(self, keep_versions: int) -> None:
+        self.keep_versions = keep_versions
+        self._weights: OrderedDict[int, dict[str, torch.Tensor]] = OrderedDict()
+        self._published_at_s: dict[int, float] = {}
+
+    def remember(self, version: int, model: torch.nn.Module) -> None:
+        self._published_at_s[version] = time.time()
+        if self.keep_versions == 0:
+            return
+        self._weights[version] = {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items()}
+        self._weights.move_to_end(version)
+        while len(self._weights) > self.keep_versions:
+            self._weights.popitem(last=False)
+
+    def published_at_s(self, version: int) -> float | None:
+        """Unix time this process published `version` (None: it did not)."""
+        return self._published_at_s.get(version)
+
+    def weights(self, version: int) -> dict[str, torch.Tensor] | None:
+        return self._weights.get(version)
+
+
+class Auditor:
+    """Decides which groups get an exact comparison and computes it."""
+
+    def __init__(self, model: torch.nn.Module, config: TrustConfig, seed: int | None = None) -> None:
+        self.config = config
+        self.cache = VersionCache(config.audit_keep_versions if config.audit_fraction > 0 else 0)
+        self.policy = model
+        self._audit_model: torch.nn.Module | None = None  # a copy of the policy, built at the first audit
+        self._loaded_version: int | None = None
+        self._rng = random.Random(seed)  # None: seeded from the OS, so no worker can predict the choice
+
+    def remember(self, version: int, model: torch.nn.Module) -> None:
+        """`version` was just published with `model`'s weights."""
+        self.cache.remember(version, model)
+
+    def check(
+        self, groups: list[AdmittedGroup], statistics: list[GroupStatistic], tensors: TrainBatch
+    ) -> list[ExactCheck]:
+        """Per group (same order as `statistics`): its exact comparison, or NOT_CHECKED."""
+        checks: list[ExactCheck] = [NOT_CHECKED] * len(statistics)
+        audits: dict[int, list[int]] = {}  # version -> indices of the groups to audit at it
+        for index, (admitted, stat) in enumerate(zip(groups, statistics, strict=True)):
+            published_at_s = self.cache.published_at_s(stat.policy_version)
+            if published_at_s is None or admitted.group.rollout.created_at_s < published_at_s or stat.num_tokens == 0:
+                continue
+            if stat.lag == 0:
+                checks[index] = ExactCheck(stat.abs_diff_nats, 0.0)  # pi_prox is pi_v
+            elif self._rng.random() < self.config.audit_fraction and self.cache.weights(stat.policy_version):
+                audits.setdefault(stat.policy_version, []).append(index)
+        for version, indices in audits.items():
+            for index, check in zip(
+                indices, self.audit(version, [statistics[i] for i in indices], tensors), strict=True
+            ):
+                checks[index] = check
+        return checks
+
+    def audit(self, version: int, statistics: list[GroupStatistic], tensors: TrainBatch) -> list[ExactCheck]:
+        """Recompute these groups' log-probs with `version`'s weights: one no-grad forward of their rows.
+        Each group is charged its share of the wall time."""
+        started_s = time.perf_counter()
+        model = self.model_at(version)
+        rows = torch.cat([torch.arange(s.first_row, s.first_row + s.num_samples) for s in statistics])
+        device = next(model.parameters()).device
+        with torch.no_grad():
+            logprobs = token_logprobs(
+                model,  # type: ignore[arg-type]
+                tensors.input_ids[rows].to(device),
+                tensors.attention_mask[rows].to(device),
+                tensors.temperatures[rows].to(device),
+            ).cpu()  # (b, T - 1)
+        mask = tensors.completion_mask[rows]
+        abs_diff = (logprobs - tensors.behaviour_logprobs[rows]).abs() * mask  # (b, T - 1)
+        per_row_sum, per_row_tokens = abs_diff.sum(dim=1), mask.sum(dim=1)
+        audit_s = (time.perf_counter() - started_s) / len(statistics)
+        checks, first = [], 0
+        for stat in statistics:
+            group_rows = slice(first, first + stat.num_samples)
+            diff = float(per_row_sum[group_rows].sum()) / max(int(per_row_tokens[group_rows].sum()), 1)
+            checks.append(ExactCheck(diff, audit_s))
+            first += stat.num_samples
+        return checks
+
+    def model_at(self, version: int) -> torch.nn.Module:
+        if self._audit_model is None:
+            self._audit_model = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        if self._loaded_version != version:
+            weights = self.cache.weights(version)
+            assert weights is not None, f"version {version} is not cached"  # check() asked the cache first
+            self._audit_model.load_state_dict(weights)
+            self._loaded_version = version
+        return self._audit_model

@@ -1,0 +1,158 @@
+"""A trust score per rollout worker, from the log-probs the learner recomputes anyway (docs/trust.md).
+
+Per trained group, the statistic is the mean over its completion tokens of |log mu - log pi_prox|: mu the
+worker's behaviour log-probs, pi_prox the learner's recomputation at its version t. An honest group sampled
+with version v = t - k differs from pi_prox only by the k updates since v (plus the engines' numerics), so
+its statistic stays inside a band measured per lag on honest runs (`[trust] band_nats`). Invented log-probs,
+weights older than claimed, or token ids that are not what was sampled leave it.
+
+When the learner holds the claimed version's weights the comparison can be exact: at lag 0 pi_prox *is*
+version v, and for a sample of older groups a spot audit (audit.py) recomputes pi_v. An honest worker
+matches to engine precision (`audit_tolerance_nats`); a worker sampling with other weights does not, and
+that costs it `audit_failure_weight`.
+
+The score is a one-sided CUSUM over groups: + audit_failure_weight for a failed exact comparison,
++ suspicious_weight for an unchecked group outside its band (a group that passed an exact comparison is
+honest whatever its statistic), - honest_decay otherwise (floored at 0). At
+`quarantine_score` the worker is suspect, and stays so until an admin releases it (the coordinator counts
+releases in the QUARANTINE key; a new release resets the score).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from services.learner.batch import AdmittedGroup, TrainBatch
+from shared.config import TrustConfig
+from shared.messages import QuarantinedWorkers, WorkerTrust
+
+
+@dataclass(frozen=True)
+class GroupStatistic:
+    """One trained group's statistic (rows of the step's batch: `first_row` .. + num_samples)."""
+
+    worker_id: str
+    policy_version: int
+    lag: int
+    first_row: int
+    num_samples: int
+    num_tokens: int
+    abs_diff_nats: float  # mean |log mu - log pi_prox| over the group's completion tokens
+
+
+def group_statistics(groups: list[AdmittedGroup], tensors: TrainBatch, logprobs: torch.Tensor) -> list[GroupStatistic]:
+    """Per group, in `tensorize` order: mean |log mu - log pi_prox| over its completion tokens.
+
+    logprobs: (B, T - 1) pi_prox, the learner's recomputation, aligned with `tensors` (float32, CPU).
+    """
+    abs_diff = (logprobs - tensors.behaviour_logprobs).abs() * tensors.completion_mask  # (B, T - 1)
+    per_row_sum = abs_diff.sum(dim=1)  # (B,)
+    per_row_tokens = tensors.completion_mask.sum(dim=1)  # (B,)
+    statistics: list[GroupStatistic] = []
+    first_row = 0
+    for admitted in groups:
+        rollout = admitted.group.rollout
+        rows = slice(first_row, first_row + rollout.num_samples)
+        num_tokens = int(per_row_tokens[rows].sum())
+        total = float(per_row_sum[rows].sum())
+        statistics.append(
+            GroupStatistic(
+                worker_id=rollout.worker_id,
+                policy_version=rollout.policy_version,
+                lag=admitted.staleness,
+                first_row=first_row,
+                num_samples=rollout.num_samples,
+                num_tokens=num_tokens,
+                abs_diff_nats=total / num_tokens if num_tokens else 0.0,
+            )
+        )
+        first_row += rollout.num_samples
+    return statistics
+
+
+@dataclass
+class WorkerScore:
+    """The running state behind one worker's WorkerTrust."""
+
+    score: float = 0.0
+    suspect: bool = False
+    num_groups: int = 0
+    num_suspicious: int = 0
+    num_audits: int = 0
+    num_audit_failures: int = 0
+    num_releases_seen: int = 0
+    last_statistic_nats: float = 0.0
+
+    def public(self) -> WorkerTrust:
+        return WorkerTrust(
+            score=self.score,
+            suspect=self.suspect,
+            num_groups=self.num_groups,
+            num_suspicious=self.num_suspicious,
+            num_audits=self.num_audits,
+            num_audit_failures=self.num_audit_failures,
+            num_releases_seen=self.num_releases_seen,
+            last_statistic_nats=self.last_statistic_nats,
+        )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one group did to its worker's score."""
+
+    suspicious: bool
+    audit_failed: bool
+    score: float
+
+
+class TrustTracker:
+    """Scores of every worker the learner has trained on (this process; a restart starts them at 0)."""
+
+    def __init__(self, config: TrustConfig) -> None:
+        self.config = config
+        self.scores: dict[str, WorkerScore] = {}
+        self.known_releases: dict[str, int] = {}  # the coordinator's release counts as last read
+
+    def band_nats(self, lag: int) -> float:
+        """The honest band of a group at claimed lag `lag` (the last entry for lags past the list)."""
+        bands = self.config.band_nats
+        return bands[min(max(lag, 0), len(bands) - 1)]
+
+    def observe(self, worker_id: str, lag: int, abs_diff_nats: float, exact_diff_nats: float | None) -> Verdict:
+        """Add one group's evidence. `exact_diff_nats`: its mean |log mu - log pi_v| at the claimed version
+        when the learner could compute it (None: not checked)."""
+        worker = self.scores.get(worker_id)
+        if worker is None:  # a worker released before this learner process saw it starts released
+            worker = self.scores[worker_id] = WorkerScore(num_releases_seen=self.known_releases.get(worker_id, 0))
+        if exact_diff_nats is not None:  # exact evidence decides; the band is for groups nobody could check
+            suspicious, audit_failed = False, exact_diff_nats > self.config.audit_tolerance_nats
+        else:
+            suspicious, audit_failed = abs_diff_nats > self.band_nats(lag), False
+        worker.num_groups += 1
+        worker.num_suspicious += suspicious
+        worker.num_audits += exact_diff_nats is not None
+        worker.num_audit_failures += audit_failed
+        worker.last_statistic_nats = abs_diff_nats
+        step = suspicious * self.config.suspicious_weight + audit_failed * self.config.audit_failure_weight
+        worker.score = worker.score + step if step else max(0.0, worker.score - self.config.honest_decay)
+        # sticky: a suspect stays one until released, however honest its later groups look
+        worker.suspect = worker.suspect or worker.score >= self.config.quarantine_score
+        return Verdict(suspicious=suspicious, audit_failed=audit_failed, score=worker.score)
+
+    def apply_releases(self, quarantine: QuarantinedWorkers | None) -> list[str]:
+        """Reset the score of every worker an admin released since we last looked; returns their ids."""
+        if quarantine is None:
+            return []
+        self.known_releases = dict(quarantine.num_releases)
+        released = []
+        for worker_id, num_releases in quarantine.num_releases.items():
+            worker = self.scores.get(worker_id)
+            if worker is not None and num_releases > worker.num_releases_seen:
+                self.scores[worker_id] = WorkerScore(num_releases_seen=num_releases)
+                released.append(worker_id)
+        return released
+
+    def snapshot(self) -> dict[str, WorkerTrust]:
+        return {worker_id: score.public() for worker_id, score in sorted(self.scores.items())}

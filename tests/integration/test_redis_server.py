@@ -1,0 +1,60 @@
+"""RedisServer.start() returns only once the server answers with its data loaded.
+
+A restart on the same data directory replays the append-only file first; until that is done Redis
+answers LOADING to every command. A service (or the supervisor) that takes `start()` returning as
+"Redis is back" must find its streams there at once.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from cluster.redis_server import RedisServer
+
+pytestmark = pytest.mark.integration
+
+NUM_ENTRIES = 200_000
+VALUE = b"x" * 64
+
+
+def fill(client: redis.Redis) -> None:
+    """~NUM_ENTRIES stream entries and as many keys, written as commands to the AOF's incremental file
+    (no rewrite: the restart replays them one by one, which takes measurable time)."""
+    for start in range(0, NUM_ENTRIES, 10_000):
+        with client.pipeline(transaction=False) as pipe:
+            for i in range(start, start + 10_000):
+                pipe.xadd("stream", {"data": VALUE})
+                pipe.set(f"key:{i}", VALUE)
+            pipe.execute()
+
+
+def aof_size_bytes(data_dir: Path) -> int:
+    return sum(path.stat().st_size for path in data_dir.rglob("*.aof"))
+
+
+def test_data_written_before_a_restart_is_readable_the_moment_start_returns(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        fill(client)
+        client.close()
+        assert server.stop() == 0  # SIGTERM: Redis fsyncs its AOF and exits cleanly
+        assert aof_size_bytes(tmp_path / "redis") > 10_000_000
+
+        started_s = time.monotonic()
+        server.start()
+        start_s = time.monotonic() - started_s
+        client = redis.Redis.from_url(server.url)  # no retry: LOADING here would raise BusyLoadingError
+        assert client.info("persistence")["loading"] == 0
+        assert client.xlen("stream") == NUM_ENTRIES
+        assert client.get(f"key:{NUM_ENTRIES - 1}") == VALUE
+        assert client.info("persistence")["aof_last_bgrewrite_status"] == "ok"
+        client.close()
+        print(f"start() with a {aof_size_bytes(tmp_path / 'redis') / 1e6:.1f} MB AOF returned in {start_s:.2f}s")
+    finally:
+        server.stop()
+    assert server.exit_code() == 0

@@ -1,0 +1,57 @@
+"""The run report's supervision and accounting sections, and the progress line's restart count, from
+the typed records the runner writes (supervision.json, accounting.json)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cluster.accounting import GroupAccounting
+from cluster.local import restarts_text
+from cluster.report import summarize_accounting, summarize_supervision
+from cluster.supervisor import RestartMode, ServiceRecord, ServiceState, SupervisionRecord
+
+
+def supervision() -> SupervisionRecord:
+    return SupervisionRecord(
+        services={
+            "redis": ServiceRecord(restart_policy=RestartMode.UNLESS_STOPPED, state=ServiceState.STOPPED),
+            "worker-0": ServiceRecord(
+                restart_policy=RestartMode.UNLESS_STOPPED,
+                state=ServiceState.GAVE_UP,
+                num_restarts=2,
+                crash_exit_codes=[-9, 1, 1],
+                gave_up=True,
+            ),
+            "learner": ServiceRecord(
+                restart_policy=RestartMode.ON_FAILURE, state=ServiceState.STOPPED, num_restarts=1, crash_exit_codes=[-9]
+            ),
+        }
+    )
+
+
+def test_restarts_reach_the_report_and_the_progress_line(tmp_path: Path) -> None:
+    (tmp_path / "supervision.json").write_text(supervision().model_dump_json())
+    section = summarize_supervision(tmp_path)
+    assert section["num_restarts"] == 3
+    assert section["restarts"]["worker-0"] == {"num_restarts": 2, "crash_exit_codes": [-9, 1, 1], "gave_up": True}
+    assert section["gave_up_on"] == ["worker-0"]
+    assert restarts_text(supervision()) == "restarts 3 (worker-0 2, learner 1) | gave up on worker-0"
+    assert summarize_supervision(tmp_path / "none") == {"num_restarts": 0, "restarts": {}, "gave_up_on": []}
+
+
+def test_the_accounting_section_names_groups_nobody_can_account_for(tmp_path: Path) -> None:
+    assert summarize_accounting(tmp_path) is None
+    accounting = GroupAccounting(
+        num_produced=100,
+        num_scored=97,
+        num_trained=80,
+        num_dropped={"stale": 10},
+        num_dead_lettered_reward=2,
+        num_dead_lettered_learner=1,
+        num_pending_reward=1,
+        num_pending_learner=5,
+    )
+    (tmp_path / "accounting.json").write_text(accounting.model_dump_json())
+    section = summarize_accounting(tmp_path)
+    assert section is not None
+    assert (section["num_accounted"], section["num_unaccounted"]) == (99, 1)  # one group lost
