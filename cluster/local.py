@@ -184,7 +184,7 @@ class LocalCluster:
         pending (cluster/accounting.py). Best effort: a Redis that is down leaves the report without it."""
         assert self.redis is not None
         try:
-            accounting = count_groups(self.redis.url, self.run.run_id)
+            accounting = count_groups(self.redis_url_for(OPERATOR), self.run.run_id)
         except REDIS_OUTAGE_ERRORS as exc:
             log.warning("group accounting unavailable: %s", exc)
             return

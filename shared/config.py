@@ -200,6 +200,18 @@ class DataConfig(Section):
     )
 
 
+class RewardConfig(Section):
+    """The reward service's verifier sandbox (services/reward/verifier_pool.py)."""
+
+    verifier_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        le=600,
+        description="a group whose verifier has not answered after this long is dead-lettered (`verifier timeout`) "
+        "and the verifier's process is killed and replaced",
+    )
+
+
 class CoordinatorConfig(Section):
     lease_s: float = Field(5.0, gt=0, description="a worker that does not heartbeat for this long is dead")
     registrations_per_s: float = Field(
@@ -279,6 +291,7 @@ class RunConfig(Section):
     broadcast: BroadcastConfig = BroadcastConfig()
     rollout: RolloutConfig = RolloutConfig()
     data: DataConfig = DataConfig()
+    reward: RewardConfig = RewardConfig()
     coordinator: CoordinatorConfig = CoordinatorConfig()
     activation: ActivationConfig = ActivationConfig()
     trust: TrustConfig = TrustConfig()

@@ -33,6 +33,10 @@ class RunKeys:
         """reward -> reward: the verifier's reference for a task, kept out of the workers' hands."""
         return self.prefix + f"task:{task_id}"
 
+    def task_prompt(self, task_id: str) -> str:
+        """reward -> reward: a raw-text task's prompt, against which a rollout's prompt ids are checked."""
+        return self.prefix + f"task-prompt:{task_id}"
+
     @property
     def worker_ids(self) -> str:
         """coordinator: set of registered worker ids."""

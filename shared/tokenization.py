@@ -107,17 +107,41 @@ def eos_token_ids(model_dir: Path, tokenizer: PreTrainedTokenizerBase) -> frozen
     """Every id that ends a completion: the tokenizer's EOS and the generation config's (instruct
     models list several, e.g. <|endoftext|> and <|im_end|>). generation_config.json wins over
     config.json's eos_token_id, as in transformers' own generation."""
-    ids: set[int] = set()
+    ids = set(generation_eos_ids(model_dir))
     _add_ids(ids, tokenizer.eos_token_id)
+    if not ids:
+        raise ModelFolderError(f"{model_dir}: no EOS token in the tokenizer or the generation config")
+    return frozenset(ids)
+
+
+def generation_eos_ids(model_dir: Path) -> frozenset[int]:
+    """The EOS ids the folder's generation config lists (generation_config.json, else config.json);
+    `eos_token_ids` adds the tokenizer's own EOS. Also used without transformers (services/reward/decode.py)."""
+    ids: set[int] = set()
     generation = _read_json(model_dir / "generation_config.json")
     source = (
         generation if generation is not None and "eos_token_id" in generation else _read_json(model_dir / "config.json")
     )
     if source is not None:
         _add_ids(ids, source.get("eos_token_id"))
-    if not ids:
-        raise ModelFolderError(f"{model_dir}: no EOS token in the tokenizer or the generation config")
     return frozenset(ids)
+
+
+def tokenizer_eos_token(model_dir: Path) -> str | None:
+    """The tokenizer's EOS token as text, read as transformers reads it (tokenizer_config.json, else
+    special_tokens_map.json; a string or an AddedToken map), for processes without transformers."""
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        token = (_read_json(model_dir / name) or {}).get("eos_token")
+        if isinstance(token, dict):
+            token = token.get("content")
+        if isinstance(token, str) and token:
+            return token
+    return None
+
+
+def read_config(model_dir: Path) -> dict[str, Any]:
+    """config.json of the folder ({} when absent)."""
+    return _read_json(model_dir / "config.json") or {}
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | PromptInput) -> list[int]:

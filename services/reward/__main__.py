@@ -1,7 +1,8 @@
 """python -m services.reward: the data plane (prompts out, scored groups in). Needs no torch.
 
 Environment: RL_REDIS_URL, RL_RUN_CONFIG, RL_RUN_ID, RL_CONSUMER_NAME, RL_POLL_BLOCK_MS,
-RL_CLAIM_IDLE_MS, RL_REFERENCE_TTL_S, RL_LOG_LEVEL, RL_METRICS_PORT (Prometheus /metrics; 0: off).
+RL_CLAIM_IDLE_MS, RL_REFERENCE_TTL_S, RL_MODEL_DIR (the policy folder: its tokenizer.json decodes the
+token ids), RL_LOG_LEVEL, RL_METRICS_PORT (Prometheus /metrics; 0: off).
 """
 
 from __future__ import annotations
@@ -33,7 +34,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         settings.metrics_port,
         CallbackCollector(
             lambda: [
-                *reward_families(service.num_scored, service.num_tasks_published),
+                *reward_families(
+                    service.num_scored,
+                    service.num_tasks_published,
+                    service.scorer.text_mismatches_by_worker,
+                    service.scorer.verifier_failures_by_kind,
+                    service.scorer.verifiers.num_replaced,
+                    service.scorer.rejected_by_worker,
+                ),
                 *stream_depth_families(bus),
             ]
         ),

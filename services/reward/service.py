@@ -3,8 +3,10 @@
 Loop: top up tasks -> receive rollouts -> verify the producer -> score -> publish scored -> ack.
 A rollout is acked only after its scored group is in Redis; a rollout that cannot be scored is
 dead-lettered with the reason and the service keeps running; so is one not signed by the worker it
-names (services/reward/provenance.py). A Redis outage is waited out with
-backoff: what was read but not acked stays pending and is claimed again after the outage.
+names (services/reward/provenance.py). Scoring decodes the token ids the learner trains on (never the
+worker's text) and runs the verifier in a child process under a hard timeout
+(services/reward/scoring.py). A Redis outage is waited out with backoff: what was read but not acked
+stays pending and is claimed again after the outage.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from __future__ import annotations
 import logging
 import threading
 
+from services.reward.decode import CompletionDecoder
 from services.reward.provenance import ForgedRolloutError, ProducerCheck
-from services.reward.scoring import UnscorableGroupError, score_group
+from services.reward.scoring import UNSCORABLE_ERRORS, GroupScorer
 from services.reward.settings import RewardSettings
 from services.reward.task_feed import top_up_tasks
+from services.reward.verifier_pool import TaskSpec, VerifierPool
 from shared.bus import Delivery, StreamBus
 from shared.config import RunConfig
 from shared.keys import RunKeys
@@ -37,6 +41,13 @@ class RewardService:
             run.task.name, num_eval_prompts=run.task.num_eval_prompts, seed=run.task.seed
         )
         self.producers = ProducerCheck(bus.redis, self.keys)
+        self.scorer = GroupScorer(
+            self.task.name,
+            CompletionDecoder(settings.resolved_model_dir(run.model), run.grpo.max_new_tokens),
+            VerifierPool(
+                TaskSpec(type(self.task), run.task.num_eval_prompts, run.task.seed), run.reward.verifier_timeout_s
+            ),
+        )
         self.stop_event = threading.Event()
         self.num_scored = 0
         self.num_tasks_published = 0
@@ -44,16 +55,20 @@ class RewardService:
     def run_forever(self) -> None:
         started = False
         backoff = Backoff()
-        while not self.stop_event.is_set():
-            try:
-                if not started:
-                    self.create_groups()
-                    self.finish_own_pending()
-                    started = True
-                self.serve_once()
-                backoff.reset()
-            except REDIS_OUTAGE_ERRORS as exc:  # policy: wait Redis out; nothing unacked is lost
-                backoff.wait(self.stop_event, exc, "redis")
+        self.scorer.verifiers.start()
+        try:
+            while not self.stop_event.is_set():
+                try:
+                    if not started:
+                        self.create_groups()
+                        self.finish_own_pending()
+                        started = True
+                    self.serve_once()
+                    backoff.reset()
+                except REDIS_OUTAGE_ERRORS as exc:  # policy: wait Redis out; nothing unacked is lost
+                    backoff.wait(self.stop_event, exc, "redis")
+        finally:
+            self.scorer.verifiers.close()
 
     def serve_once(self) -> None:
         self.num_tasks_published += top_up_tasks(
@@ -86,10 +101,10 @@ class RewardService:
         for delivery in deliveries:
             try:
                 self.producers.verify(delivery.message)
-                scored.append(score_group(delivery.message, self.task, self.bus.redis, self.keys))
+                scored.append(self.scorer.score(delivery.message, self.bus.redis, self.keys))
                 done.append(delivery)
             # policy: a forged group, or one we cannot score, is dead-lettered, never retried
-            except (ForgedRolloutError, UnscorableGroupError) as exc:
+            except (ForgedRolloutError, *UNSCORABLE_ERRORS) as exc:
                 self.bus.dead_letter(delivery, str(exc))
         self.bus.publish_and_ack(SCORED, scored, done)
         self.num_scored += len(scored)

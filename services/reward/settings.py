@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 
-from shared.config import ServiceSettings
+from shared.config import ModelConfig, ServiceSettings, resolve_model_dir
 
 
 class RewardSettings(ServiceSettings):
@@ -17,3 +19,11 @@ class RewardSettings(ServiceSettings):
     )
     claim_idle_ms: int = Field(15000, ge=100, description="RL_CLAIM_IDLE_MS: take over rollouts pending this long")
     reference_ttl_s: int = Field(3600, ge=1, description="RL_REFERENCE_TTL_S: how long a task's reference is kept")
+    model_dir: Path | None = Field(
+        None,
+        description="RL_MODEL_DIR: the policy folder whose tokenizer.json decodes the token ids "
+        "(default: the run file's [model] path, else <run_dir>/model)",
+    )
+
+    def resolved_model_dir(self, model: ModelConfig) -> Path:
+        return resolve_model_dir(self.model_dir, model, self.run_dir)

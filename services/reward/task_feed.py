@@ -42,7 +42,12 @@ def top_up_tasks(bus: StreamBus, keys: RunKeys, task: TaskAdapter, run: RunConfi
             max_new_tokens=run.grpo.max_new_tokens,
             temperature=run.grpo.temperature,
         )
-        # The reference is stored before the task exists, so a rollout can always be scored.
-        bus.redis.set(keys.task_reference(message.task_id), prompt.reference.encode(), ex=reference_ttl_s)
+        # The reference is stored before the task exists, so a rollout can always be scored; with it
+        # a raw-text prompt, which the prompt ids of its rollouts must encode (chat prompts: not checked).
+        writes = bus.redis.pipeline(transaction=False)
+        writes.set(keys.task_reference(message.task_id), prompt.reference.encode(), ex=reference_ttl_s)
+        if not prompt.messages:
+            writes.set(keys.task_prompt(message.task_id), prompt.prompt.encode(), ex=reference_ttl_s)
+        writes.execute()
         bus.publish(TASKS, message)
     return max(0, num_missing)

@@ -1,13 +1,17 @@
-"""The reward service against a real redis-server: task feed with backpressure, scoring, dead letters."""
+"""The reward service against a real redis-server: task feed with backpressure, scoring from the token
+ids (never the worker's text), verifiers that hang or raise, dead letters."""
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
+from tokenizers import Tokenizer
 
 from services.reward.service import RewardService
 from services.reward.settings import RewardSettings
@@ -35,10 +39,15 @@ def run(run_id: str) -> RunConfig:
     )
 
 
+@pytest.fixture(scope="module")
+def tokenizer(tiny_policy_dir: Path) -> Tokenizer:
+    return Tokenizer.from_file(str(tiny_policy_dir / "tokenizer.json"))
+
+
 @pytest.fixture
-def service(run: RunConfig, bus: StreamBus, keys: RunKeys, redis_server) -> Iterator[RewardService]:
+def service(run: RunConfig, bus: StreamBus, keys: RunKeys, redis_server, model_dir: Path) -> Iterator[RewardService]:
     issue_test_rollout_key(bus.redis, keys)
-    settings = RewardSettings(redis_url=redis_server.url, poll_block_ms=50)
+    settings = RewardSettings(redis_url=redis_server.url, poll_block_ms=50, model_dir=model_dir)
     reward = RewardService(run, settings, bus)
     thread = threading.Thread(target=reward.run_forever, daemon=True)
     thread.start()
@@ -48,12 +57,27 @@ def service(run: RunConfig, bus: StreamBus, keys: RunKeys, redis_server) -> Iter
     assert not thread.is_alive()
 
 
-def rollout_for(task: TaskGroup, texts: list[str], task_id: str | None = None) -> RolloutGroup:
-    """A group worker "w-test" sampled for `task`, signed with its rollout key."""
-    return sign_rollout(unsigned_rollout_for(task, texts, task_id), TEST_WORKER_ROLLOUT_KEY)
+def rollout_for(task: TaskGroup, texts: list[str], tokenizer: Tokenizer, **fields: object) -> RolloutGroup:
+    """A group worker "w-test" sampled for `task`, signed with its rollout key (`fields`: replaced before signing)."""
+    return sign_rollout(unsigned_rollout_for(task, texts, tokenizer, **fields), TEST_WORKER_ROLLOUT_KEY)
 
 
-def unsigned_rollout_for(task: TaskGroup, texts: list[str], task_id: str | None = None) -> RolloutGroup:
+def unsigned_rollout_for(
+    task: TaskGroup,
+    texts: list[str],
+    tokenizer: Tokenizer,
+    *,
+    task_id: str | None = None,
+    claimed_texts: list[str] | None = None,
+    **fields: object,
+) -> RolloutGroup:
+    """The group an honest worker sends for these completion texts (ended by EOS, or cut at
+    max_new_tokens); with `claimed_texts`, a liar's: the ids of `texts`, but `claimed_texts` as the text."""
+    eos_id = tokenizer.token_to_id("<eos>")
+    encoded = [tokenizer.encode(text, add_special_tokens=False).ids for text in texts]
+    stopped = [len(ids) < task.max_new_tokens for ids in encoded]
+    samples = [ids + [eos_id] if stop else ids for ids, stop in zip(encoded, stopped, strict=True)]
+    token_ids = [token for sample in samples for token in sample]
     return RolloutGroup(
         run_id=task.run_id,
         group_id=uuid.uuid4().hex,
@@ -63,14 +87,14 @@ def unsigned_rollout_for(task: TaskGroup, texts: list[str], task_id: str | None 
         worker_id="w-test",
         policy_version=0,
         temperature=1.0,
-        prompt_token_ids=pack_int32([3, 4, 5, 6]),
-        completion_token_ids=pack_int32([7] * len(texts)),
-        completion_lengths=pack_int32([1] * len(texts)),
-        behaviour_logprobs=pack_float32([-1.0] * len(texts)),
-        completion_texts=texts,
-        finish_reasons=["stop"] * len(texts),
+        prompt_token_ids=pack_int32(tokenizer.encode(task.prompt).ids),  # the worker encodes with special tokens
+        completion_token_ids=pack_int32(token_ids),
+        completion_lengths=pack_int32([len(sample) for sample in samples]),
+        behaviour_logprobs=pack_float32([-1.0] * len(token_ids)),
+        completion_texts=claimed_texts or texts,
+        finish_reasons=["stop" if stop else "length" for stop in stopped],
         generation_s=0.01,
-    )
+    ).model_copy(update=fields)
 
 
 def wait_until_on_disk(client: redis.Redis) -> None:
@@ -104,13 +128,13 @@ def test_task_feed_holds_the_pipeline_at_groups_per_step_times_s_plus_one(servic
     assert bus.length(TASKS) == 6  # taken but not finished: still in flight, nothing added
 
 
-def test_rollouts_are_scored_by_the_verifier_and_acked(service, bus, keys) -> None:
+def test_rollouts_are_scored_by_the_verifier_and_acked(service, bus, keys, tokenizer) -> None:
     wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
     task = take_tasks(bus, keys, 1)[0]
     a, b = (int(c) for c in task.prompt.rstrip("=").split("+"))
     right = str((a + b) % 10)
     wrong = str((a + b + 1) % 10)
-    bus.publish(ROLLOUTS, rollout_for(task, [right, wrong, right + right, ""]))
+    bus.publish(ROLLOUTS, rollout_for(task, [right, wrong, right + right, ""], tokenizer))
 
     scored = wait_for(
         lambda: bus.read(SCORED, "learner-test", count=1, block_ms=50),
@@ -119,14 +143,15 @@ def test_rollouts_are_scored_by_the_verifier_and_acked(service, bus, keys) -> No
     assert scored[0].message.rewards == [1.0, 0.0, 0.5, 0.0]
     wait_for(lambda: bus.backlog(ROLLOUTS) == 0, "the rollout acked")
     assert bus.dead_letters() == []
+    assert service.scorer.text_mismatches_by_worker == {}  # an honest worker's text is the decoded text
 
 
-def test_bad_rollouts_are_dead_lettered_and_the_service_keeps_scoring(service, bus, keys) -> None:
+def test_bad_rollouts_are_dead_lettered_and_the_service_keeps_scoring(service, bus, keys, tokenizer) -> None:
     wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
     task = take_tasks(bus, keys, 1)[0]
     bus.publish_raw(ROLLOUTS, b"garbage")
-    bus.publish(ROLLOUTS, rollout_for(task, ["1"], task_id="forged-task"))
-    bus.publish(ROLLOUTS, rollout_for(task, ["1", "2"]))
+    bus.publish(ROLLOUTS, rollout_for(task, ["1"], tokenizer, task_id="forged-task"))
+    bus.publish(ROLLOUTS, rollout_for(task, ["1", "2"], tokenizer))
 
     wait_for(lambda: bus.length(SCORED) == 1, "the good rollout scored")
     letters = wait_for(lambda: bus.dead_letters() if len(bus.dead_letters()) == 2 else None, "two dead letters")
@@ -136,14 +161,16 @@ def test_bad_rollouts_are_dead_lettered_and_the_service_keeps_scoring(service, b
     assert service.num_scored == 1
 
 
-def test_the_service_waits_out_a_redis_restart_and_loses_nothing(run: RunConfig, tmp_path) -> None:
+def test_the_service_waits_out_a_redis_restart_and_loses_nothing(
+    run: RunConfig, tmp_path, model_dir, tokenizer
+) -> None:
     from cluster.redis_server import RedisServer
     from shared.bus import connect
 
     server = RedisServer(tmp_path / "redis").start()
     keys = RunKeys(run.run_id)
     own_bus = StreamBus(connect(server.url, socket_timeout_s=2.0), keys, service="reward")
-    reward = RewardService(run, RewardSettings(redis_url=server.url, poll_block_ms=50), own_bus)
+    reward = RewardService(run, RewardSettings(redis_url=server.url, poll_block_ms=50, model_dir=model_dir), own_bus)
     turns = CallCounter(reward, "serve_once")
     thread = threading.Thread(target=reward.run_forever, daemon=True)
     thread.start()
@@ -158,7 +185,7 @@ def test_the_service_waits_out_a_redis_restart_and_loses_nothing(run: RunConfig,
         wait_for(lambda: turns.num_raised > num_failed, "the service to hit connection errors")
         assert thread.is_alive()
         server.start()
-        test_bus.publish(ROLLOUTS, rollout_for(task, ["0", "1"]))
+        test_bus.publish(ROLLOUTS, rollout_for(task, ["0", "1"], tokenizer))
         scored = wait_for(lambda: test_bus.length(SCORED) == 1, "the rollout scored after the restart", timeout_s=20)
         assert scored and thread.is_alive()
         assert test_bus.dead_letters() == []
@@ -168,15 +195,19 @@ def test_the_service_waits_out_a_redis_restart_and_loses_nothing(run: RunConfig,
         server.stop()
 
 
-def test_forged_rollouts_are_dead_lettered_and_counted_against_the_claimed_worker(service, bus, keys) -> None:
+def test_forged_rollouts_are_dead_lettered_and_counted_against_the_claimed_worker(
+    service, bus, keys, tokenizer
+) -> None:
     wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
     task = take_tasks(bus, keys, 1)[0]
     bus.redis.hset(keys.worker("w-test"), mapping={"num_rollouts_forged": 0})  # the claimed worker's record
-    bus.publish(ROLLOUTS, unsigned_rollout_for(task, ["1"]))  # no mac at all
-    bus.publish(ROLLOUTS, sign_rollout(unsigned_rollout_for(task, ["1"]), bytes(32)))  # another key
-    stranger = sign_rollout(unsigned_rollout_for(task, ["1"]).model_copy(update={"worker_id": "w-nobody"}), bytes(32))
+    bus.publish(ROLLOUTS, unsigned_rollout_for(task, ["1"], tokenizer))  # no mac at all
+    bus.publish(ROLLOUTS, sign_rollout(unsigned_rollout_for(task, ["1"], tokenizer), bytes(32)))  # another key
+    stranger = sign_rollout(
+        unsigned_rollout_for(task, ["1"], tokenizer).model_copy(update={"worker_id": "w-nobody"}), bytes(32)
+    )
     bus.publish(ROLLOUTS, stranger)  # a worker id nobody was issued a key for
-    bus.publish(ROLLOUTS, rollout_for(task, ["1", "2"]))  # the honest one
+    bus.publish(ROLLOUTS, rollout_for(task, ["1", "2"], tokenizer))  # the honest one
 
     wait_for(lambda: bus.length(SCORED) == 1, "the honest rollout scored")
     letters = wait_for(lambda: bus.dead_letters() if len(bus.dead_letters()) == 3 else None, "three dead letters")
@@ -187,3 +218,219 @@ def test_forged_rollouts_are_dead_lettered_and_counted_against_the_claimed_worke
     assert bus.redis.hget(keys.worker("w-test"), "num_rollouts_forged") == b"2"
     assert not bus.redis.exists(keys.worker("w-nobody"))  # no record is made up for an unknown id
     assert service.num_scored == 1 and service.producers.num_forged == 3
+
+
+def metrics_text(service: RewardService) -> str:
+    from prometheus_client import generate_latest
+
+    from services.reward.prometheus import reward_families
+    from shared.metrics import CallbackCollector, new_registry
+
+    scorer = service.scorer
+    families = lambda: reward_families(  # noqa: E731
+        service.num_scored,
+        service.num_tasks_published,
+        scorer.text_mismatches_by_worker,
+        scorer.verifier_failures_by_kind,
+        scorer.verifiers.num_replaced,
+        scorer.rejected_by_worker,
+    )
+    return generate_latest(new_registry(CallbackCollector(families))).decode()
+
+
+def test_a_worker_whose_ids_say_a_wrong_answer_gets_the_reward_of_its_ids_and_is_counted(
+    service, bus, keys, tokenizer
+) -> None:
+    wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
+    task = take_tasks(bus, keys, 1)[0]
+    a, b = (int(c) for c in task.prompt.rstrip("=").split("+"))
+    right, wrong = str((a + b) % 10), str((a + b + 1) % 10)
+    liar_key = bytes(range(1, 33))
+    bus.redis.set(keys.rollout_key("w-liar"), liar_key)  # a registered worker: its groups are its own
+    liar = unsigned_rollout_for(task, [wrong, wrong, right], tokenizer, claimed_texts=[right] * 3, worker_id="w-liar")
+    bus.publish(ROLLOUTS, sign_rollout(liar, liar_key))
+    bus.publish(ROLLOUTS, rollout_for(task, [wrong, wrong, right], tokenizer))  # the honest twin
+
+    wait_for(lambda: bus.length(SCORED) == 2, "the two groups scored")
+    scored = bus.read(SCORED, "learner-test", count=2, block_ms=50)
+    rewards = {delivery.message.rollout.worker_id: delivery.message.rewards for delivery in scored}
+    assert rewards == {"w-liar": [0.0, 0.0, 1.0], "w-test": [0.0, 0.0, 1.0]}  # the ids decide, not the text
+    assert service.scorer.text_mismatches_by_worker == {"w-liar": 2}
+    assert 'relayrl_reward_text_mismatch_total{worker_id="w-liar"} 2.0' in metrics_text(service)
+    assert bus.dead_letters() == []
+
+
+def test_token_ids_no_engine_produces_are_dead_lettered_with_the_reason(service, bus, keys, tokenizer) -> None:
+    wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
+    task = take_tasks(bus, keys, 1)[0]
+    honest = rollout_for(task, ["1", "2"], tokenizer)
+    out_of_vocabulary = rollout_for(task, ["1", "2"], tokenizer, completion_token_ids=pack_int32([5, 1, 15, 1]))
+    no_eos = rollout_for(task, ["1", "2"], tokenizer, completion_token_ids=pack_int32([5, 6, 6, 1]))
+    # the task's right answer, sampled after another prompt: it would teach that prompt this answer
+    other_prompt = "1+1=" if task.prompt != "1+1=" else "2+2="
+    other = rollout_for(task, ["1", "2"], tokenizer, prompt_token_ids=pack_int32(tokenizer.encode(other_prompt).ids))
+    for group in (out_of_vocabulary, no_eos, other, honest):
+        bus.publish(ROLLOUTS, group)
+
+    wait_for(lambda: bus.length(SCORED) == 1, "the honest group scored")
+    letters = wait_for(lambda: bus.dead_letters() if len(bus.dead_letters()) == 3 else None, "three dead letters")
+    errors = sorted(letter.error for letter in letters)
+    assert "completion token id 15 is outside the vocabulary [0, 15)" in errors[0]
+    assert f"prompt_token_ids are not the task's prompt {task.prompt!r}: they read {other_prompt!r}" in errors[1]
+    assert "sample 0 says it stopped but does not end with an EOS id" in errors[2]
+    assert service.scorer.rejected_by_worker == {("w-test", "invalid_tokens"): 3}  # counted against the worker
+
+
+@pytest.fixture
+def trap_service(
+    run_id: str, bus: StreamBus, keys: RunKeys, redis_server, model_dir: Path, monkeypatch
+) -> Iterator[RewardService]:
+    """A reward service scoring tests/trap_task.py's task under a 1 s verifier timeout."""
+    issue_test_rollout_key(bus.redis, keys)
+    from shared.tasks import TASKS as REGISTRY
+    from tests.trap_task import TrapTask
+
+    monkeypatch.setitem(REGISTRY, TrapTask.name, TrapTask)
+    run = RunConfig.model_validate(
+        {
+            "run_id": run_id,
+            "task": {"name": TrapTask.name},
+            "grpo": {"group_size": 2, "groups_per_step": 2},
+            "reward": {"verifier_timeout_s": 1.0},
+        }
+    )
+    reward = RewardService(run, RewardSettings(redis_url=redis_server.url, poll_block_ms=50, model_dir=model_dir), bus)
+    thread = threading.Thread(target=reward.run_forever, daemon=True)
+    thread.start()
+    yield reward
+    reward.stop_event.set()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert reward.scorer.verifiers.pid is None  # the verifier process was stopped with the service
+
+
+def test_a_verifier_that_hangs_or_raises_fails_its_group_in_time_and_the_service_keeps_scoring(
+    trap_service, bus, keys, tokenizer
+) -> None:
+    from tests.trap_task import HANG_PREFIX, RAISE_PREFIX
+
+    wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
+    wait_for(lambda: trap_service.scorer.verifiers.pid, "the verifier process")
+    first_pid = trap_service.scorer.verifiers.pid
+    task = take_tasks(bus, keys, 1)[0]
+    a, b = (int(c) for c in task.prompt.rstrip("=").split("+"))
+    right = str((a + b) % 10)
+    hangs = rollout_for(task, [right, HANG_PREFIX], tokenizer)
+    raises = rollout_for(task, [RAISE_PREFIX, right], tokenizer)
+    bus.publish(ROLLOUTS, hangs)
+    bus.publish(ROLLOUTS, raises)
+    bus.publish(ROLLOUTS, rollout_for(task, [right, "0" if right != "0" else "1"], tokenizer))
+
+    scored = wait_for(lambda: bus.read(SCORED, "learner-test", count=1, block_ms=50), "the honest group scored")
+    assert scored[0].message.rewards == [1.0, 0.0]
+    letters = {letter.error: letter for letter in bus.dead_letters()}
+    assert len(letters) == 2, letters.keys()
+    timeout_error = next(error for error in letters if "verifier timeout" in error)
+    raised_error = next(error for error in letters if "verifier raised: ValueError: cannot parse '='" in error)
+    # the hung group failed after the 1 s timeout, not after the verifier's 2**40 steps
+    assert letters[timeout_error].failed_at_s - hangs.created_at_s < 15.0
+    assert letters[raised_error].failed_at_s - raises.created_at_s < 15.0
+    verifiers = trap_service.scorer.verifiers
+    assert verifiers.num_replaced == 1 and verifiers.pid not in (None, first_pid)  # the hung process was replaced
+    assert trap_service.scorer.verifier_failures_by_kind == {"timeout": 1, "raised": 1}
+    text = metrics_text(trap_service)
+    assert 'relayrl_reward_verifier_failures_total{kind="timeout"} 1.0' in text
+    assert "relayrl_reward_verifier_restarts_total 1.0" in text
+    assert 'relayrl_reward_rejected_groups_total{reason="verifier_timeout",worker_id="w-test"} 1.0' in text
+
+    # the service keeps running, and its new verifier process scores the next group
+    bus.publish(ROLLOUTS, rollout_for(task, [right, right], tokenizer))
+    again = wait_for(lambda: bus.read(SCORED, "learner-test", count=1, block_ms=50), "a group after the failures")
+    assert again[0].message.rewards == [1.0, 1.0]
+    assert bus.backlog(ROLLOUTS) == 0  # every rollout accounted: scored or dead-lettered, all acked
+
+
+def test_a_verifier_process_that_dies_is_replaced_and_a_non_finite_reward_is_refused() -> None:
+    from services.reward.verifier_pool import TaskSpec, VerifierFailedError, VerifierPool
+    from tests.trap_task import EXIT_TEXT, NAN_TEXT, TrapTask
+
+    pool = VerifierPool(TaskSpec(TrapTask, 20, 0), timeout_s=30.0).start()
+    try:
+        first_pid = pool.pid
+        with pytest.raises(VerifierFailedError, match=r"verifier process died \(exit code 3\)") as died:
+            pool.score(["1", EXIT_TEXT], "1")
+        assert died.value.kind == "died" and pool.num_replaced == 1 and pool.pid != first_pid
+        with pytest.raises(VerifierFailedError, match="verifier returned nan, not a number in") as nan:
+            pool.score([NAN_TEXT], "1")
+        assert nan.value.kind == "bad_reward"
+        assert pool.score(["1", "11", "2"], "1") == [1.0, 0.5, 0.0]  # the replacement serves on
+    finally:
+        pool.close()
+    assert pool.pid is None
+
+
+def test_the_reward_service_and_its_scorer_import_neither_torch_nor_transformers(model_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    program = f"""
+import sys
+from pathlib import Path
+import services.reward.__main__, services.reward.service
+from services.reward.decode import CompletionDecoder
+from services.reward.scoring import GroupScorer
+from services.reward.verifier_pool import TaskSpec, VerifierPool
+from shared.tasks.arithmetic import ArithmeticMod10Task
+
+pool = VerifierPool(TaskSpec(ArithmeticMod10Task, 20, 0), timeout_s=5.0).start()
+scorer = GroupScorer("arithmetic_mod10", CompletionDecoder(Path({str(model_dir)!r}), 2), pool)
+assert pool.score(["3", "4"], "3") == [1.0, 0.0]
+pool.close()
+print(sorted(name for name in ("torch", "transformers") if name in sys.modules))
+"""
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def process_running(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_a_reward_service_killed_while_its_verifier_hangs_leaves_no_verifier_behind() -> None:
+    import signal
+    import subprocess
+    import sys
+
+    program = """
+from services.reward.verifier_pool import TaskSpec, VerifierPool
+from tests.trap_task import HANG_PREFIX, TrapTask
+
+pool = VerifierPool(TaskSpec(TrapTask, 20, 0), timeout_s=600.0).start()
+print(pool.pid, flush=True)
+pool.score([HANG_PREFIX], "1")
+"""
+    service = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
+    verifier_pid = 0
+    try:
+        assert service.stdout is not None
+        verifier_pid = int(service.stdout.readline())
+        wait_for(lambda: cpu_seconds(verifier_pid) > 0.3, "the verifier to be stuck in its regex")
+        service.send_signal(signal.SIGKILL)
+        service.wait(timeout=10)
+        wait_for(lambda: not process_running(verifier_pid), "the hung verifier to die with its service")
+    finally:
+        service.kill()
+        service.wait(timeout=10)
+        if verifier_pid and process_running(verifier_pid):
+            os.kill(verifier_pid, signal.SIGKILL)
