@@ -94,6 +94,7 @@ class LocalCluster:
     coordinator_url: str = ""
     admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     weights_keys: KeyPair = field(default_factory=generate_key_pair)  # signing half: the learner's env only
+    join_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # workers register with it
     metrics_urls: dict[str, str] = field(default_factory=dict)  # service name -> its Prometheus /metrics
 
     def __post_init__(self) -> None:
@@ -279,6 +280,7 @@ class LocalCluster:
             "RL_COORDINATOR_URL": self.coordinator_url,
             "RL_ADMIN_TOKEN": self.admin_token,
             PUBLIC_KEY_ENV: self.weights_keys.public_key_hex,
+            "RL_JOIN_TOKEN": self.join_token,
         }
 
     def write_cluster_env(self) -> Path:
