@@ -43,6 +43,10 @@ import httpx
 import uvloop
 
 from cluster.redis_server import RedisServer, free_port
+from shared.bus import StreamBus, connect
+from shared.keys import RunKeys
+from shared.messages import WeightsPublished
+from shared.streams import WEIGHTS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "load_heartbeat.json"
@@ -199,11 +203,31 @@ async def drive(
     return stats
 
 
+def announce_swapped_version(redis_url: str) -> None:
+    """The learner's announcement of the version every simulated worker reports having swapped in: the
+    coordinator records swaps only of versions the learner announced (services/coordinator/announcements.py)."""
+    announcement = WeightsPublished(
+        run_id="load",
+        policy_version=3,
+        manifest_url="http://127.0.0.1:9/v1/weights/3/manifest",
+        manifest_sha256="0" * 64,
+        total_size_bytes=500_000,
+        num_chunks=1,
+        published_at_s=SWAP_ANNOUNCED_AT_S,
+    )
+    client = connect(redis_url)
+    StreamBus(client, RunKeys("load"), service="benchmark").publish(WEIGHTS, announcement)
+    client.close()
+
+
 def register_workers(base_url: str, num_workers: int) -> list[tuple[str, str]]:
     workers = []
     with httpx.Client(base_url=base_url, timeout=30.0) as client:
         for i in range(num_workers):
             response = client.post("/v1/workers", json={"name": f"load-{i:04d}", "price_per_hour": 0.0})
+            while response.status_code == 429:  # the registration rate limit: register_s includes its waits
+                time.sleep(float(response.headers.get("Retry-After", "1")))
+                response = client.post("/v1/workers", json={"name": f"load-{i:04d}", "price_per_hour": 0.0})
             response.raise_for_status()
             workers.append((response.json()["worker_id"], response.json()["token"]))
     return workers
@@ -356,6 +380,7 @@ def measure(args: argparse.Namespace, tree: Path = REPO_ROOT) -> dict:
         env = {
             **os.environ,
             "RL_ADMIN_TOKEN": secrets.token_urlsafe(24),
+            "RL_OPEN_REGISTRATION": "true",  # the benchmark registers its simulated fleet without a token
             "RL_REDIS_URL": redis_server.url,
             "RL_RUN_CONFIG": str(run_file),
             "RL_COORDINATOR_PORT": str(port),
@@ -380,6 +405,7 @@ def measure(args: argparse.Namespace, tree: Path = REPO_ROOT) -> dict:
                 if coordinator.poll() is not None or time.monotonic() > deadline:
                     sys.exit("the coordinator did not start:\n" + (Path(tmp) / "coordinator.log").read_text()[-3000:])
                 time.sleep(0.2)
+            announce_swapped_version(redis_server.url)
             started = time.monotonic()
             workers = register_workers(base_url, args.workers)
             register_s = time.monotonic() - started

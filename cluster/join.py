@@ -10,7 +10,7 @@ active or on standby (cost-aware activation) and the dashboard shows it.
     python -m cluster.join --print-env                     # the environment, to start a worker by hand
 
 A worker on another machine needs the same variables (RL_COORDINATOR_URL, RL_REDIS_URL, RL_WEIGHTS_PUBLIC_KEY,
-RL_RUN_CONFIG, RL_RUN_ID, RL_MODEL_DIR) with addresses it can reach, and RL_WORKER_HOST set to an
+RL_JOIN_TOKEN, RL_RUN_CONFIG, RL_RUN_ID, RL_MODEL_DIR) with addresses it can reach, and RL_WORKER_HOST set to an
 interface the other workers can reach for weight relaying.
 """
 
@@ -28,6 +28,7 @@ WORKER_VARIABLES = (
     "RL_COORDINATOR_URL",
     "RL_REDIS_URL",
     "RL_WEIGHTS_PUBLIC_KEY",
+    "RL_JOIN_TOKEN",
     "RL_RUN_CONFIG",
     "RL_RUN_ID",
     "RL_RUN_DIR",

@@ -96,6 +96,7 @@ class LocalCluster:
     coordinator_url: str = ""
     admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     weights_keys: KeyPair = field(default_factory=generate_key_pair)  # signing half: the learner's env only
+    join_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # workers register with it
     metrics_urls: dict[str, str] = field(default_factory=dict)  # service name -> its Prometheus /metrics
 
     def __post_init__(self) -> None:
@@ -185,7 +186,7 @@ class LocalCluster:
         pending (cluster/accounting.py). Best effort: a Redis that is down leaves the report without it."""
         assert self.redis is not None
         try:
-            accounting = count_groups(self.redis_url_for(OPERATOR), self.run.run_id)  # ACLs on: the default user is off
+            accounting = count_groups(self.redis_url_for(OPERATOR), self.run.run_id)
         except REDIS_OUTAGE_ERRORS as exc:
             log.warning("group accounting unavailable: %s", exc)
             return
@@ -281,6 +282,7 @@ class LocalCluster:
             "RL_COORDINATOR_URL": self.coordinator_url,
             "RL_ADMIN_TOKEN": self.admin_token,
             PUBLIC_KEY_ENV: self.weights_keys.public_key_hex,
+            "RL_JOIN_TOKEN": self.join_token,
         }
 
     def write_cluster_env(self) -> Path:

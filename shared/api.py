@@ -25,6 +25,10 @@ MAX_UNIX_TIME_S = 1e10  # the year 2286
 MAX_BYTES = 2**50
 
 
+# A worker proves it may join the run with the cluster's join token in this header (POST /v1/workers).
+JOIN_TOKEN_HEADER = "X-RL-Join-Token"
+
+
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -62,6 +66,12 @@ class RegisterWorkerRequest(RequestBody):
     price_per_hour: float = Field(0.0, ge=0, le=10000, description="what the worker costs, $/h")
     bandwidth_mbps: float = Field(1000.0, gt=0, le=1e6, description="link speed the worker reports, Mbit/s")
     region: Text = Field("local", min_length=1, max_length=64, description="where it runs")
+    previous_worker_id: Text | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="rejoining after its lease ran out: the id it had (with 'Authorization: Bearer <its token>')",
+    )
 
 
 class WorkerAccess(Body):
@@ -88,6 +98,7 @@ class RegisterWorkerResponse(Body):
     state: WorkerState = Field(
         WorkerState.ACTIVE, description="active: take tasks; standby: wait (heartbeats say when)"
     )
+    rejoined: bool = Field(False, description="true: the previous_worker_id's record was revived (same id, totals)")
     access: WorkerAccess = Field(description="this worker's Redis credentials and rollout-signing key")
 
 

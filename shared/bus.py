@@ -32,6 +32,7 @@ M = TypeVar("M", bound=Message)
 M_co = TypeVar("M_co", bound=Message, covariant=True)
 
 _PAYLOAD_FIELD = b"data"  # each entry holds one field: the msgpack-encoded message
+PAYLOAD_FIELD = _PAYLOAD_FIELD  # for Lua scripts that read entries (services/coordinator/heartbeat_batch.py)
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,20 @@ class StreamBus:
             stream.message_type.decode(fields.get(_PAYLOAD_FIELD, b""))
             for _, fields in _range_entries(self.redis.xrange(self.keys.name_of(stream), count=count))
         ]
+
+    def newest(self, stream: Stream[M], count: int, *, after_id: str = "0-0") -> tuple[list[M], int, str]:
+        """The newest `count` entries after `after_id`, newest first (XREVRANGE): their messages, how many
+        of them were undecodable (skipped), and the newest entry's id (`after_id` when there is none). For
+        readers of streams read without a group that keep up with them."""
+        messages: list[M] = []
+        num_undecodable = 0
+        raw = _range_entries(self.redis.xrevrange(self.keys.name_of(stream), min=f"({after_id}", count=count))
+        for _, fields in raw:
+            try:
+                messages.append(stream.message_type.decode(fields.get(_PAYLOAD_FIELD, b"")))
+            except MessageDecodeError:
+                num_undecodable += 1
+        return messages, num_undecodable, _text(raw[0][0]) if raw else after_id
 
     def wait_for_entries(self, stream: Stream[Any], *, after_id: str, block_ms: int) -> bool:
         """Block until the stream has an entry newer than `after_id` ("0-0": any entry), at most

@@ -64,8 +64,16 @@ from dataclasses import dataclass
 _CEIL_TOLERANCE = 1e-9
 
 
+# a ratio beyond this (or non-finite: a measurement of 1e308 once made math.ceil raise OverflowError on
+# every control pass) counts as this; lags and bounds this large mean "never" all the same
+MAX_CEIL_RATIO = 2**31
+
+
 def ceil_ratio(numerator: float, denominator: float) -> int:
-    return math.ceil(numerator / denominator - _CEIL_TOLERANCE)
+    ratio = numerator / denominator - _CEIL_TOLERANCE
+    if not -MAX_CEIL_RATIO < ratio < MAX_CEIL_RATIO:  # NaN fails too
+        return -MAX_CEIL_RATIO if ratio < 0 else MAX_CEIL_RATIO
+    return math.ceil(ratio)
 
 
 @dataclass(frozen=True)

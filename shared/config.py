@@ -214,6 +214,15 @@ class RewardConfig(Section):
 
 class CoordinatorConfig(Section):
     lease_s: float = Field(5.0, gt=0, description="a worker that does not heartbeat for this long is dead")
+    registrations_per_s: float = Field(
+        50.0, gt=0, le=1e6, description="registrations one coordinator admits per second on average (429 beyond)"
+    )
+    registration_burst: int = Field(
+        200, ge=1, le=1_000_000, description="registrations admitted at once before the rate limit applies"
+    )
+    dead_worker_retention_s: float = Field(
+        3600.0, ge=0, description="a dead worker's record is removed this long after its lease ran out"
+    )
 
 
 class ActivationConfig(Section):

@@ -12,13 +12,20 @@ import httpx
 import redis
 from fastapi import FastAPI
 
+from services.coordinator.announcements import Announcements
 from services.coordinator.app import create_app
 from services.coordinator.redis_access import RedisAccess
-from shared.api import RegisterWorkerResponse
+from shared.api import JOIN_TOKEN_HEADER, RegisterWorkerResponse
+from shared.bus import StreamBus
 from shared.config import RunConfig
+from shared.keys import RunKeys
+from shared.messages import WeightsPublished
+from shared.streams import WEIGHTS
 from tests.uvicorn_thread import serve
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
+JOIN_TOKEN = "test-join-token-0123456789"
+JOIN_HEADERS = {JOIN_TOKEN_HEADER: JOIN_TOKEN}  # what a worker sends to register
 
 Clock = Callable[[], float]  # unix seconds
 
@@ -26,7 +33,7 @@ Clock = Callable[[], float]  # unix seconds
 @dataclass(frozen=True)
 class ServedCoordinator:
     url: str
-    client: httpx.Client  # on `url`
+    client: httpx.Client  # on `url`, sending the join token (JOIN_HEADERS)
     app: FastAPI  # app.state.control: the control loop; app.state.coordinator.registry: the leases
 
 
@@ -40,19 +47,39 @@ def served_coordinator(
     *,
     lease_clock: Clock | None = None,
     control_clock: Clock | None = None,
+    port: int | None = None,
     access: RedisAccess | None = None,
 ) -> Iterator[ServedCoordinator]:
     """The real coordinator app for `run` under uvicorn until the block ends. `lease_clock` replaces the
     wall clock of the leases (registration, heartbeats, expiry, the sweeper), `control_clock` that of the
     control loop (billing, dwell); both are set before the app serves anything or runs a pass. `access`:
-    how workers get Redis access (default: ACLs off)."""
-    app = create_app(run, redis_client, ADMIN_TOKEN, access=access)
+    how workers get Redis access (default: ACLs off). The app requires JOIN_TOKEN to register; the client
+    sends it with every request (JOIN_HEADERS)."""
+    app = create_app(run, redis_client, ADMIN_TOKEN, JOIN_TOKEN, access=access)
     if lease_clock is not None:
         app.state.coordinator.registry.clock = lease_clock
     if control_clock is not None:
         app.state.control.clock = control_clock
-    with serve(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+    with serve(app, port) as url, httpx.Client(base_url=url, timeout=10, headers=JOIN_HEADERS) as client:
         yield ServedCoordinator(url=url, client=client, app=app)
+
+
+def announce(redis_client: redis.Redis, run_id: str, policy_version: int, published_at_s: float) -> None:
+    """What the learner does when a version is out (a WeightsPublished on the WEIGHTS stream), and the
+    coordinator reading it at once (its control pass would within a second): only then do swap reports
+    of that version count (services/coordinator/announcements.py)."""
+    keys = RunKeys(run_id)
+    announcement = WeightsPublished(
+        run_id=run_id,
+        policy_version=policy_version,
+        manifest_url=f"http://learner:8100/v1/weights/{policy_version}/manifest",
+        manifest_sha256="0" * 64,
+        total_size_bytes=10,
+        num_chunks=1,
+        published_at_s=published_at_s,
+    )
+    StreamBus(redis_client, keys, service="test-learner").publish(WEIGHTS, announcement)
+    Announcements(redis_client, keys).ingest()
 
 
 def bearer(token: str) -> dict[str, str]:

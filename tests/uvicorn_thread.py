@@ -14,9 +14,10 @@ from tests.polling import wait_for
 
 
 @contextlib.contextmanager
-def serve(app: FastAPI) -> Iterator[str]:
-    """Run `app` under uvicorn in a thread; yields its base URL; stops it (lifespan included) on exit."""
-    port = free_port()
+def serve(app: FastAPI, port: int | None = None) -> Iterator[str]:
+    """Run `app` under uvicorn in a thread (on `port`, default a free one); yields its base URL; stops it
+    (lifespan included) on exit."""
+    port = free_port() if port is None else port
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()

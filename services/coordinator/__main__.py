@@ -21,6 +21,8 @@ DESCRIPTION = (
 ENVIRONMENT_HELP = """\
 environment:
   RL_ADMIN_TOKEN        required secret: bearer token of admin calls (at least 16 characters)
+  RL_JOIN_TOKEN         required secret: workers send it to register (header X-RL-Join-Token; >= 16 chars)
+  RL_OPEN_REGISTRATION  true: no join token, anyone may register (dev only; default false)
   RL_COORDINATOR_HOST   interface to bind (default 127.0.0.1)
   RL_COORDINATOR_PORT   TCP port (default 8000)
   RL_REDIS_URL          Redis holding the run's streams and state (default redis://127.0.0.1:6379/0)
@@ -69,7 +71,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             sys.exit(f"coordinator: {exc}")
     else:
         log.warning("RL_REDIS_ACL is false: workers get no Redis user of their own and use their RL_REDIS_URL")
-    app = create_app(run, redis_client, settings.admin_token.get_secret_value(), access=access)
+    app = create_app(
+        run, redis_client, settings.admin_token.get_secret_value(), settings.join_token_value(), access=access
+    )
     # The control pass runs in a thread next to the event loop. With the default 5 ms switch interval,
     # every time the loop waits on a socket the pass keeps the GIL for up to 5 ms before the loop gets it
     # back: at 1000 heartbeats/s that alone queued heartbeats for hundreds of ms (benchmarks/load_heartbeat.py).

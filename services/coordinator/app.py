@@ -21,6 +21,7 @@ from services.coordinator.errors import install_error_handlers
 from services.coordinator.heartbeat_path import HeartbeatFastPath
 from services.coordinator.prometheus import install_metrics
 from services.coordinator.redis_access import RedisAccess
+from services.coordinator.registration_limit import RegistrationLimit
 from services.coordinator.routers import broadcast, control, status, trust, workers
 from services.coordinator.worker_registry import WorkerRegistry
 from shared.bus import StreamBus
@@ -59,12 +60,21 @@ class CoordinatorAPI(FastAPI):
 
 
 def create_app(
-    run: RunConfig, redis_client: redis.Redis, admin_token: str, *, access: RedisAccess | None = None
+    run: RunConfig,
+    redis_client: redis.Redis,
+    admin_token: str,
+    join_token: str | None = None,
+    *,
+    access: RedisAccess | None = None,
 ) -> FastAPI:
-    """`redis_client` must be a bytes-mode client (`shared.bus.connect`). `access`: how workers get Redis
-    access (default: no ACL users, only rollout keys; services/coordinator/redis_access.py)."""
+    """`redis_client` must be a bytes-mode client (`shared.bus.connect`). `join_token`: what a worker
+    must send to register (header X-RL-Join-Token); None opens registration to anyone (dev and tests
+    only: CoordinatorSettings requires RL_JOIN_TOKEN unless RL_OPEN_REGISTRATION is set). `access`: how
+    workers get Redis access (default: no ACL users, only rollout keys; services/coordinator/redis_access.py)."""
     if not admin_token:
         raise ValueError("admin_token must not be empty")
+    if join_token is not None and not join_token:
+        raise ValueError("join_token must not be empty (None opens registration)")
     keys = RunKeys(run.run_id)
     access = access or RedisAccess(redis_client, keys)
     coordinator = Coordinator(
@@ -74,6 +84,8 @@ def create_app(
         registry=WorkerRegistry(redis_client, keys, lease_s=run.coordinator.lease_s),
         bus=StreamBus(redis_client, keys, service="coordinator"),
         admin_token_sha256=token_sha256(admin_token),
+        join_token_sha256=None if join_token is None else token_sha256(join_token),
+        registration_limit=RegistrationLimit(run.coordinator.registrations_per_s, run.coordinator.registration_burst),
         access=access,
     )
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import redis
 
-from shared.api import WorkerInfo, WorkerState
+from services.coordinator.measurements import BAD_MEASUREMENTS, bounded_hash
+from shared.api import MAX_DURATION_S, WorkerInfo, WorkerState
 from shared.bus import StreamBus
 from shared.capacity import CapacityInputs
 from shared.config import RunConfig
@@ -91,9 +92,15 @@ class LearnerWindow:
         return _means(state.train_s_total, state.idle_s_total, state.wall_s, state.num_steps_done, "run")
 
 
-def _means(train_s: float, idle_s: float, wall_s: float, num_steps: int, source: str) -> StepTimes:
+def _means(train_s: float, idle_s: float, wall_s: float, num_steps: int, source: str) -> StepTimes | None:
+    """Per-step means; None (and counted) when the learner's totals give no sane ones (non-finite, negative
+    or longer than MAX_DURATION_S a step: services/coordinator/measurements.py)."""
     overhead_s = max(0.0, wall_s - train_s - idle_s)
-    return StepTimes(train_s / num_steps, overhead_s / num_steps, idle_s / num_steps, num_steps, source)
+    means = (train_s / num_steps, overhead_s / num_steps, idle_s / num_steps)
+    if not all(0.0 <= m <= MAX_DURATION_S for m in means):  # NaN fails too
+        BAD_MEASUREMENTS.count("learner.step_times", means)
+        return None
+    return StepTimes(*means, num_steps, source)
 
 
 @dataclass(frozen=True)
@@ -108,9 +115,11 @@ class MeasuredInputs:
 def recent_broadcast_s(client: redis.Redis, keys: RunKeys) -> float | None:
     """Mean T_bcast of the newest measured versions (the broadcast engineer's hash), None when none."""
     raw = client.hgetall(keys.broadcast_times)
-    if not raw:
+    by_version = sorted(
+        (int(v), s) for v, s in bounded_hash(raw, "broadcast.times", 0.0, MAX_DURATION_S, int_keys=True).items()
+    )
+    if not by_version:
         return None
-    by_version = sorted((int(_text(v)), float(_text(s))) for v, s in raw.items())
     return statistics.fmean(seconds for _, seconds in by_version[-NUM_BROADCASTS:])
 
 
@@ -162,7 +171,3 @@ def measure_inputs(
         worker_samples_per_s=tuple(measured_mu.values()),
     )
     return MeasuredInputs(inputs, step_times, sources, num_queued_groups, measured_mu)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

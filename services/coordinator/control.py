@@ -1,4 +1,5 @@
-"""The control loop: measure -> assess capacity -> plan activation -> apply states -> bill -> record history.
+"""The control loop: prune the long dead -> measure -> assess capacity -> plan activation -> apply states
+-> bill -> record history.
 
 Runs every `activation.replan_interval_s`, and at once when membership changes (join, drain, leave).
 A pass reads every worker record (O(N): ~60 ms at 1000 workers, ~3x that on a starved host), in a
@@ -20,7 +21,6 @@ is defined here too: a pass caches it, and heartbeat answers read it from the la
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import threading
@@ -39,6 +39,8 @@ from services.coordinator.capacity_view import (
     recent_broadcast_s,
 )
 from services.coordinator.ledger import CostLedger
+from services.coordinator.measurements import BAD_MEASUREMENTS, sane_learner_state
+from services.coordinator.pruning import DeadWorkerPruner
 from services.coordinator.quarantine import Quarantine
 from shared.activation import ActivationPlan, ActivationPolicy, Candidate, plan_activation
 from shared.api import (
@@ -54,7 +56,7 @@ from shared.api import (
 from shared.bus import StreamBus
 from shared.capacity import assess, provisioning_samples_per_s
 from shared.config import RunConfig
-from shared.messages import LearnerState
+from shared.messages import LearnerState, MessageDecodeError
 from shared.streams import LEARNER_STATE
 
 if TYPE_CHECKING:  # deps.py imports this module (ControlDep)
@@ -80,8 +82,13 @@ class LearnerView:
 
 
 def read_learner_view(bus: StreamBus, run: RunConfig) -> LearnerView:
-    """The learner's `LearnerState`, which the learner keeps under one key, read now."""
-    state = bus.get_state(LEARNER_STATE)
+    """The learner's `LearnerState`, which the learner keeps under one key, read now (an undecodable one,
+    or one holding a bad number, is read as no state, and counted: services/coordinator/measurements.py)."""
+    try:
+        state = sane_learner_state(bus.get_state(LEARNER_STATE))
+    except MessageDecodeError as exc:
+        BAD_MEASUREMENTS.count("learner.state", str(exc))
+        state = None
     if state is None:
         return LearnerView(learner_version=0, staleness_bound=run.schedule.staleness_bound, state=None)
     # the learner applies the admission rule, so its S is the one that holds (it read the same run file)
@@ -113,6 +120,9 @@ class ControlPlane:
         )
         self.ledger = CostLedger(coordinator.redis, coordinator.keys, max_billing_gap_s=self.config.max_billing_gap_s)
         self.window = LearnerWindow()
+        self.pruner = DeadWorkerPruner(
+            coordinator.redis, coordinator.keys, coordinator.run.coordinator.dead_worker_retention_s
+        )
         self.quarantine = Quarantine(coordinator.bus, coordinator.registry, coordinator.access, coordinator.run.run_id)
         self.clock = time.time  # unix seconds of billing and dwell times (tests replace it)
         self.snapshot: ControlSnapshot | None = None
@@ -155,7 +165,8 @@ class ControlPlane:
         with self._lock:
             now_s = self.clock() if now_s is None else now_s
             c = self.coordinator
-            workers = c.registry.list_workers()
+            workers = self.prune(c.registry.list_workers())
+            c.registry.announcements.ingest()  # the learner's announcements: what swap reports may name
             self.complete_broadcasts(workers)
             learner = read_learner_view(c.bus, c.run).state
             self.window.observe(learner)
@@ -192,6 +203,12 @@ class ControlPlane:
         return LearnerView(snapshot.learner.learner_version, snapshot.learner.staleness_bound, snapshot.learner)
 
     # steps
+    def prune(self, workers: list[WorkerInfo]) -> list[WorkerInfo]:
+        """Forget workers dead longer than the retention period (services/coordinator/pruning.py); their
+        lease time is the registry's clock."""
+        pruned = self.pruner.prune(workers, self.coordinator.registry.clock())
+        return [w for w in workers if w.worker_id not in pruned] if pruned else workers
+
     def complete_broadcasts(self, workers: list[WorkerInfo]) -> None:
         """T_bcast of every version all active workers have swapped in (heartbeats only record the swaps)."""
         completed = BroadcastTimes(self.coordinator.redis, self.coordinator.keys).complete_pending(workers)
@@ -259,8 +276,20 @@ class ControlPlane:
 
     # answers
     def history(self) -> list[HistoryPoint]:
+        """The dashboard's points; one that does not parse as a HistoryPoint of finite numbers is left out (counted)."""
         raw = self.coordinator.redis.lrange(self.coordinator.keys.learner_history, 0, -1)
-        return [HistoryPoint.model_validate(json.loads(item)) for item in raw]
+        points = []
+        for item in raw:
+            try:
+                point = HistoryPoint.model_validate_json(item)
+            except ValueError:  # pydantic's ValidationError is one
+                BAD_MEASUREMENTS.count("learner.history", item)
+                continue
+            if all(math.isfinite(v) for v in (point.reward_mean, point.utilization, point.cost_usd, point.at_s)):
+                points.append(point)
+            else:
+                BAD_MEASUREMENTS.count("learner.history", item)
+        return points
 
     def cost(self, snapshot: ControlSnapshot) -> CostResponse:
         totals = self.ledger.totals()

@@ -5,6 +5,8 @@ from here and nowhere else.
     RegistryDep      its `WorkerRegistry`
     ControlDep       the `ControlPlane` (services/coordinator/control.py): the control loop's last pass
     CallerDep        who holds the bearer token: `AdminCaller` or `WorkerCaller` (401 for anyone else)
+    BearerTokenDep   the bearer token as sent, unchecked (None: no Authorization header)
+    JoinTokenDep     the X-RL-Join-Token header as sent, unchecked (None: absent)
     WorkerIdPath     the `{worker_id}` path parameter
 """
 
@@ -14,13 +16,15 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import redis
-from fastapi import Depends, HTTPException, Path, Request, status
+from fastapi import Depends, Header, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from services.coordinator.auth import Caller, InvalidTokenError, authenticate
 from services.coordinator.control import ControlPlane
 from services.coordinator.redis_access import RedisAccess
+from services.coordinator.registration_limit import RegistrationLimit
 from services.coordinator.worker_registry import WorkerRegistry
+from shared.api import JOIN_TOKEN_HEADER
 from shared.bus import StreamBus
 from shared.config import RunConfig
 from shared.keys import RunKeys
@@ -37,6 +41,8 @@ class Coordinator:
     registry: WorkerRegistry
     bus: StreamBus
     admin_token_sha256: str
+    join_token_sha256: str | None  # None: open registration (dev)
+    registration_limit: RegistrationLimit
     access: RedisAccess  # workers' Redis users and rollout keys (services/coordinator/redis_access.py)
 
 
@@ -75,6 +81,17 @@ def get_caller(
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]
+
+
+def get_bearer_token(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> str | None:
+    return None if credentials is None else credentials.credentials
+
+
+BearerTokenDep = Annotated[str | None, Depends(get_bearer_token)]
+JoinTokenDep = Annotated[
+    str | None,
+    Header(alias=JOIN_TOKEN_HEADER, max_length=256, description="the cluster's join token (registration)"),
+]
 
 
 def unauthorized(reason: str) -> HTTPException:

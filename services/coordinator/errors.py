@@ -27,8 +27,9 @@ def error_docs(*status_codes: int) -> dict[int | str, dict[str, object]]:
         401: "missing or invalid bearer token",
         403: "the token does not allow this call",
         404: "no such worker",
+        409: "the worker's state does not allow this (rejoining while draining or quarantined; releasing one not quarantined)",
         410: "the worker's lease expired: register again",
-        409: "the worker is not quarantined",
+        429: "too many registrations: retry after Retry-After seconds",
         503: "Redis is unreachable",
     }
     return {code: {"model": ErrorResponse, "description": reasons[code]} for code in status_codes}

@@ -11,10 +11,13 @@ Each entry, atomically per worker (the script runs them one after the other; a b
 transaction across workers):
   1. the token's sha256 against the stored one (skipped when the caller authenticated already);
   2. the lease: one that ran out -> the worker is dead (code DEAD); else extended, the reported fields stored;
-  3. the reported weight swap, the first time it is reported: recorded for T_bcast
-     (services/coordinator/broadcast_times.py: the per-version swap, the announcement, the pending
-     version, the worker's latest swap and its measured download rate). Completing a version is the
-     caller's business; the outcome says whether the swap was news.
+  3. the reported weight swap, the first time it is reported, if its version was announced by the
+     learner (the announcements hash, else the newest entries of the learner's `weights` stream,
+     decoded in the script: services/coordinator/announcements.py) and it happened between that
+     announcement and now: recorded for T_bcast (services/coordinator/broadcast_times.py: the per-version swap, the
+     worker's latest swap and its download rate measured from the learner's announcement time). Any
+     other report is ignored; the outcome says why, and whether the swap was news. Completing a
+     version is the caller's business.
 Both the REST endpoint (WorkerRegistry.extend_lease, one entry, synchronous) and the hot path
 (services/coordinator/heartbeat_path.py, batched) run this one script.
 """
@@ -32,23 +35,55 @@ import redis
 from services.coordinator.broadcast_times import MIN_MEASURED_BYTES, SWAPS_TTL_S
 from services.coordinator.redis_script import ScriptConnection
 from shared.api import WeightSwapReport
+from shared.bus import PAYLOAD_FIELD
 from shared.keys import RunKeys
+from shared.streams import WEIGHTS
 
-# KEYS: leases, broadcast announced, broadcast times, broadcast pending, broadcast last swap, broadcast
-#   throughput; then 2 per entry: the worker hash, the swaps hash of the reported version (the worker
-#   hash when there is no report).
-# ARGV: the swaps hashes' TTL; then 10 per entry: worker id, token sha256 ('' = authenticated already),
-#   now_s, new expiry_s, the fields to set (a JSON object of strings), the reported version ('' = no
-#   report), announced_at_s, swapped_at_s, the worker's latest-swap value, its download Mbit/s ('' = none).
-# Returns 3 per entry: code (0 unknown worker, -1 wrong token, 1 dead, 2 ok), state, swap is news (0/1).
+# KEYS: leases, broadcast announced, broadcast last swap, broadcast throughput, the weights stream,
+#   broadcast pending, broadcast times; then 2 per entry: the worker hash, the swaps hash of the reported
+#   version (the worker hash when there is no report).
+# ARGV: the swaps hashes' TTL, the clock skew tolerated (s), the smallest download measured (bytes), the
+#   largest rate recorded (Mbit/s), the run id, the stream entries' payload field, how many of the newest
+#   announcements to look through; then 8 per entry: worker id, token sha256 ('' = authenticated
+#   already), now_s, new expiry_s, the fields to set (a JSON object of strings), the reported version
+#   ('' = no report), swapped_at_s, num_bytes.
+# Returns 3 per entry: code (0 unknown worker, -1 wrong token, 1 dead, 2 ok), state, swap (1 news, 0 none
+#   or not news, -1 ignored: the learner never announced the version, -2 ignored: swapped before its
+#   announcement or after now).
 HEARTBEAT_LUA = """
-local leases, announced, times, pending, last_swap, throughput = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local leases, announced, last_swap, throughput = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local weights, pending, times = KEYS[5], KEYS[6], KEYS[7]
+local skew, min_bytes, max_mbps = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local run_id, payload_field, lookback = ARGV[5], ARGV[6], ARGV[7]
+-- when the learner announced `version`: the announcements hash, else the newest entries of its stream
+-- (decoded here, so a report right after an announcement finds it; recorded for the next one)
+local function announced_at_of(version)
+  local at = tonumber(redis.call('HGET', announced, version) or '')
+  if at then return at end
+  for _, entry in ipairs(redis.call('XREVRANGE', weights, '+', '-', 'COUNT', lookback)) do
+    local fields = entry[2]
+    for j = 1, #fields, 2 do
+      if fields[j] == payload_field then
+        local ok, msg = pcall(cmsgpack.unpack, fields[j + 1])
+        if ok and type(msg) == 'table' and msg.run_id == run_id and tostring(msg.policy_version) == version
+          and type(msg.published_at_s) == 'number' and msg.published_at_s == msg.published_at_s then
+          redis.call('HSETNX', announced, version, string.format('%.17g', msg.published_at_s))
+          if redis.call('HEXISTS', times, version) == 0 then
+            redis.call('ZADD', pending, 'NX', msg.published_at_s, version)
+          end
+          return msg.published_at_s
+        end
+      end
+    end
+  end
+  return nil
+end
 local out = {}
-for i = 0, (#ARGV - 1) / 10 - 1 do
-  local k, a = 6 + i * 2, 1 + i * 10
+for i = 0, (#ARGV - 7) / 8 - 1 do
+  local k, a = 7 + i * 2, 7 + i * 8
   local worker, swaps = KEYS[k + 1], KEYS[k + 2]
   local worker_id, digest_in, now_s, expiry_s, fields = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
-  local version, announced_at_s, swapped_at_s, last_swap_value, mbps = ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9], ARGV[a + 10]
+  local version, swapped_at_s, num_bytes = ARGV[a + 6], ARGV[a + 7], ARGV[a + 8]
   local code, state, news = 2, '', 0
   local digest = redis.call('HGET', worker, 'token_sha256')
   if not digest then
@@ -72,13 +107,22 @@ for i = 0, (#ARGV - 1) / 10 - 1 do
         flat[#flat + 1] = value
       end
       redis.call('HSET', worker, unpack(flat))
-      if version ~= '' and redis.call('HSETNX', swaps, worker_id, swapped_at_s) == 1 then
-        news = 1
-        redis.call('EXPIRE', swaps, ARGV[1])
-        redis.call('HSETNX', announced, version, announced_at_s)
-        if redis.call('HEXISTS', times, version) == 0 then redis.call('ZADD', pending, 'NX', announced_at_s, version) end
-        redis.call('HSET', last_swap, worker_id, last_swap_value)
-        if mbps ~= '' then redis.call('HSET', throughput, worker_id, mbps) end
+      if version ~= '' then
+        local announced_at = announced_at_of(version)
+        local swapped = tonumber(swapped_at_s)
+        if not announced_at then
+          news = -1
+        elseif swapped < announced_at - skew or swapped > tonumber(now_s) + skew then
+          news = -2
+        elseif redis.call('HSETNX', swaps, worker_id, swapped_at_s) == 1 then
+          news = 1
+          redis.call('EXPIRE', swaps, ARGV[1])
+          redis.call('HSET', last_swap, worker_id, version .. ':' .. swapped_at_s)
+          local seconds, bytes = swapped - announced_at, tonumber(num_bytes)
+          if bytes >= min_bytes and seconds > 0 then
+            redis.call('HSET', throughput, worker_id, tostring(math.min(bytes * 8 / seconds / 1e6, max_mbps)))
+          end
+        end
       end
     end
   end
@@ -91,6 +135,11 @@ return out
 
 OK = 2
 UNKNOWN, WRONG_TOKEN, DEAD = 0, -1, 1
+UNANNOUNCED, OUT_OF_TIME = "unannounced", "time"
+SWAP_IGNORED_REASONS = {-1: UNANNOUNCED, -2: OUT_OF_TIME}
+MAX_CLOCK_SKEW_S = 2.0  # a swap this far before its announcement or after now still counts (clamped to 0)
+MAX_MEASURED_MBPS = 1e6  # a measured download rate is recorded at most this (a 1 ms swap of 4 MiB is not 32 Gbit/s)
+ANNOUNCEMENT_LOOKBACK = 16  # newest announcements a report of a version not recorded yet is looked up in
 MAX_BATCH = 256  # entries per script call: Redis serves nothing else while a script runs (~5 us an entry)
 
 
@@ -111,6 +160,7 @@ class HeartbeatOutcome:
     code: int  # OK, UNKNOWN, WRONG_TOKEN or DEAD
     state: str
     swap_is_news: bool
+    swap_ignored: str | None = None  # why the reported swap was ignored (UNANNOUNCED, OUT_OF_TIME), else None
 
 
 def script_arguments(keys: RunKeys, entries: Sequence[HeartbeatEntry]) -> tuple[list[str], list[str]]:
@@ -118,41 +168,33 @@ def script_arguments(keys: RunKeys, entries: Sequence[HeartbeatEntry]) -> tuple[
     script_keys = [
         keys.worker_leases,
         keys.broadcast_announced,
-        keys.broadcast_times,
-        keys.broadcast_pending,
         keys.broadcast_last_swap,
         keys.broadcast_throughput,
+        keys.name_of(WEIGHTS),
+        keys.broadcast_pending,
+        keys.broadcast_times,
     ]
-    args = [str(SWAPS_TTL_S)]
+    args = [str(SWAPS_TTL_S), repr(MAX_CLOCK_SKEW_S), str(MIN_MEASURED_BYTES), repr(MAX_MEASURED_MBPS)]
+    args += [keys.run_id, PAYLOAD_FIELD.decode(), str(ANNOUNCEMENT_LOOKBACK)]
     for e in entries:
         worker_key = keys.worker(e.worker_id)
         swap = e.swap
         script_keys += (worker_key, keys.broadcast_swaps(swap.policy_version) if swap else worker_key)
         args += (e.worker_id, e.token_sha256, repr(e.now_s), repr(e.expiry_s), json.dumps(e.fields))
         if swap is None:
-            args += ("", "", "", "", "")
+            args += ("", "", "")
         else:
-            seconds = swap.swapped_at_s - swap.announced_at_s
-            mbps = (
-                repr(swap.num_bytes * 8 / seconds / 1e6) if swap.num_bytes >= MIN_MEASURED_BYTES and seconds > 0 else ""
-            )
-            args += (
-                str(swap.policy_version),
-                repr(swap.announced_at_s),
-                repr(swap.swapped_at_s),
-                f"{swap.policy_version}:{swap.swapped_at_s!r}",
-                mbps,
-            )
+            args += (str(swap.policy_version), repr(swap.swapped_at_s), str(swap.num_bytes))
     return script_keys, args
 
 
 def parse_outcomes(flat: Sequence[Any]) -> list[HeartbeatOutcome]:
-    return [
-        HeartbeatOutcome(
-            int(flat[i]), flat[i + 1].decode() if isinstance(flat[i + 1], bytes) else flat[i + 1], bool(flat[i + 2])
-        )
-        for i in range(0, len(flat), 3)
-    ]
+    outcomes = []
+    for i in range(0, len(flat), 3):
+        swap = int(flat[i + 2])
+        state = flat[i + 1].decode() if isinstance(flat[i + 1], bytes) else flat[i + 1]
+        outcomes.append(HeartbeatOutcome(int(flat[i]), state, swap == 1, SWAP_IGNORED_REASONS.get(swap)))
+    return outcomes
 
 
 class HeartbeatBatcher:

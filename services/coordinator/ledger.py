@@ -6,6 +6,8 @@ Layout of `RunKeys.cost_ledger` (one hash, values as strings):
     learner_usd        the learner, billed while its status is starting/training
     worker:<id>        one worker, billed while it is ACTIVE or DRAINING (standby is not billed)
     workers_usd        the sum over workers (kept so a read needs no scan)
+    pruned_workers_usd what workers cost that have since been pruned (services/coordinator/pruning.py):
+                       their `worker:<id>` fields move here, so the totals above never shrink
 
 Billing runs in one Lua script: it bills the seconds since `billed_until_s` (capped at
 `max_billing_gap_s`, so a coordinator that was down does not invent hours of cost) at the rates
@@ -20,32 +22,48 @@ from dataclasses import dataclass
 
 import redis
 
+from services.coordinator.measurements import BAD_MEASUREMENTS, MAX_USD, bounded_hash
 from shared.keys import RunKeys
 
 WORKER_FIELD_PREFIX = "worker:"
+PRUNED_WORKERS_FIELD = "pruned_workers_usd"
 
-# KEYS: ledger. ARGV: now_s, max_gap_s, learner $/h, then (worker id, $/h) pairs. Returns billed seconds.
+# KEYS: ledger. ARGV: now_s, max_gap_s, largest sane amount ($), learner $/h, then (worker id, $/h)
+# pairs. Returns {billed seconds, number of bad stored values reset}. A stored value that is not a
+# finite number within the bound (it would make HINCRBYFLOAT fail on every pass, or stop billing
+# forever) restarts from 0 (the clock: from now).
 _BILL_LUA = """
+local bad = 0
+local function sane(value, limit)
+  local number = tonumber(value or '')
+  if number and number == number and number >= 0 and number <= limit then return number end
+  if value then bad = bad + 1 end
+  return nil
+end
+local function add(field, usd)
+  if not sane(redis.call('HGET', KEYS[1], field), tonumber(ARGV[3])) then redis.call('HSET', KEYS[1], field, '0') end
+  redis.call('HINCRBYFLOAT', KEYS[1], field, usd)
+end
 local now = tonumber(ARGV[1])
-local last = tonumber(redis.call('HGET', KEYS[1], 'billed_until_s') or '')
+local last = sane(redis.call('HGET', KEYS[1], 'billed_until_s'), now + tonumber(ARGV[2]))
 if not last then
   redis.call('HSET', KEYS[1], 'billed_until_s', ARGV[1])
-  return '0'
+  return {'0', bad}
 end
-if now <= last then return '0' end
+if now <= last then return {'0', bad} end
 local dt = math.min(now - last, tonumber(ARGV[2]))
 redis.call('HSET', KEYS[1], 'billed_until_s', ARGV[1])
-local learner = dt * tonumber(ARGV[3]) / 3600
-redis.call('HINCRBYFLOAT', KEYS[1], 'learner_usd', learner)
+local learner = dt * tonumber(ARGV[4]) / 3600
+add('learner_usd', learner)
 local workers = 0
-for i = 4, #ARGV, 2 do
+for i = 5, #ARGV, 2 do
   local usd = dt * tonumber(ARGV[i + 1]) / 3600
-  redis.call('HINCRBYFLOAT', KEYS[1], 'worker:' .. ARGV[i], usd)
+  add('worker:' .. ARGV[i], usd)
   workers = workers + usd
 end
-redis.call('HINCRBYFLOAT', KEYS[1], 'workers_usd', workers)
-redis.call('HINCRBYFLOAT', KEYS[1], 'total_usd', learner + workers)
-return tostring(dt)
+add('workers_usd', workers)
+add('total_usd', learner + workers)
+return {tostring(dt), bad}
 """
 
 
@@ -71,14 +89,23 @@ class CostLedger:
         pairs = [
             item for worker_id, price in worker_prices_per_hour.items() for item in (worker_id, repr(float(price)))
         ]
-        billed = self._bill_script(
+        billed, num_bad = self._bill_script(
             keys=[self.key],
-            args=[repr(now_s), repr(self.max_billing_gap_s), repr(float(learner_price_per_hour)), *pairs],
+            args=[
+                repr(now_s),
+                repr(self.max_billing_gap_s),
+                repr(MAX_USD),
+                repr(float(learner_price_per_hour)),
+                *pairs,
+            ],
         )
+        for _ in range(int(num_bad)):
+            BAD_MEASUREMENTS.count("ledger", "reset to 0")
         return float(billed)
 
     def totals(self) -> LedgerTotals:
-        raw = {_text(k): float(_text(v)) for k, v in self.redis.hgetall(self.key).items()}
+        """The totals as stored; a bad stored value (services/coordinator/measurements.py) reads as 0."""
+        raw = bounded_hash(self.redis.hgetall(self.key), "ledger", 0.0, MAX_USD)
         return LedgerTotals(
             total_usd=raw.get("total_usd", 0.0),
             learner_usd=raw.get("learner_usd", 0.0),
@@ -88,7 +115,3 @@ class CostLedger:
             },
             billed_until_s=raw.get("billed_until_s", 0.0),
         )
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

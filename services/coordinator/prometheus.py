@@ -10,8 +10,10 @@ from fastapi import FastAPI
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from services.coordinator.announcements import IGNORED_SWAPS
 from services.coordinator.capacity_view import recent_broadcast_s
 from services.coordinator.control import ControlPlane, ControlSnapshot
+from services.coordinator.measurements import BAD_MEASUREMENTS
 from shared.api import WorkerState
 from shared.metrics import PREFIX, CallbackCollector, gauge, learner_families, new_registry, stream_depth_families
 
@@ -20,12 +22,45 @@ def install_metrics(app: FastAPI, control: ControlPlane) -> None:
     """`app.state.metrics_registry`: what GET /metrics exposes, collected at each scrape."""
 
     def families() -> Iterator[Metric]:
+        yield from hostile_input_families(control)
         yield from coordinator_families(control)
         fast_path = getattr(app, "heartbeat_fast_path", None)  # CoordinatorAPI's
         if fast_path is not None:
             yield from heartbeat_families(fast_path.batcher_counts())
 
     app.state.metrics_registry = new_registry(CallbackCollector(families))
+
+
+def hostile_input_families(control: ControlPlane) -> Iterator[Metric]:
+    """What the coordinator dropped or refused: bad stored measurements, ignored swap reports, throttled
+    registrations, pruned workers (issue 10, item 8)."""
+    bad = CounterMetricFamily(
+        PREFIX + "coordinator_bad_measurements",
+        "stored values dropped as non-finite, unparsable or out of bounds (services/coordinator/measurements.py)",
+        labels=["source"],
+    )
+    for source, count in sorted(BAD_MEASUREMENTS.counts().items()):
+        bad.add_metric([source], count)
+    yield bad
+    ignored = CounterMetricFamily(
+        PREFIX + "coordinator_ignored_swap_reports",
+        "weight swaps reported by workers and ignored: version never announced, or time out of bounds",
+        labels=["reason"],
+    )
+    for reason, count in sorted(IGNORED_SWAPS.counts().items()):
+        ignored.add_metric([reason], count)
+    yield ignored
+    coordinator = control.coordinator
+    yield CounterMetricFamily(
+        PREFIX + "coordinator_registrations_throttled",
+        "registrations refused with 429 by the rate limit",
+        value=coordinator.registration_limit.num_refused,
+    )
+    yield CounterMetricFamily(
+        PREFIX + "coordinator_pruned_workers",
+        "dead workers forgotten after the retention period",
+        value=control.pruner.num_pruned,
+    )
 
 
 def heartbeat_families(counts: tuple[int, int]) -> Iterator[Metric]:

@@ -1,15 +1,16 @@
-"""Where the coordinator listens and the admin secret; everything else comes from `ServiceSettings`."""
+"""Where the coordinator listens and its secrets; everything else comes from `ServiceSettings`."""
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from shared.config import ServiceSettings
 
 
 class CoordinatorSettings(ServiceSettings):
-    """Read from `RL_*` environment variables. `RL_ADMIN_TOKEN` is a required secret: no default."""
+    """Read from `RL_*` environment variables. `RL_ADMIN_TOKEN` is a required secret: no default.
+    `RL_JOIN_TOKEN` is required too, unless `RL_OPEN_REGISTRATION=true` says anyone may join (dev only)."""
 
     # populate_by_name: code and tests may pass host=..., the environment uses the RL_COORDINATOR_* names
     model_config = SettingsConfigDict(env_prefix="RL_", extra="ignore", populate_by_name=True)
@@ -19,6 +20,18 @@ class CoordinatorSettings(ServiceSettings):
     admin_token: SecretStr = Field(
         min_length=16, validation_alias="RL_ADMIN_TOKEN", description="bearer token of admin calls (deregister others)"
     )
+    join_token: SecretStr | None = Field(
+        None,
+        min_length=16,
+        validation_alias="RL_JOIN_TOKEN",
+        description="secret a worker sends (header X-RL-Join-Token) to register; required unless open_registration",
+    )
+    open_registration: bool = Field(
+        False,
+        validation_alias="RL_OPEN_REGISTRATION",
+        description="dev only: anyone who reaches the coordinator may register (no join token)",
+    )
+
     redis_acl: bool = Field(
         False,
         validation_alias="RL_REDIS_ACL",
@@ -43,3 +56,13 @@ class CoordinatorSettings(ServiceSettings):
         validation_alias="RL_DRAIN_GRACE_S",
         description="with RL_REDIS_ACL: a worker draining this long loses its Redis user even if it still heartbeats",
     )
+
+    @model_validator(mode="after")
+    def _join_token_unless_open(self) -> CoordinatorSettings:
+        if self.join_token is None and not self.open_registration:
+            raise ValueError("RL_JOIN_TOKEN is required (or set RL_OPEN_REGISTRATION=true for an open dev cluster)")
+        return self
+
+    def join_token_value(self) -> str | None:
+        """The join token, or None when registration is open."""
+        return None if self.join_token is None else self.join_token.get_secret_value()

@@ -12,14 +12,16 @@ heartbeat racing the sweeper either extends a live lease or finds the worker dea
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping
 from enum import Enum
 
 import redis
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 from redis.typing import EncodableT
 
+from services.coordinator.announcements import IGNORED_SWAPS, Announcements
 from services.coordinator.broadcast_times import BroadcastTimes
 from services.coordinator.heartbeat_batch import (
     DEAD,
@@ -28,6 +30,12 @@ from services.coordinator.heartbeat_batch import (
     HeartbeatEntry,
     parse_outcomes,
     script_arguments,
+)
+from services.coordinator.measurements import (
+    BAD_MEASUREMENTS,
+    WORKER_INT_FIELDS,
+    WORKER_NUMBER_FIELDS,
+    sanitize_worker_record,
 )
 from shared.api import HeartbeatRequest, RegisterWorkerRequest, WorkerInfo, WorkerState
 from shared.keys import RunKeys
@@ -96,6 +104,26 @@ for i = 2, #ARGV do
 end
 return cjson.encode(out)
 """
+
+# KEYS: worker hash, leases, worker ids. ARGV: worker id, the presented token's sha256, now_s, expiry_s,
+# state, the new token's sha256, then (field, value) pairs of the registration. Revives a known worker
+# whose stored token digest is the presented one, if it is dead, active or standby (any other state,
+# e.g. one an operator or the trust score put it in, is not the worker's to leave by rejoining).
+# Returns 1 revived, 0 unknown, -1 wrong token, -2 not revivable in its state.
+_REVIVE_LUA = """
+local digest = redis.call('HGET', KEYS[1], 'token_sha256')
+if not digest then return 0 end
+if digest ~= ARGV[2] then return -1 end
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'dead' and state ~= 'active' and state ~= 'standby' then return -2 end
+redis.call('HSET', KEYS[1], 'state', ARGV[5], 'state_since_s', ARGV[3], 'last_heartbeat_s', ARGV[3],
+  'lease_expires_at_s', ARGV[4], 'token_sha256', ARGV[6])
+for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
+redis.call('SADD', KEYS[3], ARGV[1])
+return 1
+"""
+REVIVED, REVIVE_UNKNOWN, REVIVE_WRONG_TOKEN, REVIVE_REFUSED = 1, 0, -1, -2
 _WORKER_LIST = TypeAdapter(list[WorkerInfo])
 LIST_CHUNK = 100  # workers per script call: Redis serves no heartbeat while one runs (~5 ms each)
 
@@ -112,6 +140,8 @@ class WorkerRegistry:
         self._expire_script = client.register_script(_EXPIRE_LUA)
         self._set_state_script = client.register_script(_SET_STATE_LUA)
         self._list_script = client.register_script(_LIST_LUA)
+        self._revive_script = client.register_script(_REVIVE_LUA)
+        self.announcements = Announcements(client, keys)  # the versions a swap report may name
 
     # writing
     def register(
@@ -131,7 +161,7 @@ class WorkerRegistry:
             last_heartbeat_s=now_s,
             lease_expires_at_s=now_s + self.lease_s,
             token_sha256=token_sha256,
-            **request.model_dump(),
+            **request.model_dump(exclude={"previous_worker_id"}),
         )
         with self.redis.pipeline(transaction=True) as pipe:
             fields: dict[EncodableT, EncodableT] = dict(_to_redis_fields(record.model_dump()).items())
@@ -140,6 +170,28 @@ class WorkerRegistry:
             pipe.zadd(self.keys.worker_leases, {worker_id: record.lease_expires_at_s})
             pipe.execute()
         return record.public()
+
+    def revive(
+        self,
+        worker_id: str,
+        request: RegisterWorkerRequest,
+        presented_token_sha256: str,
+        new_token_sha256: str,
+        state: WorkerState = WorkerState.ACTIVE,
+    ) -> int:
+        """A returning worker (its lease ran out, or the coordinator lost it for a while) takes its own
+        record back: same id, same totals and registration time; a fresh lease, `state`, the new token's
+        digest and the registration's fields. Checked and applied in one script, so the presented token
+        is the one stored at that moment. Returns REVIVED, REVIVE_UNKNOWN (no such record: pruned or
+        never known), REVIVE_WRONG_TOKEN or REVIVE_REFUSED (its state is not dead, active or standby)."""
+        now_s = self.clock()
+        fields = _to_redis_fields(request.model_dump(exclude={"previous_worker_id"}))
+        args: list[EncodableT] = [worker_id, presented_token_sha256, repr(now_s), repr(now_s + self.lease_s)]
+        args += [state.value, new_token_sha256, *(item for pair in fields.items() for item in pair)]
+        outcome = self._revive_script(
+            keys=[self.keys.worker(worker_id), self.keys.worker_leases, self.keys.worker_ids], args=args
+        )
+        return int(outcome)
 
     def heartbeat(self, worker_id: str, request: HeartbeatRequest) -> WorkerInfo:
         """Extend the lease by `lease_s` and record what the worker reports. Raises UnknownWorkerError or
@@ -168,6 +220,8 @@ class WorkerRegistry:
             raise WorkerDeadError(f"worker {worker_id} is dead (its lease expired); register again")
         if outcome.swap_is_news:  # T_bcast bookkeeping: services/coordinator/broadcast_times.py
             BroadcastTimes(self.redis, self.keys).complete_pending(self.list_workers())
+        if outcome.swap_ignored is not None:
+            IGNORED_SWAPS.count(outcome.swap_ignored)
         return WorkerState(outcome.state), entry.expiry_s
 
     def deregister(self, worker_id: str) -> None:
@@ -233,7 +287,7 @@ class WorkerRegistry:
         records: list[WorkerInfo] = []
         for start in range(0, len(worker_ids), LIST_CHUNK):
             raw = self._list_script(keys=[], args=[self.keys.worker(""), *worker_ids[start : start + LIST_CHUNK]])
-            records.extend(_WORKER_LIST.validate_json(raw if raw not in (b"{}", "{}") else b"[]"))  # cjson: [] is {}
+            records.extend(_parse_worker_list(raw if raw not in (b"{}", "{}") else b"[]"))  # cjson: [] is {}
         return sorted(records, key=lambda r: (r.registered_at_s, r.worker_id))
 
     def ensure_known(self, worker_id: str) -> None:
@@ -269,7 +323,36 @@ def _to_redis_fields(values: Mapping[str, object]) -> dict[str, str]:
 
 
 def _record_from_redis(raw: Mapping[bytes | str, bytes | str]) -> WorkerRecord:
-    return WorkerRecord.model_validate({_text(name): _text(value) for name, value in raw.items()})
+    return WorkerRecord.model_validate(
+        sanitize_worker_record({_text(name): _text(value) for name, value in raw.items()})
+    )
+
+
+def _parse_worker_list(raw: bytes | str) -> list[WorkerInfo]:
+    """The list script's JSON, validated in one pass; only when a record holds a bad value (unparsable,
+    non-finite, out of bounds: services/coordinator/measurements.py) record by record, its bad numbers
+    replaced and counted, a record that still does not validate left out (and counted)."""
+    try:
+        records = _WORKER_LIST.validate_json(raw)
+        if all(_numbers_in_bounds(record) for record in records):
+            return records
+    except ValidationError:
+        pass
+    parsed = json.loads(raw)
+    out: list[WorkerInfo] = []
+    for item in parsed if isinstance(parsed, list) else []:
+        try:
+            out.append(WorkerInfo.model_validate(sanitize_worker_record(item)))
+        except ValidationError:
+            BAD_MEASUREMENTS.count("worker.record", item.get("worker_id", "?"))
+    return out
+
+
+def _numbers_in_bounds(record: WorkerInfo) -> bool:
+    for name, (low, high, _) in WORKER_NUMBER_FIELDS.items():
+        if not low <= getattr(record, name) <= high:  # NaN fails every comparison
+            return False
+    return all(low <= getattr(record, name) <= high for name, (low, high, _) in WORKER_INT_FIELDS.items())
 
 
 def _text(value: object) -> str:

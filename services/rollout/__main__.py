@@ -2,7 +2,8 @@
 verified policy weights, and publishes them to `rollouts`.
 
     RL_COORDINATOR_URL=http://<host>:<port> RL_REDIS_URL=redis://<host>:<port>/0 RL_WEIGHTS_PUBLIC_KEY=...
-    RL_RUN_CONFIG=<run.toml> RL_RUN_ID=<run id> RL_MODEL_DIR=<model folder> python -m services.rollout
+    RL_JOIN_TOKEN=<the cluster's join token> RL_RUN_CONFIG=<run.toml> RL_RUN_ID=<run id>
+    RL_MODEL_DIR=<model folder> python -m services.rollout
 
 (`python -m cluster.join` does this with the settings of the newest local cluster, runs/latest/cluster.env.)
 RL_REDIS_URL needs no credentials where the coordinator runs with RL_REDIS_ACL=true: registration issues

@@ -4,8 +4,12 @@ Errors form one family so callers can pick a policy per kind:
 - CoordinatorUnavailableError: network error, timeout or 5xx; retry with backoff (`shared.retry.Backoff`).
 - WorkerExpiredError: 410, the coordinator declared this worker dead (or, WorkerUnknownError, 404 on a
   heartbeat: it has no record of it); register again.
+- RegistrationThrottledError (a CoordinatorUnavailableError): 429, registrations come too fast; retry
+  after its `retry_after_s` (the answer's Retry-After).
+- IdentityRejectedError (a CoordinatorRejectedError): 403 on a rejoin, the token is not the previous
+  id's; register as a new worker.
 - CoordinatorRejectedError: any other non-success answer or a malformed body; a bug or a misconfiguration
-  (bad token, bad request), not retried.
+  (bad token, wrong join token, bad request), not retried.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from shared.api import (
+    JOIN_TOKEN_HEADER,
     HeartbeatRequest,
     HeartbeatResponse,
     RegisterWorkerRequest,
@@ -43,17 +48,49 @@ class WorkerUnknownError(WorkerExpiredError):
     Redis lost the run state); like an expiry, the worker must register again."""
 
 
+class RegistrationThrottledError(CoordinatorUnavailableError):
+    """429: the coordinator admits registrations at a bounded rate; try again after `retry_after_s`."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class CoordinatorRejectedError(CoordinatorError):
     """The coordinator refused the request (4xx other than 410) or answered something unreadable."""
 
 
+class IdentityRejectedError(CoordinatorRejectedError):
+    """403 on a rejoin: the token presented is not the previous worker id's."""
+
+
+MAX_RETRY_AFTER_S = 60.0  # a Retry-After beyond this (or unreadable) is taken as this
+
+
 class CoordinatorClient:
-    def __init__(self, base_url: str, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float = 5.0,
+        transport: httpx.BaseTransport | None = None,
+        join_token: str | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.join_token = join_token  # sent with every registration (None: the coordinator's is open)
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, transport=transport)
 
-    def register(self, request: RegisterWorkerRequest) -> RegisterWorkerResponse:
-        response = self._send("POST", "/v1/workers", json=request.model_dump(mode="json"))
+    def register(self, request: RegisterWorkerRequest, previous_token: str | None = None) -> RegisterWorkerResponse:
+        """Join the run; rejoining as `request.previous_worker_id`, send its `previous_token`."""
+        headers = {} if self.join_token is None else {JOIN_TOKEN_HEADER: self.join_token}
+        if previous_token is not None:
+            headers |= _bearer(previous_token)
+        response = self._send("POST", "/v1/workers", json=request.model_dump(mode="json"), headers=headers)
+        if response.status_code == 429:
+            raise RegistrationThrottledError(
+                f"registration: HTTP 429: {response.text[:200]}", _retry_after_s(response.headers.get("Retry-After"))
+            )
+        if response.status_code == 403 and request.previous_worker_id is not None:
+            raise IdentityRejectedError(f"rejoin as {request.previous_worker_id}: HTTP 403: {response.text[:200]}")
         return _parse(response, 201, RegisterWorkerResponse)
 
     def heartbeat(self, worker_id: str, token: str, request: HeartbeatRequest) -> HeartbeatResponse:
@@ -80,6 +117,15 @@ class CoordinatorClient:
             return self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:  # connect/read errors and timeouts: all transient from here
             raise CoordinatorUnavailableError(f"{method} {self.base_url}{path}: {type(exc).__name__}: {exc}") from exc
+
+
+def _retry_after_s(value: str | None) -> float:
+    """Retry-After in seconds (the HTTP-date form is not used by the coordinator: taken as the maximum)."""
+    try:
+        seconds = float(value) if value is not None else 1.0
+    except ValueError:
+        return MAX_RETRY_AFTER_S
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S) if seconds == seconds else MAX_RETRY_AFTER_S
 
 
 def _bearer(token: str) -> dict[str, str]:

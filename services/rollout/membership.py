@@ -3,8 +3,12 @@
 Policies at this boundary:
 - CoordinatorUnavailableError: retry with exponential backoff (registration blocks until it succeeds or
   the worker is stopping; heartbeats keep the interval and back off in between).
+- RegistrationThrottledError (429): registrations come too fast; wait at least its Retry-After (plus
+  jitter, so a fleet coming back after an outage spreads out), then try again.
 - WorkerExpiredError (410, or 404 on a heartbeat): the coordinator declared us dead (e.g. we were
-  partitioned longer than the lease) or lost our record; register again, carry on under the new id.
+  partitioned longer than the lease) or lost our record; register again as ourselves (the previous id
+  and token: the coordinator revives our record, same id and totals). If it no longer knows the id it
+  gives a new one; if it refuses the token (403), we register as a new worker.
 - Anything else (CoordinatorRejectedError: bad token, bad body): a bug or misconfiguration; the heartbeat
   thread stops and `raise_if_failed` re-raises it in the main loop.
 
@@ -18,6 +22,7 @@ deregisters and exits, exactly as on SIGTERM.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from collections.abc import Callable
 
@@ -25,6 +30,8 @@ from services.rollout.coordinator_client import (
     CoordinatorClient,
     CoordinatorError,
     CoordinatorUnavailableError,
+    IdentityRejectedError,
+    RegistrationThrottledError,
     WorkerExpiredError,
 )
 from shared.api import (
@@ -83,20 +90,37 @@ class Membership:
         return self.state in (WorkerState.STANDBY, WorkerState.QUARANTINED)
 
     def register(self) -> RegisterWorkerResponse:
-        """Register, retrying while the coordinator is unavailable; raises NotRegisteredError if stopped first."""
+        """Register (as the worker we were, if we were registered before), retrying while the coordinator
+        is unavailable or throttling; raises NotRegisteredError if stopped first."""
         backoff = Backoff(max_s=COORDINATOR_MAX_BACKOFF_S)
+        with self._lock:
+            previous = self._registration
         while not self.stopping.is_set():
+            request, previous_token = self.request, None
+            if previous is not None:
+                request = self.request.model_copy(update={"previous_worker_id": previous.worker_id})
+                previous_token = previous.token
             try:
-                registration = self.client.register(self.request)
+                registration = self.client.register(request, previous_token=previous_token)
+            except RegistrationThrottledError as exc:
+                delay_s = max(exc.retry_after_s, backoff.next_delay_s()) * random.uniform(1.0, 1.5)
+                log.info("registration throttled (%s); retrying in %.1fs", exc, delay_s)
+                self.stopping.wait(delay_s)
+                continue
             except CoordinatorUnavailableError as exc:
                 backoff.wait(self.stopping, exc, "registration with the coordinator")
+                continue
+            except IdentityRejectedError as exc:
+                log.warning("%s; registering as a new worker", exc)
+                previous = None
                 continue
             with self._lock:
                 self._registration = registration
                 self.num_registrations += 1
             self.obey(registration.state)
             log.info(
-                "registered as %s (lease %.1fs, heartbeat every %.1fs, staleness bound %d)",
+                "%s %s (lease %.1fs, heartbeat every %.1fs, staleness bound %d)",
+                "rejoined as" if registration.rejoined else "registered as",
                 registration.worker_id,
                 registration.lease_s,
                 registration.heartbeat_interval_s,

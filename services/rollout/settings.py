@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from shared.config import EngineKind, ModelConfig, ServiceSettings, resolve_model_dir
 from shared.signing import KEY_HEX_PATTERN, Ed25519PublicKey, load_public_key
@@ -20,6 +20,9 @@ class RolloutSettings(ServiceSettings):
     weights_public_key: str = Field(
         pattern=KEY_HEX_PATTERN,
         description="the learner's Ed25519 public key (hex of 32 bytes) that verifies weight manifests",
+    )
+    join_token: SecretStr | None = Field(
+        None, description="the cluster's join token, sent to register (RL_JOIN_TOKEN; None: open registration)"
     )
     worker_engine: EngineKind | None = Field(
         None, description="inference engine (torch, vllm, auto); overrides the run file's [rollout] engine"
@@ -43,6 +46,9 @@ class RolloutSettings(ServiceSettings):
 
     def public_key(self) -> Ed25519PublicKey:
         return load_public_key(self.weights_public_key)
+
+    def join_token_value(self) -> str | None:
+        return None if self.join_token is None else self.join_token.get_secret_value()
 
     def resolved_model_dir(self, model: ModelConfig) -> Path:
         return resolve_model_dir(self.model_dir, model, self.run_dir)

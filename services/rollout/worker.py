@@ -115,7 +115,10 @@ class RolloutWorker:
         )
         self.coordinator = CoordinatorClient(settings.coordinator_url)
         self.membership = Membership(
-            CoordinatorClient(settings.coordinator_url), self._registration_request(), self.report, self.stopping
+            CoordinatorClient(settings.coordinator_url, join_token=settings.join_token_value()),
+            self._registration_request(),
+            self.report,
+            self.stopping,
         )
         self.consumer_name = f"{settings.worker_name}-{uuid.uuid4().hex[:8]}"
         self.num_groups_done = 0

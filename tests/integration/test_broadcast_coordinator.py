@@ -23,7 +23,7 @@ from shared.config import RunConfig
 from shared.keys import RunKeys
 from shared.messages import WeightsPublished
 from shared.streams import WEIGHTS
-from tests.coordinator_rest import ADMIN_TOKEN, register
+from tests.coordinator_rest import ADMIN_TOKEN, announce, register
 
 pytestmark = pytest.mark.integration
 
@@ -106,8 +106,12 @@ def test_the_plan_chains_workers_by_bandwidth_and_follows_joins_and_deaths(
 def test_swap_reports_in_heartbeats_become_the_broadcast_time_of_each_version(
     api: httpx.Client, redis_client: redis.Redis, keys: RunKeys
 ) -> None:
+    announced_at_s = time.time() - 10  # the learner's clock: every swap below happened before now
     first, second = register_relay(api, "first", 100), register_relay(api, "second", 100)
-    announced_at_s = time.time()
+    for version, after_s in ((3, 0.0), (4, 3.0), (5, 4.0)):
+        announce(redis_client, keys.run_id, version, announced_at_s + after_s)
+    redis_client.hset(keys.worker(first.worker_id), "registered_at_s", repr(announced_at_s - 1))
+    redis_client.hset(keys.worker(second.worker_id), "registered_at_s", repr(announced_at_s - 1))
 
     heartbeat(api, first, policy_version=3, announced_at_s=announced_at_s, swapped_at_s=announced_at_s + 1.5)
     assert redis_client.hget(keys.broadcast_times, "3") is None  # the second worker has not swapped yet
@@ -122,7 +126,7 @@ def test_swap_reports_in_heartbeats_become_the_broadcast_time_of_each_version(
     heartbeat(api, first, policy_version=5, announced_at_s=announced_at_s + 4, swapped_at_s=announced_at_s + 4.2)
     heartbeat(api, second, policy_version=5, announced_at_s=announced_at_s + 4, swapped_at_s=announced_at_s + 4.9)
     late = register_relay(api, "late", 100)  # joined after version 5 was announced: not part of its broadcast
-    heartbeat(api, late, policy_version=5, announced_at_s=announced_at_s + 4, swapped_at_s=time.time() + 60)
+    heartbeat(api, late, policy_version=5, announced_at_s=announced_at_s + 4, swapped_at_s=time.time())
 
     times = BroadcastTimesResponse.model_validate(api.get("/v1/broadcast/times").json())
     assert times.seconds_by_version == {3: pytest.approx(2.25), 4: pytest.approx(0.5), 5: pytest.approx(0.9)}

@@ -5,11 +5,13 @@ redis-server."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
+from shared.api import JOIN_TOKEN_HEADER
 from shared.config import RunConfig
 from tests.coordinator_rest import ADMIN_TOKEN, ServeCoordinator, bearer, register
 
@@ -100,4 +102,34 @@ def test_a_streamed_body_without_a_length_is_cut_off_at_the_limit(api: httpx.Cli
 
     response = api.post("/v1/workers", content=megabytes(), headers={"content-type": "application/json"})
     assert response.status_code == 413, response.text[:200]
+    assert_control_plane_answers(api)
+
+
+@pytest.mark.parametrize(
+    "join_token",
+    ["", "x" * 300, "test-join-token-012345678", "TEST-JOIN-TOKEN-0123456789"],
+    ids=["empty", "huge", "one-short", "wrong-case"],
+)
+def test_a_registration_with_a_near_miss_join_token_is_refused(api: httpx.Client, join_token: str) -> None:
+    response = api.post("/v1/workers", json={"name": "w"}, headers={JOIN_TOKEN_HEADER: join_token})
+    assert response.status_code in (401, 422), response.text
+    assert "x" * 300 not in response.text  # the token is never echoed
+    assert api.get("/v1/workers").json() == []
+
+
+@pytest.mark.parametrize(
+    "previous_worker_id",
+    ["", "w\ud800", "x" * 65, "w-0123.456"],
+    ids=["empty", "surrogate", "too-long", "dotted"],
+)
+def test_a_rejoin_claim_with_a_hostile_id_is_refused_and_creates_nothing(
+    api: httpx.Client, previous_worker_id: str
+) -> None:
+    body = json.dumps({"name": "w", "previous_worker_id": previous_worker_id})
+    response = api.post(
+        "/v1/workers", content=body, headers={**bearer("w-0123.456"), "content-type": "application/json"}
+    )
+    assert response.status_code in (201, 422), response.text
+    if response.status_code == 201:  # an id it does not know: a new worker, never the claimed one
+        assert response.json()["worker_id"] != previous_worker_id and response.json()["rejoined"] is False
     assert_control_plane_answers(api)

@@ -16,6 +16,7 @@ from services.coordinator.redis_script import ScriptConnection, pack_command
 from services.coordinator.worker_registry import WorkerRegistry
 from shared.api import RegisterWorkerRequest, WeightSwapReport, WorkerState
 from shared.keys import RunKeys
+from tests.coordinator_rest import announce
 
 pytestmark = pytest.mark.integration
 
@@ -139,6 +140,7 @@ def test_concurrent_heartbeats_share_script_calls_and_each_gets_its_own_outcome(
     registry.register("standby", RegisterWorkerRequest(name="s"), token_sha256="digest-s", state=WorkerState.STANDBY)
     registry.register("expired", RegisterWorkerRequest(name="e"), token_sha256="digest-e")
     redis_client.zadd(keys.worker_leases, {"expired": now_s - 1.0})  # its lease ran out a second ago
+    announce(redis_client, keys.run_id, 7, now_s - 2.0)
     entries = [entry(f"w{i}", f"digest-{i}", now_s, samples_per_s=float(i)) for i in range(40)] + [
         entry("standby", "digest-s", now_s, swap_version=7),
         entry("w0", "someone-elses-digest", now_s),
@@ -174,6 +176,8 @@ def test_concurrent_heartbeats_share_script_calls_and_each_gets_its_own_outcome(
 def test_a_swap_is_news_once(redis_client: redis.Redis, keys: RunKeys) -> None:
     registry = WorkerRegistry(redis_client, keys, lease_s=30.0)
     registry.register("w", RegisterWorkerRequest(name="w"), token_sha256="d")
+    for version in (3, 4):
+        announce(redis_client, keys.run_id, version, registry.clock() - 2.0)
     batcher = HeartbeatBatcher(redis_client, keys)
 
     async def beat_three_times() -> list[bool]:

@@ -35,7 +35,7 @@ from shared.config import (
 from shared.keys import RunKeys
 from shared.messages import LearnerState, TaskGroup
 from shared.streams import LEARNER_STATE, ROLLOUTS, TASKS
-from tests.coordinator_rest import ADMIN_TOKEN
+from tests.coordinator_rest import ADMIN_TOKEN, JOIN_HEADERS, JOIN_TOKEN
 from tests.polling import CallCounter, wait_for
 from tests.weights_keys import PUBLIC_KEY_HEX, SIGNING_KEY
 
@@ -144,6 +144,7 @@ def test_a_drained_worker_process_finishes_its_batch_loses_no_task_and_leaves(
     env = {
         **os.environ,
         "RL_WEIGHTS_PUBLIC_KEY": PUBLIC_KEY_HEX,
+        "RL_JOIN_TOKEN": JOIN_TOKEN,
         "RL_COORDINATOR_URL": coordinator_url,
         "RL_REDIS_URL": redis_server.url,
         "RL_RUN_CONFIG": str(run_file),
@@ -155,7 +156,7 @@ def test_a_drained_worker_process_finishes_its_batch_loses_no_task_and_leaves(
     try:
         wait_for(lambda: len(rollout_task_ids(bus, keys)) >= 8, "the worker process publishes groups", timeout_s=60)
         [worker] = workers_named(coordinator_url, "to-drain")
-        other = httpx.post(f"{coordinator_url}/v1/workers", json={"name": "other"}).json()
+        other = httpx.post(f"{coordinator_url}/v1/workers", json={"name": "other"}, headers=JOIN_HEADERS).json()
 
         refused = httpx.post(
             f"{coordinator_url}/v1/workers/{worker['worker_id']}/drain",
@@ -194,6 +195,7 @@ def test_a_drained_worker_process_finishes_its_batch_loses_no_task_and_leaves(
     # a second worker takes over: every task ends up sampled exactly once
     settings = RolloutSettings(
         weights_public_key=PUBLIC_KEY_HEX,
+        join_token=JOIN_TOKEN,
         coordinator_url=coordinator_url,
         redis_url=redis_server.url,
         model_dir=model_dir,
@@ -224,7 +226,7 @@ def test_a_standby_worker_keeps_heartbeating_and_fresh_weights_but_takes_no_task
     model_dir: Path,
 ) -> None:
     # a free worker already covers the requirement (R / T_train = 32 samples/s, target 38.4)
-    free = httpx.post(f"{coordinator_url}/v1/workers", json={"name": "free"}).json()
+    free = httpx.post(f"{coordinator_url}/v1/workers", json={"name": "free"}, headers=JOIN_HEADERS).json()
     httpx.post(
         f"{coordinator_url}/v1/workers/{free['worker_id']}/heartbeat",
         headers={"Authorization": f"Bearer {free['token']}"},
@@ -233,6 +235,7 @@ def test_a_standby_worker_keeps_heartbeating_and_fresh_weights_but_takes_no_task
     wait_for(lambda: httpx.get(f"{coordinator_url}/v1/capacity").json()["known"], "the planner knows the requirement")
     settings = RolloutSettings(
         weights_public_key=PUBLIC_KEY_HEX,
+        join_token=JOIN_TOKEN,
         coordinator_url=coordinator_url,
         redis_url=redis_server.url,
         model_dir=model_dir,

@@ -30,7 +30,7 @@ from shared.keys import RunKeys
 from shared.messages import LearnerState, RolloutGroup, TaskGroup, WeightsPublished
 from shared.streams import DEAD, LEARNER_STATE, ROLLOUTS, TASKS, WEIGHTS
 from shared.weights import build_manifest
-from tests.coordinator_rest import ServeCoordinator
+from tests.coordinator_rest import JOIN_TOKEN, ServeCoordinator
 from tests.manual_clock import ManualClock
 from tests.polling import CallCounter, wait_for
 from tests.weights_keys import PUBLIC_KEY_HEX, SIGNING_KEY
@@ -135,6 +135,7 @@ def test_worker_samples_with_announced_versions_gates_on_staleness_and_dead_lett
 ) -> None:
     settings = RolloutSettings(
         weights_public_key=PUBLIC_KEY_HEX,
+        join_token=JOIN_TOKEN,
         coordinator_url=coordinator_url,
         redis_url=redis_server.url,
         model_dir=model_dir,
@@ -201,7 +202,7 @@ def test_worker_samples_with_announced_versions_gates_on_staleness_and_dead_lett
     assert worker_info(coordinator_url, worker_id) is None  # deregistered on the way out
 
 
-def test_a_worker_declared_dead_registers_again(
+def test_a_worker_declared_dead_rejoins_under_its_own_id(
     serve_coordinator: ServeCoordinator, keys: RunKeys, clock: ManualClock
 ) -> None:
     run = RunConfig(
@@ -209,13 +210,18 @@ def test_a_worker_declared_dead_registers_again(
     )
     url = serve_coordinator(run, lease_clock=clock).url
     membership = Membership(
-        CoordinatorClient(url), RegisterWorkerRequest(name="flaky"), HeartbeatRequest, threading.Event()
+        CoordinatorClient(url, join_token=JOIN_TOKEN),
+        RegisterWorkerRequest(name="flaky"),
+        HeartbeatRequest,
+        threading.Event(),
     )
     first_id = membership.register().worker_id
     clock.advance(6.0)  # the lease runs out before the first heartbeat, which finds the worker dead (410)
     membership.start_heartbeats()
     wait_for(lambda: membership.num_registrations >= 2, "re-registration after 410")
-    assert membership.worker_id != first_id
+    assert membership.worker_id == first_id  # revived: same id (issue 10: one worker per process)
+    assert membership.registration.rejoined
+    assert [w["worker_id"] for w in httpx.get(f"{url}/v1/workers").json()] == [first_id]
     membership.raise_if_failed()
     membership.leave()
 
@@ -259,6 +265,7 @@ def run_worker_process_to_version_0(
     env = {
         **os.environ,
         "RL_WEIGHTS_PUBLIC_KEY": PUBLIC_KEY_HEX,
+        "RL_JOIN_TOKEN": JOIN_TOKEN,
         "RL_COORDINATOR_URL": coordinator_url,
         "RL_REDIS_URL": redis_url,
         "RL_RUN_CONFIG": str(run_file),

@@ -19,6 +19,7 @@ from shared.bus import StreamBus, connect
 from shared.config import CoordinatorConfig, RolloutConfig, RunConfig, ScheduleConfig
 from shared.keys import RunKeys
 from shared.streams import TASKS
+from tests.coordinator_rest import JOIN_TOKEN
 from tests.hf_folders import build_char_folder
 from tests.integration.test_rollout_worker import (
     STALENESS_BOUND,
@@ -76,6 +77,7 @@ def test_a_vllm_worker_samples_with_each_announced_version(
 
     settings = RolloutSettings(
         weights_public_key=PUBLIC_KEY_HEX,
+        join_token=JOIN_TOKEN,
         coordinator_url=coordinator_url,
         redis_url=redis_server.url,
         model_dir=model_dir,

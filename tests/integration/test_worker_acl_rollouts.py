@@ -1,6 +1,6 @@
 """A real rollout worker on a Redis with ACLs on: it opens no Redis connection before registering, works as
-the user the coordinator issued it, signs what it publishes, and, declared dead and revoked, registers
-again and carries on with the new user and key. Real redis-server, the real coordinator app under
+the user the coordinator issued it, signs what it publishes, and, declared dead and revoked, rejoins as
+itself (same id and rollout key) and carries on with its user's new password. Real redis-server, the real coordinator app under
 uvicorn, the tiny policy, weights published by the learner's own WeightPublisher."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from shared.config import CoordinatorConfig, GRPOConfig, RolloutConfig, RunConfi
 from shared.messages import LearnerState, TaskGroup
 from shared.streams import LEARNER_STATE, ROLLOUTS, TASKS
 from tests.acl_redis import AclRedis
-from tests.coordinator_rest import served_coordinator
+from tests.coordinator_rest import JOIN_TOKEN, served_coordinator
 from tests.manual_clock import ManualClock
 from tests.polling import wait_for
 from tests.weights_keys import PUBLIC_KEY_HEX, SIGNING_KEY
@@ -82,6 +82,7 @@ def test_a_worker_works_as_its_issued_user_and_again_after_it_was_revoked(acl_re
     with served_coordinator(run, coordinator_redis, lease_clock=clock, access=access) as coordinator:
         settings = RolloutSettings(
             weights_public_key=PUBLIC_KEY_HEX,
+            join_token=JOIN_TOKEN,
             coordinator_url=coordinator.url,
             redis_url=acl_redis.server.url,  # no credentials: the default user is off
             model_dir=model_dir,
@@ -98,14 +99,15 @@ def test_a_worker_works_as_its_issued_user_and_again_after_it_was_revoked(acl_re
             check.verify(first[0])  # signed with the key its registration issued
 
             clock.advance(LEASE_S + 1)  # declared dead: its next heartbeat gets 410, the sweeper revokes its user
-            wait_for(lambda: worker.membership.worker_id != first_id, "registration under a new id", timeout_s=30)
+            wait_for(lambda: worker.membership.num_registrations >= 2, "registration again", timeout_s=30)
+            assert worker.membership.worker_id == first_id  # it rejoined as itself, with a new Redis user password
             publish_task(learner, "after")
             groups = wait_for(
                 lambda: [g for g in learner.entries(ROLLOUTS) if g.task_id == "after"] or None,
                 "a rollout after re-registering",
                 timeout_s=60,
             )
-            assert groups[0].worker_id == worker.membership.worker_id != first_id
+            assert groups[0].worker_id == worker.membership.worker_id == first_id
             check.verify(groups[0])
             assert worker.bus.redis.connection_pool.connection_kwargs.get("credential_provider") is not None
             assert check.num_forged == 0 and learner.dead_letters() == []

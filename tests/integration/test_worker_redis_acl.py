@@ -14,10 +14,12 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
 import redis
+from tokenizers import Tokenizer
 
 from cluster.redis_acl import OPERATOR
 from cluster.redis_server import RedisServer
@@ -35,6 +37,7 @@ from tests.acl_redis import AclRedis
 from tests.coordinator_rest import ADMIN_TOKEN, bearer, register, served_coordinator
 from tests.manual_clock import ManualClock
 from tests.polling import wait_for
+from tests.rollouts import unsigned_rollout_for
 
 pytestmark = pytest.mark.integration
 
@@ -253,10 +256,11 @@ def test_worker_users_survive_a_redis_restart(coordinator: AclCoordinator, seede
 
 
 @contextlib.contextmanager
-def reward_service(acl: AclRedis) -> Iterator[RewardService]:
+def reward_service(acl: AclRedis, model_dir: Path) -> Iterator[RewardService]:
     run = RunConfig.model_validate({"run_id": acl.keys.run_id, "grpo": {"group_size": 2, "groups_per_step": 2}})
     bus = StreamBus(acl.client_of("reward"), acl.keys, service="reward")
-    service = RewardService(run, RewardSettings(redis_url=acl.server.url, poll_block_ms=50), bus)
+    settings = RewardSettings(redis_url=acl.server.url, poll_block_ms=50, model_dir=model_dir)
+    service = RewardService(run, settings, bus)
     thread = threading.Thread(target=service.run_forever, daemon=True)
     thread.start()
     try:
@@ -268,14 +272,19 @@ def reward_service(acl: AclRedis) -> Iterator[RewardService]:
 
 
 def test_a_rollout_under_another_workers_id_is_dead_lettered_and_the_honest_one_scored(
-    coordinator: AclCoordinator,
+    coordinator: AclCoordinator, model_dir: Path
 ) -> None:
     acl = coordinator.redis
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+
+    def rollout_by(worker_id: str, task: TaskGroup, texts: list[str]) -> RolloutGroup:
+        return unsigned_rollout_for(task, texts, tokenizer, worker_id=worker_id)
+
     honest, liar = register(coordinator.api, "honest"), register(coordinator.api, "liar")
     honest_bus = StreamBus(worker_client(honest), acl.keys, service="rollout")
     liar_bus = StreamBus(worker_client(liar), acl.keys, service="rollout")
     observer = StreamBus(acl.client_of(OPERATOR), acl.keys, service="test")
-    with reward_service(acl) as service:
+    with reward_service(acl, model_dir) as service:
         wait_for(lambda: observer.length(TASKS) >= 2, "tasks from the reward service")
         (mine,) = honest_bus.read(TASKS, "honest", count=1, block_ms=100)
         (theirs,) = liar_bus.read(TASKS, "liar", count=1, block_ms=100)
@@ -283,10 +292,10 @@ def test_a_rollout_under_another_workers_id_is_dead_lettered_and_the_honest_one_
         a, b = (int(c) for c in mine.message.prompt.rstrip("=").split("+"))
         right = str((a + b) % 10)
         honest_bus.publish_and_ack(
-            ROLLOUTS, [sign_rollout(rollout_of(mine.message, honest.worker_id, [right, right]), honest_key)], [mine]
+            ROLLOUTS, [sign_rollout(rollout_by(honest.worker_id, mine.message, [right, right]), honest_key)], [mine]
         )
         # the liar posts under the honest worker's id: signed with its own key, or not at all
-        as_honest = rollout_of(theirs.message, honest.worker_id, ["0", "0"])
+        as_honest = rollout_by(honest.worker_id, theirs.message, ["0", "0"])
         liar_bus.publish_and_ack(ROLLOUTS, [sign_rollout(as_honest, liar_key), as_honest], [theirs])
 
         letters = wait_for(lambda: len(observer.dead_letters()) == 2 and observer.dead_letters(), "two dead letters")
@@ -308,7 +317,7 @@ def test_a_rollout_under_another_workers_id_is_dead_lettered_and_the_honest_one_
         assert service.producers.num_forged == 2
         (next_task,) = honest_bus.read(TASKS, "honest", count=1, block_ms=100)
         honest_bus.publish(
-            ROLLOUTS, sign_rollout(rollout_of(next_task.message, honest.worker_id, ["1", "2"]), honest_key)
+            ROLLOUTS, sign_rollout(rollout_by(honest.worker_id, next_task.message, ["1", "2"]), honest_key)
         )
         wait_for(lambda: service.num_scored == 2, "the service to keep scoring")  # it kept running
     assert coordinator.api.get("/v1/workers", headers=bearer(ADMIN_TOKEN)).status_code == 200

@@ -91,6 +91,7 @@ def test_services_reach_redis_and_each_other_by_compose_names_and_secrets_have_n
         assert env["RL_ADMIN_TOKEN"].startswith("${RL_ADMIN_TOKEN:?"), name
         assert env["RL_WEIGHTS_PUBLIC_KEY"].startswith("${RL_WEIGHTS_PUBLIC_KEY:?"), name
         assert "RL_CLUSTER_KEY" not in env, name
+        assert env["RL_JOIN_TOKEN"].startswith("${RL_JOIN_TOKEN:?"), name
 
 
 def test_only_the_learner_gets_the_private_signing_key(compose: dict) -> None:

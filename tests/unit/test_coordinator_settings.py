@@ -27,6 +27,7 @@ HEAVY_PACKAGES = {
 
 def test_settings_come_from_rl_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RL_ADMIN_TOKEN", "admin-token-0123456789")
+    monkeypatch.setenv("RL_JOIN_TOKEN", "join-token-0123456789")
     monkeypatch.setenv("RL_COORDINATOR_HOST", "0.0.0.0")
     monkeypatch.setenv("RL_COORDINATOR_PORT", "9123")
     monkeypatch.setenv("RL_REDIS_URL", "redis://redis:6379/0")
@@ -42,6 +43,7 @@ def test_defaults_bind_localhost_port_8000(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv("RL_COORDINATOR_HOST", raising=False)
     monkeypatch.delenv("RL_COORDINATOR_PORT", raising=False)
     monkeypatch.setenv("RL_ADMIN_TOKEN", "admin-token-0123456789")
+    monkeypatch.setenv("RL_JOIN_TOKEN", "join-token-0123456789")
     settings = CoordinatorSettings()
     assert (settings.host, settings.port) == ("127.0.0.1", 8000)
 
@@ -57,6 +59,7 @@ def test_admin_token_is_required_and_not_trivially_short(monkeypatch: pytest.Mon
 
 def test_bad_port_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RL_ADMIN_TOKEN", "admin-token-0123456789")
+    monkeypatch.setenv("RL_JOIN_TOKEN", "join-token-0123456789")
     monkeypatch.setenv("RL_COORDINATOR_PORT", "70000")
     with pytest.raises(ValidationError, match="RL_COORDINATOR_PORT"):
         CoordinatorSettings()
@@ -103,3 +106,20 @@ def test_the_whole_coordinator_imports_without_torch(repo_root: Path) -> None:
     )
     result = subprocess.run([sys.executable, "-c", script], cwd=repo_root, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_join_token_is_required_unless_registration_is_explicitly_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RL_ADMIN_TOKEN", "admin-token-0123456789")
+    monkeypatch.delenv("RL_JOIN_TOKEN", raising=False)
+    monkeypatch.delenv("RL_OPEN_REGISTRATION", raising=False)
+    with pytest.raises(ValidationError, match="RL_JOIN_TOKEN"):
+        CoordinatorSettings()
+    monkeypatch.setenv("RL_JOIN_TOKEN", "short")
+    with pytest.raises(ValidationError, match="RL_JOIN_TOKEN"):
+        CoordinatorSettings()
+    monkeypatch.delenv("RL_JOIN_TOKEN")
+    monkeypatch.setenv("RL_OPEN_REGISTRATION", "true")
+    assert CoordinatorSettings().join_token_value() is None
+    monkeypatch.setenv("RL_JOIN_TOKEN", "join-token-0123456789")
+    settings = CoordinatorSettings()
+    assert settings.join_token_value() == "join-token-0123456789" and "join-token" not in repr(settings)

@@ -43,6 +43,7 @@ def test_the_settings_log_line_carries_no_secret(monkeypatch: pytest.MonkeyPatch
     from shared.service_entry import describe_settings, redact_url_password
 
     monkeypatch.setenv("RL_ADMIN_TOKEN", "admin-token-0123456789")
+    monkeypatch.setenv("RL_JOIN_TOKEN", "join-token-0123456789")
     monkeypatch.setenv("RL_REDIS_URL", "rediss://coordinator:s3cret-pw@redis.example:6380/0")
     line = describe_settings(CoordinatorSettings())
     assert "s3cret-pw" not in line and "admin-token-0123456789" not in line

@@ -3,7 +3,9 @@
 Lifecycle: register (active, or standby when it has a price and the planner has not picked it yet)
 -> heartbeats; the answer carries the state the control loop decided (active / standby / draining)
 -> drain (own token or admin): the worker finishes its batch, acks it, deregisters and exits
--> gone. A worker that stops heartbeating is dead after `lease_s` and must register again.
+-> gone. A worker that stops heartbeating is dead after `lease_s` and must register again (as itself:
+`previous_worker_id` + its old token; services/coordinator/join.py). A dead worker's record is pruned
+`dead_worker_retention_s` after its lease ran out (services/coordinator/pruning.py).
 
 How a heartbeat is served, fast path and this endpoint, step by step: services/coordinator/heartbeat_path.py.
 """
@@ -12,17 +14,19 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Response, status
 
-from services.coordinator.auth import (
-    AdminCaller,
-    Caller,
-    WorkerCaller,
-    issue_worker_token,
-    new_worker_id,
-    token_sha256,
-)
+from services.coordinator.auth import AdminCaller, Caller, WorkerCaller
 from services.coordinator.control import read_learner_view
-from services.coordinator.deps import CallerDep, ControlDep, CoordinatorDep, RegistryDep, WorkerIdPath
+from services.coordinator.deps import (
+    BearerTokenDep,
+    CallerDep,
+    ControlDep,
+    CoordinatorDep,
+    JoinTokenDep,
+    RegistryDep,
+    WorkerIdPath,
+)
 from services.coordinator.errors import error_docs
+from services.coordinator.join import admit_registration, join_or_rejoin
 from shared.api import (
     HeartbeatRequest,
     HeartbeatResponse,
@@ -34,28 +38,36 @@ from shared.api import (
 router = APIRouter(prefix="/v1/workers", tags=["workers"])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED)
+@router.post("", status_code=status.HTTP_201_CREATED, responses=error_docs(401, 403, 409, 429))
 def register_worker(
-    request: RegisterWorkerRequest, coordinator: CoordinatorDep, control: ControlDep
+    request: RegisterWorkerRequest,
+    coordinator: CoordinatorDep,
+    control: ControlDep,
+    join_token: JoinTokenDep = None,
+    bearer_token: BearerTokenDep = None,
 ) -> RegisterWorkerResponse:
-    """Join the run. The answer carries the worker's id and its bearer token (shown once, stored only as
-    a sha256). The lease starts now: heartbeat every `heartbeat_interval_s`, well within `lease_s`.
-    `state` is where it starts: active, or standby until cost-aware activation picks it (heartbeat
-    answers carry every later decision)."""
-    worker_id = new_worker_id()
-    token = issue_worker_token(worker_id)
-    info = coordinator.registry.register(worker_id, request, token_sha256(token), state=control.initial_state(request))
-    access = coordinator.access.grant(worker_id)  # after the lease exists: services/coordinator/redis_access.py
+    """Join the run, with the cluster's join token in header X-RL-Join-Token (401 without it; 429 when
+    registrations come faster than the rate limit: retry after Retry-After). The answer carries the
+    worker's id and its bearer token (shown once, stored only as a sha256). The lease starts now:
+    heartbeat every `heartbeat_interval_s`, well within `lease_s`. `state` is where it starts: active,
+    or standby until cost-aware activation picks it (heartbeat answers carry every later decision).
+    A worker whose lease ran out rejoins as itself: `previous_worker_id` in the body and its previous
+    token as `Authorization: Bearer` (403 if the token is not that worker's); see services/coordinator/join.py."""
+    admit_registration(join_token, coordinator.join_token_sha256, coordinator.registration_limit)
+    quarantined = control.quarantine.current().worker_ids if request.previous_worker_id else []
+    joined = join_or_rejoin(coordinator.registry, request, bearer_token, control.initial_state(request), quarantined)
+    access = coordinator.access.grant(joined.worker_id)  # after the lease exists: services/coordinator/redis_access.py
     control.request_replan()
     run = coordinator.run
     return RegisterWorkerResponse(
-        worker_id=worker_id,
-        token=token,
+        worker_id=joined.worker_id,
+        token=joined.token,
         run_id=run.run_id,
         lease_s=run.coordinator.lease_s,
         heartbeat_interval_s=run.rollout.heartbeat_interval_s,
         staleness_bound=read_learner_view(coordinator.bus, run).staleness_bound,
-        state=info.state,
+        state=joined.info.state,
+        rejoined=joined.rejoined,
         access=access,
     )
 

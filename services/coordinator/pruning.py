@@ -1,0 +1,84 @@
+"""Dead workers are forgotten after a retention period, so the registry does not grow with every worker
+that ever joined (3,000 registrations once made /v1/status 1.3 MiB and 197 ms; issue 10, item 8).
+
+A worker dead for `dead_worker_retention_s` (counted from its lease's expiry) loses, in one script per
+worker: its record, its place in the set of ids (and in the leases, where a dead worker no longer is),
+its latest weight swap and its measured download rate. What it contributed to run totals stays: its
+cost moves from the ledger's `worker:<id>` field into `pruned_workers_usd` (services/coordinator/ledger.py),
+so `total_usd` and `workers_usd` are unchanged. Until it is pruned a dead worker may rejoin as itself
+(services/coordinator/join.py); after, it joins under a new id.
+
+The control loop prunes once per pass, from the worker list it reads anyway; the script checks again
+that the worker is still dead, so a worker that rejoined in between is left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+
+from services.coordinator.ledger import PRUNED_WORKERS_FIELD, WORKER_FIELD_PREFIX
+from shared.api import WorkerInfo, WorkerState
+from shared.keys import RunKeys
+
+log = logging.getLogger(__name__)
+
+# KEYS: worker hash, leases, worker ids, broadcast last swap, broadcast throughput, cost ledger.
+# ARGV: worker id, the ledger field of its cost, the ledger field pruned costs move to. Returns 1 if pruned.
+_PRUNE_LUA = """
+if redis.call('HGET', KEYS[1], 'state') ~= 'dead' then return 0 end
+if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
+local usd = redis.call('HGET', KEYS[6], ARGV[2])
+if usd then
+  redis.call('HINCRBYFLOAT', KEYS[6], ARGV[3], usd)
+  redis.call('HDEL', KEYS[6], ARGV[2])
+end
+return 1
+"""
+MAX_PRUNED_PER_PASS = 1000  # a pass stays short even when thousands expire at once; the rest go next pass
+
+
+class DeadWorkerPruner:
+    def __init__(self, client: redis.Redis, keys: RunKeys, retention_s: float) -> None:
+        self.redis = client
+        self.keys = keys
+        self.retention_s = retention_s
+        self._script = client.register_script(_PRUNE_LUA)
+        self.num_pruned = 0
+
+    def due(self, workers: list[WorkerInfo], now_s: float) -> list[str]:
+        """Ids of the dead workers whose lease ran out at least `retention_s` ago."""
+        before_s = now_s - self.retention_s
+        return [w.worker_id for w in workers if w.state == WorkerState.DEAD and w.lease_expires_at_s <= before_s]
+
+    def prune(self, workers: list[WorkerInfo], now_s: float) -> set[str]:
+        """Forget the workers `due` now (at most MAX_PRUNED_PER_PASS); returns the ids pruned."""
+        due = self.due(workers, now_s)[:MAX_PRUNED_PER_PASS]
+        if not due:
+            return set()
+        k = self.keys
+        with self.redis.pipeline(transaction=False) as pipe:
+            for worker_id in due:
+                self._script(
+                    keys=[
+                        k.worker(worker_id),
+                        k.worker_leases,
+                        k.worker_ids,
+                        k.broadcast_last_swap,
+                        k.broadcast_throughput,
+                        k.cost_ledger,
+                    ],
+                    args=[worker_id, WORKER_FIELD_PREFIX + worker_id, PRUNED_WORKERS_FIELD],
+                    client=pipe,
+                )
+            results = pipe.execute()
+        pruned = {worker_id for worker_id, done in zip(due, results, strict=True) if done}
+        self.num_pruned += len(pruned)
+        if pruned:
+            log.info("pruned %d workers dead for more than %.0fs", len(pruned), self.retention_s)
+        return pruned
