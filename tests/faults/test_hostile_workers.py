@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from cluster.local import LocalCluster
-from shared.api import RegisterWorkerResponse, StatusResponse
+from shared.api import JOIN_TOKEN_HEADER, RegisterWorkerResponse, StatusResponse
 from shared.bus import StreamBus
 from shared.keys import RunKeys
 from shared.messages import RolloutGroup, pack_float32, pack_int32
@@ -25,13 +25,12 @@ from tests.polling import wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
-JOIN_TOKEN_HEADER = "X-RL-Join-Token"
 VICTIM = "worker-1"
 
 
 def register_intruder(cluster: LocalCluster) -> RegisterWorkerResponse:
     """Register over the coordinator's REST API as any worker can (with the run's join token)."""
-    headers = {JOIN_TOKEN_HEADER: getattr(cluster, "join_token", "")}
+    headers = {JOIN_TOKEN_HEADER: cluster.join_token}
     response = httpx.post(f"{cluster.coordinator_url}/v1/workers", json={"name": "intruder"}, headers=headers)
     assert response.status_code == 201, response.text
     return RegisterWorkerResponse.model_validate_json(response.content)
