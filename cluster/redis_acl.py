@@ -17,11 +17,11 @@ a restarted Redis still knows them.
 
 Why the disabled default user still holds `~* &* +@all`: a restarted Redis replays its AOF through a fake
 client that runs as the default user, and EXEC re-checks the ACL of every command of a transaction it
-replays (Redis up to 8.2, Valkey: redis/redis#14541, valkey-io/valkey#3983). With `-@all` every MULTI/EXEC
-in the AOF (a worker's rollouts with their task acks, a scored group with its ack, the coordinator's worker
-records) was refused at load and silently lost: after a kill -9 of Redis the streams were hundreds of
-entries short and every worker's token was gone (the fault suite's `test_kill_9_of_redis`). `off` alone
-keeps connections out; the permissions are only ever exercised by the replay.
+replays (seen with Debian's redis-server 7.0.15; redis/redis#14541, fixed by #14545; valkey-io/valkey#3983).
+With `-@all` every MULTI/EXEC in the AOF (a worker's rollouts with their task acks, a scored group with its
+ack, the coordinator's worker records) was refused at load and silently lost: after a kill -9 of Redis the
+streams were hundreds of entries short and every worker's token was gone (the fault suite's
+`test_kill_9_of_redis`). `off` alone keeps connections out; the permissions are only used by the replay.
 """
 
 from __future__ import annotations

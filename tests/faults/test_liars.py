@@ -6,6 +6,10 @@ goes into the suite's results table."""
 
 from __future__ import annotations
 
+import re
+from collections import Counter
+from typing import Any
+
 import pytest
 
 from benchmarks.trust import liar_detection, quarantined_ids, worker_ids
@@ -28,7 +32,7 @@ MAX_GROUPS_UNTIL_CAUGHT = 50  # the issue's target detection delay, in the liar'
 
 @pytest.mark.parametrize("kind", [FaultKind.GARBAGE_LOGPROBS, FaultKind.STALE_WEIGHTS, FaultKind.SWAPPED_TEXT])
 def test_a_lying_worker_is_quarantined(fault_run: FaultRunner, kind: FaultKind) -> None:
-    checked: dict[str, int] = {}
+    checked: dict[str, Any] = {}
 
     def check_the_liars_groups(cluster: LocalCluster, status: StatusResponse) -> None:
         names = {worker.worker_id: worker.name for worker in status.workers}
@@ -50,7 +54,7 @@ def test_a_lying_worker_is_quarantined(fault_run: FaultRunner, kind: FaultKind) 
     detection = liar_detection(records, liar_ids, run.cluster.run.trust.quarantine_score, kind)
     num_dropped_quarantined = run.accounting.num_dropped.get("quarantined", 0)
     run.row["liar"] = {"kind": kind.value, **detection, "num_dropped_quarantined": num_dropped_quarantined, **checked}
-    # counted from its first lying group (a stale_weights liar is honest until its weights freeze)
+    # bench-trust's count: from the liar's first group (stale_weights: its first claiming a version past the freeze)
     assert detection["lying_groups_until_suspect"] is not None, detection
     assert detection["lying_groups_until_suspect"] <= MAX_GROUPS_UNTIL_CAUGHT, detection
     assert num_dropped_quarantined > 0, run.accounting.summary()
@@ -61,7 +65,7 @@ def honest_workers(run: FaultRun) -> list[WorkerInfo]:
     return [worker for worker in run.final_status.workers if worker.name != LIAR and worker.name.startswith("worker")]
 
 
-def check_dead_letters_and_rewards(cluster: LocalCluster, liar_ids: set[str], kind: FaultKind) -> dict[str, int]:
+def check_dead_letters_and_rewards(cluster: LocalCluster, liar_ids: set[str], kind: FaultKind) -> dict[str, Any]:
     """Every dead letter is one of the liar's groups (swapped ids can break the rules of an honest
     engine's output: an EOS mid-sample); for swapped_text, every group of the liar that was scored got
     the reward of the text its token ids decode to, not of the text it sent."""
@@ -73,6 +77,7 @@ def check_dead_letters_and_rewards(cluster: LocalCluster, liar_ids: set[str], ki
         if kind != FaultKind.SWAPPED_TEXT:
             assert not letters, [letter.error for letter in letters]
             return {"num_dead_lettered_from_liar": 0}
+        reasons = Counter(re.sub(r"sample \d+ ", "a sample ", letter.error) for letter in letters)
         scored = [group for group in bus.entries(SCORED) if group.rollout.worker_id in liar_ids]
     finally:
         bus.redis.close()
@@ -91,6 +96,7 @@ def check_dead_letters_and_rewards(cluster: LocalCluster, liar_ids: set[str], ki
     assert scored and num_texts_swapped > 0  # it did lie, and its lie was not what got scored
     return {
         "num_dead_lettered_from_liar": len(from_liar),
+        "dead_letter_reasons": dict(reasons),
         "num_scored_from_liar": len(scored),
         "num_samples_text_not_ids": num_texts_swapped,
     }
