@@ -1,13 +1,14 @@
 """One short supervised run of the whole local cluster with one injected fault, for the fault suite.
 
-    run = run_with_fault(tmp_path, model_dir, inject=kill("reward"), at_version=20)
+    run = run_with_fault(tmp_path, model_dir, inject=kill("reward"), at_version=30)
 
 starts the cluster of cluster/local.py (Redis with ACLs, coordinator, reward, learner, N rollout workers,
 every one supervised) on tests/faults/faults.toml, calls `inject(cluster, status)` once, at the first
-status where the learner has reached `at_version`, waits for the learner to finish, takes the final
-coordinator status, calls `inspect(cluster, final_status)` (Redis and every service still up), stops everything by PID (the runner counts the groups before it stops Redis), writes
-the run report and returns it with the group accounting (cluster/accounting.py). `FaultRun.row` is the
-test's line in benchmarks/results/fault_suite.json (tests/faults/conftest.py writes it).
+status where the learner has reached `at_version` and every worker has delivered groups, waits for the
+learner to finish, takes the final coordinator status, calls `inspect(cluster, final_status)` (Redis and
+every service still up), stops everything by PID (the runner counts the groups before it stops Redis),
+writes the run report and returns it with the group accounting (cluster/accounting.py). `FaultRun.row`
+is the test's line in benchmarks/results/fault_suite.json (tests/faults/conftest.py writes it).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def run_with_fault(
 
     def on_progress(status: StatusResponse) -> None:
         version = status.learner.learner_version if status.learner is not None else -1
-        if inject is not None and not injected and version >= at_version:
+        if inject is not None and not injected and version >= at_version and all_working(status, num_workers):
             injected.append(version)
             inject(cluster, status)
 
@@ -92,6 +93,7 @@ def run_with_fault(
     try:
         cluster.start()
         cluster.wait_until_done(on_progress)
+        assert inject is None or injected, f"the run ended before the fault could be injected (at step {at_version})"
         final_status = final_status_of(cluster)
         if inspect is not None:
             inspect(cluster, final_status)
@@ -103,6 +105,12 @@ def run_with_fault(
     run = FaultRun(cluster, final_status, report, accounting, injected[0] if injected else None, wall_s)
     run.row = result_row(run)
     return run
+
+
+def all_working(status: StatusResponse, num_workers: int) -> bool:
+    """Every worker of the cluster has registered and delivered groups: the fault hits a working cluster."""
+    working = {worker.name for worker in status.workers if worker.num_groups_done > 0}
+    return all(f"worker-{index}" in working for index in range(num_workers))
 
 
 def final_status_of(cluster: LocalCluster) -> StatusResponse:
