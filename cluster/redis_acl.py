@@ -2,7 +2,8 @@
 user disabled, written as an ACL file redis-server loads (`--aclfile`; passwords only as sha256 there).
 
     user          keys               commands
-    default       -                  off: an unauthenticated connection can do nothing
+    default       * (off)            off: no connection can log in as it or run anything unauthenticated;
+                                     its rules serve only the AOF replay (below)
     coordinator   rl:<run_id>:*      +@all -@dangerous, +acl|setuser|deluser|users|save, +client|kill
                                      (creates and removes the workers' users: services/coordinator/redis_access.py)
     reward        rl:<run_id>:*      +@all -@dangerous
@@ -13,6 +14,14 @@ user disabled, written as an ACL file redis-server loads (`--aclfile`; passwords
 `-@dangerous` takes away FLUSHALL, FLUSHDB, KEYS, CONFIG, DEBUG, SHUTDOWN, MONITOR, ACL, CLIENT KILL, INFO ...
 which no service's code issues. The coordinator saves the workers' users to the same file (ACL SAVE), so
 a restarted Redis still knows them.
+
+Why the disabled default user still holds `~* &* +@all`: a restarted Redis replays its AOF through a fake
+client that runs as the default user, and EXEC re-checks the ACL of every command of a transaction it
+replays (seen with Debian's redis-server 7.0.15; redis/redis#14541, fixed by #14545; valkey-io/valkey#3983).
+With `-@all` every MULTI/EXEC in the AOF (a worker's rollouts with their task acks, a scored group with its
+ack, the coordinator's worker records) was refused at load and silently lost: after a kill -9 of Redis the
+streams were hundreds of entries short and every worker's token was gone (the fault suite's
+`test_kill_9_of_redis`). `off` alone keeps connections out; the permissions are only used by the replay.
 """
 
 from __future__ import annotations
@@ -52,7 +61,7 @@ class RedisUsers:
         return rules + list(_COORDINATOR_EXTRA_RULES) if name == "coordinator" else rules
 
     def acl_file_text(self) -> str:
-        lines = ["user default off resetkeys resetchannels -@all"]
+        lines = ["user default off ~* &* +@all"]  # off: nobody logs in; the rules let the AOF replay (module doc)
         for name, password in self.passwords.items():
             digest = hashlib.sha256(password.encode()).hexdigest()
             lines.append(" ".join(["user", name, *self.rules(name), f"#{digest}"]))

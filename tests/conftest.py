@@ -1,5 +1,5 @@
 """Shared fixtures: a real redis-server per test session, a fresh run id (and so key prefix) per test,
-the tiny policy built once. Also the tier rule: a test under tests/integration/ or tests/e2e/ carries
+the tiny policy built once. Also the tier rule: a test under tests/integration/, tests/e2e/ or tests/faults/ carries
 that tier's marker (unit tests, under tests/unit/, need no real servers and carry neither)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from cluster.redis_server import RedisServer
 from shared.bus import StreamBus, connect
 from shared.keys import RunKeys
 
-TIERS = ("integration", "e2e")
+TIERS = ("integration", "e2e", "faults")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -5,10 +5,16 @@
                                        but claims the newest announced version for every group
     RL_FAULT_INJECT=swapped_text       completion token ids replaced by other (valid) ids of the group,
                                        the text and log-probs kept: reward on one thing, training on another
+    RL_FAULT_INJECT=corrupt_chunks     its chunk server serves every chunk it relays with a bit flipped
+    RL_FAULT_INJECT=forged_manifest    its chunk server serves, for every version it holds, a manifest signed
+                                       by a key of its own for weights of its own (the real ones, each chunk
+                                       tampered with), and those chunks to whoever asks for the version
 
 Refused unless RL_ALLOW_FAULT_INJECTION=1 is set as well, so a stray variable in a real deployment cannot
-turn a worker into a liar. The fault suite and `make bench-trust` start such workers
-(cluster/local.py: ClusterOptions.liars) to check that the learner's trust score catches them.
+turn a worker into a liar. The fault suite (`make test-faults`, tests/faults/) and `make bench-trust` start
+such workers (cluster/local.py: ClusterOptions.liars) to check that the learner's trust score catches the
+first three and that relay children refuse what the last two serve (they verify every chunk against the
+learner's signed manifest, which they fetch from the learner only).
 """
 
 from __future__ import annotations
@@ -21,7 +27,10 @@ from enum import StrEnum
 
 import numpy as np
 
+from shared.chunk_server import ChunkStore
 from shared.messages import RolloutGroup, pack_float32, pack_int32, unpack_float32, unpack_int32
+from shared.signing import Ed25519PrivateKey, Ed25519PublicKey
+from shared.weights import Manifest, Payload, sha256_hex, sign
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +41,11 @@ class FaultKind(StrEnum):
     GARBAGE_LOGPROBS = "garbage_logprobs"
     STALE_WEIGHTS = "stale_weights"
     SWAPPED_TEXT = "swapped_text"
+    CORRUPT_CHUNKS = "corrupt_chunks"
+    FORGED_MANIFEST = "forged_manifest"
+
+
+SERVING_FAULTS = (FaultKind.CORRUPT_CHUNKS, FaultKind.FORGED_MANIFEST)  # lies of the chunk server, not the groups
 
 
 class FaultInjector:
@@ -65,6 +79,60 @@ class FaultInjector:
             swapped = self._np_rng.choice(pool, size=len(completion))
             return group.model_copy(update={"completion_token_ids": pack_int32(swapped)})
         return group
+
+
+def tamper(chunk: bytes) -> bytes:
+    """The chunk with its first bit flipped (bad memory, a bad disk, a malicious relay)."""
+    return bytes([chunk[0] ^ 1]) + chunk[1:] if chunk else chunk
+
+
+class TamperingStore(ChunkStore):
+    """A worker's chunk store whose reads for serving lie (corrupt_chunks, forged_manifest); what the worker
+    itself fetches, verifies, assembles and loads goes through the honest ChunkStore methods it inherits
+    (put_chunk, missing_chunks, chunks), so the liar samples with the real weights and only its relay
+    children see the lies."""
+
+    def __init__(self, kind: FaultKind, keep_versions: int, trusted_key: Ed25519PublicKey | None) -> None:
+        super().__init__(keep_versions=keep_versions, trusted_key=trusted_key)
+        self.kind = kind
+        self.forging_key = Ed25519PrivateKey.generate()  # not the learner's: what it signs, nobody trusts
+
+    def get_chunk(
+        self,
+        policy_version: int,
+        index: int,
+        wait_s: float = 0.0,
+        payload: Payload = "full",
+        manifest_sha256: str | None = None,
+    ) -> bytes | None:
+        chunk = super().get_chunk(policy_version, index, wait_s, payload, manifest_sha256)
+        return tamper(chunk) if chunk is not None else None
+
+    def manifest(self, policy_version: int, payload: Payload = "full") -> Manifest | None:
+        real = super().manifest(policy_version, payload)
+        if real is None or self.kind != FaultKind.FORGED_MANIFEST or not self.is_complete(policy_version, payload):
+            return real
+        return self.forge(real)
+
+    def forge(self, real: Manifest) -> Manifest:
+        """`real` describing the tampered chunks instead, signed by this worker's own key."""
+        chunks = [tamper(chunk) for chunk in self.chunks(real)]
+        blob_sha256 = sha256_hex(b"".join(chunks))
+        forged = real.model_copy(
+            update={
+                "chunk_sha256": [sha256_hex(chunk) for chunk in chunks],
+                "blob_sha256": blob_sha256,
+                "full_sha256": blob_sha256 if real.payload == "full" else real.full_sha256,
+            }
+        )
+        return sign(forged, self.forging_key)
+
+
+def serving_store(fault: FaultInjector | None, keep_versions: int, trusted_key: Ed25519PublicKey | None) -> ChunkStore:
+    """The worker's chunk store: a TamperingStore for a chunk-serving fault, else the honest one."""
+    if fault is not None and fault.kind in SERVING_FAULTS:
+        return TamperingStore(fault.kind, keep_versions, trusted_key)
+    return ChunkStore(keep_versions=keep_versions, trusted_key=trusted_key)
 
 
 def fault_from_environment(environ: Mapping[str, str] = os.environ) -> FaultInjector | None:

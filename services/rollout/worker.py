@@ -24,7 +24,7 @@ import redis
 
 from engines.interface import EngineError, InferenceEngine, Sample
 from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError
-from services.rollout.faults import fault_from_environment
+from services.rollout.faults import fault_from_environment, serving_store
 from services.rollout.membership import Membership, NotRegisteredError
 from services.rollout.redis_access import connect_as_worker
 from services.rollout.relay_sources import CoordinatorParents
@@ -32,7 +32,7 @@ from services.rollout.settings import RolloutSettings
 from services.rollout.weights_sync import WeightsSync
 from shared.api import HeartbeatRequest, RegisterWorkerRequest
 from shared.bus import Delivery, StreamBus
-from shared.chunk_server import ChunkServer, ChunkStore
+from shared.chunk_server import ChunkServer
 from shared.config import RunConfig
 from shared.keys import RunKeys
 from shared.messages import RolloutGroup, TaskGroup, pack_float32, pack_int32
@@ -94,8 +94,9 @@ class RolloutWorker:
         self.keys = RunKeys(run.run_id)
         self.bus = StreamBus(redis_client, self.keys, service="rollout")
         self.stopping = stopping or threading.Event()  # set by stop() or the process's signal handler
-        # holds (and relays) only manifests the learner signed
-        self.store = ChunkStore(keep_versions=run.broadcast.keep_versions, trusted_key=settings.public_key())
+        self.fault = fault_from_environment()  # None unless a test asked for a lying worker (faults.py)
+        # holds (and relays) only manifests the learner signed; a test's lying relay serves them tampered with
+        self.store = serving_store(self.fault, run.broadcast.keep_versions, settings.public_key())
         self.chunk_server = ChunkServer(
             self.store, host=settings.worker_host, port=settings.worker_port, wait_s=run.broadcast.chunk_wait_s
         )
@@ -126,7 +127,6 @@ class RolloutWorker:
         self.generating = False
         self.throughput = ThroughputMeter()
         self.gate_state = "closed"
-        self.fault = fault_from_environment()  # None unless a test asked for a lying worker (faults.py)
 
     def run(self) -> None:
         """Serve tasks until `stop()`; the current batch is always finished (published and acked) first."""

@@ -1,5 +1,6 @@
-"""Fault injection on the whole supervised cluster: kill -9 a rollout worker, the learner, the reward
-service and the coordinator mid-run, and let the runner's supervisor restart each one.
+"""Four faults in one run of the whole supervised cluster: kill -9 a rollout worker, the learner, the reward
+service and the coordinator mid-run, one after the other, and let the runner's supervisor restart each one.
+(One fault per run, Redis included, is the fault suite: tests/faults/, `make test-faults`.)
 
 Nothing is lost: the run still reaches its step count (the restarted learner resumes from its
 checkpoint, a dead worker's unfinished tasks are claimed by the others), nothing beyond S is trained
@@ -73,37 +74,3 @@ def test_the_supervised_run_survives_kill_9_of_a_worker_the_learner_the_reward_s
     assert accounting["num_dead_lettered_reward"] == accounting["num_dead_lettered_learner"] == 0
     log = (cluster.run_dir / "logs" / "learner.log").read_text()
     assert "resum" in log.lower()
-
-
-def test_the_supervised_run_survives_kill_9_of_redis(tmp_path: Path, repo_root: Path) -> None:
-    """Redis killed -9 mid-run is started again on its port with its AOF; every service reconnects."""
-    run_file = tmp_path / "run.toml"
-    run_file.write_text(
-        (repo_root / "tests" / "e2e" / "cluster_test.toml").read_text().replace("max_wall_s = 150", "max_wall_s = 600")
-    )
-    cluster = LocalCluster(
-        ClusterOptions(config_path=run_file, num_workers=3, runs_dir=tmp_path / "runs", progress_interval_s=0.5)
-    )
-    killed: list[int] = []
-
-    def kill_redis(status: StatusResponse) -> None:
-        version = status.learner.learner_version if status.learner is not None else 0
-        if version >= 50 and not killed and cluster.redis is not None:
-            killed.append(cluster.redis.pid)
-            cluster.redis.kill()
-
-    try:
-        cluster.start()
-        status = cluster.wait_until_done(kill_redis)
-    finally:
-        cluster.stop()
-    report = write_report(cluster.run_dir, cluster.run, status, wall_s=0.0)
-
-    assert killed
-    assert report["num_steps"] == cluster.run.schedule.num_steps
-    assert report["restarts"]["redis"] == {"num_restarts": 1, "crash_exit_codes": [-signal.SIGKILL], "gave_up": False}
-    crashed = {name: r["crash_exit_codes"] for name, r in report["restarts"].items() if r["crash_exit_codes"]}
-    assert crashed == {"redis": [-signal.SIGKILL]}  # every other service rode the outage out
-    assert report["max_trained_staleness"] <= cluster.run.schedule.staleness_bound
-    accounting = report["accounting"]
-    assert accounting["num_unaccounted"] == 0, accounting

@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from cluster.redis_acl import OPERATOR
 from cluster.redis_server import RedisServer
+from shared.streams import SCORED
+from tests.acl_redis import acl_redis_server
 
 pytestmark = pytest.mark.integration
 
@@ -58,3 +61,25 @@ def test_data_written_before_a_restart_is_readable_the_moment_start_returns(tmp_
     finally:
         server.stop()
     assert server.exit_code() == 0
+
+
+def test_transactions_survive_a_kill_9_with_acls_on(tmp_path: Path) -> None:
+    """Regression: with the default user disabled AND stripped of every permission, a restarted Redis
+    refused every MULTI/EXEC of its AOF at load (the replay runs as the default user and EXEC re-checks
+    the ACL), silently dropping the services' transactional writes (cluster/redis_acl.py)."""
+    with acl_redis_server(tmp_path) as acl:
+        reward = acl.client_of("reward")
+        stream, counter = acl.keys.name_of(SCORED), acl.keys.learner_decisions
+        for index in range(100):
+            with reward.pipeline(transaction=True) as pipe:  # MULTI ... EXEC, as StreamBus.publish_and_ack
+                pipe.xadd(stream, {"data": str(index).encode()})
+                pipe.hincrby(counter, "stale", 1)
+                pipe.execute()
+        reward.close()
+        acl.server.kill()  # kill -9: the AOF (appendfsync everysec) is all that is left
+        acl.server.start()
+        operator = acl.client_of(OPERATOR)
+        assert operator.xlen(stream) == 100
+        assert operator.hget(counter, "stale") == b"100"
+        assert "AOF-loading-client" not in (tmp_path / "redis" / "redis.log").read_text()
+        operator.close()

@@ -16,12 +16,14 @@ import httpx
 import numpy as np
 import pytest
 
+from services.rollout.faults import FaultKind, TamperingStore
 from services.rollout.relay_fetch import ArtifactFetch, RelayFetcher, RelayFetchError
+from shared.chunk_client import fetch_manifest
 from shared.chunk_server import ChunkServer, ChunkStore, ManifestMismatchError
-from shared.weights import Manifest, build_manifest
+from shared.weights import Manifest, ManifestError, build_manifest, verify_signature
 from tests.corrupting_store import CorruptingStore
 from tests.polling import wait_for
-from tests.weights_keys import SIGNING_KEY
+from tests.weights_keys import PUBLIC_KEY, SIGNING_KEY
 
 pytestmark = pytest.mark.integration
 
@@ -163,6 +165,37 @@ def test_a_corrupt_chunk_from_a_relay_is_caught_and_refetched_from_another_holde
     assert relayed.bytes_by_source[learner.url] == CHUNK_SIZE_BYTES  # only chunk 2 came from the learner
     assert relayed.bytes_by_source[bad_relay.url] == len(blob)  # the corrupt copy was received, never stored
     assert downstream.num_corrupt_chunks == 0 and downstream.bytes_by_source == {child.url: len(blob)}
+
+
+@pytest.mark.parametrize("kind", [FaultKind.CORRUPT_CHUNKS, FaultKind.FORGED_MANIFEST])
+def test_a_lying_workers_store_serves_lies_its_children_refuse(holders: list[Holder], kind: FaultKind) -> None:
+    """The fault suite's lying relay (services/rollout/faults.py): it holds the learner's verified chunks but
+    serves every one flipped, and with forged_manifest a manifest of its own for them; a child pins the
+    learner's manifest, refuses the flipped chunks and gets the version whole from the learner."""
+    manifest, chunks, blob = new_version()
+    liar_store = TamperingStore(kind, keep_versions=4, trusted_key=PUBLIC_KEY)
+    learner, liar, child = Holder(), Holder(liar_store), Holder()
+    holders += [learner, liar, child]
+    learner.store.put_version(manifest, chunks)
+    liar.store.put_version(manifest, chunks)
+    assert liar_store.chunks(manifest) == chunks  # what the liar itself would load is the real thing
+
+    served = httpx.get(f"{liar.url}/v1/weights/1/manifest").content
+    if kind == FaultKind.FORGED_MANIFEST:
+        with httpx.Client() as client, pytest.raises(ManifestError, match="signed by key"):
+            fetch_manifest(client, liar.url, 1, PUBLIC_KEY)
+        forged = Manifest.from_json(served)
+        verify_signature(forged, liar_store.forging_key.public_key())  # a consistent forgery, by another key
+        assert forged.chunk_sha256 != manifest.chunk_sha256
+    else:
+        assert Manifest.from_json(served) == manifest
+
+    child.fetch_in_background(manifest, [liar.url, learner.url])
+    fetched = child.done()
+
+    assert fetched.blob == blob
+    assert fetched.corrupt_by_source == {liar.url: 2}  # two bad chunks and the liar is dropped for this version
+    assert fetched.failures == [f"{liar.url}: sent 2 corrupt chunks"]
 
 
 RELAY_PROGRAM = """
