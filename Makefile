@@ -13,7 +13,7 @@ VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 WORKERS ?= 3
 
-.PHONY: keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust setup-vllm-cpu test-vllm bench-engines
+.PHONY: keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-signing bench-reward setup-vllm-cpu test-vllm bench-engines
 
 help:
 	@echo "make demo       run the local cluster (Redis, coordinator, reward, learner, $(WORKERS) workers) and write runs/latest/report.json"
@@ -35,6 +35,8 @@ help:
 	@echo "make bench-gpu  GPU numbers: vLLM worker engine vs bare vLLM, swap and learner step at Qwen3-0.6B shape, a cluster run"
 	@echo "make bench-eval held-out evaluation time, 20 prompts x 256 tokens: old no-KV-cache path vs the engine, and the learner's stall (~2 min)"
 	@echo "make bench-trust trust score: detection delay per liar kind and false positives over full demo runs (~30 min)"
+	@echo "make bench-signing Ed25519 vs HMAC: sign and verify time per weight manifest"
+	@echo "make bench-reward  scoring a group in the verifier's child process vs in-process, and decoding its ids"
 	@echo "make bench-load 1000 simulated workers heartbeating once a second against one coordinator"
 
 $(STAMP): pyproject.toml
@@ -111,6 +113,12 @@ simulator-validation: $(STAMP)
 
 bench-trust: $(STAMP)
 	$(PY) -m benchmarks.trust
+
+bench-signing: $(STAMP)
+	$(PY) -m benchmarks.manifest_signing
+
+bench-reward: $(STAMP)
+	$(PY) -m benchmarks.reward_verifier_overhead
 
 bench-load: $(STAMP)
 	$(PY) -m benchmarks.load_heartbeat
