@@ -26,7 +26,7 @@ import torch
 
 from services.learner.batch import AdmittedGroup, TrainBatch
 from services.learner.grpo import token_logprobs
-from services.learner.trust import GroupStatistic
+from services.learner.trust import GroupStatistic, group_abs_diffs
 from shared.config import TrustConfig
 
 
@@ -117,17 +117,14 @@ class Auditor:
                 tensors.attention_mask[rows].to(device),
                 tensors.temperatures[rows].to(device),
             ).cpu()  # (b, T - 1)
-        mask = tensors.completion_mask[rows]
-        abs_diff = (logprobs - tensors.behaviour_logprobs[rows]).abs() * mask  # (b, T - 1)
-        per_row_sum, per_row_tokens = abs_diff.sum(dim=1), mask.sum(dim=1)
+        diffs = group_abs_diffs(
+            logprobs,
+            tensors.behaviour_logprobs[rows],
+            tensors.completion_mask[rows],
+            [s.num_samples for s in statistics],
+        )
         audit_s = (time.perf_counter() - started_s) / len(statistics)
-        checks, first = [], 0
-        for stat in statistics:
-            group_rows = slice(first, first + stat.num_samples)
-            diff = float(per_row_sum[group_rows].sum()) / max(int(per_row_tokens[group_rows].sum()), 1)
-            checks.append(ExactCheck(diff, audit_s))
-            first += stat.num_samples
-        return checks
+        return [ExactCheck(diff, audit_s) for _, diff in diffs]
 
     def model_at(self, version: int) -> torch.nn.Module:
         if self._audit_model is None:

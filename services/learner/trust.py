@@ -47,16 +47,13 @@ def group_statistics(groups: list[AdmittedGroup], tensors: TrainBatch, logprobs:
 
     logprobs: (B, T - 1) pi_prox, the learner's recomputation, aligned with `tensors` (float32, CPU).
     """
-    abs_diff = (logprobs - tensors.behaviour_logprobs).abs() * tensors.completion_mask  # (B, T - 1)
-    per_row_sum = abs_diff.sum(dim=1)  # (B,)
-    per_row_tokens = tensors.completion_mask.sum(dim=1)  # (B,)
+    rollouts = [admitted.group.rollout for admitted in groups]
+    diffs = group_abs_diffs(
+        logprobs, tensors.behaviour_logprobs, tensors.completion_mask, [r.num_samples for r in rollouts]
+    )
     statistics: list[GroupStatistic] = []
     first_row = 0
-    for admitted in groups:
-        rollout = admitted.group.rollout
-        rows = slice(first_row, first_row + rollout.num_samples)
-        num_tokens = int(per_row_tokens[rows].sum())
-        total = float(per_row_sum[rows].sum())
+    for admitted, rollout, (num_tokens, abs_diff_nats) in zip(groups, rollouts, diffs, strict=True):
         statistics.append(
             GroupStatistic(
                 worker_id=rollout.worker_id,
@@ -65,11 +62,30 @@ def group_statistics(groups: list[AdmittedGroup], tensors: TrainBatch, logprobs:
                 first_row=first_row,
                 num_samples=rollout.num_samples,
                 num_tokens=num_tokens,
-                abs_diff_nats=total / num_tokens if num_tokens else 0.0,
+                abs_diff_nats=abs_diff_nats,
             )
         )
         first_row += rollout.num_samples
     return statistics
+
+
+def group_abs_diffs(
+    logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, completion_mask: torch.Tensor, num_samples: list[int]
+) -> list[tuple[int, float]]:
+    """Per group of consecutive rows (`num_samples` rows each): (num_tokens, mean |log mu - log pi| over its
+    completion tokens; 0.0 for a group without any). All tensors (b, T - 1), rows aligned."""
+    abs_diff = (logprobs - behaviour_logprobs).abs() * completion_mask  # (b, T - 1)
+    per_row_sum = abs_diff.sum(dim=1)  # (b,)
+    per_row_tokens = completion_mask.sum(dim=1)  # (b,)
+    diffs: list[tuple[int, float]] = []
+    first_row = 0
+    for count in num_samples:
+        rows = slice(first_row, first_row + count)
+        num_tokens = int(per_row_tokens[rows].sum())
+        total = float(per_row_sum[rows].sum())
+        diffs.append((num_tokens, total / num_tokens if num_tokens else 0.0))
+        first_row += count
+    return diffs
 
 
 @dataclass

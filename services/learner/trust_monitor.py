@@ -62,12 +62,13 @@ class TrustMonitor:
         checks = self.auditor.check(groups, statistics, tensors)
         lines = []
         for stat, check in zip(statistics, checks, strict=True):
-            was_suspect = self.tracker.scores.get(stat.worker_id)
+            previous = self.tracker.scores.get(stat.worker_id)
+            was_suspect = previous is not None and previous.suspect  # read now: observe() updates it in place
             verdict = self.tracker.observe(stat.worker_id, stat.lag, stat.abs_diff_nats, check.exact_diff_nats)
             if check.audit_s > 0:
                 self.audit_s_total += check.audit_s
                 self.num_spot_audits += 1
-            if self.tracker.scores[stat.worker_id].suspect and not (was_suspect and was_suspect.suspect):
+            if self.tracker.scores[stat.worker_id].suspect and not was_suspect:
                 log.warning("worker %s is suspect: trust score %.1f", stat.worker_id, verdict.score)
             record = GroupTrustRecord(
                 step=learner_version,

@@ -80,9 +80,9 @@ class CompletionDecoder:
         lengths = unpack_int32(group.completion_lengths)  # (num_samples,)
         stopped = np.array([reason == "stop" for reason in group.finish_reasons])  # (num_samples,)
         self.check(group, ids, lengths, stopped)
-        ends = np.cumsum(lengths).tolist()
-        starts = [0, *ends[:-1]]
-        visible_ends = (np.cumsum(lengths) - stopped).tolist()  # a stopped sample's last id is its EOS
+        ends = np.cumsum(lengths)  # (num_samples,)
+        starts = [0, *ends[:-1].tolist()]
+        visible_ends = (ends - stopped).tolist()  # a stopped sample's last id is its EOS
         id_list = ids.tolist()
         # One decode call per sample: decode_batch's thread pool costs more than it saves on short samples.
         return [
