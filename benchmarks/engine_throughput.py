@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -130,17 +131,9 @@ def run_child(python: str, kind: str, num_threads: int, model_dir: Path, timeout
 
 
 def num_parameters(model_dir: Path) -> int:
-    from safetensors import safe_open
+    from engines.vllm_engine import checkpoint_tensor_shapes  # reads the safetensors headers only
 
-    with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:
-        return sum(_numel(f.get_slice(name).get_shape()) for name in f.keys())  # noqa: SIM118
-
-
-def _numel(shape: list[int]) -> int:
-    total = 1
-    for size in shape:
-        total *= size
-    return total
+    return sum(math.prod(shape) for shape in checkpoint_tensor_shapes(model_dir).values())
 
 
 def main() -> None:

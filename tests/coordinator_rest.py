@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import httpx
 import redis
@@ -15,6 +17,7 @@ from fastapi import FastAPI
 from services.coordinator.announcements import Announcements
 from services.coordinator.app import create_app
 from services.coordinator.redis_access import RedisAccess
+from services.rollout.settings import RolloutSettings
 from shared.api import JOIN_TOKEN_HEADER, RegisterWorkerResponse
 from shared.bus import StreamBus
 from shared.config import RunConfig
@@ -22,12 +25,29 @@ from shared.keys import RunKeys
 from shared.messages import WeightsPublished
 from shared.streams import WEIGHTS
 from tests.uvicorn_thread import serve
+from tests.weights_keys import PUBLIC_KEY_HEX
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
 JOIN_TOKEN = "test-join-token-0123456789"
 JOIN_HEADERS = {JOIN_TOKEN_HEADER: JOIN_TOKEN}  # what a worker sends to register
 
 Clock = Callable[[], float]  # unix seconds
+
+
+def worker_settings(
+    coordinator_url: str, redis_url: str, model_dir: Path, worker_name: str, worker_poll_s: float = 0.05, **fields: Any
+) -> RolloutSettings:
+    """An in-process worker's settings: the tests' public key and join token, a fast poll, and `fields`."""
+    return RolloutSettings(
+        weights_public_key=PUBLIC_KEY_HEX,
+        join_token=JOIN_TOKEN,
+        coordinator_url=coordinator_url,
+        redis_url=redis_url,
+        model_dir=model_dir,
+        worker_name=worker_name,
+        worker_poll_s=worker_poll_s,
+        **fields,
+    )
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ import torch
 from cluster.redis_server import RedisServer
 from engines.torch_engine import TorchEngine
 from services.learner.publish import WeightPublisher
-from services.rollout.settings import RolloutSettings
 from services.rollout.worker import RolloutWorker
 from shared.bus import StreamBus, connect
 from shared.chunk_server import ChunkServer, ChunkStore
@@ -35,7 +34,7 @@ from shared.config import (
 from shared.keys import RunKeys
 from shared.messages import LearnerState, TaskGroup
 from shared.streams import LEARNER_STATE, ROLLOUTS, TASKS
-from tests.coordinator_rest import ADMIN_TOKEN, JOIN_HEADERS, JOIN_TOKEN
+from tests.coordinator_rest import ADMIN_TOKEN, JOIN_HEADERS, JOIN_TOKEN, worker_settings
 from tests.polling import CallCounter, wait_for
 from tests.weights_keys import PUBLIC_KEY_HEX, SIGNING_KEY
 
@@ -193,15 +192,8 @@ def test_a_drained_worker_process_finishes_its_batch_loses_no_task_and_leaves(
     assert pending["pending"] == 0, pending
     assert bus.backlog(TASKS) == len(task_ids) - len(set(done))
     # a second worker takes over: every task ends up sampled exactly once
-    settings = RolloutSettings(
-        weights_public_key=PUBLIC_KEY_HEX,
-        join_token=JOIN_TOKEN,
-        coordinator_url=coordinator_url,
-        redis_url=redis_server.url,
-        model_dir=model_dir,
-        worker_name="successor",
-        worker_max_groups_per_batch=16,
-        worker_poll_s=0.05,
+    settings = worker_settings(
+        coordinator_url, redis_server.url, model_dir, "successor", worker_max_groups_per_batch=16
     )
     successor = RolloutWorker(run, settings, TorchEngine(model_dir), connect(redis_server.url))
     thread = threading.Thread(target=successor.run, daemon=True)
@@ -233,16 +225,7 @@ def test_a_standby_worker_keeps_heartbeating_and_fresh_weights_but_takes_no_task
         json={"samples_per_s": 100.0},
     )
     wait_for(lambda: httpx.get(f"{coordinator_url}/v1/capacity").json()["known"], "the planner knows the requirement")
-    settings = RolloutSettings(
-        weights_public_key=PUBLIC_KEY_HEX,
-        join_token=JOIN_TOKEN,
-        coordinator_url=coordinator_url,
-        redis_url=redis_server.url,
-        model_dir=model_dir,
-        worker_name="priced",
-        worker_price_per_hour=2.0,
-        worker_poll_s=0.05,
-    )
+    settings = worker_settings(coordinator_url, redis_server.url, model_dir, "priced", worker_price_per_hour=2.0)
     engine = TorchEngine(model_dir)
     worker = RolloutWorker(run, settings, engine, connect(redis_server.url))
     turns = CallCounter(worker, "serve_once")

@@ -20,7 +20,6 @@ from cluster.redis_server import RedisServer, free_port
 from engines.torch_engine import TorchEngine
 from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError
 from services.rollout.membership import Membership
-from services.rollout.settings import RolloutSettings
 from services.rollout.worker import RolloutWorker
 from shared.api import HeartbeatRequest, RegisterWorkerRequest, WorkerInfo
 from shared.bus import StreamBus, connect
@@ -30,7 +29,7 @@ from shared.keys import RunKeys
 from shared.messages import LearnerState, RolloutGroup, TaskGroup, WeightsPublished
 from shared.streams import DEAD, LEARNER_STATE, ROLLOUTS, TASKS, WEIGHTS
 from shared.weights import build_manifest
-from tests.coordinator_rest import JOIN_TOKEN, ServeCoordinator
+from tests.coordinator_rest import JOIN_TOKEN, ServeCoordinator, worker_settings
 from tests.manual_clock import ManualClock
 from tests.polling import CallCounter, wait_for
 from tests.weights_keys import PUBLIC_KEY_HEX, SIGNING_KEY
@@ -133,15 +132,8 @@ def test_worker_samples_with_announced_versions_gates_on_staleness_and_dead_lett
     keys: RunKeys,
     model_dir: Path,
 ) -> None:
-    settings = RolloutSettings(
-        weights_public_key=PUBLIC_KEY_HEX,
-        join_token=JOIN_TOKEN,
-        coordinator_url=coordinator_url,
-        redis_url=redis_server.url,
-        model_dir=model_dir,
-        worker_name="in-process",
-        worker_max_groups_per_batch=4,
-        worker_poll_s=0.05,
+    settings = worker_settings(
+        coordinator_url, redis_server.url, model_dir, "in-process", worker_max_groups_per_batch=4
     )
     engine = TorchEngine(model_dir)
     worker = RolloutWorker(run, settings, engine, connect(redis_server.url))

@@ -13,13 +13,12 @@ import torch
 from safetensors.torch import load as safetensors_load
 
 from cluster.redis_server import RedisServer
-from services.rollout.settings import RolloutSettings
 from services.rollout.worker import RolloutWorker
 from shared.bus import StreamBus, connect
 from shared.config import CoordinatorConfig, RolloutConfig, RunConfig, ScheduleConfig
 from shared.keys import RunKeys
 from shared.streams import TASKS
-from tests.coordinator_rest import JOIN_TOKEN
+from tests.coordinator_rest import worker_settings
 from tests.hf_folders import build_char_folder
 from tests.integration.test_rollout_worker import (
     STALENESS_BOUND,
@@ -30,7 +29,6 @@ from tests.integration.test_rollout_worker import (
 )
 from tests.polling import wait_for
 from tests.vllm_required import require_vllm
-from tests.weights_keys import PUBLIC_KEY_HEX
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -75,15 +73,8 @@ def test_a_vllm_worker_samples_with_each_announced_version(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    settings = RolloutSettings(
-        weights_public_key=PUBLIC_KEY_HEX,
-        join_token=JOIN_TOKEN,
-        coordinator_url=coordinator_url,
-        redis_url=redis_server.url,
-        model_dir=model_dir,
-        worker_name="vllm-in-process",
-        worker_max_groups_per_batch=4,
-        worker_poll_s=0.05,
+    settings = worker_settings(
+        coordinator_url, redis_server.url, model_dir, "vllm-in-process", worker_max_groups_per_batch=4
     )
     from services.rollout.worker import build_engine
 
