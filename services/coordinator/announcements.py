@@ -9,10 +9,10 @@ hashes forever and set T_bcast to anything (issue 10, item 8). Now:
                                MAX_ANNOUNCED_VERSIONS only)  + RunKeys.broadcast_pending (to measure)
     heartbeat script           records a swap only of an announced version, swapped between its
                                announcement and now (services/coordinator/heartbeat_batch.py); any
-                               other report is ignored and counted (`IGNORED_SWAPS`). A version not
-                               in the hash yet is looked up in the stream's newest entries by the
-                               script itself (and recorded), so a report right after an announcement
-                               is never lost to the order of ingest and heartbeat.
+                               other report is ignored and counted (`WorkerRegistry.ignored_swaps`).
+                               A version not in the hash yet is looked up in the stream's newest
+                               entries by the script itself (and recorded), so a report right after
+                               an announcement is never lost to the order of ingest and heartbeat.
 
 Ingest runs once per control pass (reading only the entries after the last one it read); it records
 the versions nobody has reported yet and keeps the hash bounded.
@@ -51,9 +51,6 @@ class IgnoredSwaps:
     def counts(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counts)
-
-
-IGNORED_SWAPS = IgnoredSwaps()  # process-wide, like a Prometheus counter
 
 
 class Announcements:

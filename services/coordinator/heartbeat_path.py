@@ -53,7 +53,6 @@ import redis
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from services.coordinator.announcements import IGNORED_SWAPS
 from services.coordinator.auth import TOKEN_SEPARATOR, token_sha256
 from services.coordinator.broadcast_times import BroadcastTimes
 from services.coordinator.heartbeat_batch import OK, HeartbeatBatcher, HeartbeatEntry
@@ -134,7 +133,7 @@ class HeartbeatFastPath:
         if outcome.code != OK:
             return False  # unknown, wrong token or dead: the general path says which
         if outcome.swap_ignored is not None:  # a version never announced, or a swap time out of bounds
-            IGNORED_SWAPS.count(outcome.swap_ignored)
+            coordinator.registry.ignored_swaps.count(outcome.swap_ignored)
         if outcome.swap_is_news:  # the script recorded it; completing a version reads every worker: O(N) per
             # report, O(N^2) per version. A small fleet completes at once; past INLINE_COMPLETION_MAX_WORKERS
             # the control loop completes versions, once a pass, and the heartbeat answers without waiting.

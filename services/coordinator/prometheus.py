@@ -10,7 +10,6 @@ from fastapi import FastAPI
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from services.coordinator.announcements import IGNORED_SWAPS
 from services.coordinator.capacity_view import recent_broadcast_s
 from services.coordinator.control import ControlPlane, ControlSnapshot
 from services.coordinator.measurements import BAD_MEASUREMENTS
@@ -47,7 +46,7 @@ def hostile_input_families(control: ControlPlane) -> Iterator[Metric]:
         "weight swaps reported by workers and ignored: version never announced, or time out of bounds",
         labels=["reason"],
     )
-    for reason, count in sorted(IGNORED_SWAPS.counts().items()):
+    for reason, count in sorted(control.coordinator.registry.ignored_swaps.counts().items()):
         ignored.add_metric([reason], count)
     yield ignored
     coordinator = control.coordinator

@@ -21,7 +21,7 @@ import redis
 from pydantic import TypeAdapter, ValidationError
 from redis.typing import EncodableT
 
-from services.coordinator.announcements import IGNORED_SWAPS, Announcements
+from services.coordinator.announcements import Announcements, IgnoredSwaps
 from services.coordinator.broadcast_times import BroadcastTimes
 from services.coordinator.heartbeat_batch import (
     DEAD,
@@ -142,6 +142,7 @@ class WorkerRegistry:
         self._list_script = client.register_script(_LIST_LUA)
         self._revive_script = client.register_script(_REVIVE_LUA)
         self.announcements = Announcements(client, keys)  # the versions a swap report may name
+        self.ignored_swaps = IgnoredSwaps()  # this coordinator's ignored swap reports, both heartbeat paths
 
     # writing
     def register(
@@ -221,7 +222,7 @@ class WorkerRegistry:
         if outcome.swap_is_news:  # T_bcast bookkeeping: services/coordinator/broadcast_times.py
             BroadcastTimes(self.redis, self.keys).complete_pending(self.list_workers())
         if outcome.swap_ignored is not None:
-            IGNORED_SWAPS.count(outcome.swap_ignored)
+            self.ignored_swaps.count(outcome.swap_ignored)
         return WorkerState(outcome.state), entry.expiry_s
 
     def deregister(self, worker_id: str) -> None:
