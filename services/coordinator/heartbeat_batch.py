@@ -107,15 +107,17 @@ for i = 0, (#ARGV - 7) / 8 - 1 do
         flat[#flat + 1] = value
       end
       redis.call('HSET', worker, unpack(flat))
-      if version ~= '' then
+      -- a worker repeats its last swap in every heartbeat: only the first report needs the announcement
+      if version ~= '' and redis.call('HEXISTS', swaps, worker_id) == 0 then
         local announced_at = announced_at_of(version)
         local swapped = tonumber(swapped_at_s)
         if not announced_at then
           news = -1
         elseif swapped < announced_at - skew or swapped > tonumber(now_s) + skew then
           news = -2
-        elseif redis.call('HSETNX', swaps, worker_id, swapped_at_s) == 1 then
+        else
           news = 1
+          redis.call('HSET', swaps, worker_id, swapped_at_s)
           redis.call('EXPIRE', swaps, ARGV[1])
           redis.call('HSET', last_swap, worker_id, version .. ':' .. swapped_at_s)
           local seconds, bytes = swapped - announced_at, tonumber(num_bytes)
