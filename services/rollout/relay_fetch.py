@@ -48,6 +48,7 @@ class ArtifactFetch:
     manifest: Manifest
     blob: bytes
     seconds: float
+    done_at_s: float = 0.0  # wall clock: the last chunk verified
     bytes_by_source: Counter[str] = field(default_factory=Counter)  # bytes received from the network
     corrupt_by_source: Counter[str] = field(default_factory=Counter)  # chunks that failed verification
     failures: list[str] = field(default_factory=list)  # one line per source failure, in order
@@ -121,6 +122,7 @@ class RelayFetcher:
                 result.failures.append(f"{source}: {reason}")
                 log.warning("version %s: source %s failed (%s); switching", manifest.artifact, source, reason)
         result.seconds = time.monotonic() - started_s
+        result.done_at_s = time.time()
         result.blob = b"".join(self.store.chunks(manifest))
         return result
 

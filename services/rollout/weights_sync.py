@@ -71,6 +71,9 @@ class VerifiedVersion:
     blob: bytes
     num_bytes_downloaded: int = 0
     source_url: str = ""
+    fetch_started_at_s: float = 0.0  # wall clock: the announcement was read, the manifest fetch begins
+    transfer_done_at_s: float = 0.0  # wall clock: the last chunk of the announced artifact verified
+    ready_at_s: float = 0.0  # wall clock: the full weights verified and ready to load
 
     @property
     def policy_version(self) -> int:
@@ -101,8 +104,10 @@ class WeightsSync:
         chunk_wait_s: float = 10.0,
         version_timeout_s: float = 120.0,
         model_fingerprint: str = "",
+        on_ready: Callable[[VerifiedVersion], None] | None = None,
     ) -> None:
         self.bus = bus
+        self.on_ready = on_ready  # called on the fetching thread the moment a version is ready to load
         self.model_fingerprint = model_fingerprint  # of this worker's folder; "" checks nothing
         self.keys = bus.keys
         self.store = store
@@ -179,6 +184,7 @@ class WeightsSync:
 
     def fetch_verified(self, announcement: WeightsPublished) -> VerifiedVersion:
         """The announced version's full weights, every check passed; raises a WeightsError subclass otherwise."""
+        fetch_started_at_s = time.time()
         learner_url, announced_payload = announced_source(announcement)
         version = announcement.policy_version
         manifest = fetch_manifest(self._http, learner_url, version, self.public_key, payload=announced_payload)
@@ -208,7 +214,16 @@ class WeightsSync:
                 raise ChunkVerificationError(f"version {full.artifact}: the assembled weights do not match full_sha256")
         self._base = _Base(version, manifest.full_sha256, blob)
         log_fetch(manifest, fetched)
-        return VerifiedVersion(announcement, manifest, blob, fetched.num_bytes, fetched.main_source)
+        return VerifiedVersion(
+            announcement,
+            manifest,
+            blob,
+            fetched.num_bytes,
+            fetched.main_source,
+            fetch_started_at_s=fetch_started_at_s,
+            transfer_done_at_s=fetched.done_at_s,
+            ready_at_s=time.time(),
+        )
 
     def close(self) -> None:
         self._stopping.set()
@@ -250,6 +265,8 @@ class WeightsSync:
             self._ready = version
             self._fetched_sha256 = announcement.manifest_sha256
         self._failed_at_s.pop(announcement.manifest_sha256, None)
+        if self.on_ready is not None:
+            self.on_ready(version)
 
     def _note_failure(self, announcement: WeightsPublished, exc: Exception) -> None:
         # Weights for another model never become loadable: that manifest is not retried (one error
