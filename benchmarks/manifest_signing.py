@@ -21,7 +21,7 @@ import timeit
 from pathlib import Path
 
 from shared.signing import generate_key_pair, load_signing_key
-from shared.weights import Manifest, sha256_hex, sign, verify_signature
+from shared.weights import DEFAULT_HASH_ALGORITHM, Manifest, payload_digest, sha256_hex, sign, verify_signature
 
 RESULTS = Path(__file__).resolve().parent / "results" / "manifest_signing.json"
 SHAPES = {  # name -> (payload bytes, chunk bytes)
@@ -31,18 +31,19 @@ SHAPES = {  # name -> (payload bytes, chunk bytes)
 
 
 def manifest_of(total_size_bytes: int, chunk_size_bytes: int) -> Manifest:
-    """A full manifest with real-looking hashes, without hashing gigabytes: only the body's size matters."""
+    """A full manifest with real-looking digests, without hashing gigabytes: only the body's size matters."""
     num_chunks = -(-total_size_bytes // chunk_size_bytes)
-    blob_sha256 = sha256_hex(os.urandom(32))
+    digests = [sha256_hex(index.to_bytes(8, "little") + os.urandom(8)) for index in range(num_chunks)]
+    digest = payload_digest(DEFAULT_HASH_ALGORITHM, total_size_bytes, chunk_size_bytes, digests)
     return Manifest(
         run_id="bench",
         policy_version=7,
         total_size_bytes=total_size_bytes,
         chunk_size_bytes=chunk_size_bytes,
-        chunk_sha256=[sha256_hex(index.to_bytes(8, "little")) for index in range(num_chunks)],
-        blob_sha256=blob_sha256,
+        chunk_digests=digests,
+        digest=digest,
         full_size_bytes=total_size_bytes,
-        full_sha256=blob_sha256,
+        full_digest=digest,
         created_at_s=0.0,
     )
 

@@ -17,9 +17,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from shared.messages import FinishReason  # "stop": ended with EOS; "length": hit max_new_tokens
 from shared.tokenization import PromptInput
+from shared.weights import Buffer
 
 
 class EngineError(RuntimeError):
@@ -62,6 +64,9 @@ class InferenceEngine(ABC):
     # published for another fingerprint. Empty: unknown, not checked (test stand-ins).
     model_fingerprint: str = ""
     _policy_version: int = -1  # set by load_weights once the weights are in
+    # A folder where this engine wants received weights written as files (vLLM loads checkpoints by path):
+    # the worker's chunk store writes each full version there chunk by chunk as it arrives. None: memory.
+    weights_dir: Path | None = None
 
     @property
     def policy_version(self) -> int:
@@ -87,7 +92,9 @@ class InferenceEngine(ABC):
         isolate a bad prompt by retrying one prompt per call)."""
 
     @abstractmethod
-    def load_weights(self, safetensors_bytes: bytes, policy_version: int) -> None:
-        """Swap in the weights of `policy_version` (a safetensors blob of the model's state dict;
-        a model with tied embeddings may leave out `lm_head.weight`). Raises WeightsLoadError and keeps
+    def load_weights(self, safetensors_bytes: Buffer, policy_version: int, path: Path | None = None) -> None:
+        """Swap in the weights of `policy_version` (a safetensors blob of the model's state dict, any
+        buffer: bytes or a view of the receiver's buffer, read without a copy; a model with tied
+        embeddings may leave out `lm_head.weight`). `path`, when given, is a file holding the same
+        bytes, for an engine that loads checkpoints from disk (vLLM). Raises WeightsLoadError and keeps
         the old weights and version if the blob does not fit the model."""

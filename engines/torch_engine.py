@@ -27,6 +27,7 @@ from engines.interface import InferenceEngine, Sample
 from engines.prompts import check_sampling_args, encode_checked_prompts
 from engines.weights_fit import check_state_fits, parse_blob
 from shared.tokenization import PromptInput, check_model_folder, eos_token_ids, model_fingerprint, pad_token_id
+from shared.weights import Buffer
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +75,16 @@ class TorchEngine(InferenceEngine):
         """Token ids of each prompt, checked (engines/prompts.py: the vLLM engine encodes the same way)."""
         return encode_checked_prompts(self.tokenizer, prompts, max_new_tokens, self.max_positions)
 
-    def load_weights(self, safetensors_bytes: bytes, policy_version: int) -> None:
-        state = self._validated_state_dict(safetensors_bytes)
+    def load_weights(self, safetensors_bytes: Buffer, policy_version: int, path: Path | None = None) -> None:
+        state = self._validated_state_dict(safetensors_bytes)  # views of the buffer; loading is the one copy
         self.model.load_state_dict(state, strict=False)  # keys and shapes were checked above
         self._policy_version = policy_version
-        log.info("loaded policy version %d (%d tensors, %d bytes)", policy_version, len(state), len(safetensors_bytes))
+        log.info(
+            "loaded policy version %d (%d tensors, %d bytes)",
+            policy_version,
+            len(state),
+            memoryview(safetensors_bytes).nbytes,
+        )
 
     def load_state_dict(self, state: dict[str, torch.Tensor], policy_version: int) -> None:
         """`load_weights` for tensors already in memory (the learner's evaluator hands over a snapshot of
@@ -184,7 +190,7 @@ class TorchEngine(InferenceEngine):
         ]
 
     # weights
-    def _validated_state_dict(self, safetensors_bytes: bytes) -> dict[str, torch.Tensor]:
+    def _validated_state_dict(self, safetensors_bytes: Buffer) -> dict[str, torch.Tensor]:
         """The blob's tensors, after checking they fit the model exactly; raises WeightsLoadError."""
         state = parse_blob(safetensors_bytes)
         self._check_fits(state)

@@ -36,6 +36,7 @@ from engines.prompts import check_sampling_args, encode_checked_prompts
 from engines.select import EngineUnavailableError
 from engines.weights_fit import TIED_OUTPUT_KEY, check_state_fits, parse_blob
 from shared.tokenization import PromptInput, check_model_folder, eos_token_ids, model_fingerprint
+from shared.weights import Buffer
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class VLLMEngine(InferenceEngine):
         self.expected_shapes = checkpoint_tensor_shapes(self.model_dir)
         self.ties_output_to_input = bool(config.get("tie_word_embeddings", True))
         self._weights_dir = tempfile.TemporaryDirectory(prefix="vllm-weights-")
+        self.weights_dir = Path(self._weights_dir.name)  # received versions land here as safetensors files
         self._vllm_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm")
         self.llm = self.call_on_engine_thread(
             start_llm, self.model_dir, kv_cache_bytes, gpu_memory_utilization, num_threads
@@ -106,18 +108,24 @@ class VLLMEngine(InferenceEngine):
         """Token ids of each prompt, checked (engines/prompts.py: the torch engine encodes the same way)."""
         return encode_checked_prompts(self.tokenizer, prompts, max_new_tokens, self.max_positions)
 
-    def load_weights(self, safetensors_bytes: bytes, policy_version: int) -> None:
-        path = self._write_checked_blob(safetensors_bytes)
+    def load_weights(self, safetensors_bytes: Buffer, policy_version: int, path: Path | None = None) -> None:
+        file_path, written = self._checked_file(safetensors_bytes, path)
         try:
             num_tensors = self.call_on_engine_thread(
-                self.llm.collective_rpc, "reload_weights_from_file", args=(str(path), self.ties_output_to_input)
+                self.llm.collective_rpc, "reload_weights_from_file", args=(str(file_path), self.ties_output_to_input)
             )[0]
         finally:
-            path.unlink(missing_ok=True)
+            if written:
+                file_path.unlink(missing_ok=True)
         if not self.call_on_engine_thread(self.llm.reset_prefix_cache):
             raise RuntimeError("vLLM refused to reset its prefix cache: old-weight KV blocks would be reused")
         self._policy_version = policy_version
-        log.info("loaded policy version %d (%d tensors, %d bytes)", policy_version, num_tensors, len(safetensors_bytes))
+        log.info(
+            "loaded policy version %d (%d tensors, %d bytes)",
+            policy_version,
+            num_tensors,
+            memoryview(safetensors_bytes).nbytes,
+        )
 
     def close(self) -> None:
         self._vllm_thread.shutdown()
@@ -158,20 +166,26 @@ class VLLMEngine(InferenceEngine):
         return samples
 
     # weights
-    def _write_checked_blob(self, safetensors_bytes: bytes) -> Path:
-        """The blob as a safetensors file in the engine's folder, after checking it fits the checkpoint
-        exactly (engines/weights_fit.py, as the torch engine); raises WeightsLoadError, and then nothing was loaded."""
+    def _checked_file(self, safetensors_bytes: Buffer, path: Path | None) -> tuple[Path, bool]:
+        """A safetensors file of the blob for vLLM to load, after checking it fits the checkpoint exactly
+        (engines/weights_fit.py, as the torch engine); raises WeightsLoadError, and then nothing was
+        loaded. The receiver's own file (`path`: the chunks were written into it as they arrived) is used
+        as it is; the blob is written to the engine's folder only when there is none, or when a tied head
+        must be left out. Returns the file and whether it was written here (and is to be deleted)."""
         from safetensors.torch import save_file
 
         state = parse_blob(safetensors_bytes)
         input_key = check_state_fits(state, self.expected_shapes, self.ties_output_to_input)
-        path = Path(self._weights_dir.name) / "weights.safetensors"
+        written = Path(self._weights_dir.name) / "weights.safetensors"
         if self.ties_output_to_input and TIED_OUTPUT_KEY in state and input_key is not None:
             del state[TIED_OUTPUT_KEY]  # vLLM's tied models take the head from the embedding (checked equal)
-            save_file(state, str(path))
-        else:
-            path.write_bytes(safetensors_bytes)
-        return path
+            save_file({name: tensor.clone() for name, tensor in state.items()}, str(written))
+            return written, True
+        if path is not None:
+            return path, False
+        with written.open("wb") as out:
+            out.write(memoryview(safetensors_bytes))
+        return written, True
 
 
 def start_llm(model_dir: Path, kv_cache_bytes: int, gpu_memory_utilization: float, num_threads: int) -> Any:

@@ -5,9 +5,14 @@ and the engine keeps the weights it had."""
 
 from __future__ import annotations
 
+import json
+import math
+import struct
+import warnings
 from typing import TYPE_CHECKING
 
 from engines.interface import WeightsLoadError
+from shared.weights import Buffer
 
 if TYPE_CHECKING:
     import torch
@@ -16,13 +21,54 @@ TIED_OUTPUT_KEY = "lm_head.weight"
 INPUT_EMBEDDING_SUFFIXES = ("embed_tokens.weight", "wte.weight")  # Llama/Qwen-style, GPT-2
 
 
-def parse_blob(safetensors_bytes: bytes) -> dict[str, torch.Tensor]:
-    """The blob's tensors; raises WeightsLoadError for bytes that are not a safetensors file."""
-    from safetensors.torch import load
+_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+}
+MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit
 
+
+def parse_blob(safetensors_bytes: Buffer) -> dict[str, torch.Tensor]:
+    """The blob's tensors, as views of its bytes (no copy: loading them into a model is the one copy);
+    raises WeightsLoadError for bytes that are not a safetensors file (the format: an 8-byte
+    little-endian header length, a JSON header {name: {dtype, shape, data_offsets}}, then the data)."""
+    import torch
+
+    view = memoryview(safetensors_bytes).cast("B")
     try:
-        return load(safetensors_bytes)
-    except Exception as exc:  # safetensors raises its own error types (and others) for bad bytes
+        (header_size,) = struct.unpack_from("<Q", view, 0)
+        if header_size > min(MAX_HEADER_BYTES, len(view) - 8):
+            raise ValueError(f"header of {header_size} bytes in a blob of {len(view)}")
+        header = json.loads(bytes(view[8 : 8 + header_size]))
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
+        data = view[8 + header_size :]
+        tensors: dict[str, torch.Tensor] = {}
+        with warnings.catch_warnings():  # a read-only buffer: never written through (loading copies)
+            warnings.simplefilter("ignore", UserWarning)
+            for name, entry in header.items():
+                if name == "__metadata__":
+                    continue
+                dtype = getattr(torch, _DTYPES[entry["dtype"]])
+                shape = [int(size) for size in entry["shape"]]
+                begin, end = (int(offset) for offset in entry["data_offsets"])
+                expected = math.prod(shape) * dtype.itemsize
+                if not 0 <= begin <= end <= len(data) or end - begin != expected:
+                    raise ValueError(f"{name}: data_offsets {begin}..{end} for {expected} bytes of {len(data)}")
+                flat = torch.frombuffer(data[begin:end], dtype=dtype) if expected else torch.empty(0, dtype=dtype)
+                tensors[name] = flat.reshape(shape)
+        return tensors
+    except (struct.error, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise WeightsLoadError(f"not a safetensors blob: {type(exc).__name__}: {exc}") from exc
 
 

@@ -1,15 +1,17 @@
 """Fetching weights from a chunk server over HTTP, verifying everything before it is used.
 
 The manifest's signature is checked against the learner's public key first; each chunk is checked against
-the manifest's sha256 as it arrives (and stored in an optional local ChunkStore, which is what lets
-this holder relay it to its own children); the reassembled blob is checked last.
+the manifest's digest as it arrives, in its place in a ChunkStore's buffer (which is what lets this
+holder relay it to its own children). Every chunk verified against the signed manifest is the whole
+payload verified (shared/weights.py: the payload digest is derived from the chunk digests).
 
 Two transports:
 - `fetch_manifest` / `fetch_chunk` / `fetch_version`: one request per object (httpx); used for
   manifests and for repairing single chunks.
 - `ChunkStream`: one request for chunks i.. of an artifact, read chunk by chunk as the holder sends
-  them (stdlib http.client: `read(n)` straight off the socket with a per-read timeout, which is how a
-  stalled holder is noticed). This is the relay path: no per-chunk round trip keeps the link idle.
+  them (stdlib http.client: `readinto` straight off the socket into the chunk's final place, with a
+  per-read timeout, which is how a stalled holder is noticed). This is the relay path: no per-chunk
+  round trip keeps the link idle, and no copy of the bytes in Python.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import httpx
 from shared.chunk_server import ChunkStore
 from shared.messages import WeightsPublished
 from shared.signing import Ed25519PublicKey
-from shared.weights import Manifest, Payload, WeightsError, as_payload, assemble, verify_chunk, verify_signature
+from shared.weights import Manifest, Payload, WeightsError, as_payload, verify_chunk, verify_signature
 
 _ANNOUNCED_MANIFEST = re.compile(r"^(https?://.+?)/v1/weights/(\d+)(?:/(full|delta))?/manifest$")
 
@@ -90,17 +92,18 @@ def fetch_chunk(client: httpx.Client, base_url: str, manifest: Manifest, index: 
     return data
 
 
-def fetch_version(client: httpx.Client, base_url: str, manifest: Manifest, store: ChunkStore | None = None) -> bytes:
-    """Every chunk of `manifest` from `base_url`, verified; the blob, verified whole."""
-    if store is not None:
-        store.add_manifest(manifest)
-    chunks: list[bytes] = []
+def fetch_version(
+    client: httpx.Client, base_url: str, manifest: Manifest, store: ChunkStore | None = None
+) -> memoryview:
+    """Every chunk of `manifest` from `base_url`, one request each, verified into `store` (a new
+    in-memory one when None); the payload, as a view of the store's buffer."""
+    store = store if store is not None else ChunkStore(keep_versions=1)
+    store.add_manifest(manifest)
     for index in range(manifest.num_chunks):
-        chunk = fetch_chunk(client, base_url, manifest, index)
-        if store is not None:
-            store.put_chunk(manifest.policy_version, index, chunk, manifest.payload)
-        chunks.append(chunk)
-    return assemble(manifest, chunks)
+        store.put_chunk(
+            manifest.policy_version, index, fetch_chunk(client, base_url, manifest, index), manifest.payload
+        )
+    return store.payload(manifest)
 
 
 class ChunkStream:
@@ -141,21 +144,36 @@ class ChunkStream:
             raise FetchError(f"stream {manifest.artifact} from {base_url}: HTTP {self._response.status}: {body}")
 
     def next_chunk(self) -> bytes:
+        """The next chunk as new bytes (tests, tools; the relay path uses `read_chunk_into`)."""
+        data = bytearray(self.manifest.chunk_length(self.next_index))
+        self.read_chunk_into(memoryview(data))
+        return bytes(data)
+
+    def read_chunk_into(self, region: memoryview) -> int:
+        """Read the next chunk from the socket straight into `region` (exactly its length); returns its
+        index. Raises FetchError for a stalled or closed holder (the region then holds partial bytes)."""
         assert self._response is not None and self.next_index < self.manifest.num_chunks
         index = self.next_index
         expected = self.manifest.chunk_length(index)
+        if len(region) != expected:
+            raise ValueError(f"chunk {index} is {expected} bytes, the region {len(region)}")
+        received = 0
         try:
-            data = self._response.read(expected)
+            while received < expected:
+                count = self._response.readinto(region[received:])
+                if not count:
+                    break
+                received += count
         except (OSError, http.client.HTTPException) as exc:  # socket.timeout is an OSError
             what = "stalled" if isinstance(exc, socket.timeout) else f"{type(exc).__name__}: {exc}"
             raise FetchError(f"stream {self.manifest.artifact} from {self.base_url}, chunk {index}: {what}") from exc
-        if len(data) != expected:
+        if received != expected:
             raise FetchError(
                 f"stream {self.manifest.artifact} from {self.base_url} ended at chunk {index} "
-                f"({len(data)} of {expected} bytes): the holder closed it"
+                f"({received} of {expected} bytes): the holder closed it"
             )
         self.next_index += 1
-        return data
+        return index
 
     def close(self) -> None:
         if self._response is not None:

@@ -18,23 +18,39 @@ different manifest under that version (a restarted learner re-used the number). 
 stream bounds the wait for an artifact not held yet (default and cap: `wait_s`). A stream whose next
 chunk does not arrive within `wait_s` ends early (the connection closes mid-body): the child sees a
 short read and moves to another holder.
+
+Where the bytes live: every artifact is one contiguous buffer, and a chunk is a read-only view of its
+region. A receiver streams each chunk straight into its region (`receive_region`), verifies it there
+(`commit_chunk`) and only then serves it: no per-chunk copies, no join of the whole payload afterwards.
+A chunk is sent from its view with one `sendall` (no copy in Python).
 """
 
 from __future__ import annotations
 
 import logging
 import mmap
+import os
 import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs
 
 from shared.signing import Ed25519PublicKey
-from shared.weights import Manifest, Payload, as_payload, verify_chunk, verify_signature
+from shared.weights import (
+    Buffer,
+    ChunkVerificationError,
+    Manifest,
+    Payload,
+    as_payload,
+    chunk_digests,
+    verify_chunk,
+    verify_signature,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,30 +63,36 @@ class ManifestMismatchError(KeyError):
 class _StoredArtifact:
     manifest: Manifest
     manifest_sha256: str
-    # bytes in memory; or read-only views of a file-backed mapping (a spilled artifact, see ChunkStore)
-    chunks: dict[int, bytes | memoryview] = field(default_factory=dict)
-    spill_path: Path | None = None
+    buffer: memoryview | None = None  # the payload's bytes (allocated on the first chunk received)
+    chunks: dict[int, memoryview] = field(default_factory=dict)  # verified chunks: read-only views of buffer
+    file_path: Path | None = None  # the file backing `buffer` (spilled, or received into), if any
 
     @property
     def complete(self) -> bool:
         return len(self.chunks) == self.manifest.num_chunks
 
+    def region(self, index: int) -> memoryview:
+        assert self.buffer is not None
+        offset = self.manifest.chunk_offset(index)
+        return self.buffer[offset : offset + self.manifest.chunk_length(index)]
+
     def release(self) -> None:
-        """Drop the artifact's file, if spilled. The mapping itself stays valid for a request still
-        sending one of its chunks and goes away with the last view (Linux keeps an unlinked file's pages
-        until then)."""
-        if self.spill_path is not None:
-            self.spill_path.unlink(missing_ok=True)
+        """Drop the artifact's file, if any. A mapping stays valid for a request still sending one of its
+        chunks and goes away with the last view (Linux keeps an unlinked file's pages until then)."""
+        if self.file_path is not None:
+            self.file_path.unlink(missing_ok=True)
 
 
 class ChunkStore:
     """Thread-safe artifacts of the last `keep_versions` versions added (in arrival order, so a restarted
-    learner's lower version numbers are kept). Every chunk is verified on put.
+    learner's lower version numbers are kept). Every chunk is verified before it is held, except those of
+    a version its producer put whole and vouches for (`put_version(..., verified=True)`: the learner).
 
-    With `spill_dir`, a whole version added at once (`put_version`: the learner's publications) is
-    written to a file there and served from a read-only mapping of it: the versions the store keeps are
-    page cache the kernel can drop and re-read, not the process's own memory (at Qwen3-0.6B in bf16,
-    4 versions are ~4.8 GB). Chunks added one by one (a worker relaying) stay in memory.
+    With `spill_dir`, full payloads live in files there instead of the process's memory: a whole version
+    added at once (the learner's publications) is served from a read-only mapping of its file, and a
+    full payload received chunk by chunk (a worker) is written into its file at each chunk's offset, so
+    the finished file is the safetensors checkpoint an engine like vLLM loads by path (`file_path`).
+    Files are page cache the kernel can drop and re-read (at Qwen3-0.6B in bf16, 4 versions are ~4.8 GB).
 
     With `trusted_key` (the learner's public key: a worker's store), a manifest is held only if the
     learner signed it (ManifestError otherwise), so nothing else is ever served or relayed from here and
@@ -84,11 +106,12 @@ class ChunkStore:
         self.spill_dir = spill_dir
         if spill_dir is not None:
             spill_dir.mkdir(parents=True, exist_ok=True)
-            for stale in spill_dir.glob("*.chunks"):  # a previous process's: never served again
-                stale.unlink()
+            for pattern in ("*.chunks", "*.safetensors"):
+                for stale in spill_dir.glob(pattern):  # a previous process's: never served again
+                    stale.unlink()
         self._versions: OrderedDict[int, dict[str, _StoredArtifact]] = OrderedDict()
         self._changed = threading.Condition()
-        self._num_spilled = 0
+        self._num_files = 0
 
     # writing
     def add_manifest(self, manifest: Manifest) -> None:
@@ -112,53 +135,110 @@ class ChunkStore:
                 artifacts[manifest.payload] = _StoredArtifact(manifest, manifest.sha256())
             self._changed.notify_all()
 
-    def put_chunk(self, policy_version: int, index: int, data: bytes, payload: Payload = "full") -> None:
-        """Store a chunk after verifying it (raises ChunkVerificationError; nothing is stored then)."""
+    def receive_region(self, manifest: Manifest, index: int) -> memoryview:
+        """The writable region where chunk `index` of `manifest` goes: read it from the network straight
+        into this, then `commit_chunk`. Raises KeyError unless `manifest` is held (add_manifest), and
+        ValueError if that chunk is already held (its region is being served: never written again)."""
         with self._changed:
-            stored = self._artifact(policy_version, payload)
-            if stored is None:
-                raise KeyError(f"no manifest for version {policy_version}/{payload}")
-            verify_chunk(stored.manifest, index, data)
-            stored.chunks[index] = data
+            stored = self._held(manifest)
+            if index in stored.chunks:
+                raise ValueError(f"chunk {index} of {manifest.artifact} is already held")
+            if stored.buffer is None:
+                stored.buffer, stored.file_path = self._allocate(manifest)
+            return stored.region(index)
+
+    def commit_chunk(self, manifest: Manifest, index: int) -> None:
+        """Verify chunk `index` in its region (filled since `receive_region`) and hold it: from now on it
+        is served. Raises ChunkVerificationError (the chunk stays missing) or KeyError (the artifact left
+        the store: evicted or replaced)."""
+        with self._changed:
+            stored = self._held(manifest)
+            if stored.buffer is None:
+                raise KeyError(f"nothing received for {manifest.artifact}")
+            region = stored.region(index)
+        verify_chunk(manifest, index, region)  # outside the lock: servers keep serving other chunks
+        with self._changed:
+            if self._held(manifest) is not stored:
+                raise KeyError(f"version {manifest.artifact} left the store while chunk {index} arrived")
+            stored.chunks[index] = region.toreadonly()
             self._changed.notify_all()
 
-    def put_version(self, manifest: Manifest, chunks: list[bytes]) -> None:
-        """Add a whole artifact; with `spill_dir` its chunks are served from a file (see the class)."""
-        if self.spill_dir is None:
-            self.add_manifest(manifest)
-            for index, chunk in enumerate(chunks):
-                self.put_chunk(manifest.policy_version, index, chunk, manifest.payload)
-            return
-        spill_path, views = self._spill(manifest, chunks)
+    def put_chunk(self, policy_version: int, index: int, data: Buffer, payload: Payload = "full") -> None:
+        """Verify a chunk fetched on its own and hold it (one copy into its region). Raises
+        ChunkVerificationError (nothing is held then) or KeyError (the artifact is not held)."""
+        manifest = self.manifest(policy_version, payload)
+        if manifest is None:
+            raise KeyError(f"no manifest for version {policy_version}/{payload}")
+        verify_chunk(manifest, index, data)
+        try:
+            region = self.receive_region(manifest, index)
+        except ValueError:
+            return  # held meanwhile: the same verified bytes
+        region[:] = data
+        self.commit_chunk(manifest, index)
+
+    def put_version(
+        self,
+        manifest: Manifest,
+        payload: Buffer | Sequence[Buffer],
+        *,
+        verified: bool = False,
+        file_path: Path | None = None,
+    ) -> None:
+        """Hold a whole artifact: `payload` is its bytes (or its chunks in order, joined here).
+        `verified=True`: the caller produced these bytes and their digests itself (the learner), so they
+        are not hashed again. `file_path`: the file `payload` is a mapping of (deleted with the version);
+        without it, a store with `spill_dir` writes the payload to a file there and serves that."""
+        if isinstance(payload, list | tuple):
+            payload = b"".join(payload)
+        view = memoryview(payload).cast("B").toreadonly()  # type: ignore[arg-type]
+        if len(view) != manifest.total_size_bytes:
+            raise ChunkVerificationError(
+                f"version {manifest.artifact}: {len(view)} bytes, the manifest says {manifest.total_size_bytes}"
+            )
+        if not verified:
+            regions = [
+                view[manifest.chunk_offset(i) : manifest.chunk_offset(i) + manifest.chunk_length(i)]
+                for i in range(manifest.num_chunks)
+            ]
+            for index, digest in enumerate(chunk_digests(manifest.hash_algorithm, regions)):
+                if digest != manifest.chunk_digests[index]:
+                    raise ChunkVerificationError(f"version {manifest.artifact} chunk {index}: digest mismatch")
+        if file_path is None and self.spill_dir is not None and len(view):
+            view, file_path = self._spill(manifest, view)
         self.add_manifest(manifest)
         with self._changed:
-            stored = self._artifact(manifest.policy_version, manifest.payload)
-            assert stored is not None and stored.manifest == manifest  # added just above, under our lock since
-            for index, view in enumerate(views):
-                verify_chunk(manifest, index, view)
+            stored = self._held(manifest)
             stored.release()  # the same manifest put again: the older file goes, its views stay valid
-            stored.chunks = dict(enumerate(views))
-            stored.spill_path = spill_path
+            stored.buffer, stored.file_path = view, file_path
+            stored.chunks = {index: stored.region(index) for index in range(manifest.num_chunks)}
             self._changed.notify_all()
 
-    def _spill(self, manifest: Manifest, chunks: list[bytes]) -> tuple[Path, list[bytes | memoryview]]:
-        """Write the chunks to a new file in spill_dir; read-only views of its mapping, one per chunk."""
-        assert self.spill_dir is not None
-        self._num_spilled += 1  # a fresh name every time: a mapped file is never rewritten under its views
-        path = self.spill_dir / f"{manifest.policy_version}-{manifest.payload}-{self._num_spilled}.chunks"
+    def new_file_path(self, policy_version: int, payload: Payload) -> Path:
+        """A fresh file name in `spill_dir` for a payload (a mapped file is never rewritten under its
+        views). Raises ValueError without a spill_dir."""
+        if self.spill_dir is None:
+            raise ValueError("this store keeps versions in memory (no spill_dir)")
+        with self._changed:
+            self._num_files += 1
+            number = self._num_files
+        suffix = "safetensors" if payload == "full" else "chunks"
+        return self.spill_dir / f"{policy_version}-{payload}-{os.getpid()}-{number}.{suffix}"
+
+    def _spill(self, manifest: Manifest, view: memoryview) -> tuple[memoryview, Path]:
+        path = self.new_file_path(manifest.policy_version, manifest.payload)
         with path.open("wb") as out:
-            for chunk in chunks:
-                out.write(chunk)
-        if path.stat().st_size == 0:
-            return path, [b"" for _ in chunks]
-        with path.open("rb") as mapped_file:
-            mapping = memoryview(mmap.mmap(mapped_file.fileno(), 0, access=mmap.ACCESS_READ))
-        views: list[bytes | memoryview] = []
-        offset = 0
-        for chunk in chunks:
-            views.append(mapping[offset : offset + len(chunk)])
-            offset += len(chunk)
-        return path, views
+            out.write(view)
+        return map_file(path), path
+
+    def _allocate(self, manifest: Manifest) -> tuple[memoryview, Path | None]:
+        """A buffer for a payload received chunk by chunk: a file in spill_dir for a full payload when
+        there is one (the checkpoint file an engine loads), else anonymous memory (pages are only
+        committed as chunks arrive)."""
+        path = None
+        if self.spill_dir is not None and manifest.payload == "full" and manifest.total_size_bytes:
+            path = self.new_file_path(manifest.policy_version, manifest.payload)
+        return allocate_buffer(manifest.total_size_bytes, path), path
 
     # reading
     def manifest(self, policy_version: int, payload: Payload = "full") -> Manifest | None:
@@ -191,9 +271,10 @@ class ChunkStore:
         wait_s: float = 0.0,
         payload: Payload = "full",
         manifest_sha256: str | None = None,
-    ) -> bytes | None:
-        """The chunk, waiting up to `wait_s` for it to arrive; None if it did not. Raises KeyError for an
-        artifact not held (ManifestMismatchError when held under another manifest than `manifest_sha256`)."""
+    ) -> memoryview | None:
+        """The chunk (a read-only view), waiting up to `wait_s` for it to arrive; None if it did not.
+        Raises KeyError for an artifact not held (ManifestMismatchError when held under another manifest
+        than `manifest_sha256`)."""
         deadline = time.monotonic() + wait_s
         with self._changed:
             while True:
@@ -207,9 +288,7 @@ class ChunkStore:
                 chunk = stored.chunks.get(index)
                 remaining_s = deadline - time.monotonic()
                 if chunk is not None or remaining_s <= 0:
-                    return (
-                        bytes(chunk) if isinstance(chunk, memoryview) else chunk
-                    )  # a spilled chunk: copied per request
+                    return chunk
                 self._changed.wait(remaining_s)
 
     def missing_chunks(self, manifest: Manifest) -> list[int]:
@@ -220,13 +299,23 @@ class ChunkStore:
                 return list(range(manifest.num_chunks))
             return [index for index in range(manifest.num_chunks) if index not in stored.chunks]
 
-    def chunks(self, manifest: Manifest) -> list[bytes]:
-        """Every chunk of `manifest`, in order; raises KeyError unless all are held under that manifest."""
+    def payload(self, manifest: Manifest) -> memoryview:
+        """The whole payload of `manifest` (a read-only view, no copy); raises KeyError unless every
+        chunk is held under that manifest."""
         with self._changed:
-            stored = self._artifact(manifest.policy_version, manifest.payload)
-            if stored is None or stored.manifest != manifest or not stored.complete:
-                raise KeyError(f"version {manifest.artifact} is not complete here")
-            return [bytes(stored.chunks[index]) for index in range(manifest.num_chunks)]
+            stored = self._complete(manifest)
+            return stored.buffer.toreadonly() if stored.buffer is not None else memoryview(b"")
+
+    def chunks(self, manifest: Manifest) -> list[memoryview]:
+        """Every chunk of `manifest`, in order (views); raises KeyError unless all are held under it."""
+        with self._changed:
+            stored = self._complete(manifest)
+            return [stored.chunks[index] for index in range(manifest.num_chunks)]
+
+    def file_path(self, manifest: Manifest) -> Path | None:
+        """The file holding `manifest`'s complete payload (spill_dir), or None when it is in memory."""
+        with self._changed:
+            return self._complete(manifest).file_path
 
     def is_complete(self, policy_version: int, payload: Payload = "full") -> bool:
         with self._changed:
@@ -249,6 +338,38 @@ class ChunkStore:
     def _artifact(self, policy_version: int, payload: str) -> _StoredArtifact | None:
         artifacts = self._versions.get(policy_version)
         return artifacts.get(payload) if artifacts else None
+
+    def _held(self, manifest: Manifest) -> _StoredArtifact:
+        """The artifact held under exactly `manifest` (the caller holds the lock); KeyError otherwise."""
+        stored = self._artifact(manifest.policy_version, manifest.payload)
+        if stored is None or stored.manifest != manifest:
+            raise KeyError(f"version {manifest.artifact} is not held here under this manifest")
+        return stored
+
+    def _complete(self, manifest: Manifest) -> _StoredArtifact:
+        stored = self._artifact(manifest.policy_version, manifest.payload)
+        if stored is None or stored.manifest != manifest or not stored.complete:
+            raise KeyError(f"version {manifest.artifact} is not complete here")
+        return stored
+
+
+def allocate_buffer(size_bytes: int, path: Path | None = None) -> memoryview:
+    """A writable buffer of `size_bytes`: a shared mapping of a new file at `path`, or anonymous memory
+    (pages committed only as they are written). Zero bytes: an empty bytearray (mmap refuses size 0)."""
+    if size_bytes == 0:
+        return memoryview(bytearray())
+    if path is None:
+        return memoryview(mmap.mmap(-1, size_bytes))
+    with path.open("wb") as out:
+        out.truncate(size_bytes)
+    return map_file(path, writable=True)
+
+
+def map_file(path: Path, writable: bool = False) -> memoryview:
+    """The whole file as a memoryview of a shared mapping (read-only unless `writable`)."""
+    with path.open("r+b" if writable else "rb") as mapped_file:
+        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+        return memoryview(mmap.mmap(mapped_file.fileno(), 0, access=access))
 
 
 _ARTIFACT = r"^/v1/weights/(\d+)(?:/(full|delta))?"
@@ -378,7 +499,7 @@ def _make_handler(store: ChunkStore, wait_s: float) -> type[BaseHTTPRequestHandl
                 self.wfile.write(chunk)
             return None
 
-        def _send(self, status: int, body: bytes, content_type: str) -> None:
+        def _send(self, status: int, body: bytes | memoryview, content_type: str) -> None:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))

@@ -14,7 +14,7 @@ did not change (frozen embedding rows, the safetensors header) difference to lon
 
 Exact by construction: wrapping uint32 addition undoes wrapping subtraction bit for bit, whatever the
 bytes are (the safetensors header, NaNs, anything). The caller still checks the result against the
-manifest's `full_sha256` before loading it. float32 is the word: safetensors aligns tensor data to 8
+manifest's `full_digest` before loading it. float32 is the word: safetensors aligns tensor data to 8
 bytes, so words line up with floats; bf16 weights would still round-trip exactly, just compress less.
 
 No torch here: this runs on the learner and on every worker, on raw safetensors bytes.
@@ -27,6 +27,8 @@ import struct
 import numpy as np
 import zstandard
 
+from shared.weights import Buffer
+
 CODEC = "sub32-zigzag-shuffle4-zstd"
 WORD_BYTES = 4
 _MAGIC = b"RLD2"
@@ -37,7 +39,7 @@ class DeltaError(ValueError):
     """A delta payload that cannot be decoded (wrong codec, truncated, or not for this base)."""
 
 
-def encode_delta(base: bytes, target: bytes, level: int = 3) -> bytes:
+def encode_delta(base: Buffer, target: Buffer, level: int = 3) -> bytes:
     """The delta that turns `base` into `target` (any lengths; the base is zero-padded or cut)."""
     difference = _words(target, len(target)) - _words(base, len(target))  # wraps mod 2**32
     signed = difference.view(np.int32)
@@ -46,7 +48,7 @@ def encode_delta(base: bytes, target: bytes, level: int = 3) -> bytes:
     return _HEADER.pack(_MAGIC, len(target)) + compressor.compress(_shuffle(zigzag))
 
 
-def apply_delta(base: bytes, delta: bytes) -> bytes:
+def apply_delta(base: Buffer, delta: Buffer) -> bytes:
     """The target bytes `encode_delta(base, target)` was made from."""
     if len(delta) < _HEADER.size:
         raise DeltaError(f"delta of {len(delta)} bytes is shorter than its header")
@@ -66,7 +68,7 @@ def apply_delta(base: bytes, delta: bytes) -> bytes:
     return target.view(np.uint8)[:target_size_bytes].tobytes()
 
 
-def _words(data: bytes, num_bytes: int) -> np.ndarray:
+def _words(data: Buffer, num_bytes: int) -> np.ndarray:
     """The first `num_bytes` of `data` (zero-padded when shorter, then to whole words) as uint32 words."""
     words = np.zeros(_padded(num_bytes) // WORD_BYTES, dtype=np.uint32)
     count = min(len(data), num_bytes)

@@ -1,13 +1,21 @@
 """Weight chunking: a policy version's bytes, split into fixed-size chunks, described by a signed
-manifest (version, sizes, the sha256 of every chunk and of the whole blob).
+manifest (version, sizes, the digest of every chunk and one digest of the whole payload).
 
 A version travels as one of two payloads (an "artifact" is one version in one payload):
   full   the safetensors bytes of the state dict
   delta  `shared.delta` bytes that turn the full bytes of `base_version` into this version's
-Both say `full_size_bytes` and `full_sha256` of the weights they stand for, so the weights a worker
-reconstructs from a delta are checked against the same hash as a full download; a delta also names
-its base by hash (`base_sha256`), so it is never applied to other bytes that share the version number
+Both say `full_size_bytes` and `full_digest` of the weights they stand for, so the weights a worker
+reconstructs from a delta are checked against the same digest as a full download; a delta also names
+its base by digest (`base_digest`), so it is never applied to other bytes that share the version number
 (a restarted learner re-uses numbers).
+
+Digests (schema 4). Every chunk is hashed once, with the manifest's `hash_algorithm` (blake3 by
+default: 3.3 GB/s per core here against sha256's 1.5 GB/s with SHA-NI; sha256 stays available). The
+payload digest is not a second pass over the bytes: it is the hash of the ordered chunk digests,
+bound to the sizes (`payload_digest`), a one-level hash list. Collision resistance carries over: two
+payloads with the same digest would need a collision in the list hash or in one of the chunk hashes.
+So a receiver that verified every chunk against a signed manifest holds exactly the payload the
+learner signed, with no whole-blob hash after the transfer, and the learner hashes its bytes once.
 
 A receiver verifies every chunk against the manifest before it stores, relays or loads it, and the
 manifest's Ed25519 signature against the learner's public key before it trusts any of it. Only the
@@ -20,8 +28,11 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, Self, cast
 
+import blake3
 from cryptography.exceptions import InvalidSignature
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -47,6 +58,10 @@ class ModelMismatchError(WeightsError):
 
 
 Payload = Literal["full", "delta"]
+HashAlgorithm = Literal["blake3", "sha256"]
+Buffer = bytes | bytearray | memoryview  # chunk and payload bytes: views of one buffer wherever possible
+DEFAULT_HASH_ALGORITHM: HashAlgorithm = "blake3"
+HASH_THREADS = 2  # hashlib and blake3 release the GIL on large inputs: chunks hash in parallel
 
 
 def as_payload(text: str) -> Payload:
@@ -56,8 +71,47 @@ def as_payload(text: str) -> Payload:
     return cast(Payload, text)
 
 
-SHA256_PATTERN = r"^[0-9a-f]{64}$"
-MANIFEST_SCHEMA_VERSION: Literal[3] = 3  # 3: Ed25519 under the learner's key; 2 was HMAC under a key every worker held
+DIGEST_PATTERN = r"^[0-9a-f]{64}$"  # 32 bytes, blake3 or sha256
+MANIFEST_SCHEMA_VERSION: Literal[4] = 4
+# 4: chunk digests in `hash_algorithm` (blake3 by default), payload digest over the chunk digests
+# 3: sha256 everywhere, the blob hashed again whole; 2: HMAC under a key every worker held
+_OLD_SCHEMAS = {
+    2: "version 2 manifests were HMAC-signed with the shared RL_CLUSTER_KEY, which any worker held, and are no "
+    "longer trusted",
+    3: "version 3 manifests hash the whole blob a second time (sha256 only); version 4 derives the payload digest "
+    "from the chunk digests",
+}
+
+
+def sha256_hex(data: Buffer) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def chunk_digest(algorithm: HashAlgorithm, data: Buffer) -> str:
+    """Hex digest of one chunk."""
+    if algorithm == "blake3":
+        return blake3.blake3(data).hexdigest()
+    return hashlib.sha256(data).hexdigest()
+
+
+def chunk_digests(
+    algorithm: HashAlgorithm, chunks: Sequence[Buffer], pool: ThreadPoolExecutor | None = None
+) -> list[str]:
+    """Hex digests of `chunks`, in order, hashed in parallel on `pool` (or a pool of HASH_THREADS)."""
+    if pool is not None:
+        return list(pool.map(lambda chunk: chunk_digest(algorithm, chunk), chunks))
+    with ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="hash") as own_pool:
+        return chunk_digests(algorithm, chunks, own_pool)
+
+
+def payload_digest(
+    algorithm: HashAlgorithm, total_size_bytes: int, chunk_size_bytes: int, digests: Iterable[str]
+) -> str:
+    """The digest of a whole payload: the hash of its sizes and its ordered chunk digests (no pass over
+    the bytes themselves; see the module docstring)."""
+    listing = f"relay-rl payload v4 {algorithm} {total_size_bytes} {chunk_size_bytes}\n".encode()
+    listing += b"".join(bytes.fromhex(digest) for digest in digests)
+    return chunk_digest(algorithm, listing)
 
 
 class Manifest(BaseModel):
@@ -66,21 +120,24 @@ class Manifest(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
-    schema_version: Literal[3] = MANIFEST_SCHEMA_VERSION
+    schema_version: Literal[4] = MANIFEST_SCHEMA_VERSION
     run_id: str = Field(min_length=1)
     policy_version: int = Field(ge=0)
     format: Literal["safetensors"] = "safetensors"
     payload: Payload = Field(
         "full", description="full: the safetensors bytes; delta: shared.delta bytes against base_version"
     )
+    hash_algorithm: HashAlgorithm = Field(DEFAULT_HASH_ALGORITHM, description="of every digest in this manifest")
     total_size_bytes: int = Field(ge=0, description="bytes of this payload")
     chunk_size_bytes: int = Field(ge=1)
-    chunk_sha256: list[str]
-    blob_sha256: str = Field(pattern=SHA256_PATTERN, description="sha256 of this payload's bytes")
+    chunk_digests: list[str]
+    digest: str = Field(pattern=DIGEST_PATTERN, description="payload_digest of this payload's chunk digests")
     full_size_bytes: int = Field(ge=0, description="bytes of the full weights this payload stands for")
-    full_sha256: str = Field(pattern=SHA256_PATTERN, description="sha256 of the full weights (after applying a delta)")
+    full_digest: str = Field(
+        pattern=DIGEST_PATTERN, description="payload digest of the full weights (after applying a delta)"
+    )
     base_version: int = Field(-1, ge=-1, description="delta: the version it applies to; -1 for a full payload")
-    base_sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$", description="delta: full_sha256 of that base version")
+    base_digest: str = Field("", pattern=r"^([0-9a-f]{64})?$", description="delta: full_digest of that base version")
     codec: str = Field("", max_length=64, description="delta: the shared.delta codec")
     model_fingerprint: str = Field(
         "",
@@ -104,33 +161,44 @@ class Manifest(BaseModel):
     def _current_schema(cls, data: Any) -> Any:
         schema_version = data.get("schema_version", MANIFEST_SCHEMA_VERSION) if isinstance(data, dict) else None
         if schema_version != MANIFEST_SCHEMA_VERSION and schema_version is not None:
+            why = _OLD_SCHEMAS.get(schema_version, "unknown schema") if isinstance(schema_version, int) else "unknown"
             raise ValueError(
                 f"manifest schema_version {schema_version!r}, this receiver accepts only {MANIFEST_SCHEMA_VERSION} "
-                "(Ed25519-signed by the learner's RL_SIGNING_KEY); version 2 manifests were HMAC-signed with the "
-                "shared RL_CLUSTER_KEY, which any worker held, and are no longer trusted: upgrade the learner"
+                f"(Ed25519-signed by the learner's RL_SIGNING_KEY): {why}; run the learner and the workers from "
+                "the same release"
             )
         return data
 
     @model_validator(mode="after")
     def _chunk_count_matches_size(self) -> Self:
         expected = -(-self.total_size_bytes // self.chunk_size_bytes)
-        if len(self.chunk_sha256) != expected:
+        if len(self.chunk_digests) != expected:
             raise ValueError(
-                f"{len(self.chunk_sha256)} chunk hashes for {self.total_size_bytes} bytes in chunks of {self.chunk_size_bytes}"
+                f"{len(self.chunk_digests)} chunk digests for {self.total_size_bytes} bytes in chunks of {self.chunk_size_bytes}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _digest_lists_the_chunks(self) -> Self:
+        for digest in self.chunk_digests:
+            if len(digest) != 64 or digest.strip("0123456789abcdef"):
+                raise ValueError(f"chunk digest {digest[:70]!r} is not 64 lowercase hex digits")
+        expected = payload_digest(self.hash_algorithm, self.total_size_bytes, self.chunk_size_bytes, self.chunk_digests)
+        if self.digest != expected:
+            raise ValueError("digest is not the payload digest of chunk_digests")
         return self
 
     @model_validator(mode="after")
     def _payload_fields_agree(self) -> Self:
         if self.payload == "full":
-            if (self.full_size_bytes, self.full_sha256) != (self.total_size_bytes, self.blob_sha256):
+            if (self.full_size_bytes, self.full_digest) != (self.total_size_bytes, self.digest):
                 raise ValueError(
-                    "a full payload must describe itself: full_size_bytes/full_sha256 != total_size_bytes/blob_sha256"
+                    "a full payload must describe itself: full_size_bytes/full_digest != total_size_bytes/digest"
                 )
-            if self.base_version != -1 or self.base_sha256 or self.codec:
-                raise ValueError("a full payload has no base_version, base_sha256 or codec")
-        elif self.base_version < 0 or not self.base_sha256 or not self.codec:
-            raise ValueError("a delta payload needs base_version, base_sha256 and codec")
+            if self.base_version != -1 or self.base_digest or self.codec:
+                raise ValueError("a full payload has no base_version, base_digest or codec")
+        elif self.base_version < 0 or not self.base_digest or not self.codec:
+            raise ValueError("a delta payload needs base_version, base_digest and codec")
         return self
 
     @property
@@ -140,12 +208,16 @@ class Manifest(BaseModel):
 
     @property
     def num_chunks(self) -> int:
-        return len(self.chunk_sha256)
+        return len(self.chunk_digests)
 
     def chunk_length(self, index: int) -> int:
         if not 0 <= index < self.num_chunks:
             raise IndexError(f"chunk {index} of a {self.num_chunks}-chunk version")
         return min(self.chunk_size_bytes, self.total_size_bytes - index * self.chunk_size_bytes)
+
+    def chunk_offset(self, index: int) -> int:
+        """Where chunk `index` starts in the payload."""
+        return index * self.chunk_size_bytes
 
     def body_bytes(self) -> bytes:
         """Canonical bytes that the signature covers: every field except the signature (the key id too)."""
@@ -156,6 +228,7 @@ class Manifest(BaseModel):
         return self.model_dump_json().encode()
 
     def sha256(self) -> str:
+        """sha256 of the manifest's JSON: how announcements and chunk requests pin it."""
         return hashlib.sha256(self.to_json()).hexdigest()
 
     @classmethod
@@ -166,14 +239,12 @@ class Manifest(BaseModel):
             raise ManifestError(f"malformed manifest: {exc}") from exc
 
 
-def split_into_chunks(blob: bytes, chunk_size_bytes: int) -> list[bytes]:
+def chunk_views(payload: Buffer, chunk_size_bytes: int) -> list[memoryview]:
+    """`payload` cut into chunks: read-only views of it, no copy."""
     if chunk_size_bytes < 1:
         raise ValueError(f"chunk_size_bytes must be positive, got {chunk_size_bytes}")
-    return [blob[i : i + chunk_size_bytes] for i in range(0, len(blob), chunk_size_bytes)]
-
-
-def sha256_hex(data: bytes | memoryview) -> str:
-    return hashlib.sha256(data).hexdigest()
+    view = memoryview(payload).cast("B").toreadonly()
+    return [view[i : i + chunk_size_bytes] for i in range(0, len(view), chunk_size_bytes)]
 
 
 def sign(manifest: Manifest, signing_key: Ed25519PrivateKey) -> Manifest:
@@ -204,26 +275,33 @@ def verify_signature(manifest: Manifest, public_key: Ed25519PublicKey) -> None:
 
 
 def build_manifest(
-    blob: bytes,
+    blob: Buffer,
     *,
     run_id: str,
     policy_version: int,
     chunk_size_bytes: int,
     signing_key: Ed25519PrivateKey,
     model_fingerprint: str = "",
-) -> tuple[Manifest, list[bytes]]:
-    """Chunk the full weights `blob` and describe them; returns the signed manifest and the chunks in order."""
-    chunks = split_into_chunks(blob, chunk_size_bytes)
-    blob_sha256 = sha256_hex(blob)
+    hash_algorithm: HashAlgorithm = DEFAULT_HASH_ALGORITHM,
+    digests: list[str] | None = None,
+) -> tuple[Manifest, list[memoryview]]:
+    """Describe the full weights `blob`, signed; returns the manifest and the chunks (views of `blob`).
+    `digests`: the chunk digests when the caller already hashed the chunks (the learner hashes them as
+    it serialises); otherwise they are computed here, in parallel."""
+    chunks = chunk_views(blob, chunk_size_bytes)
+    size_bytes = sum(len(chunk) for chunk in chunks)
+    digests = digests if digests is not None else chunk_digests(hash_algorithm, chunks)
+    digest = payload_digest(hash_algorithm, size_bytes, chunk_size_bytes, digests)
     manifest = Manifest(
         run_id=run_id,
         policy_version=policy_version,
-        total_size_bytes=len(blob),
+        hash_algorithm=hash_algorithm,
+        total_size_bytes=size_bytes,
         chunk_size_bytes=chunk_size_bytes,
-        chunk_sha256=[sha256_hex(chunk) for chunk in chunks],
-        blob_sha256=blob_sha256,
-        full_size_bytes=len(blob),
-        full_sha256=blob_sha256,
+        chunk_digests=digests,
+        digest=digest,
+        full_size_bytes=size_bytes,
+        full_digest=digest,
         model_fingerprint=model_fingerprint,
         created_at_s=time.time(),
     )
@@ -231,24 +309,31 @@ def build_manifest(
 
 
 def build_delta_manifest(
-    delta: bytes, *, full: Manifest, base: Manifest, codec: str, signing_key: Ed25519PrivateKey
-) -> tuple[Manifest, list[bytes]]:
+    delta: Buffer, *, full: Manifest, base: Manifest, codec: str, signing_key: Ed25519PrivateKey
+) -> tuple[Manifest, list[memoryview]]:
     """Chunk `delta` (which turns `base`'s full weights into `full`'s) and describe it, signed."""
     if full.payload != "full" or base.payload != "full":
         raise ValueError(f"a delta is described by two full manifests, got {full.artifact} and {base.artifact}")
-    chunks = split_into_chunks(delta, full.chunk_size_bytes)
+    if base.hash_algorithm != full.hash_algorithm:
+        raise ValueError(
+            f"base {base.artifact} is hashed with {base.hash_algorithm}, {full.artifact} with {full.hash_algorithm}"
+        )
+    chunks = chunk_views(delta, full.chunk_size_bytes)
+    digests = chunk_digests(full.hash_algorithm, chunks)
+    size_bytes = len(memoryview(delta).cast("B"))
     manifest = Manifest(
         run_id=full.run_id,
         policy_version=full.policy_version,
         payload="delta",
-        total_size_bytes=len(delta),
+        hash_algorithm=full.hash_algorithm,
+        total_size_bytes=size_bytes,
         chunk_size_bytes=full.chunk_size_bytes,
-        chunk_sha256=[sha256_hex(chunk) for chunk in chunks],
-        blob_sha256=sha256_hex(delta),
+        chunk_digests=digests,
+        digest=payload_digest(full.hash_algorithm, size_bytes, full.chunk_size_bytes, digests),
         full_size_bytes=full.full_size_bytes,
-        full_sha256=full.full_sha256,
+        full_digest=full.full_digest,
         base_version=base.policy_version,
-        base_sha256=base.full_sha256,
+        base_digest=base.full_digest,
         codec=codec,
         model_fingerprint=full.model_fingerprint,
         created_at_s=time.time(),
@@ -267,27 +352,31 @@ def check_model_fingerprint(manifest: Manifest, own_fingerprint: str) -> None:
         )
 
 
-def verify_chunk(manifest: Manifest, index: int, data: bytes | memoryview) -> None:
+def verify_chunk(manifest: Manifest, index: int, data: Buffer) -> None:
     """Raise ChunkVerificationError unless `data` is exactly chunk `index` of the manifest."""
     expected_length = manifest.chunk_length(index)
     if len(data) != expected_length:
         raise ChunkVerificationError(
             f"version {manifest.artifact} chunk {index}: {len(data)} bytes, expected {expected_length}"
         )
-    digest = sha256_hex(data)
-    if digest != manifest.chunk_sha256[index]:
+    digest = chunk_digest(manifest.hash_algorithm, data)
+    if digest != manifest.chunk_digests[index]:
         raise ChunkVerificationError(
-            f"version {manifest.artifact} chunk {index}: sha256 {digest[:12]}.. != manifest {manifest.chunk_sha256[index][:12]}.."
+            f"version {manifest.artifact} chunk {index}: {manifest.hash_algorithm} {digest[:12]}.. != manifest "
+            f"{manifest.chunk_digests[index][:12]}.."
         )
 
 
-def assemble(manifest: Manifest, chunks: list[bytes]) -> bytes:
-    """Join verified chunks and check the whole blob's hash; raises on any mismatch."""
-    if len(chunks) != manifest.num_chunks:
-        raise ChunkVerificationError(f"version {manifest.artifact}: {len(chunks)} of {manifest.num_chunks} chunks")
-    for index, chunk in enumerate(chunks):
-        verify_chunk(manifest, index, chunk)
-    blob = b"".join(chunks)
-    if sha256_hex(blob) != manifest.blob_sha256:
-        raise ChunkVerificationError(f"version {manifest.artifact}: blob sha256 mismatch")
-    return blob
+def verify_full_weights(manifest: Manifest, blob: Buffer, pool: ThreadPoolExecutor | None = None) -> list[str]:
+    """Raise ChunkVerificationError unless `blob` is the full weights `manifest` stands for (its
+    `full_digest`, chunked like the manifest); returns the chunk digests (a full manifest's list). For
+    weights a receiver built itself (a delta applied to its base): one hashing pass, in parallel."""
+    view = memoryview(blob).cast("B")
+    if len(view) != manifest.full_size_bytes:
+        raise ChunkVerificationError(
+            f"version {manifest.artifact}: the weights are {len(view)} bytes, the manifest says {manifest.full_size_bytes}"
+        )
+    digests = chunk_digests(manifest.hash_algorithm, chunk_views(view, manifest.chunk_size_bytes), pool)
+    if payload_digest(manifest.hash_algorithm, len(view), manifest.chunk_size_bytes, digests) != manifest.full_digest:
+        raise ChunkVerificationError(f"version {manifest.artifact}: the weights do not match full_digest")
+    return digests

@@ -144,6 +144,7 @@ class Learner:
     def __exit__(self, *exc: object) -> None:
         self.evaluator.close()
         self.server.stop()
+        self.publisher.close()
 
     def request_stop(self) -> None:
         """Finish the step in progress, checkpoint, and return from run() (signal handlers call this)."""

@@ -1,10 +1,19 @@
 """Publishing a policy version: serialise, chunk, sign, make servable, and only then announce.
 
-    blob      = safetensors bytes of the state dict (the tied lm_head left out)
-    full      = build_manifest(blob): version, sizes, sha256 of every chunk, Ed25519-signed (learner only)
+    blob      = the state dict laid out as safetensors (the tied lm_head left out), written once into
+                the buffer it is served from (services/learner/serialize.py: a file in the store's
+                spill folder, else memory), each chunk hashed on other threads as soon as its bytes
+                are written: one pass over the weights
+    full      = build_manifest(blob, digests): version, sizes, every chunk digest and the payload
+                digest derived from them, Ed25519-signed (learner only); chunks are views of the blob
     delta     = encode_delta(previous blob, blob), when allowed and smaller than the blob (shared/delta.py)
-    store     = ChunkStore.put_version(full [, delta])      # the learner's ChunkServer serves them now
+    store     = ChunkStore.put_version(full [, delta], verified=True)   # servable now; not re-hashed
     announce  = XADD WeightsPublished to `weights`          # last: every chunk is servable by then
+
+Why announce only after the last chunk is hashed: a receiver verifies every chunk against the signed
+manifest before it keeps or relays it, and the signature covers every chunk digest, so there is
+nothing trustworthy to announce earlier. What that costs is the one pass (0.1-0.2 s for 256 MiB on
+this 2-core machine, see docs/weight_path.md), against a transfer of 11 s at 200 Mbit/s.
 
 The announcement names the delta when there is one, else the full payload. The full payload is
 always servable too: a worker that does not hold the delta's base (it joined late, or missed the
@@ -21,16 +30,17 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load as safetensors_load
-from safetensors.torch import save as safetensors_save
 
+from engines.weights_fit import parse_blob
+from services.learner.serialize import safetensors_size, write_safetensors
 from shared.bus import StreamBus
 from shared.chunk_client import manifest_path
-from shared.chunk_server import ChunkStore
+from shared.chunk_server import ChunkStore, allocate_buffer
 from shared.delta import CODEC, encode_delta
 from shared.keys import RunKeys
 from shared.messages import WeightsPublished
@@ -38,29 +48,45 @@ from shared.retry import call_with_retry
 from shared.run_records import PublishRecord
 from shared.signing import Ed25519PrivateKey
 from shared.streams import WEIGHTS
-from shared.weights import Manifest, build_delta_manifest, build_manifest
+from shared.weights import (
+    DEFAULT_HASH_ALGORITHM,
+    HASH_THREADS,
+    Buffer,
+    HashAlgorithm,
+    Manifest,
+    build_delta_manifest,
+    build_manifest,
+    chunk_digest,
+)
 
 log = logging.getLogger(__name__)
 
 TIED_HEAD = "lm_head.weight"
 
 
-def serialize_weights(model: torch.nn.Module) -> bytes:
-    """safetensors bytes of the model's state dict. With tied embeddings lm_head.weight is the same
-    tensor as embed_tokens.weight: sending it twice would double the bytes (and safetensors refuses
-    shared tensors), so it is left out and re-tied by the receiver's model."""
+def publication_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors a version is made of. With tied embeddings lm_head.weight is the same tensor as
+    embed_tokens.weight: sending it twice would double the bytes, so it is left out and re-tied by the
+    receiver's model."""
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
-    tensors = {
-        name: tensor.detach().cpu().contiguous()
+    return {
+        name: tensor.detach().contiguous()
         for name, tensor in model.state_dict().items()
         if not (tied and name == TIED_HEAD)
     }
-    return safetensors_save(tensors)
 
 
-def load_weights_blob(model: torch.nn.Module, blob: bytes) -> None:
-    """Load `serialize_weights` bytes into a model of the same architecture (in place)."""
-    tensors = safetensors_load(blob)
+def serialize_weights(model: torch.nn.Module) -> bytes:
+    """safetensors bytes of the model's state dict (the tied head left out, see publication_state)."""
+    tensors = publication_state(model)
+    buffer = bytearray(safetensors_size(tensors))
+    write_safetensors(tensors, memoryview(buffer))
+    return bytes(buffer)
+
+
+def load_weights_blob(model: torch.nn.Module, blob: Buffer) -> None:
+    """Load `serialize_weights` bytes (any buffer) into a model of the same architecture (in place)."""
+    tensors = parse_blob(blob)
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     if unexpected or [name for name in missing if not (tied and name == TIED_HEAD)]:
@@ -72,7 +98,8 @@ class PublishedVersion:
     manifest: Manifest  # the announced one: the delta when there is one, else the full payload
     full_manifest: Manifest
     announcement: WeightsPublished
-    publish_s: float  # serialise + chunk + sign (+ delta) + store + announce
+    publish_s: float  # serialise + hash + sign (+ delta) + store + announce
+    serialize_s: float = 0.0  # the one pass: tensors copied into the buffer, chunks hashed alongside
 
     @property
     def size_fraction(self) -> float:
@@ -96,6 +123,7 @@ class WeightPublisher:
         delta_zstd_level: int = 3,
         journal_path: Path | None = None,
         model_fingerprint: str = "",  # shared.tokenization.model_fingerprint of the policy folder; signed into manifests
+        hash_algorithm: HashAlgorithm = DEFAULT_HASH_ALGORITHM,
     ) -> None:
         if full_every < 1:
             raise ValueError(f"full_every must be at least 1, got {full_every}")
@@ -109,24 +137,29 @@ class WeightPublisher:
         self.delta_zstd_level = delta_zstd_level
         self.journal_path = journal_path
         self.model_fingerprint = model_fingerprint
+        self.hash_algorithm: HashAlgorithm = hash_algorithm
         self.published_version = -1
-        self._previous: tuple[Manifest, bytes] | None = None  # full manifest and blob of the last version
+        self._previous: tuple[Manifest, Buffer] | None = None  # full manifest and blob of the last version
+        self._hash_pool = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="publish-hash")
         self._num_since_full = 0  # versions announced as deltas since the last full one
 
     def publish(self, model: torch.nn.Module, policy_version: int) -> PublishedVersion:
         # Publishing a version number twice replaces it in the store (a restarted learner re-uses
         # numbers too): holders verify against the manifest they were announced, never the number.
         started_s = time.perf_counter()
-        blob = serialize_weights(model)
-        full, chunks = build_manifest(
+        blob, digests, file_path = self.serialize(model, policy_version)
+        serialize_s = time.perf_counter() - started_s
+        full, _ = build_manifest(
             blob,
             run_id=self.keys.run_id,
             policy_version=policy_version,
             chunk_size_bytes=self.chunk_size_bytes,
             signing_key=self.signing_key,
             model_fingerprint=self.model_fingerprint,
+            hash_algorithm=self.hash_algorithm,
+            digests=digests,
         )
-        self.store.put_version(full, chunks)  # every chunk servable from here on
+        self.store.put_version(full, blob, verified=True, file_path=file_path)  # every chunk servable now
         announced = self.make_delta(full, blob) or full
         announcement = WeightsPublished(
             run_id=self.keys.run_id,
@@ -141,7 +174,7 @@ class WeightPublisher:
         self.published_version = policy_version
         self._previous = (full, blob)
         self._num_since_full = self._num_since_full + 1 if announced.payload == "delta" else 0
-        published = PublishedVersion(announced, full, announcement, time.perf_counter() - started_s)
+        published = PublishedVersion(announced, full, announcement, time.perf_counter() - started_s, serialize_s)
         self.write_journal(published)
         log.info(
             "published v%d as %s: %d bytes (%.3f of %d full) in %d chunks (%.3fs)",
@@ -155,17 +188,34 @@ class WeightPublisher:
         )
         return published
 
-    def make_delta(self, full: Manifest, blob: bytes) -> Manifest | None:
+    def serialize(self, model: torch.nn.Module, policy_version: int) -> tuple[memoryview, list[str], Path | None]:
+        """The version's safetensors bytes in their own buffer (a new file in the store's spill folder,
+        else memory), with every chunk's digest computed alongside the copy: (blob, digests, file)."""
+        tensors = publication_state(model)
+        file_path = self.store.new_file_path(policy_version, "full") if self.store.spill_dir is not None else None
+        buffer = allocate_buffer(safetensors_size(tensors), file_path)
+        pending: list[Future[str]] = []
+
+        def hash_chunk(index: int, chunk: memoryview) -> None:
+            pending.append(self._hash_pool.submit(chunk_digest, self.hash_algorithm, chunk))
+
+        write_safetensors(tensors, buffer, chunk_size_bytes=self.chunk_size_bytes, on_chunk=hash_chunk)
+        return buffer.toreadonly(), [future.result() for future in pending], file_path
+
+    def close(self) -> None:
+        self._hash_pool.shutdown()
+
+    def make_delta(self, full: Manifest, blob: Buffer) -> Manifest | None:
         """The delta manifest of this version against the previous one, stored and servable, or None
         when this version goes out full (a snapshot is due, nothing to diff against, or not smaller)."""
         if self._previous is None or self._num_since_full + 1 >= self.full_every:
             return None
         base, base_blob = self._previous
         delta = encode_delta(base_blob, blob, level=self.delta_zstd_level)
-        if len(delta) >= len(blob):
+        if len(delta) >= full.total_size_bytes:
             return None
-        manifest, chunks = build_delta_manifest(delta, full=full, base=base, codec=CODEC, signing_key=self.signing_key)
-        self.store.put_version(manifest, chunks)
+        manifest, _ = build_delta_manifest(delta, full=full, base=base, codec=CODEC, signing_key=self.signing_key)
+        self.store.put_version(manifest, delta, verified=True)
         return manifest
 
     def write_journal(self, published: PublishedVersion) -> None:

@@ -24,13 +24,14 @@ import os
 import random
 from collections.abc import Mapping
 from enum import StrEnum
+from pathlib import Path
 
 import numpy as np
 
 from shared.chunk_server import ChunkStore
 from shared.messages import RolloutGroup, pack_float32, pack_int32, unpack_float32, unpack_int32
 from shared.signing import Ed25519PrivateKey, Ed25519PublicKey
-from shared.weights import Manifest, Payload, sha256_hex, sign
+from shared.weights import Buffer, Manifest, Payload, chunk_digests, payload_digest, sign
 
 log = logging.getLogger(__name__)
 
@@ -81,19 +82,22 @@ class FaultInjector:
         return group
 
 
-def tamper(chunk: bytes) -> bytes:
+def tamper(chunk: Buffer) -> bytes:
     """The chunk with its first bit flipped (bad memory, a bad disk, a malicious relay)."""
-    return bytes([chunk[0] ^ 1]) + chunk[1:] if chunk else chunk
+    data = bytes(chunk)
+    return bytes([data[0] ^ 1]) + data[1:] if data else data
 
 
 class TamperingStore(ChunkStore):
     """A worker's chunk store whose reads for serving lie (corrupt_chunks, forged_manifest); what the worker
-    itself fetches, verifies, assembles and loads goes through the honest ChunkStore methods it inherits
-    (put_chunk, missing_chunks, chunks), so the liar samples with the real weights and only its relay
+    itself fetches, verifies and loads goes through the honest ChunkStore methods it inherits
+    (receive_region, commit_chunk, payload), so the liar samples with the real weights and only its relay
     children see the lies."""
 
-    def __init__(self, kind: FaultKind, keep_versions: int, trusted_key: Ed25519PublicKey | None) -> None:
-        super().__init__(keep_versions=keep_versions, trusted_key=trusted_key)
+    def __init__(
+        self, kind: FaultKind, keep_versions: int, trusted_key: Ed25519PublicKey | None, spill_dir: Path | None
+    ) -> None:
+        super().__init__(keep_versions=keep_versions, trusted_key=trusted_key, spill_dir=spill_dir)
         self.kind = kind
         self.forging_key = Ed25519PrivateKey.generate()  # not the learner's: what it signs, nobody trusts
 
@@ -104,9 +108,9 @@ class TamperingStore(ChunkStore):
         wait_s: float = 0.0,
         payload: Payload = "full",
         manifest_sha256: str | None = None,
-    ) -> bytes | None:
+    ) -> memoryview | None:
         chunk = super().get_chunk(policy_version, index, wait_s, payload, manifest_sha256)
-        return tamper(chunk) if chunk is not None else None
+        return memoryview(tamper(chunk)) if chunk is not None else None
 
     def manifest(self, policy_version: int, payload: Payload = "full") -> Manifest | None:
         real = super().manifest(policy_version, payload)
@@ -116,23 +120,28 @@ class TamperingStore(ChunkStore):
 
     def forge(self, real: Manifest) -> Manifest:
         """`real` describing the tampered chunks instead, signed by this worker's own key."""
-        chunks = [tamper(chunk) for chunk in self.chunks(real)]
-        blob_sha256 = sha256_hex(b"".join(chunks))
+        digests = chunk_digests(real.hash_algorithm, [tamper(chunk) for chunk in self.chunks(real)])
+        digest = payload_digest(real.hash_algorithm, real.total_size_bytes, real.chunk_size_bytes, digests)
         forged = real.model_copy(
             update={
-                "chunk_sha256": [sha256_hex(chunk) for chunk in chunks],
-                "blob_sha256": blob_sha256,
-                "full_sha256": blob_sha256 if real.payload == "full" else real.full_sha256,
+                "chunk_digests": digests,
+                "digest": digest,
+                "full_digest": digest if real.payload == "full" else real.full_digest,
             }
         )
         return sign(forged, self.forging_key)
 
 
-def serving_store(fault: FaultInjector | None, keep_versions: int, trusted_key: Ed25519PublicKey | None) -> ChunkStore:
+def serving_store(
+    fault: FaultInjector | None,
+    keep_versions: int,
+    trusted_key: Ed25519PublicKey | None,
+    spill_dir: Path | None = None,
+) -> ChunkStore:
     """The worker's chunk store: a TamperingStore for a chunk-serving fault, else the honest one."""
     if fault is not None and fault.kind in SERVING_FAULTS:
-        return TamperingStore(fault.kind, keep_versions, trusted_key)
-    return ChunkStore(keep_versions=keep_versions, trusted_key=trusted_key)
+        return TamperingStore(fault.kind, keep_versions, trusted_key, spill_dir)
+    return ChunkStore(keep_versions=keep_versions, trusted_key=trusted_key, spill_dir=spill_dir)
 
 
 def fault_from_environment(environ: Mapping[str, str] = os.environ) -> FaultInjector | None:

@@ -4,7 +4,8 @@ store it (so this worker's own chunk server relays it at once), and route around
     sources   = resolve()                     # parent first, then fallbacks; the learner last
     while a chunk is missing and the deadline has not passed:
         stream the missing chunks from the first source that has not failed
-            each chunk: verify -> store       # children can fetch it from here now
+            each chunk: socket -> its place in the store's buffer -> verify there -> held
+                                              # children can fetch it from here now
             corrupt chunk: repair it from another source (single GET), carry on with the stream
             dead, refusing, or silent for stall_timeout_s: that source has failed, take the next
         every source failed: ask resolve() again (the coordinator re-plans around the dead)
@@ -43,10 +44,11 @@ class RelayFetchError(WeightsError):
 
 @dataclass
 class ArtifactFetch:
-    """The outcome of one fetch: the payload bytes (verified whole) and how they came."""
+    """The outcome of one fetch: the payload (every chunk verified; a view of the store's buffer, no
+    copy) and how it came."""
 
     manifest: Manifest
-    blob: bytes
+    blob: memoryview
     seconds: float
     done_at_s: float = 0.0  # wall clock: the last chunk verified
     bytes_by_source: Counter[str] = field(default_factory=Counter)  # bytes received from the network
@@ -92,7 +94,7 @@ class RelayFetcher:
         started_s = time.monotonic()
         deadline_s = started_s + self.version_timeout_s
         wait_s = self.manifest_wait_s if manifest_wait_s is None else manifest_wait_s
-        result = ArtifactFetch(manifest, b"", 0.0)
+        result = ArtifactFetch(manifest, memoryview(b""), 0.0)
         self.store.add_manifest(manifest)
         failed: set[str] = set()
         num_rounds = 1
@@ -123,7 +125,10 @@ class RelayFetcher:
                 log.warning("version %s: source %s failed (%s); switching", manifest.artifact, source, reason)
         result.seconds = time.monotonic() - started_s
         result.done_at_s = time.time()
-        result.blob = b"".join(self.store.chunks(manifest))
+        try:
+            result.blob = self.store.payload(manifest)
+        except KeyError as exc:
+            raise RelayFetchError(f"version {manifest.artifact} left the local store as it completed: {exc}") from exc
         return result
 
     def close(self) -> None:
@@ -150,10 +155,17 @@ class RelayFetcher:
                 if time.monotonic() >= deadline_s:
                     return f"too slow: the version deadline passed at chunk {stream.next_index}"
                 index = stream.next_index
-                data = stream.next_chunk()
-                result.bytes_by_source[source] += len(data)
                 try:
-                    self._store(manifest, index, data)
+                    region = self.store.receive_region(manifest, index)
+                except KeyError as exc:
+                    raise RelayFetchError(f"version {manifest.artifact} left the local store mid-fetch: {exc}") from exc
+                except ValueError:  # held already (repaired meanwhile): read past it
+                    stream.next_chunk()
+                    continue
+                stream.read_chunk_into(region)
+                result.bytes_by_source[source] += len(region)
+                try:
+                    self._commit(manifest, index)
                 except ChunkVerificationError as exc:
                     result.corrupt_by_source[source] += 1
                     log.warning(
@@ -182,9 +194,16 @@ class RelayFetcher:
             log.info("version %s chunk %d repaired from %s", manifest.artifact, index, url)
             return
 
+    def _commit(self, manifest: Manifest, index: int) -> None:
+        """Verify chunk `index` in its place (the store does, against `manifest`, which `fetch` added) and
+        hold it; raises ChunkVerificationError for a corrupt chunk, which then stays missing."""
+        try:
+            self.store.commit_chunk(manifest, index)
+        except KeyError as exc:
+            raise RelayFetchError(f"version {manifest.artifact} left the local store mid-fetch: {exc}") from exc
+
     def _store(self, manifest: Manifest, index: int, data: bytes) -> None:
-        """Verify (the store does, against `manifest`, which `fetch` added) and store; raises
-        ChunkVerificationError for a corrupt chunk, which is then not stored."""
+        """Store a chunk fetched on its own (verified first); raises ChunkVerificationError."""
         try:
             self.store.put_chunk(manifest.policy_version, index, data, manifest.payload)
         except KeyError as exc:

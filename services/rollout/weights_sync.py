@@ -8,8 +8,9 @@ then swap between groups.
         relay      services/rollout/relay_fetch.py: stream from our parent (the coordinator's plan),
                    verify every chunk, store it (our chunk server relays it at once), route around
                    dead, stalled or corrupt holders; the learner is the last resort
-        rebuild    delta -> full weights; the full sha256 from the signed manifest must match
-        ready      the verified full blob waits for the worker loop
+        rebuild    delta -> full weights; their digest (one hashing pass) must match the signed manifest's
+        ready      the verified full weights (a view of the store's buffer: no join, no second hash; with a
+                   store that has a spill_dir, also the complete safetensors file) wait for the worker loop
     worker loop, between groups: `update(engine)` loads the ready version (never an unverified or
         incomplete one) and notes a WeightSwapReport for the next heartbeat (the coordinator's T_bcast).
 
@@ -25,10 +26,12 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -44,13 +47,13 @@ from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
 from shared.signing import Ed25519PublicKey
 from shared.streams import WEIGHTS
 from shared.weights import (
+    Buffer,
     ChunkVerificationError,
     Manifest,
     ModelMismatchError,
     WeightsError,
     check_model_fingerprint,
-    sha256_hex,
-    split_into_chunks,
+    verify_full_weights,
 )
 
 log = logging.getLogger(__name__)
@@ -68,12 +71,13 @@ class VerifiedVersion:
 
     announcement: WeightsPublished
     manifest: Manifest  # the announced one (full or delta)
-    blob: bytes
+    blob: Buffer  # the full weights (safetensors bytes)
     num_bytes_downloaded: int = 0
     source_url: str = ""
     fetch_started_at_s: float = 0.0  # wall clock: the announcement was read, the manifest fetch begins
     transfer_done_at_s: float = 0.0  # wall clock: the last chunk of the announced artifact verified
     ready_at_s: float = 0.0  # wall clock: the full weights verified and ready to load
+    path: Path | None = None  # the same bytes as a safetensors file (a link of our own), when the store spills
 
     @property
     def policy_version(self) -> int:
@@ -85,8 +89,8 @@ class _Base:
     """The newest full weights this worker verified: what a delta applies to."""
 
     policy_version: int
-    full_sha256: str
-    blob: bytes
+    full_digest: str
+    blob: Buffer
 
 
 class WeightsSync:
@@ -156,10 +160,13 @@ class WeightsSync:
         if version is None:
             return None
         try:
-            engine.load_weights(version.blob, version.policy_version)
+            engine.load_weights(version.blob, version.policy_version, path=version.path)
         except WeightsLoadError as exc:
             self._note_failure(version.announcement, exc)
             return None
+        finally:
+            if version.path is not None:
+                version.path.unlink(missing_ok=True)
         self.loaded = version.announcement
         self.last_swap = WeightSwapReport(
             policy_version=version.policy_version,
@@ -192,10 +199,11 @@ class WeightsSync:
         check_model_fingerprint(manifest, self.model_fingerprint)
         resolve = self._sources(learner_url)
         base = self._base_of(manifest) if manifest.payload == "delta" else None
+        full = manifest
         if base is not None:
             fetched = self.relay.fetch(manifest, resolve)
-            blob = rebuild_from_delta(manifest, base.blob, fetched.blob)
-            self._keep_full_for_relaying(manifest, blob, learner_url)
+            blob: Buffer = rebuild_from_delta(manifest, base.blob, fetched.blob)
+            full = self._keep_full_for_relaying(manifest, blob, learner_url) or manifest
         else:
             full = manifest
             if manifest.payload == "delta":  # a late joiner, or it missed the base: the full payload
@@ -204,15 +212,13 @@ class WeightsSync:
                 log.info(
                     "no base v%d (%s..) for delta v%d: fetching the full payload",
                     manifest.base_version,
-                    manifest.base_sha256[:12],
+                    manifest.base_digest[:12],
                     version,
                 )
             # peers hold a delta version's full payload only once they rebuilt it: do not wait for them
             fetched = self.relay.fetch(full, resolve, manifest_wait_s=0.0 if full is not manifest else None)
-            blob = fetched.blob
-            if sha256_hex(blob) != manifest.full_sha256:
-                raise ChunkVerificationError(f"version {full.artifact}: the assembled weights do not match full_sha256")
-        self._base = _Base(version, manifest.full_sha256, blob)
+            blob = fetched.blob  # every chunk verified against the signed manifest: the payload is verified
+        self._base = _Base(version, manifest.full_digest, blob)
         log_fetch(manifest, fetched)
         return VerifiedVersion(
             announcement,
@@ -223,6 +229,7 @@ class WeightsSync:
             fetch_started_at_s=fetch_started_at_s,
             transfer_done_at_s=fetched.done_at_s,
             ready_at_s=time.time(),
+            path=self._link_for_engine(full),
         )
 
     def close(self) -> None:
@@ -262,8 +269,10 @@ class WeightsSync:
             self._note_failure(announcement, exc)
             return
         with self._lock:
-            self._ready = version
+            replaced, self._ready = self._ready, version
             self._fetched_sha256 = announcement.manifest_sha256
+        if replaced is not None and replaced.path is not None:
+            replaced.path.unlink(missing_ok=True)  # never loaded: a newer version was ready first
         self._failed_at_s.pop(announcement.manifest_sha256, None)
         if self.on_ready is not None:
             self.on_ready(version)
@@ -297,7 +306,7 @@ class WeightsSync:
     def _base_of(self, delta: Manifest) -> _Base | None:
         """The full weights `delta` applies to, if this worker holds them."""
         base = self._base
-        if base is not None and (base.policy_version, base.full_sha256) == (delta.base_version, delta.base_sha256):
+        if base is not None and (base.policy_version, base.full_digest) == (delta.base_version, delta.base_digest):
             return base
         return None
 
@@ -310,25 +319,42 @@ class WeightsSync:
 
         return resolve
 
-    def _keep_full_for_relaying(self, delta: Manifest, blob: bytes, learner_url: str) -> None:
+    def _keep_full_for_relaying(self, delta: Manifest, blob: Buffer, learner_url: str) -> Manifest | None:
         """Store the rebuilt full payload under the learner's signed full manifest, so this worker can
-        serve late joiners too. Best effort: without it, they fetch the full payload elsewhere."""
+        serve late joiners too (and, with a spilling store, have it as a file for the engine). Returns
+        that manifest; None when it could not be had (best effort: late joiners fetch it elsewhere)."""
         try:
             full = fetch_manifest(self._http, learner_url, delta.policy_version, self.public_key, payload="full")
             check_full_matches(delta, full)
-            self.store.put_version(full, split_into_chunks(blob, full.chunk_size_bytes))
+            self.store.put_version(full, blob, verified=True)  # rebuild_from_delta checked full_digest
+            return full
         except WeightsError as exc:
             log.warning("not relaying the full payload of v%d: %s", delta.policy_version, exc)
+            return None
+
+    def _link_for_engine(self, full: Manifest) -> Path | None:
+        """A link of our own to the complete safetensors file of `full` (stays valid when the store evicts
+        the version before the engine loads it); None when the store keeps it in memory."""
+        try:
+            path = self.store.file_path(full) if full.payload == "full" else None
+        except KeyError:
+            return None
+        if path is None:
+            return None
+        link = path.with_name(f"{path.stem}.ready{path.suffix}")
+        link.unlink(missing_ok=True)
+        os.link(path, link)
+        return link
 
 
-def rebuild_from_delta(delta: Manifest, base_blob: bytes, payload: bytes) -> bytes:
-    """The full weights from a verified delta payload; raises unless they hash to `full_sha256`."""
+def rebuild_from_delta(delta: Manifest, base_blob: Buffer, payload: Buffer) -> bytes:
+    """The full weights from a verified delta payload; raises unless they match `full_digest` (one
+    hashing pass over the rebuilt bytes: they were made here, not received)."""
     try:
         blob = apply_delta(base_blob, payload)
     except DeltaError as exc:
         raise ChunkVerificationError(f"version {delta.artifact}: {exc}") from exc
-    if len(blob) != delta.full_size_bytes or sha256_hex(blob) != delta.full_sha256:
-        raise ChunkVerificationError(f"version {delta.artifact}: the rebuilt weights do not match full_sha256")
+    verify_full_weights(delta, blob)
     return blob
 
 
@@ -353,7 +379,7 @@ def check_full_matches(announced: Manifest, full: Manifest) -> None:
         raise AnnouncementError(
             f"the full manifest {full.artifact} of run {full.run_id!r} does not go with {announced.artifact}"
         )
-    if full.blob_sha256 != announced.full_sha256:
+    if full.digest != announced.full_digest:
         raise AnnouncementError(
             f"the full payload of version {full.policy_version} is not the weights the announced delta names"
         )

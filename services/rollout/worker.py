@@ -96,7 +96,9 @@ class RolloutWorker:
         self.stopping = stopping or threading.Event()  # set by stop() or the process's signal handler
         self.fault = fault_from_environment()  # None unless a test asked for a lying worker (faults.py)
         # holds (and relays) only manifests the learner signed; a test's lying relay serves them tampered with
-        self.store = serving_store(self.fault, run.broadcast.keep_versions, settings.public_key())
+        self.store = serving_store(
+            self.fault, run.broadcast.keep_versions, settings.public_key(), spill_dir=engine.weights_dir
+        )
         self.chunk_server = ChunkServer(
             self.store, host=settings.worker_host, port=settings.worker_port, wait_s=run.broadcast.chunk_wait_s
         )

@@ -40,7 +40,7 @@ def spilled_server(tmp_path: Path) -> Iterator[ChunkServer]:
 def test_a_spilled_version_is_served_byte_identical(spilled_server: ChunkServer, tmp_path: Path) -> None:
     blob, manifest, chunks = version(3, 3 * MIB + 17, chunk_size_bytes=MIB)
     spilled_server.store.put_version(manifest, chunks)
-    assert len(list((tmp_path / "published").glob("3-full-*.chunks"))) == 1
+    assert len(list((tmp_path / "published").glob("3-full-*.safetensors"))) == 1
     with httpx.Client() as client:
         fetched = fetch_manifest(client, spilled_server.url, None, PUBLIC_KEY)
         assert fetch_version(client, spilled_server.url, fetched, store=ChunkStore()) == blob
@@ -60,7 +60,7 @@ def test_evicted_and_replaced_versions_leave_no_file(tmp_path: Path) -> None:
     _, replacement, chunks = version(3, MIB)  # a restarted learner re-uses the number
     store.put_version(replacement, chunks)
     assert store.manifest(3) == replacement and store.chunks(replacement) == chunks
-    assert len(list(spill_dir.glob("3-full-*.chunks"))) == 1
+    assert len(list(spill_dir.glob("3-full-*.safetensors"))) == 1
 
 
 def test_a_chunk_being_sent_survives_the_eviction_of_its_version(tmp_path: Path) -> None:

@@ -61,7 +61,7 @@ def test_a_broken_delta_or_the_wrong_base_is_caught() -> None:
         apply_delta(base, delta[:-50])
     with pytest.raises(DeltaError, match="shorter"):
         apply_delta(base, b"RL")
-    # the wrong base decodes, to the wrong bytes: the manifest's full_sha256 is what catches it
+    # the wrong base decodes, to the wrong bytes: the manifest's full_digest is what catches it
     assert sha256_hex(apply_delta(float_weights(7).tobytes(), delta)) != sha256_hex(target)
 
 
@@ -75,14 +75,14 @@ def test_a_delta_manifest_is_signed_names_its_base_and_the_full_weights() -> Non
 
     verify_signature(manifest, PUBLIC_KEY)
     assert (manifest.payload, manifest.artifact, manifest.base_version) == ("delta", "5/delta", 4)
-    assert manifest.base_sha256 == sha256_hex(base_blob) and manifest.full_sha256 == sha256_hex(target_blob)
+    assert manifest.base_digest == base.full_digest and manifest.full_digest == full.digest
     assert manifest.total_size_bytes == len(delta) < manifest.full_size_bytes == len(target_blob)
-    assert b"".join(chunks) == delta and full.full_sha256 == full.blob_sha256
+    assert b"".join(chunks) == delta and full.full_digest == full.digest
     # pointing a delta at another base (or other full weights) breaks the signature
     with pytest.raises(ManifestError, match="forged"):
-        verify_signature(manifest.model_copy(update={"base_sha256": "0" * 64}), PUBLIC_KEY)
+        verify_signature(manifest.model_copy(update={"base_digest": "0" * 64}), PUBLIC_KEY)
     with pytest.raises(ManifestError, match="forged"):
-        verify_signature(manifest.model_copy(update={"full_sha256": "1" * 64}), PUBLIC_KEY)
+        verify_signature(manifest.model_copy(update={"full_digest": "1" * 64}), PUBLIC_KEY)
     verify_signature(sign(manifest.model_copy(update={"base_version": 3}), SIGNING_KEY), PUBLIC_KEY)
 
 
@@ -90,6 +90,6 @@ def test_a_manifest_must_be_consistent_about_its_payload() -> None:
     full, _ = build_manifest(b"w" * 100, run_id="r", policy_version=1, chunk_size_bytes=64, signing_key=SIGNING_KEY)
     body = full.model_dump()
     with pytest.raises(ValueError, match="describe itself"):
-        type(full).model_validate({**body, "full_sha256": "2" * 64})
+        type(full).model_validate({**body, "full_digest": "2" * 64})
     with pytest.raises(ValueError, match="needs base_version"):
         type(full).model_validate({**body, "payload": "delta"})
