@@ -28,7 +28,6 @@ A chunk is sent from its view with one `sendall` (no copy in Python).
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import re
 import threading
@@ -40,6 +39,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs
 
+from shared.buffers import SPARE_SUFFIX, SpareBuffers, allocate_buffer, map_file
 from shared.signing import Ed25519PublicKey
 from shared.weights import (
     Buffer,
@@ -106,12 +106,13 @@ class ChunkStore:
         self.spill_dir = spill_dir
         if spill_dir is not None:
             spill_dir.mkdir(parents=True, exist_ok=True)
-            for pattern in ("*.chunks", "*.safetensors"):
+            for pattern in ("*.chunks", "*.safetensors", f"*{SPARE_SUFFIX}"):
                 for stale in spill_dir.glob(pattern):  # a previous process's: never served again
                     stale.unlink()
         self._versions: OrderedDict[int, dict[str, _StoredArtifact]] = OrderedDict()
         self._changed = threading.Condition()
         self._num_files = 0
+        self.spares = SpareBuffers()  # the next full version's buffer, faulted in between versions
 
     # writing
     def add_manifest(self, manifest: Manifest) -> None:
@@ -162,6 +163,8 @@ class ChunkStore:
                 raise KeyError(f"version {manifest.artifact} left the store while chunk {index} arrived")
             stored.chunks[index] = region.toreadonly()
             self._changed.notify_all()
+        if stored.complete:
+            self._prepare_next(manifest)
 
     def put_chunk(self, policy_version: int, index: int, data: Buffer, payload: Payload = "full") -> None:
         """Verify a chunk fetched on its own and hold it (one copy into its region). Raises
@@ -213,6 +216,21 @@ class ChunkStore:
             stored.buffer, stored.file_path = view, file_path
             stored.chunks = {index: stored.region(index) for index in range(manifest.num_chunks)}
             self._changed.notify_all()
+        self._prepare_next(manifest)
+
+    def take_buffer(
+        self, size_bytes: int, policy_version: int, payload: Payload = "full"
+    ) -> tuple[memoryview, Path | None]:
+        """A writable buffer for a payload this process is about to produce (the learner serialising a
+        version): a file in spill_dir when there is one, else memory; pre-faulted when a spare of that
+        size is ready. Returns the buffer and its file (pass both to put_version)."""
+        path = self.new_file_path(policy_version, payload) if self.spill_dir is not None else None
+        return self.spares.take(size_bytes, path), path
+
+    def _prepare_next(self, manifest: Manifest) -> None:
+        """A full version is complete: have a buffer ready for the next one (the same size, most likely)."""
+        if manifest.payload == "full":
+            self.spares.prepare(manifest.total_size_bytes, self.spill_dir)
 
     def new_file_path(self, policy_version: int, payload: Payload) -> Path:
         """A fresh file name in `spill_dir` for a payload (a mapped file is never rewritten under its
@@ -227,6 +245,10 @@ class ChunkStore:
 
     def _spill(self, manifest: Manifest, view: memoryview) -> tuple[memoryview, Path]:
         path = self.new_file_path(manifest.policy_version, manifest.payload)
+        if manifest.payload == "full":
+            buffer = self.spares.take(len(view), path)
+            buffer[:] = view
+            return buffer.toreadonly(), path
         with path.open("wb") as out:
             out.write(view)
         return map_file(path), path
@@ -235,10 +257,12 @@ class ChunkStore:
         """A buffer for a payload received chunk by chunk: a file in spill_dir for a full payload when
         there is one (the checkpoint file an engine loads), else anonymous memory (pages are only
         committed as chunks arrive)."""
+        if manifest.payload != "full":
+            return allocate_buffer(manifest.total_size_bytes), None
         path = None
-        if self.spill_dir is not None and manifest.payload == "full" and manifest.total_size_bytes:
+        if self.spill_dir is not None and manifest.total_size_bytes:
             path = self.new_file_path(manifest.policy_version, manifest.payload)
-        return allocate_buffer(manifest.total_size_bytes, path), path
+        return self.spares.take(manifest.total_size_bytes, path), path
 
     # reading
     def manifest(self, policy_version: int, payload: Payload = "full") -> Manifest | None:
@@ -351,25 +375,6 @@ class ChunkStore:
         if stored is None or stored.manifest != manifest or not stored.complete:
             raise KeyError(f"version {manifest.artifact} is not complete here")
         return stored
-
-
-def allocate_buffer(size_bytes: int, path: Path | None = None) -> memoryview:
-    """A writable buffer of `size_bytes`: a shared mapping of a new file at `path`, or anonymous memory
-    (pages committed only as they are written). Zero bytes: an empty bytearray (mmap refuses size 0)."""
-    if size_bytes == 0:
-        return memoryview(bytearray())
-    if path is None:
-        return memoryview(mmap.mmap(-1, size_bytes))
-    with path.open("wb") as out:
-        out.truncate(size_bytes)
-    return map_file(path, writable=True)
-
-
-def map_file(path: Path, writable: bool = False) -> memoryview:
-    """The whole file as a memoryview of a shared mapping (read-only unless `writable`)."""
-    with path.open("r+b" if writable else "rb") as mapped_file:
-        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
-        return memoryview(mmap.mmap(mapped_file.fileno(), 0, access=access))
 
 
 _ARTIFACT = r"^/v1/weights/(\d+)(?:/(full|delta))?"

@@ -40,7 +40,7 @@ from engines.weights_fit import parse_blob
 from services.learner.serialize import safetensors_size, write_safetensors
 from shared.bus import StreamBus
 from shared.chunk_client import manifest_path
-from shared.chunk_server import ChunkStore, allocate_buffer
+from shared.chunk_server import ChunkStore
 from shared.delta import CODEC, encode_delta
 from shared.keys import RunKeys
 from shared.messages import WeightsPublished
@@ -192,8 +192,7 @@ class WeightPublisher:
         """The version's safetensors bytes in their own buffer (a new file in the store's spill folder,
         else memory), with every chunk's digest computed alongside the copy: (blob, digests, file)."""
         tensors = publication_state(model)
-        file_path = self.store.new_file_path(policy_version, "full") if self.store.spill_dir is not None else None
-        buffer = allocate_buffer(safetensors_size(tensors), file_path)
+        buffer, file_path = self.store.take_buffer(safetensors_size(tensors), policy_version)  # faulted in already
         pending: list[Future[str]] = []
 
         def hash_chunk(index: int, chunk: memoryview) -> None:

@@ -1,0 +1,177 @@
+"""The weight path in one pass each way (issue 11), against real chunk servers, real Redis and a real
+torch engine: the learner serialises into the buffer it serves from and its chunks are not hashed a
+second time; a receiver's chunks land verified in their place, in memory or in the safetensors file a
+vLLM-style engine loads by path; a corrupt chunk never becomes servable."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from engines.torch_engine import TorchEngine
+from services.learner.publish import WeightPublisher, serialize_weights
+from services.rollout.relay_fetch import RelayFetcher
+from services.rollout.weights_sync import VerifiedVersion, WeightsSync
+from shared.bus import StreamBus
+from shared.chunk_client import fetch_manifest
+from shared.chunk_server import ChunkServer, ChunkStore
+from shared.keys import RunKeys
+from shared.weights import Buffer, ChunkVerificationError, build_manifest
+from tests.polling import wait_for
+from tests.weights_keys import PUBLIC_KEY, SIGNING_KEY
+
+pytestmark = pytest.mark.integration
+torch.set_num_threads(1)
+
+CHUNK_SIZE_BYTES = 16 * 1024
+
+
+class FileLoadingEngine(TorchEngine):
+    """A torch engine that, like vLLM, loads from the file it is given when there is one: records what it
+    got, and that the file held exactly the verified bytes when it was loaded."""
+
+    def __init__(self, model_dir: Path, weights_dir: Path) -> None:
+        super().__init__(model_dir)
+        self.weights_dir = weights_dir
+        self.loaded_from: list[Path | None] = []
+
+    def load_weights(self, safetensors_bytes: Buffer, policy_version: int, path: Path | None = None) -> None:
+        self.loaded_from.append(path)
+        if path is not None:
+            assert path.read_bytes() == bytes(safetensors_bytes)
+            tensors = load_file(path)  # the safetensors library itself reads the received file
+            self.model.load_state_dict(tensors, strict=False)
+            self._policy_version = policy_version
+            return
+        super().load_weights(safetensors_bytes, policy_version)
+
+
+@pytest.fixture
+def publisher(bus: StreamBus, keys: RunKeys, tmp_path: Path) -> Iterator[WeightPublisher]:
+    store = ChunkStore(keep_versions=4, spill_dir=tmp_path / "published")
+    server = ChunkServer(store, wait_s=1.0).start()
+    publisher = WeightPublisher(
+        bus, keys, store, public_url=server.url, signing_key=SIGNING_KEY, chunk_size_bytes=CHUNK_SIZE_BYTES
+    )
+    yield publisher
+    publisher.close()
+    server.stop()
+
+
+def perturbed(engine: TorchEngine, seed: int) -> torch.nn.Module:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in engine.model.parameters():
+            parameter.add_(0.1 * torch.randn(parameter.shape, generator=generator))
+    return engine.model
+
+
+def test_the_learner_publishes_without_hashing_its_chunks_twice(
+    publisher: WeightPublisher, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_second_pass(*_: object, **__: object) -> list[str]:
+        raise AssertionError("the store re-hashed chunks the learner had just hashed")
+
+    monkeypatch.setattr("shared.chunk_server.chunk_digests", no_second_pass)
+    model = TorchEngine(model_dir).model
+    published = publisher.publish(model, policy_version=0)
+
+    blob = serialize_weights(model)
+    manifest, _ = build_manifest(
+        blob,
+        run_id=published.manifest.run_id,
+        policy_version=0,
+        chunk_size_bytes=CHUNK_SIZE_BYTES,
+        signing_key=SIGNING_KEY,
+    )
+    assert published.manifest.chunk_digests == manifest.chunk_digests  # the digests of the bytes served
+    assert bytes(publisher.store.payload(published.manifest)) == blob
+    file_path = publisher.store.file_path(published.manifest)
+    assert file_path is not None and file_path.read_bytes() == blob  # serialised straight into its file
+
+
+def test_a_received_version_lands_in_the_file_the_engine_loads_by_path(
+    publisher: WeightPublisher, bus: StreamBus, model_dir: Path, tmp_path: Path
+) -> None:
+    source = TorchEngine(model_dir)
+    engine = FileLoadingEngine(model_dir, tmp_path / "engine-weights")
+    # as the worker builds it for an engine with a weights_dir: full versions are received into files there
+    store = ChunkStore(keep_versions=1, spill_dir=engine.weights_dir, trusted_key=PUBLIC_KEY)
+    ready: list[VerifiedVersion] = []
+    sync = WeightsSync(bus, store, PUBLIC_KEY, retry_failed_after_s=0.0, on_ready=ready.append)
+    try:
+        published = publisher.publish(perturbed(source, seed=1), policy_version=1)
+        sync.start()
+        wait_for(lambda: ready, "version 1 ready", timeout_s=20.0)
+        version = ready[0]
+        assert version.path is not None and version.path.parent == engine.weights_dir
+        assert version.ready_at_s >= version.transfer_done_at_s >= version.fetch_started_at_s > 0
+        received = store.file_path(published.manifest)
+        assert received is not None and received.read_bytes() == serialize_weights(source.model)
+
+        publisher.publish(perturbed(source, seed=2), policy_version=2)  # evicts version 1 from the store
+        wait_for(lambda: len(ready) == 2, "version 2 ready", timeout_s=20.0)
+        assert store.versions() == [2] and not received.exists()  # the store's own file went with the eviction...
+        assert sync.update(engine) == 2  # ...the newest ready version loads, from its file
+        assert engine.loaded_from[-1] is not None and engine.policy_version == 2
+        assert not engine.loaded_from[-1].exists()  # the engine's link is gone once loaded
+        assert not version.path.exists()  # and so is the link of version 1, replaced before it was loaded
+        expected = source.model.state_dict()
+        assert all(torch.equal(expected[name], tensor) for name, tensor in engine.model.state_dict().items())
+    finally:
+        sync.close()
+
+
+def test_a_corrupt_chunk_is_verified_in_place_and_never_becomes_servable() -> None:
+    blob = os.urandom(3 * CHUNK_SIZE_BYTES + 5)
+    manifest, chunks = build_manifest(
+        blob, run_id="r", policy_version=0, chunk_size_bytes=CHUNK_SIZE_BYTES, signing_key=SIGNING_KEY
+    )
+    store = ChunkStore(trusted_key=PUBLIC_KEY)
+    server = ChunkServer(store, wait_s=0.2).start()
+    try:
+        store.add_manifest(manifest)
+        region = store.receive_region(manifest, 1)
+        region[:] = bytes(chunks[1])[:-1] + b"\x00"
+        with pytest.raises(ChunkVerificationError, match="chunk 1"):
+            store.commit_chunk(manifest, 1)
+        assert store.missing_chunks(manifest) == [0, 1, 2, 3]
+        with httpx.Client() as client:  # not served: the child waits, then is told it is missing
+            assert client.get(f"{server.url}/v1/weights/0/chunks/1").status_code == 504
+        region[:] = chunks[1]
+        store.commit_chunk(manifest, 1)
+        with pytest.raises(ValueError, match="already held"):  # a held region is never written again
+            store.receive_region(manifest, 1)
+        for index in (0, 2, 3):
+            store.put_chunk(0, index, chunks[index])
+        assert bytes(store.payload(manifest)) == blob
+    finally:
+        server.stop()
+
+
+def test_a_relayed_payload_is_one_buffer_and_served_on_byte_identical(chunk_server: ChunkServer) -> None:
+    blob = os.urandom(5 * CHUNK_SIZE_BYTES + 123)
+    manifest, chunks = build_manifest(
+        blob, run_id="r", policy_version=3, chunk_size_bytes=CHUNK_SIZE_BYTES, signing_key=SIGNING_KEY
+    )
+    chunk_server.store.put_version(manifest, blob)
+    relay_store = ChunkStore(trusted_key=PUBLIC_KEY)
+    relay = ChunkServer(relay_store).start()
+    fetcher = RelayFetcher(relay_store, own_url=relay.url)
+    try:
+        fetched = fetcher.fetch(manifest, lambda: [chunk_server.url])
+        assert fetched.blob == blob and fetched.num_bytes == len(blob)
+        views = relay_store.chunks(manifest)
+        assert all(view.obj is views[0].obj for view in views)  # every chunk in one buffer: nothing to join
+        with httpx.Client() as client:
+            assert fetch_manifest(client, relay.url, 3, PUBLIC_KEY) == manifest
+            assert client.get(f"{relay.url}/v1/weights/3/full/stream").content == blob
+    finally:
+        fetcher.close()
+        relay.stop()
