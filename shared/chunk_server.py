@@ -274,7 +274,9 @@ class ChunkStore:
         self, policy_version: int, payload: Payload, manifest_sha256: str | None, wait_s: float
     ) -> Manifest | None:
         """The held manifest (the one with `manifest_sha256` when given), waiting up to `wait_s` for it to
-        be added. Raises ManifestMismatchError if a different one is held when the wait ends."""
+        be added. Raises ManifestMismatchError if a different one is held when the wait ends. A delta is
+        not waited for once this holder has the version's full payload without it: it went the full way
+        (it lacked the base) and will never hold the delta, so its children move on at once."""
         deadline = time.monotonic() + wait_s
         with self._changed:
             while True:
@@ -282,6 +284,8 @@ class ChunkStore:
                 if stored is not None and manifest_sha256 in (None, stored.manifest_sha256):
                     return stored.manifest
                 remaining_s = deadline - time.monotonic()
+                if stored is None and payload == "delta" and self._artifact(policy_version, "full") is not None:
+                    return None
                 if remaining_s <= 0:
                     if stored is not None:
                         raise ManifestMismatchError(f"version {policy_version}/{payload} is held with another manifest")

@@ -6,6 +6,7 @@ vLLM-style engine loads by path; a corrupt chunk never becomes servable."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -175,3 +176,22 @@ def test_a_relayed_payload_is_one_buffer_and_served_on_byte_identical(chunk_serv
     finally:
         fetcher.close()
         relay.stop()
+
+
+def test_a_holder_that_went_the_full_way_says_at_once_it_has_no_delta(chunk_server: ChunkServer) -> None:
+    # a parent without the base fetched version 4 full: its children asking for the delta are told "not
+    # here" instead of waiting chunk_wait_s for a delta that never comes (they move to the next holder)
+    blob = os.urandom(2 * CHUNK_SIZE_BYTES)
+    manifest, _ = build_manifest(
+        blob, run_id="r", policy_version=4, chunk_size_bytes=CHUNK_SIZE_BYTES, signing_key=SIGNING_KEY
+    )
+    store = chunk_server.store
+    answers: list[object] = []
+    waiting = threading.Thread(target=lambda: answers.append(store.wait_for_manifest(4, "delta", None, 3600.0)))
+    waiting.start()  # nothing of version 4 yet: this waits, as a child's stream request does
+    store.put_version(manifest, blob)
+    waiting.join(timeout=30.0)
+    assert answers == [None] and not waiting.is_alive()
+    with httpx.Client(timeout=30.0) as client:
+        response = client.get(f"{chunk_server.url}/v1/weights/4/delta/stream?wait_manifest_s=3600")
+    assert response.status_code == 404
