@@ -42,6 +42,7 @@ def row(run: dict[str, Any], mbps: float) -> dict[str, Any]:
         "transfer_only_ratio_goodput": round(transfer_s / goodput_s, 3),
         "publish_s": round(run["publish_s"], 3),
         "announcement_read_s_max": round(max(r["announcement_read_s"] for r in receivers), 3),
+        "ready_after_transfer_s_max": round(max(r["ready_after_transfer_s"] for r in receivers), 3),
         "learner_wire_bytes": run["learner_wire_bytes"],
         # the veth counter counts a GSO super-packet's headers once: ~payload + HTTP, hence per payload byte
         "learner_copies": round(run["learner_wire_bytes"] / run["total_size_bytes"], 3),
@@ -51,6 +52,10 @@ def row(run: dict[str, Any], mbps: float) -> dict[str, Any]:
         "learner_cpu_s": round(run["learner_cpu_s"], 2),
         "machine_busy_fraction": round(run["machine_busy_fraction"], 3),
         "machine_softirq_fraction": round(run["machine_softirq_fraction"], 3),
+        # the benchmark's own processes over the same window: the rest of busy is softirq and other tenants
+        "nodes_busy_fraction": round(
+            (sum(r["cpu_s"] for r in receivers) + run["learner_cpu_s"]) / (run["cpu_count"] * end_to_end_s), 3
+        ),
         "pause_s": {name: round(s, 3) for name, s in run["pause_s"].items()},
     }
     target = TARGET_RATIO.get(run["num_receivers"])

@@ -297,6 +297,7 @@ class Bench:
                 "end_to_end_s": event["ready_at_s"] - started_at_s,
                 "transfer_only_s": event["transfer_done_at_s"] - event["published_at_s"],
                 "announcement_read_s": event["fetch_started_at_s"] - event["published_at_s"],
+                "ready_after_transfer_s": event["ready_at_s"] - event["transfer_done_at_s"],  # assembly, full hash
                 "num_bytes": event["num_bytes"],
                 "from_learner": event["source_url"].rstrip("/") == outcome["learner_url"],
                 "cpu_s": event["cpu_s"],
@@ -311,6 +312,7 @@ class Bench:
             "machine_busy_fraction": outcome["machine_busy_fraction"],
             "machine_softirq_fraction": outcome["machine_softirq_fraction"],
             "learner_cpu_s": outcome["learner_cpu_s"],
+            "cpu_count": os.cpu_count() or 1,
             "learner_wire_bytes": outcome["learner_wire_bytes"],
             "pause_s": outcome["pause_s"],
             "receivers": receivers,
