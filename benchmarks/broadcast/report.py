@@ -111,6 +111,8 @@ def cpu_limit(runs: list[dict], mbps: float, chunk_size_bytes: int) -> dict[str,
         "learner_cpu_s": round(largest["learner_cpu_s"], 2),
         "cores_used_mean": round((receivers_cpu_s + largest["learner_cpu_s"]) / end_to_end_s, 2),
         "core_fraction_one_receiver_needs": round(mean(r["cpu_s"] for r in receivers) / line_s, 3),
+        # to finish at the line-rate floor, the receivers alone would need this many cores (softirq on top)
+        "receivers_cores_needed_at_line_rate": round(receivers_cpu_s / line_s, 2),
         "chunk_time_s": round(chunk_s, 4),
         "own_machine_estimate_s": round(own_machine_s, 3),
         "own_machine_estimate_ratio_line": round(own_machine_s / line_s, 3),
@@ -157,7 +159,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
             times = sorted(r["end_to_end_s"] for r in results[name]["receivers"].values())
             right.plot(range(1, len(times) + 1), times, style, label=f"{name.replace('_', ' ')} (sorted)")
     right.axhline(results["line_floor_s"], color="k", linestyle="--", label="floor: size / line rate")
-    right.set(xlabel="receiver, by chain depth", ylabel="seconds from publication start", title="per receiver")
+    right.set(
+        xlabel="receiver, by chain depth", ylabel="seconds", title="per receiver (transfer only: from the announcement)"
+    )
     right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
