@@ -56,6 +56,7 @@ log = logging.getLogger("bench-broadcast")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 QUICK_OUT_DIR = Path(tempfile.gettempdir()) / "rlb-quick"
+RUN_LOCK_PATH = Path(tempfile.gettempdir()) / "rlb-bench.lock"
 NUM_RECEIVERS = (1, 2, 4, 8, 16)
 QUICK_NUM_RECEIVERS = (1, 4)
 HETEROGENEOUS_MBPS = (400, 100, 200, 200)  # repeated over 16 receivers in registration order
@@ -149,6 +150,7 @@ class Bench:
     # setup and teardown
     def start(self) -> dict:
         Wan.check_available()
+        take_run_lock()
         Wan.remove_leftovers()
         self.wan.create_bridge()
         self.wan.add_node("l", Link(self.args.mbps, self.args.mbps))
@@ -350,11 +352,43 @@ class Bench:
         chain = list(holders)
         victim, orphan = chain[3], chain[4]  # depth 4 and its child
         kill_after_s = 0.4 * line_floor_s
+        orphan_log = self.log_dir / f"{orphan}.log"  # appended to by every scenario: read only what this one adds
+        log_offset = orphan_log.stat().st_size if orphan_log.exists() else 0
         outcome = self.broadcast("parent-killed", holders, kill=victim, kill_after_s=kill_after_s)
         run = self.measure("pipelined", len(self.workers), outcome)
+        with open(orphan_log, errors="replace") as lines:
+            lines.seek(log_offset)
+            failover = [line.strip() for line in lines if "switching" in line]  # RelayFetcher's warning
         slowest = max(r["end_to_end_s"] for r in run["receivers"].values())
         log.info("parent killed: %d of %d ready, end to end %.2fs", len(run["receivers"]), len(chain) - 1, slowest)
-        return {"killed": victim, "killed_depth": 4, "killed_after_s": round(kill_after_s, 3), "orphan": orphan, **run}
+        return {
+            "killed": victim,
+            "killed_depth": 4,
+            "killed_after_s": round(kill_after_s, 3),
+            "orphan": orphan,
+            "orphan_failover": failover,
+            **run,
+        }
+
+
+_run_lock: list[object] = []  # the open lock file, held for the life of the process
+
+
+def take_run_lock() -> None:
+    """One benchmark at a time: a second run's clean-up of `rlb-*` leftovers would tear down a running
+    one's network. Raises if another run holds the lock (released by the kernel when that process ends)."""
+    import fcntl
+
+    lock = open(RUN_LOCK_PATH, "a+")  # noqa: SIM115 (held open until exit)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        raise RuntimeError(f"another bench-broadcast is running (pid {lock.read().strip()}; {RUN_LOCK_PATH})") from None
+    lock.truncate(0)
+    lock.write(str(os.getpid()))
+    lock.flush()
+    _run_lock.append(lock)
 
 
 def raise_keyboard_interrupt(signum: int, frame: object) -> None:
@@ -399,6 +433,7 @@ def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     signal.signal(signal.SIGTERM, raise_keyboard_interrupt)  # `kill <pid>` cleans up like Ctrl-C
+    signal.signal(signal.SIGINT, raise_keyboard_interrupt)  # also when started in the background (SIGINT ignored)
     bench = Bench(args)
     started_s = time.monotonic()
     extras: dict[str, Any] = {}
