@@ -69,6 +69,7 @@ class Wan:
     def __init__(self) -> None:
         self.address: dict[str, str] = {}
         self.links: dict[str, Link] = {}
+        self.namespaces: list[str] = []
 
     @staticmethod
     def check_available() -> None:
@@ -82,12 +83,12 @@ class Wan:
 
     @staticmethod
     def remove_leftovers() -> None:
-        """Delete every namespace and the bridge a previous (killed) run left behind."""
+        """Delete every `rlb` link, namespace and the bridge a previous (killed) run left behind."""
         for line in _run("ip", "netns", "list").splitlines():
             name = line.split()[0] if line.strip() else ""
             if name.startswith(f"{PREFIX}-"):
                 subprocess.run(["ip", "netns", "delete", name], capture_output=True)
-        subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True)
+        remove_links()
 
     def create_bridge(self) -> None:
         _run("ip", "link", "add", BRIDGE, "type", "bridge")
@@ -100,6 +101,7 @@ class Wan:
         namespace, host_end, node_end = f"{PREFIX}-{name}", f"{PREFIX}{name}-h", f"{PREFIX}{name}-n"
         address = f"{SUBNET}.{index}"
         _run("ip", "netns", "add", namespace)
+        self.namespaces.append(namespace)  # removed by `remove` even if the rest of this fails
         _run(
             "ip",
             "link",
@@ -144,10 +146,28 @@ class Wan:
         return ["ip", "netns", "exec", f"{PREFIX}-{name}", *argv]
 
     def remove(self) -> None:
-        for name in list(self.address):
-            subprocess.run(["ip", "netns", "delete", f"{PREFIX}-{name}"], capture_output=True)
-        subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True)
+        for namespace in self.namespaces:
+            subprocess.run(["ip", "netns", "delete", namespace], capture_output=True)
+        remove_links()
+        self.namespaces.clear()
         self.address.clear()
+
+
+def remove_links(timeout_s: float = 10.0) -> None:
+    """Delete the bridge and every `rlb*` link left in the root namespace (deleting a veth end deletes
+    its peer), until none is left: a deleted namespace's veths go away asynchronously, and a new run's
+    `ip link add` of the same name fails while one lingers."""
+    deadline_s = time.monotonic() + timeout_s
+    while True:
+        names = [line.split(":")[1].strip().split("@")[0] for line in _run("ip", "-o", "link", "show").splitlines()]
+        leftovers = [name for name in names if name.startswith(PREFIX)]
+        if not leftovers:
+            return
+        if time.monotonic() >= deadline_s:
+            raise WanError(f"links {leftovers} are still there {timeout_s}s after deleting them")
+        for name in leftovers:
+            subprocess.run(["ip", "link", "delete", name], capture_output=True)
+        time.sleep(0.1)
 
 
 def calibrate(wan: Wan, sender: str, receiver: str, num_bytes: int) -> dict:
