@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -240,8 +241,8 @@ class Bench:
                 self.receivers[name].expect("armed")
             return self.publish_and_wait(run_id, names, kill, kill_after_s)
         finally:
-            stop_all([self.receivers.pop(name) for name in names])
-            subprocess.run(["rm", "-rf", str(weights_root)], check=False)
+            stop_all([self.receivers.pop(name) for name in names if name in self.receivers])
+            shutil.rmtree(weights_root, ignore_errors=True)
 
     def publish_and_wait(self, run_id: str, names: list[str], kill: str | None, kill_after_s: float) -> dict:
         assert self.learner is not None
@@ -255,8 +256,12 @@ class Bench:
             victim = self.receivers[kill].popen.pid
             killer = threading.Timer(kill_after_s, os.kill, (victim, signal.SIGKILL))
             killer.start()
-        published = self.learner.expect("published")
-        ready = {name: self.receivers[name].expect("ready") for name in names if name != kill}
+        try:
+            published = self.learner.expect("published")
+            ready = {name: self.receivers[name].expect("ready") for name in names if name != kill}
+        finally:
+            if killer is not None:
+                killer.cancel()  # a no-op once it fired; never a late SIGKILL after an error
         busy_1, softirq_1, total_1 = cpu_jiffies()
         self.learner.send({"cmd": "cpu"})
         learner_cpu_s = self.learner.expect("cpu")["cpu_s"] - learner_cpu_0
