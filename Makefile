@@ -25,7 +25,7 @@ help:
 	@echo "make bench-engines  torch vs vLLM engine: tokens/s and weight-swap time (writes benchmarks/results/engine_throughput.json)"
 	@echo "make keys       a new Ed25519 pair for weight manifests: RL_SIGNING_KEY (learner only) and RL_WEIGHTS_PUBLIC_KEY"
 	@echo "make lint       ruff check, ruff format --check, mypy (pydantic plugin) over shared/ services/ engines/ cluster/"
-	@echo "make bench-broadcast  one-to-many vs pipelined relay vs size/B over tc-capped links (root; ~8 min)"
+	@echo "make bench-broadcast  end-to-end weight broadcast (publish -> verified weights ready), one-to-many vs pipelined, MTU 1500 tbf links (root; ~11 min; docs/broadcast_benchmark.md)"
 	@echo "make worker     add a rollout worker to the running cluster (NAME=..., PRICE=... $$/h); Ctrl-C drains it"
 	@echo "make drain      drain a worker of the running cluster (WORKER=<name or id>)"
 	@echo "make simulate   discrete-event simulation of N heterogeneous WAN workers + cost vs a centralized baseline"

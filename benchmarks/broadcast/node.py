@@ -1,19 +1,23 @@
-"""One node of the broadcast benchmark, run inside its network namespace by the driver.
+"""One node of the broadcast benchmark, run inside its network namespace by the driver, running the
+project's real code end to end.
 
-    python -m benchmarks.broadcast.node --role learner  --host IP --size-bytes N --chunk-size-bytes C
-    python -m benchmarks.broadcast.node --role receiver --host IP
+    python -m benchmarks.broadcast.node --role learner  --host IP --redis-url URL --size-bytes N
+    python -m benchmarks.broadcast.node --role receiver --host IP --redis-url URL --run-id R
 
-Both serve a ChunkStore with the real ChunkServer. The learner holds one random payload and publishes
-it under a new version number per run; a receiver fetches a version with the real RelayFetcher (the
-rollout worker's relay code: stream from its first source, verify and store every chunk, relay it
-from its own chunk server, fail over on a dead, stalled or corrupt source), with no model.
+learner   a torch module of random bf16 tensors (`--size-bytes` in all), a ChunkStore served by the
+          real ChunkServer, and the real WeightPublisher (services/learner/publish.py) over a StreamBus
+          on the learner's Redis: serialise, hash, chunk, sign, store, announce on `weights`.
+receiver  the real WeightsSync (services/rollout/weights_sync.py) with `start()`: its own thread reads
+          the announcement from the learner's Redis over the emulated link, fetches and checks the
+          manifest, streams the chunks from its parent (RelayFetcher), verifies and relays them from
+          its own ChunkServer, and calls `on_ready` with the verified full weights.
 
-Protocol: one JSON object per line. stdout: {"event": "ready", "url": ...} once serving, then one
-answer per command. stdin commands:
-    learner   {"cmd": "publish", "version": v}   -> {"event": "published", "manifest": <manifest JSON>}
-    receiver  {"cmd": "fetch", "manifest": <manifest JSON>, "sources": [url, ...], "start_at": unix_s,
-               "check_blob": bool}               -> {"event": "done", ...} or {"event": "failed", "error": ...}
-    both      {"cmd": "quit"} (or end of input)  -> exit 0
+Protocol: one JSON object per line. stdout: {"event": "up", "url": ...} once serving, then one answer
+per command, and (receiver) one {"event": "ready", ...} per version from the sync thread. stdin:
+    learner   {"cmd": "publish", "run_id": r, "version": v} -> {"event": "published", started_at_s, publish_s, ...}
+    receiver  {"cmd": "arm"}  -> {"event": "armed"}: CPU time is counted from here (just before the publish)
+              {"cmd": "load"} -> {"event": "loaded", "pause_s": s}: the ready version into a torch module
+    both      {"cmd": "quit"} (or end of input) -> exit 0
 """
 
 from __future__ import annotations
@@ -21,88 +25,199 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import resource
 import sys
+import threading
 import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
-import numpy as np
-
-from services.rollout.relay_fetch import RelayFetcher, RelayFetchError
+from shared.bus import StreamBus, connect
 from shared.chunk_server import ChunkServer, ChunkStore
+from shared.keys import RunKeys
 from shared.signing import load_signing_key
-from shared.weights import Manifest, build_manifest, sha256_hex, sign, verify_signature
 
 SIGNING_KEY = load_signing_key("5" * 64)  # fixed: the learner node signs, receivers verify with PUBLIC_KEY
 PUBLIC_KEY = SIGNING_KEY.public_key()
 PORT = 8000
+ROW_BYTES = 4096 * 2  # one bf16 row of a (rows, 4096) weight
+MAX_ROWS = 4096  # a tensor is at most (4096, 4096) bf16 = 32 MiB, like a 7B model's projections
+
+_emit_lock = threading.Lock()
 
 
-def emit(event: dict) -> None:
-    print(json.dumps(event), flush=True)
+def emit(event: dict[str, Any]) -> None:
+    with _emit_lock:  # the sync thread's `ready` and the command answers share stdout
+        print(json.dumps(event), flush=True)
+
+
+def cpu_s() -> float:
+    """User + system CPU seconds of this process, every thread."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def tensor_shapes(size_bytes: int) -> list[tuple[int, int]]:
+    """(rows, 4096) bf16 shapes summing to `size_bytes` (rounded down to a row)."""
+    num_rows = size_bytes // ROW_BYTES
+    if num_rows < 1:
+        raise ValueError(f"--size-bytes must be at least {ROW_BYTES}, got {size_bytes}")
+    shapes = [(MAX_ROWS, 4096)] * (num_rows // MAX_ROWS)
+    if num_rows % MAX_ROWS:
+        shapes.append((num_rows % MAX_ROWS, 4096))
+    return shapes
+
+
+def make_model(size_bytes: int, fill: bool) -> Any:
+    """A module whose state dict is bf16 tensors of `tensor_shapes(size_bytes)`; `config` carries what
+    serialize_weights reads. `fill`: random values (the learner), else zeros (a receiver's engine)."""
+    import torch
+
+    class BenchModel(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = SimpleNamespace(tie_word_embeddings=False)
+            self.weights = torch.nn.ParameterList(
+                torch.nn.Parameter(torch.empty(shape, dtype=torch.bfloat16), requires_grad=False)
+                for shape in tensor_shapes(size_bytes)
+            )
+
+    model = BenchModel()
+    generator = torch.Generator().manual_seed(0)
+    for parameter in model.weights:
+        if fill:
+            parameter.data.normal_(generator=generator)
+        else:  # touch every page: an engine's weights are resident, a load must not time page faults
+            parameter.data.zero_()
+    return model
 
 
 def serve_learner(args: argparse.Namespace) -> None:
-    store = ChunkStore(keep_versions=4)
+    import torch
+
+    from services.learner.publish import WeightPublisher
+
+    store = ChunkStore(keep_versions=2)
     server = ChunkServer(store, host=args.host, port=PORT, wait_s=args.chunk_wait_s).start()
-    blob = np.random.default_rng(args.seed).bytes(args.size_bytes)
-    template, chunks = build_manifest(
-        blob, run_id="bench", policy_version=0, chunk_size_bytes=args.chunk_size_bytes, signing_key=SIGNING_KEY
-    )
-    emit({"event": "ready", "url": server.url, "size_bytes": len(blob), "num_chunks": template.num_chunks})
+    client = connect(args.redis_url)
+    model = make_model(args.size_bytes, fill=True)
+    publisher: WeightPublisher | None = None  # one per run id (every scenario is its own run), newest only
+    emit({"event": "up", "url": server.url})
     for line in sys.stdin:
         command = json.loads(line)
         if command["cmd"] == "quit":
             break
-        manifest = sign(
-            template.model_copy(update={"policy_version": command["version"], "created_at_s": time.time()}), SIGNING_KEY
+        if command["cmd"] == "cpu":
+            emit({"event": "cpu", "cpu_s": cpu_s()})
+            continue
+        run_id = command["run_id"]
+        if publisher is None or publisher.keys.run_id != run_id:  # the old one's last blob is dropped
+            bus = StreamBus(client, RunKeys(run_id), service="learner")
+            publisher = WeightPublisher(
+                bus,
+                RunKeys(run_id),
+                store,
+                public_url=server.url,
+                signing_key=SIGNING_KEY,
+                chunk_size_bytes=args.chunk_size_bytes,
+                full_every=1,
+            )
+        with torch.no_grad():  # "the optimizer step": new values, outside the timed window
+            for parameter in model.weights:
+                parameter[0].normal_()
+        started_at_s = time.time()  # the window opens: serialise, hash, chunk, sign, store, announce
+        published = publisher.publish(model, command["version"])
+        emit(
+            {
+                "event": "published",
+                "started_at_s": started_at_s,
+                "publish_s": published.publish_s,
+                "published_at_s": published.announcement.published_at_s,
+                "total_size_bytes": published.announcement.total_size_bytes,
+                "num_chunks": published.announcement.num_chunks,
+            }
         )
-        store.put_version(manifest, chunks)  # the same bytes under a new version: no copy
-        emit({"event": "published", "manifest": manifest.to_json().decode()})
     server.stop()
 
 
 def serve_receiver(args: argparse.Namespace) -> None:
-    store = ChunkStore(keep_versions=1)  # a new run's version evicts the last one
+    from services.rollout.weights_sync import VerifiedVersion, WeightsSync
+
+    store = ChunkStore(keep_versions=1, trusted_key=PUBLIC_KEY)  # a new version evicts the last one
     server = ChunkServer(store, host=args.host, port=PORT, wait_s=args.chunk_wait_s).start()
-    fetcher = RelayFetcher(
-        store,
-        own_url=server.url,
-        stall_timeout_s=args.stall_timeout_s,
-        manifest_wait_s=args.chunk_wait_s,
-        version_timeout_s=600.0,
-    )
-    emit({"event": "ready", "url": server.url})
+    bus = StreamBus(connect(args.redis_url), RunKeys(args.run_id), service="rollout")
+    holders: list[str] = json.loads(args.holders)  # the relay plan's parent and fallbacks; [] = the learner only
+    armed_cpu_s = cpu_s()
+    newest: list[VerifiedVersion] = []
+
+    def on_ready(version: VerifiedVersion) -> None:
+        newest[:] = [version]
+        emit(
+            {
+                "event": "ready",
+                "version": version.policy_version,
+                "published_at_s": version.announcement.published_at_s,
+                "fetch_started_at_s": version.fetch_started_at_s,
+                "transfer_done_at_s": version.transfer_done_at_s,
+                "ready_at_s": version.ready_at_s,
+                "num_bytes": version.num_bytes_downloaded,
+                "source_url": version.source_url,
+                "cpu_s": cpu_s() - armed_cpu_s,
+                "path": str(getattr(version, "path", "") or ""),
+            }
+        )
+
+    options: dict[str, Any] = {}
+    if args.receive_into == "file":
+        options["weights_dir"] = Path(args.weights_dir)  # the vLLM path: the verified file is the ready weights
+    try:
+        sync = WeightsSync(
+            bus,
+            store,
+            PUBLIC_KEY,
+            parents=lambda learner_url: holders,
+            own_url=server.url,
+            chunk_wait_s=args.chunk_wait_s,
+            stall_timeout_s=args.stall_timeout_s,
+            version_timeout_s=600.0,
+            on_ready=on_ready,
+            **options,
+        )
+    except TypeError as exc:
+        raise ValueError(f"--receive-into file needs WeightsSync(weights_dir=...): {exc}") from exc
+    sync.start()
+    emit({"event": "up", "url": server.url})
     for line in sys.stdin:
         command = json.loads(line)
         if command["cmd"] == "quit":
             break
-        emit(fetch_once(fetcher, command))
-    fetcher.close()
+        if command["cmd"] == "arm":
+            armed_cpu_s = cpu_s()
+            emit({"event": "armed"})
+        elif command["cmd"] == "load":
+            emit({"event": "loaded", "pause_s": load_into_model(newest[0], args)})
+    sync.close()
     server.stop()
 
 
-def fetch_once(fetcher: RelayFetcher, command: dict) -> dict:
-    manifest = Manifest.from_json(command["manifest"])
-    verify_signature(manifest, PUBLIC_KEY)
-    sources = list(command["sources"])
-    time.sleep(max(0.0, command["start_at"] - time.time()))  # every receiver starts at the same instant
-    started_at_s = time.time()
-    try:
-        fetched = fetcher.fetch(manifest, lambda: sources)
-    except RelayFetchError as exc:
-        return {"event": "failed", "error": str(exc)}
-    blob_ok = sha256_hex(fetched.blob) == manifest.blob_sha256 if command.get("check_blob") else None
-    return {
-        "event": "done",
-        "version": manifest.policy_version,
-        "started_at_s": started_at_s,
-        "finished_at_s": started_at_s + fetched.seconds,
-        "seconds": fetched.seconds,
-        "num_bytes": fetched.num_bytes,
-        "bytes_by_source": dict(fetched.bytes_by_source),
-        "num_corrupt_chunks": fetched.num_corrupt_chunks,
-        "failures": fetched.failures,
-        "blob_ok": blob_ok,
-    }
+def load_into_model(version: Any, args: argparse.Namespace) -> float:
+    """Seconds to load the ready version into a torch module of the learner's shapes: the time a torch
+    engine does not generate (services/learner/publish.load_weights_blob, the engine's path). From the
+    file in file mode (what vLLM reads)."""
+    from safetensors.torch import load_file
+
+    from services.learner.publish import load_weights_blob
+
+    model = make_model(args.size_bytes, fill=False)  # torch imported and memory allocated before the clock
+    started_s = time.perf_counter()
+    if args.receive_into == "file":
+        missing, unexpected = model.load_state_dict(load_file(str(version.path)), strict=False)
+        if missing or unexpected:
+            raise ValueError(f"weights do not fit: missing {missing}, unexpected {unexpected}")
+    else:
+        load_weights_blob(model, version.blob)
+    return time.perf_counter() - started_s
 
 
 def main() -> None:
@@ -113,11 +228,15 @@ def main() -> None:
     )
     parser.add_argument("--role", choices=["learner", "receiver"], required=True)
     parser.add_argument("--host", required=True, help="address to bind (the node's namespace address)")
-    parser.add_argument("--size-bytes", type=int, default=256 << 20)
+    parser.add_argument("--redis-url", required=True, help="the learner's Redis, at its namespace address")
+    parser.add_argument("--run-id", default="bench", help="receiver: the run (scenario) whose `weights` it follows")
+    parser.add_argument("--holders", default="[]", help="receiver: JSON list of parent and fallback URLs")
+    parser.add_argument("--size-bytes", type=int, default=256 << 20, help="the model's bf16 bytes")
     parser.add_argument("--chunk-size-bytes", type=int, default=512 << 10)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--chunk-wait-s", type=float, default=10.0)
     parser.add_argument("--stall-timeout-s", type=float, default=15.0)
+    parser.add_argument("--receive-into", choices=["memory", "file"], default="memory")
+    parser.add_argument("--weights-dir", default="", help="receiver, file mode: where the safetensors file goes")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if args.role == "learner":

@@ -1,22 +1,24 @@
-"""make bench-broadcast: one-to-many vs pipelined relay vs the size / B floor, over capped links.
+"""make bench-broadcast: end-to-end weight broadcast, one-to-many vs pipelined relay, over capped links.
 
-Real processes on an emulated WAN (benchmarks/broadcast/wan.py: a network namespace per node, `tc tbf`
-on both directions of every link): one learner-side chunk server and up to 16 receiving chunk
-servers running the rollout worker's relay code (benchmarks/broadcast/node.py), no model.
+Real processes running the project's code on an emulated WAN (benchmarks/broadcast/wan.py: a network
+namespace per node, MTU 1500, `tc tbf` with a 100 ms drop-tail queue on both directions of every link):
+the learner node (redis-server, ChunkServer, the real WeightPublisher publishing a torch module of
+random bf16 tensors) and up to 16 receivers (the real WeightsSync following `weights` on the learner's
+Redis, relaying from their own ChunkServer). See docs/broadcast_benchmark.md.
 
-    calibrate      raw TCP through one capped link: the cap is the goodput (within 1%)
-    for N in 1, 2, 4, 8, 16:
-        one-to-many    every receiver streams the whole payload from the learner
-        pipelined      the coordinator's plan (shared/relay_plan.py: one seed, a chain ranked by
-                       bandwidth); each receiver streams from its parent while the parent receives
-    heterogeneous  16 receivers at 400/200/100 Mbit/s: the plan ranked by bandwidth vs a chain in
-                   registration order (each worker's own floor is size / min(B_learner, its link))
-    parent killed  N = 16 pipelined, the receiver at depth 4 SIGKILLed 40% into the broadcast: its
-                   child fails over to its grandparent and every other receiver still completes
+    calibrate     raw TCP through one link (= the goodput cap) and N flows out of the learner at once
+    for N in 1, 2, 4, 8, 16, each a fresh run (run id) with fresh receiver processes:
+        one-to-many   every receiver streams the whole version from the learner
+        pipelined     the coordinator's plan (shared/relay_plan.py: one seed, a chain ranked by bandwidth)
+        window        learner: time.time() right before `publish` (serialise, hash, chunk, sign, store,
+                      announce all inside) -> receiver: `on_ready` (verified full weights ready to load)
+        pause         then the first and the last receiver, one at a time, load the ready version into a
+                      torch module (services/learner/publish.load_weights_blob): the engine's pause per swap
+    heterogeneous 16 receivers at 400/100/200/200 Mbit/s, ranked by bandwidth     (--extras)
+    parent killed N = 16 pipelined, the receiver at depth 4 SIGKILLed 40% into the transfer (--extras)
 
-Writes benchmarks/results/broadcast.json and broadcast.png. Needs root (namespaces); about 8 minutes
-on 2 cores. The sizes are chosen for that: a 2-core machine moves ~400 MB/s of verified (sha256)
-relay traffic at most, which 16 receivers at 200 Mbit/s (25 MB/s each) stay well under.
+Writes benchmarks/results/broadcast.json and broadcast.png. Needs root; ~11 minutes on 2 cores
+(`--quick`: 32 MiB, N in 1 and 4, ~2 minutes).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,17 +37,33 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from benchmarks.broadcast.wan import Link, Wan, calibrate
+from benchmarks.broadcast.report import plot, summarize
+from benchmarks.broadcast.wan import (
+    GOODPUT_FRACTION,
+    MTU_BYTES,
+    QUEUE_MS,
+    TBF_BURST,
+    Link,
+    Wan,
+    calibrate,
+    shared_uplink,
+)
 from shared.relay_plan import RelayCandidate, plan_relay
 
 log = logging.getLogger("bench-broadcast")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
-NUM_WORKERS = (1, 2, 4, 8, 16)
-HETEROGENEOUS_MBPS = (400, 100, 200, 200)  # repeated over 16 workers in registration order
-EVENT_TIMEOUT_S = 300.0
+QUICK_OUT_DIR = Path(tempfile.gettempdir()) / "rlb-quick"
+RUN_LOCK_PATH = Path(tempfile.gettempdir()) / "rlb-bench.lock"
+NUM_RECEIVERS = (1, 2, 4, 8, 16)
+QUICK_NUM_RECEIVERS = (1, 4)
+HETEROGENEOUS_MBPS = (400, 100, 200, 200)  # repeated over 16 receivers in registration order
+NODE_PORT = 8000  # benchmarks/broadcast/node.py PORT
+REDIS_PORT = 6379
+EVENT_TIMEOUT_S = 600.0
 
 
 @dataclass
@@ -53,14 +72,15 @@ class Node:
 
     name: str
     popen: subprocess.Popen
-    url: str = ""
+    log_path: Path
     events: queue.Queue = field(default_factory=queue.Queue)
 
     def start_reader(self) -> None:
         def read() -> None:
             assert self.popen.stdout is not None
             for line in self.popen.stdout:
-                self.events.put(json.loads(line))
+                if line.startswith("{"):
+                    self.events.put(json.loads(line))
             self.events.put({"event": "exited", "code": self.popen.wait()})
 
         threading.Thread(target=read, name=f"read-{self.name}", daemon=True).start()
@@ -70,69 +90,110 @@ class Node:
         self.popen.stdin.write(json.dumps(command) + "\n")
         self.popen.stdin.flush()
 
-    def next_event(self, timeout_s: float = EVENT_TIMEOUT_S) -> dict:
+    def expect(self, kind: str, timeout_s: float = EVENT_TIMEOUT_S) -> dict:
         try:
             event = self.events.get(timeout=timeout_s)
         except queue.Empty:
-            raise TimeoutError(f"{self.name}: no answer within {timeout_s}s") from None
-        if event["event"] == "exited":
-            raise RuntimeError(f"{self.name} exited with code {event['code']}")
+            raise TimeoutError(f"{self.name}: no {kind!r} within {timeout_s}s") from None
+        if event["event"] != kind:
+            raise RuntimeError(f"{self.name}: expected {kind!r}, got {event} (see {self.log_path})")
         return event
 
-    def stop(self) -> None:
-        """Quit politely, then by PID."""
+    def ask_to_quit(self) -> None:
         if self.popen.poll() is None:
             try:
                 self.send({"cmd": "quit"})
-                self.popen.wait(timeout=5)
-            except (BrokenPipeError, subprocess.TimeoutExpired):
-                os.kill(self.popen.pid, signal.SIGKILL)
-                self.popen.wait()
+            except OSError:  # its stdin is gone: it is exiting (or killed)
+                pass
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Quit politely (see ask_to_quit), then SIGKILL by PID."""
+        self.ask_to_quit()
+        try:
+            self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.kill(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+
+
+def stop_all(nodes: list[Node]) -> None:
+    """Every node asked first, then waited for: their shutdowns (a sync thread's last XREAD) overlap."""
+    for node in nodes:
+        node.ask_to_quit()
+    deadline_s = time.monotonic() + 10.0
+    for node in nodes:
+        node.stop(timeout_s=max(0.1, deadline_s - time.monotonic()))
+
+
+def cpu_jiffies() -> tuple[int, int, int]:
+    """(busy, softirq, total) jiffies of the whole machine from /proc/stat. softirq is mostly the kernel
+    moving packets through the emulated links (veth, bridge, tbf): cost of the emulation, not of a node."""
+    with open("/proc/stat") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, fields[6], sum(fields)
 
 
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.wan = Wan()
-        self.nodes: dict[str, Node] = {}
+        self.learner: Node | None = None
+        self.redis: subprocess.Popen | None = None
+        self.receivers: dict[str, Node] = {}
         self.version = 0
         self.log_dir = Path(tempfile.mkdtemp(prefix="rlb-logs-"))
-        self.workers = [f"w{i}" for i in range(max(NUM_WORKERS))]
+        self.workers = [f"w{i}" for i in range(max(args.num_receivers))]
 
-    @property
-    def floor_s(self) -> float:
-        return self.args.size_bytes * 8 / (self.args.mbps * 1e6)
+    def url(self, name: str) -> str:
+        return f"http://{self.wan.address[name]}:{NODE_PORT}"
 
     # setup and teardown
-    def start(self) -> list[dict]:
+    def start(self) -> dict:
         Wan.check_available()
+        take_run_lock()
         Wan.remove_leftovers()
         self.wan.create_bridge()
         self.wan.add_node("l", Link(self.args.mbps, self.args.mbps))
         for name in self.workers:
             self.wan.add_node(name, Link(self.args.mbps, self.args.mbps))
-        calibration = [calibrate(self.wan, "l", "w0", 64 << 20)]
-        log.info("calibration: %s", calibration[0])
-        self.start_node(
-            "l",
-            [
-                "--role",
-                "learner",
-                "--size-bytes",
-                str(self.args.size_bytes),
-                "--chunk-size-bytes",
-                str(self.args.chunk_size_bytes),
-            ],
+        calibration = {
+            "one_flow": calibrate(self.wan, "l", "w0", 64 << 20),
+            "shared_uplink": shared_uplink(self.wan, "l", self.workers, (128 << 20) // len(self.workers)),
+        }
+        log.info("calibration: %s", calibration)
+        address = self.wan.address["l"]
+        self.redis = subprocess.Popen(
+            self.wan.command(
+                "l",
+                ["redis-server", "--bind", address, "--port", str(REDIS_PORT), "--save", "", "--appendonly", "no"]
+                + ["--protected-mode", "no", "--logfile", str(self.log_dir / "redis.log")],
+            ),
+            stdout=subprocess.DEVNULL,
         )
-        for name in self.workers:
-            self.start_node(name, ["--role", "receiver"])
-        for node in self.nodes.values():
-            node.url = node.next_event(60.0)["url"]
+        self.learner = self.start_node("l", ["--role", "learner"])
+        self.learner.expect("up", 120.0)
         return calibration
 
-    def start_node(self, name: str, role_args: list[str]) -> None:
-        argv = [sys.executable, "-m", "benchmarks.broadcast.node", "--host", self.wan.address[name], *role_args]
-        stderr = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 (closed when the process exits)
+    def start_node(self, name: str, role_args: list[str]) -> Node:
+        argv = [
+            sys.executable,
+            "-m",
+            "benchmarks.broadcast.node",
+            "--host",
+            self.wan.address[name],
+            "--redis-url",
+            f"redis://{self.wan.address['l']}:{REDIS_PORT}/0",
+            "--size-bytes",
+            str(self.args.size_bytes),
+            "--chunk-size-bytes",
+            str(self.args.chunk_size_bytes),
+            "--receive-into",
+            self.args.receive_into,
+            *role_args,
+        ]
+        log_path = self.log_dir / f"{name}.log"
+        stderr = open(log_path, "ab")  # noqa: SIM115 (closed when the process exits)
         popen = subprocess.Popen(
             self.wan.command(name, argv),
             stdin=subprocess.PIPE,
@@ -142,125 +203,138 @@ class Bench:
             cwd=REPO_ROOT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-        self.nodes[name] = node = Node(name, popen)
+        node = Node(name, popen, log_path)
         node.start_reader()
+        return node
 
     def stop(self) -> None:
-        for node in self.nodes.values():
-            node.stop()
+        stop_all([*self.receivers.values(), *([self.learner] if self.learner else [])])
+        if self.redis is not None and self.redis.poll() is None:
+            os.kill(self.redis.pid, signal.SIGTERM)
+            try:
+                self.redis.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.redis.pid, signal.SIGKILL)
+                self.redis.wait()
         self.wan.remove()
 
     # one broadcast
     def broadcast(
-        self,
-        receivers: list[str],
-        sources: dict[str, list[str]],
-        *,
-        kill: str | None = None,
-        kill_after_s: float = 0.0,
-        check_blob: bool = False,
+        self, label: str, holders: dict[str, list[str]], *, kill: str | None = None, kill_after_s: float = 0.0
     ) -> dict:
-        """Publish a new version and have `receivers` fetch it from `sources` at the same instant.
-        Returns per-receiver results and T = last finish - start."""
+        """A fresh run: receivers started with their holders (the plan), one version published, every
+        (surviving) receiver's `ready`, then the pause of the first and last. Returns the raw events."""
         self.version += 1
-        learner = self.nodes["l"]
-        learner.send({"cmd": "publish", "version": self.version})
-        manifest = learner.next_event()["manifest"]
-        start_at_s = time.time() + 0.5
-        for name in receivers:
-            self.nodes[name].send(
-                {
-                    "cmd": "fetch",
-                    "manifest": manifest,
-                    "sources": sources[name],
-                    "start_at": start_at_s,
-                    "check_blob": check_blob,
-                }
-            )
+        run_id = f"bench-{label}-{self.version}"
+        weights_root = Path(tempfile.mkdtemp(prefix="rlb-weights-"))  # file mode: a disk, as on a worker
+        names = list(holders)
+        try:
+            for name in names:
+                extra = ["--weights-dir", str(weights_root / name)] if self.args.receive_into == "file" else []
+                self.receivers[name] = self.start_node(
+                    name, ["--role", "receiver", "--run-id", run_id, "--holders", json.dumps(holders[name]), *extra]
+                )
+            for name in names:
+                self.receivers[name].expect("up", 120.0)
+            for name in names:
+                self.receivers[name].send({"cmd": "arm"})
+                self.receivers[name].expect("armed")
+            return self.publish_and_wait(run_id, names, kill, kill_after_s)
+        finally:
+            stop_all([self.receivers.pop(name) for name in names if name in self.receivers])
+            shutil.rmtree(weights_root, ignore_errors=True)
+
+    def publish_and_wait(self, run_id: str, names: list[str], kill: str | None, kill_after_s: float) -> dict:
+        assert self.learner is not None
+        busy_0, softirq_0, total_0 = cpu_jiffies()
+        learner_bytes_0 = self.wan.uplink_bytes("l")
+        self.learner.send({"cmd": "cpu"})
+        learner_cpu_0 = self.learner.expect("cpu")["cpu_s"]
+        self.learner.send({"cmd": "publish", "run_id": run_id, "version": self.version})
         killer = None
         if kill is not None:
-            killer = threading.Timer(
-                start_at_s + kill_after_s - time.time(), os.kill, (self.nodes[kill].popen.pid, signal.SIGKILL)
-            )
+            victim = self.receivers[kill].popen.pid
+            killer = threading.Timer(kill_after_s, os.kill, (victim, signal.SIGKILL))
             killer.start()
-        results = {}
-        for name in receivers:
-            if name == kill:
-                continue
-            event = self.nodes[name].next_event()
-            if event["event"] != "done":
-                raise RuntimeError(f"{name} failed: {event}")
-            results[name] = event
+        try:
+            published = self.learner.expect("published")
+            ready = {name: self.receivers[name].expect("ready") for name in names if name != kill}
+        finally:
+            if killer is not None:
+                killer.cancel()  # a no-op once it fired; never a late SIGKILL after an error
+        busy_1, softirq_1, total_1 = cpu_jiffies()
+        self.learner.send({"cmd": "cpu"})
+        learner_cpu_s = self.learner.expect("cpu")["cpu_s"] - learner_cpu_0
+        learner_wire_bytes = self.wan.uplink_bytes("l") - learner_bytes_0
         if killer is not None:
             killer.join()
-            self.nodes[kill].popen.wait(timeout=10)
-        finished = [r["finished_at_s"] - start_at_s for r in results.values()]
-        learner_url = learner.url
+        pause_s = {}
+        for name in dict.fromkeys([names[0], names[-1]]):  # one at a time: nothing competes
+            if name == kill:
+                continue
+            self.receivers[name].send({"cmd": "load"})
+            pause_s[name] = self.receivers[name].expect("loaded")["pause_s"]
         return {
-            "seconds": round(max(finished), 3),
-            "per_worker_s": {name: round(r["finished_at_s"] - start_at_s, 3) for name, r in results.items()},
-            "bytes": sum(r["num_bytes"] for r in results.values()),
-            "learner_bytes": sum(r["bytes_by_source"].get(learner_url, 0) for r in results.values()),
-            "num_corrupt_chunks": sum(r["num_corrupt_chunks"] for r in results.values()),
-            "failures": {name: r["failures"] for name, r in results.items() if r["failures"]},
-            "blob_ok": all(r["blob_ok"] for r in results.values()) if check_blob else None,
+            "published": published,
+            "ready": ready,
+            "machine_busy_fraction": (busy_1 - busy_0) / max(1, total_1 - total_0),
+            "machine_softirq_fraction": (softirq_1 - softirq_0) / max(1, total_1 - total_0),
+            "learner_cpu_s": learner_cpu_s,
+            "learner_wire_bytes": learner_wire_bytes,
+            "pause_s": pause_s,
+            "learner_url": self.url("l"),
         }
 
-    # sources per mode
-    def one_to_many(self, receivers: list[str]) -> dict[str, list[str]]:
-        return {name: [self.nodes["l"].url] for name in receivers}
+    # holders per mode
+    def planned(self, receivers: list[str]) -> dict[str, list[str]]:
+        """Holders per receiver from the coordinator's rule (shared/relay_plan.py) on their link speeds:
+        parent then fallbacks (the learner, last resort, is added by WeightsSync). Keys in chain order."""
+        ids = {f"{index:03d}": name for index, name in enumerate(receivers)}
+        candidates = [RelayCandidate(i, self.url(name), self.wan.links[name].down_mbps) for i, name in ids.items()]
+        plan = plan_relay(candidates, num_seeds=1, fanout=1)
+        ranked = sorted(plan.assignments.values(), key=lambda a: a.depth)
+        return {ids[a.worker_id]: [u for u in (a.parent_url, *a.fallback_urls) if u] for a in ranked}
 
-    def planned(self, receivers: list[str], ranked: bool = True) -> dict[str, list[str]]:
-        """Sources per receiver from the coordinator's rule (shared/relay_plan.py) on their link speeds:
-        parent, fallbacks, the learner. Unranked: every worker reports the same speed, so the chain
-        follows registration order (ties are broken by id, and these ids sort that way)."""
-        names = {f"{index:03d}": name for index, name in enumerate(receivers)}
-        candidates = [
-            RelayCandidate(worker_id, self.nodes[name].url, self.wan.links[name].down_mbps if ranked else 1.0)
-            for worker_id, name in names.items()
-        ]
-        learner_url = self.nodes["l"].url
+    def measure(self, mode: str, num_receivers: int, outcome: dict) -> dict:
+        """One row of raw per-receiver figures (report.py turns them into the table)."""
+        published = outcome["published"]
+        started_at_s = published["started_at_s"]
+        receivers = {
+            name: {
+                "end_to_end_s": event["ready_at_s"] - started_at_s,
+                "transfer_only_s": event["transfer_done_at_s"] - event["published_at_s"],
+                "announcement_read_s": event["fetch_started_at_s"] - event["published_at_s"],
+                "ready_after_transfer_s": event["ready_at_s"] - event["transfer_done_at_s"],  # assembly, full hash
+                "num_bytes": event["num_bytes"],
+                "from_learner": event["source_url"].rstrip("/") == outcome["learner_url"],
+                "cpu_s": event["cpu_s"],
+            }
+            for name, event in outcome["ready"].items()
+        }
         return {
-            names[a.worker_id]: [a.parent_url or learner_url, *a.fallback_urls, learner_url]
-            for a in plan_relay(candidates, num_seeds=1, fanout=1).assignments.values()
+            "mode": mode,
+            "num_receivers": num_receivers,
+            "total_size_bytes": published["total_size_bytes"],
+            "publish_s": published["publish_s"],
+            "machine_busy_fraction": outcome["machine_busy_fraction"],
+            "machine_softirq_fraction": outcome["machine_softirq_fraction"],
+            "learner_cpu_s": outcome["learner_cpu_s"],
+            "cpu_count": os.cpu_count() or 1,
+            "learner_wire_bytes": outcome["learner_wire_bytes"],
+            "pause_s": outcome["pause_s"],
+            "receivers": receivers,
         }
 
-    def depth_order(self, sources: dict[str, list[str]]) -> list[str]:
-        """Receivers of a single chain, from the seed down."""
-        name_of = {node.url: name for name, node in self.nodes.items()}
-        child_of = {name_of[urls[0]]: name for name, urls in sources.items()}
-        order, node = [], "l"
-        while node in child_of:
-            node = child_of[node]
-            order.append(node)
-        return order
-
-    # the benchmark
+    # scenarios
     def sweep(self) -> list[dict]:
         runs = []
-        for num_workers in NUM_WORKERS:
-            receivers = self.workers[:num_workers]
-            for mode, sources in (("one_to_many", self.one_to_many(receivers)), ("pipelined", self.planned(receivers))):
-                result = self.broadcast(receivers, sources, check_blob=num_workers == max(NUM_WORKERS))
-                run = {
-                    "mode": mode,
-                    "num_workers": num_workers,
-                    "seconds": result["seconds"],
-                    "bytes": result["bytes"],
-                    "learner_bytes": result["learner_bytes"],
-                    "floor_s": round(self.floor_s, 3),
-                    "ratio": round(result["seconds"] / self.floor_s, 3),
-                    "blob_ok": result["blob_ok"],
-                    "failures": result["failures"],
-                }
-                log.info(
-                    "N=%2d %-11s %7.2fs  floor %.2fs  ratio %.3f",
-                    num_workers,
-                    mode,
-                    run["seconds"],
-                    self.floor_s,
-                    run["ratio"],
-                )
+        for num_receivers in self.args.num_receivers:
+            names = self.workers[:num_receivers]
+            learner_only: dict[str, list[str]] = {name: [] for name in names}  # WeightsSync adds the learner
+            for mode, holders in (("one_to_many", learner_only), ("pipelined", self.planned(names))):
+                run = self.measure(mode, num_receivers, self.broadcast(f"n{num_receivers}-{mode}", holders))
+                slowest = max(r["end_to_end_s"] for r in run["receivers"].values())
+                log.info("N=%2d %-11s end to end %.2fs, publish %.2fs", num_receivers, mode, slowest, run["publish_s"])
                 runs.append(run)
         return runs
 
@@ -268,165 +342,128 @@ class Bench:
         speeds = {name: HETEROGENEOUS_MBPS[i % len(HETEROGENEOUS_MBPS)] for i, name in enumerate(self.workers)}
         for name, mbps in speeds.items():
             self.wan.set_link(name, Link(mbps, mbps))
-        fast, slow = (next(n for n, s in speeds.items() if s == target) for target in (400, 100))
-        fast_peer = [n for n, s in speeds.items() if s == 400][1]
-        slow_peer = [n for n, s in speeds.items() if s == 100][1]
-        calibration = [calibrate(self.wan, fast, fast_peer, 64 << 20), calibrate(self.wan, slow, slow_peer, 32 << 20)]
-        own_floor_s = {
-            name: self.args.size_bytes * 8 / (min(self.args.mbps, mbps) * 1e6) for name, mbps in speeds.items()
-        }
-        outcome = {
-            "link_mbps": speeds,
-            "learner_uplink_mbps": self.args.mbps,
-            "calibration": calibration,
-            "floor_s": round(max(own_floor_s.values()), 3),
-        }
-        for label, ranked in (("ranked_by_bandwidth", True), ("registration_order", False)):
-            sources = self.planned(self.workers, ranked=ranked)
-            result = self.broadcast(self.workers, sources, check_blob=True)
-            per_worker_ratio = [result["per_worker_s"][n] / own_floor_s[n] for n in self.workers]
-            outcome[label] = {
-                "seconds": result["seconds"],
-                "ratio": round(result["seconds"] / outcome["floor_s"], 3),
-                "mean_worker_s": round(sum(result["per_worker_s"].values()) / len(self.workers), 3),
-                "mean_ratio_to_own_floor": round(sum(per_worker_ratio) / len(per_worker_ratio), 3),
-                "chain": self.depth_order(sources),
-                "per_worker_s": result["per_worker_s"],
-                "learner_bytes": result["learner_bytes"],
-                "blob_ok": result["blob_ok"],
-            }
-            log.info(
-                "heterogeneous %-19s %7.2fs (floor %.2fs), mean worker/own floor %.3f",
-                label,
-                result["seconds"],
-                outcome["floor_s"],
-                outcome[label]["mean_ratio_to_own_floor"],
+        try:
+            run = self.measure(
+                "pipelined", len(self.workers), self.broadcast("heterogeneous", self.planned(self.workers))
             )
-        for name in self.workers:
-            self.wan.set_link(name, Link(self.args.mbps, self.args.mbps))
-        return outcome
+        finally:
+            for name in self.workers:
+                self.wan.set_link(name, Link(self.args.mbps, self.args.mbps))
+        log.info("heterogeneous: end to end %.2fs", max(r["end_to_end_s"] for r in run["receivers"].values()))
+        return {"link_mbps": speeds, "learner_uplink_mbps": self.args.mbps, **run}
 
-    def parent_killed(self) -> dict:
-        sources = self.planned(self.workers)
-        chain = self.depth_order(sources)
+    def parent_killed(self, line_floor_s: float) -> dict:
+        holders = self.planned(self.workers)
+        chain = list(holders)
         victim, orphan = chain[3], chain[4]  # depth 4 and its child
-        kill_after_s = 0.4 * self.floor_s
-        result = self.broadcast(self.workers, sources, kill=victim, kill_after_s=kill_after_s, check_blob=True)
-        outcome = {
-            "num_workers": len(self.workers),
+        kill_after_s = 0.4 * line_floor_s
+        orphan_log = self.log_dir / f"{orphan}.log"  # appended to by every scenario: read only what this one adds
+        log_offset = orphan_log.stat().st_size if orphan_log.exists() else 0
+        outcome = self.broadcast("parent-killed", holders, kill=victim, kill_after_s=kill_after_s)
+        run = self.measure("pipelined", len(self.workers), outcome)
+        with open(orphan_log, errors="replace") as lines:
+            lines.seek(log_offset)
+            failover = [line.strip() for line in lines if "switching" in line]  # RelayFetcher's warning
+        slowest = max(r["end_to_end_s"] for r in run["receivers"].values())
+        log.info("parent killed: %d of %d ready, end to end %.2fs", len(run["receivers"]), len(chain) - 1, slowest)
+        return {
             "killed": victim,
             "killed_depth": 4,
             "killed_after_s": round(kill_after_s, 3),
             "orphan": orphan,
-            "orphan_failover": result["failures"].get(orphan, []),
-            "num_completed": len(result["per_worker_s"]),
-            "seconds": result["seconds"],
-            "floor_s": round(self.floor_s, 3),
-            "ratio": round(result["seconds"] / self.floor_s, 3),
-            "per_worker_s": result["per_worker_s"],
-            "blob_ok": result["blob_ok"],
-            "learner_bytes": result["learner_bytes"],
+            "orphan_failover": failover,
+            **run,
         }
-        log.info(
-            "parent killed: %s at %.1fs; %d of %d completed in %.2fs (ratio %.3f); %s failed over: %s",
-            victim,
-            kill_after_s,
-            outcome["num_completed"],
-            len(self.workers) - 1,
-            result["seconds"],
-            outcome["ratio"],
-            orphan,
-            outcome["orphan_failover"],
-        )
-        return outcome
 
 
-def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for mode, style in (("one_to_many", "o-"), ("pipelined", "s-")):
-        runs = [r for r in results["runs"] if r["mode"] == mode]
-        left.plot([r["num_workers"] for r in runs], [r["seconds"] for r in runs], style, label=mode.replace("_", "-"))
-    left.plot(NUM_WORKERS, [results["floor_s"]] * len(NUM_WORKERS), "k--", label="floor size / B")
-    left.set(
-        xscale="log",
-        yscale="log",
-        xlabel="receivers N",
-        ylabel="seconds to the last receiver",
-        title=f"{results['payload_bytes'] >> 20} MiB, every link {results['link_mbps']:g} Mbit/s (tc tbf)",
-    )
-    left.set_xticks(NUM_WORKERS, [str(n) for n in NUM_WORKERS])
-    left.legend()
-    het = results["heterogeneous"]
-    for label, style in (("ranked_by_bandwidth", "s"), ("registration_order", "x")):
-        times = sorted(het[label]["per_worker_s"].values())
-        right.plot(range(1, len(times) + 1), times, style, label=f"heterogeneous, {label.replace('_', ' ')}")
-    killed = sorted(results["parent_killed"]["per_worker_s"].values())
-    right.plot(
-        range(1, len(killed) + 1), killed, "^", label=f"parent killed at depth 4 (homogeneous, {len(killed)} left)"
-    )
-    right.axhline(results["floor_s"], color="k", linestyle="--", label="floor at B")
-    right.axhline(het["floor_s"], color="grey", linestyle=":", label="floor of the slowest link")
-    right.set(xlabel="receivers, by finish time", ylabel="seconds to finish", title="16 receivers: pipelined relay")
-    right.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+_run_lock: list[object] = []  # the open lock file, held for the life of the process
 
 
-def table(runs: list[dict], floor_s: float) -> dict[str, dict]:
-    by_n: dict[str, dict] = {}
-    for run in runs:
-        row = by_n.setdefault(str(run["num_workers"]), {"floor_s": round(floor_s, 3)})
-        row[f"{run['mode']}_s"] = run["seconds"]
-        row[f"{run['mode']}_ratio"] = run["ratio"]
-    return by_n
+def take_run_lock() -> None:
+    """One benchmark at a time: a second run's clean-up of `rlb-*` leftovers would tear down a running
+    one's network. Raises if another run holds the lock (released by the kernel when that process ends)."""
+    import fcntl
+
+    lock = open(RUN_LOCK_PATH, "a+")  # noqa: SIM115 (held open until exit)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        raise RuntimeError(f"another bench-broadcast is running (pid {lock.read().strip()}; {RUN_LOCK_PATH})") from None
+    lock.truncate(0)
+    lock.write(str(os.getpid()))
+    lock.flush()
+    _run_lock.append(lock)
 
 
 def raise_keyboard_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.broadcast", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--size-bytes", type=int, default=256 << 20, help="payload (default 256 MiB)")
+    parser.add_argument("--size-bytes", type=int, default=256 << 20, help="the model's bf16 bytes (default 256 MiB)")
     parser.add_argument("--chunk-size-bytes", type=int, default=512 << 10, help="chunk (default 512 KiB)")
+    parser.add_argument("--mbps", type=float, default=200.0, help="B: the learner's uplink and every link, Mbit/s")
     parser.add_argument(
-        "--mbps", type=float, default=200.0, help="B: the learner's uplink and every worker's link, Mbit/s"
+        "--receive-into",
+        choices=["memory", "file"],
+        default="memory",
+        help="ready = in memory (torch engine) or the verified safetensors file complete (vLLM)",
     )
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument(
+        "--extras", action=argparse.BooleanOptionalAction, default=True, help="heterogeneous + parent killed"
+    )
+    parser.add_argument(
+        "--num-receivers",
+        default=",".join(map(str, NUM_RECEIVERS)),
+        help="N values, comma-separated (extras need >= 6)",
+    )
+    parser.add_argument("--quick", action="store_true", help="check the harness: 32 MiB, N in 1 and 4, no extras")
+    parser.add_argument("--out", type=Path, default=None, help=f"default {RESULTS_DIR} (--quick: {QUICK_OUT_DIR})")
     args = parser.parse_args()
+    args.num_receivers = tuple(int(n) for n in args.num_receivers.split(","))
+    if args.quick:
+        args.size_bytes, args.num_receivers, args.extras = 32 << 20, QUICK_NUM_RECEIVERS, False
+    if args.extras and max(args.num_receivers) < 6:
+        raise ValueError("--extras (a parent killed at depth 4) needs an N >= 6 in --num-receivers; or --no-extras")
+    if args.out is None:  # a harness check never overwrites the committed results
+        args.out = QUICK_OUT_DIR if args.quick else RESULTS_DIR
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     signal.signal(signal.SIGTERM, raise_keyboard_interrupt)  # `kill <pid>` cleans up like Ctrl-C
+    signal.signal(signal.SIGINT, raise_keyboard_interrupt)  # also when started in the background (SIGINT ignored)
     bench = Bench(args)
     started_s = time.monotonic()
+    extras: dict[str, Any] = {}
     try:
         calibration = bench.start()
         runs = bench.sweep()
-        heterogeneous = bench.heterogeneous()
-        killed = bench.parent_killed()
+        if args.extras:
+            extras["heterogeneous"] = bench.heterogeneous()
+            extras["parent_killed"] = bench.parent_killed(runs[0]["total_size_bytes"] * 8 / (args.mbps * 1e6))
     finally:
         bench.stop()
     results = {
-        "command": "make bench-broadcast  (python -m benchmarks.broadcast, as root)",
+        "command": "make bench-broadcast  (python -m benchmarks.broadcast, as root)"
+        + ("  --quick" if args.quick else ""),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "payload_bytes": args.size_bytes,
         "chunk_size_bytes": args.chunk_size_bytes,
         "link_mbps": args.mbps,
-        "floor_s": round(bench.floor_s, 3),
-        "link_emulation": "network namespace per node, veth into one bridge, tc tbf on both directions of every link "
-        "(rate B, burst 256kb, a 5 s drop-tail queue: no fair queueing in this kernel), MTU 65000 so the cap is the goodput",
-        "calibration": calibration,
+        "receive_into": args.receive_into,
+        "link_emulation": f"network namespace per node, veth into one bridge, MTU {MTU_BYTES}, tc tbf on both "
+        f"directions of every link (rate {args.mbps:g} Mbit/s, burst {TBF_BURST}, a {QUEUE_MS:g} ms drop-tail queue; "
+        f"no fair queueing in this kernel); TCP goodput at most {GOODPUT_FRACTION:.4f} of the line rate",
         "plan": "shared/relay_plan.py: num_seeds=1, fanout=1 (a chain ranked by bandwidth), fallbacks = other ancestors then other branches",
-        "runs": runs,
-        "table": table(runs, bench.floor_s),
-        "heterogeneous": heterogeneous,
-        "parent_killed": killed,
+        "calibration": calibration,
+        **summarize(runs, extras, args.mbps, args.chunk_size_bytes),
         "wall_s": round(time.monotonic() - started_s, 1),
         "cpu_count": os.cpu_count(),
         "node_logs": str(bench.log_dir),

@@ -5,9 +5,18 @@ downlink are capped in the kernel (exact; docs/design.md#link-emulation-with-net
     node ns  rlb-<name>: veth rlb<name>-n (10.77.0.x)   egress tbf = the node's uplink
     root ns  rlb<name>-h, enslaved to bridge rlb-br      egress tbf = the node's downlink
 
-MTU 65000 on every link: tbf counts link-layer bytes, and at MTU 1500 the TCP/IP headers take 4.4%
-of the cap (a 200 Mbit/s bucket gives 191 Mbit/s of goodput); at 65000 they take 0.1%, so the cap is
-the goodput and the floor is simply size / B. `calibrate` measures it (raw TCP, within 0.5%).
+MTU 1500 on every link, the internet's. tbf counts link-layer bytes: a full TCP segment is 1514 bytes
+on the wire (Ethernet 14 + IP 20 + TCP 20 + timestamps 12) for 1448 bytes of payload, so a B Mbit/s
+bucket gives at most B * 1448/1514 = 0.956 B of goodput. `calibrate` measures it (raw TCP).
+
+Queue depth. tbf's `latency` bounds how long a packet may wait in the bucket's drop-tail queue (its
+`limit` in bytes is rate * latency). Every link gets `queue_ms` (default 100 ms: a plain access
+link's buffer; cable and DSL modems hold 50-500 ms at full load). This kernel has tbf, htb and the
+fifos but no fair queueing (fq, sfq, fq_codel, cake: `tc qdisc add ... fq_codel` says "unknown"), so
+N flows through one bucket share it only as fairly as drop-tail TCP does: `shared_uplink` measures that
+(N raw TCP flows out of the learner at once) and the driver reports it. At MTU 1500 a 100 ms queue at
+200 Mbit/s holds ~1650 packets, ~100 per flow with 16 flows: losses are repaired by fast retransmit,
+not by RTO backoff (the starvation seen at MTU 65000, where the same queue held 38 packets).
 
 Everything is named with the `rlb` prefix; `Wan.remove_leftovers()` deletes what a killed run left.
 """
@@ -18,6 +27,8 @@ import logging
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -25,14 +36,12 @@ log = logging.getLogger(__name__)
 PREFIX = "rlb"
 BRIDGE = f"{PREFIX}-br"
 SUBNET = "10.77.0"
-MTU_BYTES = 65000
-TBF_BURST = "256kb"  # >= a few MTUs; ~10 ms at 200 Mbit/s
-# The bucket's queue. Deep on purpose: this kernel has tbf but no fair queueing (fq, sfq, fq_codel), and
-# with a 100 ms drop-tail queue, 16 TCP flows sharing the learner's uplink (one-to-many) starve each
-# other: a flow with a few 64 KB packets in flight recovers from loss only by RTO backoff and got no
-# byte for 3 x 15 s. With room for every flow's receive window nothing is dropped and the flows share
-# the cap evenly. A single relay flow per link never fills it (it sends at the rate it receives).
-TBF_LATENCY = "5s"
+MTU_BYTES = 1500
+WIRE_BYTES_PER_SEGMENT = MTU_BYTES + 14  # Ethernet header: tbf on a veth counts it
+TCP_PAYLOAD_PER_SEGMENT = MTU_BYTES - 20 - 20 - 12  # IP, TCP, TCP timestamp option
+GOODPUT_FRACTION = TCP_PAYLOAD_PER_SEGMENT / WIRE_BYTES_PER_SEGMENT  # 0.9564: TCP goodput / line rate
+TBF_BURST = "64kb"  # the bucket: ~2.6 ms at 200 Mbit/s, > one 64 KB GSO super-packet
+QUEUE_MS = 100.0
 
 
 class WanError(RuntimeError):
@@ -43,6 +52,8 @@ class WanError(RuntimeError):
 class Link:
     up_mbps: float
     down_mbps: float
+    up_queue_ms: float = QUEUE_MS  # the uplink's drop-tail queue (tbf latency)
+    down_queue_ms: float = QUEUE_MS
 
 
 def _run(*args: str) -> str:
@@ -58,6 +69,7 @@ class Wan:
     def __init__(self) -> None:
         self.address: dict[str, str] = {}
         self.links: dict[str, Link] = {}
+        self.namespaces: list[str] = []
 
     @staticmethod
     def check_available() -> None:
@@ -71,12 +83,12 @@ class Wan:
 
     @staticmethod
     def remove_leftovers() -> None:
-        """Delete every namespace and the bridge a previous (killed) run left behind."""
+        """Delete every `rlb` link, namespace and the bridge a previous (killed) run left behind."""
         for line in _run("ip", "netns", "list").splitlines():
             name = line.split()[0] if line.strip() else ""
             if name.startswith(f"{PREFIX}-"):
                 subprocess.run(["ip", "netns", "delete", name], capture_output=True)
-        subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True)
+        remove_links()
 
     def create_bridge(self) -> None:
         _run("ip", "link", "add", BRIDGE, "type", "bridge")
@@ -89,6 +101,7 @@ class Wan:
         namespace, host_end, node_end = f"{PREFIX}-{name}", f"{PREFIX}{name}-h", f"{PREFIX}{name}-n"
         address = f"{SUBNET}.{index}"
         _run("ip", "netns", "add", namespace)
+        self.namespaces.append(namespace)  # removed by `remove` even if the rest of this fails
         _run(
             "ip",
             "link",
@@ -117,21 +130,44 @@ class Wan:
         """(Re)cap a node's uplink (egress of its own end) and downlink (egress of the bridge end)."""
         verb = "add" if add else "change"
         namespace = f"{PREFIX}-{name}"
-        tbf = ["tbf", "rate", f"{link.up_mbps}mbit", "burst", TBF_BURST, "latency", TBF_LATENCY]
-        _run("ip", "netns", "exec", namespace, "tc", "qdisc", verb, "dev", f"{PREFIX}{name}-n", "root", *tbf)
-        tbf[2] = f"{link.down_mbps}mbit"
-        _run("tc", "qdisc", verb, "dev", f"{PREFIX}{name}-h", "root", *tbf)
+        up = ["tbf", "rate", f"{link.up_mbps}mbit", "burst", TBF_BURST, "latency", f"{link.up_queue_ms}ms"]
+        _run("ip", "netns", "exec", namespace, "tc", "qdisc", verb, "dev", f"{PREFIX}{name}-n", "root", *up)
+        down = ["tbf", "rate", f"{link.down_mbps}mbit", "burst", TBF_BURST, "latency", f"{link.down_queue_ms}ms"]
+        _run("tc", "qdisc", verb, "dev", f"{PREFIX}{name}-h", "root", *down)
         self.links[name] = link
+
+    def uplink_bytes(self, name: str) -> int:
+        """Link-layer bytes `name` has sent so far (what its uplink carried: headers, HTTP and Redis included)."""
+        with open(f"/sys/class/net/{PREFIX}{name}-h/statistics/rx_bytes") as counter:
+            return int(counter.read())
 
     def command(self, name: str, argv: list[str]) -> list[str]:
         """`argv` run inside `name`'s namespace (`ip netns exec` execs it: the PID is the program's)."""
         return ["ip", "netns", "exec", f"{PREFIX}-{name}", *argv]
 
     def remove(self) -> None:
-        for name in list(self.address):
-            subprocess.run(["ip", "netns", "delete", f"{PREFIX}-{name}"], capture_output=True)
-        subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True)
+        for namespace in self.namespaces:
+            subprocess.run(["ip", "netns", "delete", namespace], capture_output=True)
+        remove_links()
+        self.namespaces.clear()
         self.address.clear()
+
+
+def remove_links(timeout_s: float = 10.0) -> None:
+    """Delete the bridge and every `rlb*` link left in the root namespace (deleting a veth end deletes
+    its peer), until none is left: a deleted namespace's veths go away asynchronously, and a new run's
+    `ip link add` of the same name fails while one lingers."""
+    deadline_s = time.monotonic() + timeout_s
+    while True:
+        names = [line.split(":")[1].strip().split("@")[0] for line in _run("ip", "-o", "link", "show").splitlines()]
+        leftovers = [name for name in names if name.startswith(PREFIX)]
+        if not leftovers:
+            return
+        if time.monotonic() >= deadline_s:
+            raise WanError(f"links {leftovers} are still there {timeout_s}s after deleting them")
+        for name in leftovers:
+            subprocess.run(["ip", "link", "delete", name], capture_output=True)
+        time.sleep(0.1)
 
 
 def calibrate(wan: Wan, sender: str, receiver: str, num_bytes: int) -> dict:
@@ -163,6 +199,56 @@ def calibrate(wan: Wan, sender: str, receiver: str, num_bytes: int) -> dict:
         "nominal_mbps": nominal_mbps,
         "measured_mbps": round(measured_mbps, 2),
         "ratio": round(measured_mbps / nominal_mbps, 4),
+        "expected_goodput_mbps": round(nominal_mbps * GOODPUT_FRACTION, 2),
+        "ratio_to_expected_goodput": round(measured_mbps / (nominal_mbps * GOODPUT_FRACTION), 4),
+    }
+
+
+def shared_uplink(wan: Wan, sender: str, receivers: list[str], num_bytes_each: int, port: int = 9010) -> dict:
+    """Raw TCP from `sender` to every receiver at once (one flow each, through the sender's uplink):
+    how fairly drop-tail TCP shares one bucket. Returns the aggregate goodput and each flow's seconds
+    (a starved flow shows as a long tail)."""
+    servers = [
+        subprocess.Popen(
+            wan.command(sender, [sys.executable, "-c", _SEND_PROGRAM, str(port + i), str(num_bytes_each)]),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(len(receivers))
+    ]
+    seconds: dict[str, float] = {}
+    try:
+        for server in servers:
+            assert server.stdout is not None
+            server.stdout.readline()  # "listening"
+
+        def receive(i: int, name: str) -> None:
+            argv = [sys.executable, "-c", _RECEIVE_PROGRAM, wan.address[sender], str(port + i)]
+            seconds[name] = float(_run(*wan.command(name, argv)).split()[1])
+
+        threads = [threading.Thread(target=receive, args=(i, name)) for i, name in enumerate(receivers)]
+        started_s = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        wall_s = time.perf_counter() - started_s
+    finally:
+        for server in servers:
+            if server.poll() is None:
+                server.kill()
+            server.wait()
+    nominal_mbps = wan.links[sender].up_mbps
+    floor_s = num_bytes_each * len(receivers) * 8 / (nominal_mbps * GOODPUT_FRACTION * 1e6)
+    return {
+        "sender": sender,
+        "num_flows": len(receivers),
+        "num_bytes_each": num_bytes_each,
+        "aggregate_mbps": round(num_bytes_each * len(receivers) * 8 / wall_s / 1e6, 2),
+        "goodput_floor_s": round(floor_s, 3),
+        "slowest_flow_s": round(max(seconds.values()), 3),
+        "fastest_flow_s": round(min(seconds.values()), 3),
+        "slowest_to_floor": round(max(seconds.values()) / floor_s, 3),
     }
 
 
