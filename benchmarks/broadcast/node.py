@@ -69,6 +69,20 @@ def tensor_shapes(size_bytes: int) -> list[tuple[int, int]]:
     return shapes
 
 
+def safetensors_file_bytes(size_bytes: int) -> int:
+    """The size of the safetensors file the learner publishes for `make_model(size_bytes)`: what a
+    receiver's buffer for a version is (computed on meta tensors: no memory)."""
+    import torch
+
+    from services.learner.serialize import safetensors_size
+
+    meta = {
+        f"weights.{index}": torch.empty(shape, dtype=torch.bfloat16, device="meta")
+        for index, shape in enumerate(tensor_shapes(size_bytes))
+    }
+    return safetensors_size(meta)
+
+
 def make_model(size_bytes: int, fill: bool) -> Any:
     """A module whose state dict is bf16 tensors of `tensor_shapes(size_bytes)`; `config` carries what
     serialize_weights reads. `fill`: random values (the learner), else zeros (a receiver's engine)."""
@@ -98,11 +112,13 @@ def serve_learner(args: argparse.Namespace) -> None:
 
     from services.learner.publish import WeightPublisher
 
-    store = ChunkStore(keep_versions=2)
+    # as the learner keeps them: every version in a file of its spill folder, served from a mapping of it
+    store = ChunkStore(keep_versions=2, spill_dir=Path(args.spill_dir) if args.spill_dir else None)
     server = ChunkServer(store, host=args.host, port=PORT, wait_s=args.chunk_wait_s).start()
     client = connect(args.redis_url)
     model = make_model(args.size_bytes, fill=True)
     publisher: WeightPublisher | None = None  # one per run id (every scenario is its own run), newest only
+    warm_up(store, model, args)  # steady state: the buffer of the next version is faulted in (shared/buffers.py)
     emit({"event": "up", "url": server.url})
     for line in sys.stdin:
         command = json.loads(line)
@@ -113,6 +129,8 @@ def serve_learner(args: argparse.Namespace) -> None:
             continue
         run_id = command["run_id"]
         if publisher is None or publisher.keys.run_id != run_id:  # the old one's last blob is dropped
+            if publisher is not None:
+                publisher.close()
             bus = StreamBus(client, RunKeys(run_id), service="learner")
             publisher = WeightPublisher(
                 bus,
@@ -144,7 +162,12 @@ def serve_learner(args: argparse.Namespace) -> None:
 def serve_receiver(args: argparse.Namespace) -> None:
     from services.rollout.weights_sync import VerifiedVersion, WeightsSync
 
-    store = ChunkStore(keep_versions=1, trusted_key=PUBLIC_KEY)  # a new version evicts the last one
+    # a new version evicts the last one; file mode (vLLM): full versions are received into files there
+    spill_dir = Path(args.weights_dir) if args.receive_into == "file" else None
+    store = ChunkStore(keep_versions=1, trusted_key=PUBLIC_KEY, spill_dir=spill_dir)
+    if args.steady_state:  # as a worker that held the previous version: the next one's buffer is faulted in
+        store.spares.prepare(safetensors_file_bytes(args.size_bytes), spill_dir)
+        store.spares.wait()
     server = ChunkServer(store, host=args.host, port=PORT, wait_s=args.chunk_wait_s).start()
     bus = StreamBus(connect(args.redis_url), RunKeys(args.run_id), service="rollout")
     holders: list[str] = json.loads(args.holders)  # the relay plan's parent and fallbacks; [] = the learner only
@@ -168,24 +191,17 @@ def serve_receiver(args: argparse.Namespace) -> None:
             }
         )
 
-    options: dict[str, Any] = {}
-    if args.receive_into == "file":
-        options["weights_dir"] = Path(args.weights_dir)  # the vLLM path: the verified file is the ready weights
-    try:
-        sync = WeightsSync(
-            bus,
-            store,
-            PUBLIC_KEY,
-            parents=lambda learner_url: holders,
-            own_url=server.url,
-            chunk_wait_s=args.chunk_wait_s,
-            stall_timeout_s=args.stall_timeout_s,
-            version_timeout_s=600.0,
-            on_ready=on_ready,
-            **options,
-        )
-    except TypeError as exc:
-        raise ValueError(f"--receive-into file needs WeightsSync(weights_dir=...): {exc}") from exc
+    sync = WeightsSync(
+        bus,
+        store,
+        PUBLIC_KEY,
+        parents=lambda learner_url: holders,
+        own_url=server.url,
+        chunk_wait_s=args.chunk_wait_s,
+        stall_timeout_s=args.stall_timeout_s,
+        version_timeout_s=600.0,
+        on_ready=on_ready,
+    )
     sync.start()
     emit({"event": "up", "url": server.url})
     for line in sys.stdin:
@@ -199,6 +215,27 @@ def serve_receiver(args: argparse.Namespace) -> None:
             emit({"event": "loaded", "pause_s": load_into_model(newest[0], args)})
     sync.close()
     server.stop()
+
+
+def warm_up(store: ChunkStore, model: Any, args: argparse.Namespace) -> None:
+    """One untimed publication under a run nobody follows, so the timed ones find what a running learner
+    has: a buffer for the version faulted in while it trained (shared/buffers.py)."""
+    from services.learner.publish import WeightPublisher
+
+    if not args.steady_state:
+        return
+    keys = RunKeys("bench-warm-up")
+    publisher = WeightPublisher(
+        StreamBus(connect(args.redis_url), keys, service="learner"),
+        keys,
+        store,
+        public_url="http://warm-up.invalid",
+        signing_key=SIGNING_KEY,
+        chunk_size_bytes=args.chunk_size_bytes,
+    )
+    publisher.publish(model, 0)
+    publisher.close()
+    store.spares.wait()
 
 
 def load_into_model(version: Any, args: argparse.Namespace) -> float:
@@ -237,6 +274,13 @@ def main() -> None:
     parser.add_argument("--stall-timeout-s", type=float, default=15.0)
     parser.add_argument("--receive-into", choices=["memory", "file"], default="memory")
     parser.add_argument("--weights-dir", default="", help="receiver, file mode: where the safetensors file goes")
+    parser.add_argument("--spill-dir", default="", help="learner: its store's spill folder (empty: memory)")
+    parser.add_argument(
+        "--cold",
+        dest="steady_state",
+        action="store_false",
+        help="no warm-up: buffers are faulted in inside the window (a process's very first version)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if args.role == "learner":

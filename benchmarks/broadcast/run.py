@@ -171,8 +171,9 @@ class Bench:
             ),
             stdout=subprocess.DEVNULL,
         )
-        self.learner = self.start_node("l", ["--role", "learner"])
-        self.learner.expect("up", 120.0)
+        spill_dir = self.log_dir / "published"  # the learner's spill folder, as runs/<id>/published/ (a disk)
+        self.learner = self.start_node("l", ["--role", "learner", "--spill-dir", str(spill_dir)])
+        self.learner.expect("up", 300.0)
         return calibration
 
     def start_node(self, name: str, role_args: list[str]) -> Node:
@@ -190,6 +191,7 @@ class Bench:
             str(self.args.chunk_size_bytes),
             "--receive-into",
             self.args.receive_into,
+            *([] if self.args.steady_state else ["--cold"]),
             *role_args,
         ]
         log_path = self.log_dir / f"{name}.log"
@@ -421,6 +423,13 @@ def parse_args() -> argparse.Namespace:
         default=",".join(map(str, NUM_RECEIVERS)),
         help="N values, comma-separated (extras need >= 6)",
     )
+    parser.add_argument(
+        "--cold",
+        dest="steady_state",
+        action="store_false",
+        help="no warm-up: every process meets its first version, buffers faulted in inside the window "
+        "(default: steady state, as in a run where a version arrives every step)",
+    )
     parser.add_argument("--quick", action="store_true", help="check the harness: 32 MiB, N in 1 and 4, no extras")
     parser.add_argument("--out", type=Path, default=None, help=f"default {RESULTS_DIR} (--quick: {QUICK_OUT_DIR})")
     args = parser.parse_args()
@@ -458,6 +467,10 @@ def main() -> None:
         "chunk_size_bytes": args.chunk_size_bytes,
         "link_mbps": args.mbps,
         "receive_into": args.receive_into,
+        "state": "steady: every process has held a version before (the learner published one untimed, each "
+        "receiver faulted in a version-sized buffer, as after its previous version; shared/buffers.py)"
+        if args.steady_state
+        else "cold: every process meets its first version (buffers faulted in inside the window)",
         "link_emulation": f"network namespace per node, veth into one bridge, MTU {MTU_BYTES}, tc tbf on both "
         f"directions of every link (rate {args.mbps:g} Mbit/s, burst {TBF_BURST}, a {QUEUE_MS:g} ms drop-tail queue; "
         f"no fair queueing in this kernel); TCP goodput at most {GOODPUT_FRACTION:.4f} of the line rate",
