@@ -72,12 +72,16 @@ def summarize(
 
 def summarize_broadcast(run_dir: Path) -> dict:
     """Weight broadcast: bytes announced per version as a fraction of the full weights (the learner's
-    broadcast.jsonl) and measured T_bcast (the coordinator's, saved by the runner in broadcast_times.json)."""
+    broadcast.jsonl), measured T_bcast, its learner-publication share, and the rollout pause per swap (the
+    coordinator's, saved by the runner in broadcast_times.json)."""
     versions = read_publish_journal(run_dir / "broadcast.jsonl")
     deltas = [v.size_fraction for v in versions if v.payload == "delta"]
     times_path = run_dir / "broadcast_times.json"
     times = BroadcastTimesResponse.model_validate_json(times_path.read_text()) if times_path.exists() else None
     seconds = list(times.seconds_by_version.values()) if times is not None else []
+    splits = list(times.splits_by_version.values()) if times is not None else []
+    publish = [s.publish_s for s in splits if s.publish_s is not None]
+    transfer = [s.transfer_s for s in splits if s.transfer_s is not None]
     return {
         "num_versions": len(versions),
         "num_delta_versions": len(deltas),
@@ -91,6 +95,12 @@ def summarize_broadcast(run_dir: Path) -> dict:
         "t_bcast_num_versions": len(seconds),
         "t_bcast_mean_s": mean(seconds),
         "t_bcast_max_s": round(max(seconds), 4) if seconds else None,
+        "t_bcast_window": times.window if times is not None else None,
+        "t_bcast_publish_mean_s": mean(publish),  # learner: publish start -> announced
+        "t_bcast_transfer_mean_s": mean(transfer),  # announced -> the last worker samples with it
+        "rollout_pause_mean_s": times.pause_mean_s if times is not None else None,  # per swap: engine loading
+        "rollout_pause_max_s": times.pause_max_s if times is not None else None,
+        "rollout_pause_num_swaps": sum(s.num_paused for s in splits),
     }
 
 

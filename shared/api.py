@@ -9,9 +9,9 @@ capacity, cost, dashboard). Infinite quantities are sent as null.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from shared.messages import WorkerTrust
 
@@ -111,7 +111,10 @@ class ReleaseResponse(Body):
 
 
 class WeightSwapReport(RequestBody):
-    """A worker's account of its latest weight swap: the input of the measured T_bcast."""
+    """A worker's account of its latest weight swap: the input of the measured T_bcast and rollout pause.
+
+    On the worker's clock: ready_at_s <= swapped_at_s (the verified weights wait for the group in flight,
+    then the engine loads them for pause_s, then samples with them)."""
 
     policy_version: int = Field(ge=0, le=MAX_VERSION, description="the version now loaded in the engine")
     announced_at_s: float = Field(
@@ -120,6 +123,24 @@ class WeightSwapReport(RequestBody):
     swapped_at_s: float = Field(ge=0, le=MAX_UNIX_TIME_S, description="unix time the engine started sampling with it")
     num_bytes: int = Field(ge=0, le=MAX_BYTES, description="bytes this worker downloaded for it")
     source_url: Text = Field("", max_length=512, description="where the chunks came from (parent, holder or learner)")
+    pause_s: float | None = Field(
+        None,
+        ge=0,
+        le=MAX_DURATION_S,
+        description="the rollout pause: seconds the engine spent loading these weights, not generating (null: unknown)",
+    )
+    ready_at_s: float | None = Field(
+        None,
+        ge=0,
+        le=MAX_UNIX_TIME_S,
+        description="unix time the verified weights were ready to load (null: unknown); at most swapped_at_s",
+    )
+
+    @model_validator(mode="after")
+    def _ready_before_swap(self) -> Self:
+        if self.ready_at_s is not None and self.ready_at_s > self.swapped_at_s:
+            raise ValueError("ready_at_s is after swapped_at_s: weights are loaded after they are ready")
+        return self
 
 
 class HeartbeatRequest(RequestBody):
@@ -235,12 +256,45 @@ class ParentResponse(Body):
     learner_url: str = Field(description="the learner's chunk server, from the newest announcement ('' before any)")
 
 
+class BroadcastSplits(Body):
+    """One version's T_bcast taken apart, and the rollout pause its swaps cost (null: not known, e.g. a
+    version measured before these were recorded, or workers that do not report them)."""
+
+    publish_s: float | None = Field(
+        description="learner: publication start -> announced (serialise, hash, sign, store)"
+    )
+    transfer_s: float | None = Field(description="announced -> the last counted worker's swap (T_bcast - publish_s)")
+    ready_s: float | None = Field(
+        description="publication start -> the verified weights ready in the last counted worker (before the swap, "
+        "which waits for the group in flight and the load)"
+    )
+    pause_mean_s: float | None = Field(description="rollout pause: mean seconds an engine spent loading the version")
+    pause_max_s: float | None = Field(description="rollout pause: the longest over the counted workers")
+    num_paused: int = Field(0, ge=0, description="counted workers that reported their pause for this version")
+
+
+T_BCAST_WINDOW = "learner publish start -> engine sampling with the version"
+T_BCAST_WINDOW_ANNOUNCED = "learner announcement -> engine sampling with the version"  # coordinators before it
+
+
 class BroadcastTimesResponse(Body):
-    seconds_by_version: dict[int, float] = Field(description="T_bcast: announcement to the last active worker's swap")
+    seconds_by_version: dict[int, float] = Field(
+        description="T_bcast: the learner's publication start (announcement time for older learners) to the last "
+        "active worker's swap"
+    )
     num_versions: int
     mean_s: float | None
     max_s: float | None
     last_s: float | None = Field(description="T_bcast of the newest measured version")
+    window: str = Field(
+        T_BCAST_WINDOW_ANNOUNCED,
+        description=f"what T_bcast measures: {T_BCAST_WINDOW!r} (absent: an older coordinator)",
+    )
+    splits_by_version: dict[int, BroadcastSplits] = Field(
+        default_factory=dict, description="per version: publication, transfer, readiness and the rollout pause"
+    )
+    pause_mean_s: float | None = Field(None, description="rollout pause: mean over every counted swap reported")
+    pause_max_s: float | None = Field(None, description="rollout pause: the longest counted swap")
 
 
 # Control plane: capacity, activation, cost, the dashboard's aggregate. Producer: the coordinator

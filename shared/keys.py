@@ -74,10 +74,26 @@ class RunKeys:
         """coordinator: hash worker_id -> unix time it swapped in `policy_version` (from heartbeats)."""
         return self.prefix + f"broadcast:swaps:{policy_version}"
 
+    def broadcast_swap_splits(self, policy_version: int) -> str:
+        """coordinator: hash worker_id -> "<ready_at_s>:<pause_s>" of its swap of `policy_version` ('' unknown)."""
+        return self.prefix + f"broadcast:swap-splits:{policy_version}"
+
     @property
     def broadcast_announced(self) -> str:
-        """coordinator: hash policy_version -> unix time the learner announced it."""
+        """coordinator: hash policy_version -> unix time the learner started publishing it (T_bcast's start;
+        the announcement time for a learner that does not say)."""
         return self.prefix + "broadcast:announced"
+
+    @property
+    def broadcast_published(self) -> str:
+        """coordinator: hash policy_version -> unix time the learner announced it (published_at_s)."""
+        return self.prefix + "broadcast:published"
+
+    @property
+    def broadcast_splits(self) -> str:
+        """coordinator: hash policy_version -> "<publish_s>:<ready_s>:<pause_mean_s>:<pause_max_s>:<num_paused>"
+        recorded with its T_bcast ('' unknown)."""
+        return self.prefix + "broadcast:splits"
 
     @property
     def broadcast_pending(self) -> str:

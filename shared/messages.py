@@ -193,7 +193,11 @@ class WeightsPublished(Message):
     manifest_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     total_size_bytes: int = Field(ge=0)
     num_chunks: int = Field(ge=0)
-    published_at_s: float = Field(default_factory=time.time)
+    published_at_s: float = Field(default_factory=time.time)  # serialised, hashed, signed, stored: servable
+    # When the learner started publishing this version, right after its optimizer step: the start of
+    # the measured T_bcast window (publication included). 0.0: unknown (an older learner), the
+    # coordinator then measures from published_at_s.
+    publish_started_at_s: float = Field(0.0, ge=0.0)
 
 
 class DeadLetter(Message):

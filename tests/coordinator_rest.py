@@ -84,10 +84,19 @@ def served_coordinator(
         yield ServedCoordinator(url=url, client=client, app=app)
 
 
-def announce(redis_client: redis.Redis, run_id: str, policy_version: int, published_at_s: float) -> None:
+def announce(
+    redis_client: redis.Redis,
+    run_id: str,
+    policy_version: int,
+    published_at_s: float,
+    publish_started_at_s: float = 0.0,
+    *,
+    ingest: bool = True,
+) -> None:
     """What the learner does when a version is out (a WeightsPublished on the WEIGHTS stream), and the
-    coordinator reading it at once (its control pass would within a second): only then do swap reports
-    of that version count (services/coordinator/announcements.py)."""
+    coordinator reading it at once (its control pass would within a second; `ingest=False`: not yet):
+    only then do swap reports of that version count (services/coordinator/announcements.py).
+    `publish_started_at_s` 0.0: a learner that does not say when it started publishing."""
     keys = RunKeys(run_id)
     announcement = WeightsPublished(
         run_id=run_id,
@@ -97,9 +106,11 @@ def announce(redis_client: redis.Redis, run_id: str, policy_version: int, publis
         total_size_bytes=10,
         num_chunks=1,
         published_at_s=published_at_s,
+        publish_started_at_s=publish_started_at_s,
     )
     StreamBus(redis_client, keys, service="test-learner").publish(WEIGHTS, announcement)
-    Announcements(redis_client, keys).ingest()
+    if ingest:
+        Announcements(redis_client, keys).ingest()
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -1,21 +1,27 @@
 """Which versions the learner has published, and when: read from the learner's own announcements (the
-WEIGHTS stream, `WeightsPublished.published_at_s`), never from what a worker reports.
+WEIGHTS stream: `WeightsPublished.publish_started_at_s`, the start of T_bcast, and `published_at_s`),
+never from what a worker reports.
 
 A worker's swap report (shared/api.py WeightSwapReport) says which version it loaded and when; it once
 also supplied the announcement time and could name any version, so a worker could grow the per-version
 hashes forever and set T_bcast to anything (issue 10, item 8). Now:
 
-    WEIGHTS stream --ingest--> RunKeys.broadcast_announced  (version -> published_at_s; newest
-                               MAX_ANNOUNCED_VERSIONS only)  + RunKeys.broadcast_pending (to measure)
+    WEIGHTS stream --ingest--> RunKeys.broadcast_announced  (version -> publication start; newest
+                               MAX_ANNOUNCED_VERSIONS only)  + RunKeys.broadcast_published (version ->
+                               published_at_s, the same versions) + RunKeys.broadcast_pending (to measure)
     heartbeat script           records a swap only of an announced version, swapped between its
-                               announcement and now (services/coordinator/heartbeat_batch.py); any
+                               publication start and now (services/coordinator/heartbeat_batch.py); any
                                other report is ignored and counted (`WorkerRegistry.ignored_swaps`).
                                A version not in the hash yet is looked up in the stream's newest
                                entries by the script itself (and recorded), so a report right after
                                an announcement is never lost to the order of ingest and heartbeat.
 
 Ingest runs once per control pass (reading only the entries after the last one it read); it records
-the versions nobody has reported yet and keeps the hash bounded.
+the versions nobody has reported yet and keeps the hashes bounded.
+
+The publication start is `publish_started_at_s` when the learner stamped it (0 < it <= published_at_s),
+else `published_at_s` (a learner older than that field): T_bcast then counts from the announcement,
+publication outside the window, as it did before.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from services.coordinator.measurements import BAD_MEASUREMENTS, bounded_float
 from shared.api import MAX_UNIX_TIME_S
 from shared.bus import StreamBus
 from shared.keys import RunKeys
+from shared.messages import WeightsPublished
 from shared.streams import WEIGHTS
 
 log = logging.getLogger(__name__)
@@ -67,18 +74,19 @@ class Announcements:
         )
         for _ in range(num_undecodable):
             BAD_MEASUREMENTS.count("weights.announcement", "undecodable")
-        published: dict[int, float] = {}
+        published: dict[int, tuple[float, float]] = {}  # version -> (publication start, announced at)
         for message in messages:
             at_s = bounded_float(message.published_at_s, "weights.published_at_s", 0.0, MAX_UNIX_TIME_S)
             if message.run_id == self.keys.run_id and at_s is not None:
-                published.setdefault(message.policy_version, at_s)
+                published.setdefault(message.policy_version, (publication_start_s(message, at_s), at_s))
         if not published:
             return 0
         with self.redis.pipeline(transaction=False) as pipe:
-            for version, at_s in published.items():
-                pipe.hsetnx(self.keys.broadcast_announced, str(version), repr(at_s))
-            results = pipe.execute()
-        new = {v: at_s for (v, at_s), added in zip(published.items(), results, strict=True) if added}
+            for version, (start_s, at_s) in published.items():
+                pipe.hsetnx(self.keys.broadcast_announced, str(version), repr(start_s))
+                pipe.hsetnx(self.keys.broadcast_published, str(version), repr(at_s))
+            results = pipe.execute()[::2]
+        new = {v: start_s for (v, (start_s, _)), added in zip(published.items(), results, strict=True) if added}
         if new:
             measured = self.redis.hmget(self.keys.broadcast_times, [str(v) for v in new])
             with self.redis.pipeline(transaction=False) as pipe:
@@ -95,3 +103,15 @@ class Announcements:
         old = versions[:-MAX_ANNOUNCED_VERSIONS]
         if old:
             self.redis.hdel(self.keys.broadcast_announced, *(str(v) for v in old))
+        published = [int(v) for v in self.redis.hkeys(self.keys.broadcast_published) if v.isdigit()]
+        kept = set(versions[-MAX_ANNOUNCED_VERSIONS:])
+        gone = [v for v in published if v not in kept]
+        if gone:
+            self.redis.hdel(self.keys.broadcast_published, *(str(v) for v in gone))
+
+
+def publication_start_s(message: WeightsPublished, published_at_s: float) -> float:
+    """When the learner started publishing `message`'s version: its publish_started_at_s when stamped and
+    not after the announcement, else the announcement time (older learners, or a clock stepped back)."""
+    start_s = message.publish_started_at_s
+    return start_s if 0.0 < start_s <= published_at_s else published_at_s

@@ -1,7 +1,18 @@
 """Measured T_bcast: from the swap reports workers send with their heartbeats to seconds per version.
 
     T_bcast(v) = (latest swap of v by a worker that was ACTIVE and registered when v was announced)
-                 - (when the learner announced v)
+                 - (when the learner started publishing v: right after its optimizer step)
+
+The window is end to end, "learner publish start -> engine sampling with the version": the learner's
+publication (serialise, hash, sign, store, announce), the transfer through the relay, the worker's
+verification, the wait for the group in flight and the load into the engine. A learner that does not
+stamp `WeightsPublished.publish_started_at_s` (older ones) is measured from its announcement instead.
+Recorded with it, per version (`RunKeys.broadcast_splits`, BroadcastSplits on the API):
+
+    publish_s     publication start -> announcement (the learner's share)
+    ready_s       publication start -> the verified weights ready in the last counted worker
+    pause         the rollout pause: seconds each counted worker's engine spent loading the version
+                  (not generating), mean and max, from the workers that report it (`pause_s`)
 
 recorded in `RunKeys.broadcast_times` (version -> seconds) once every such worker is accounted for:
 it reported swapping v, or it reported a later version swapped after v was announced (a heartbeat
@@ -14,25 +25,39 @@ Recording: versions and announcement times come from the learner's announcements
 (services/coordinator/announcements.py: `broadcast_announced`, and the version as pending). The
 heartbeat script (services/coordinator/heartbeat_batch.py) stores a swap the first time a worker reports
 it (every heartbeat repeats the latest one), only of an announced version and only if it happened
-between the announcement and now: the swap time per version (`broadcast_swaps`, kept SWAPS_TTL_S), the
-worker's latest swap and, for downloads of at least MIN_MEASURED_BYTES, its rate. Completing
+between the publication start and now: the swap time per version (`broadcast_swaps`, kept SWAPS_TTL_S),
+its readiness time and pause when reported (`broadcast_swap_splits`, the same TTL), the worker's latest
+swap and, for downloads of at least MIN_MEASURED_BYTES, its rate (from the announcement). Completing
 (`complete_pending`, a pass over the worker list) runs when such news arrives in a small fleet, and once
 per control-loop pass always. Every stored number is read through services/coordinator/measurements.py
-(a bad one is dropped and counted), and T_bcast is clamped to [0, MAX_BROADCAST_S].
+(a bad one is dropped and counted), and T_bcast is clamped to [0, MAX_BROADCAST_S]; a worker's pause to
+[0, its swap - the publication start] (the load happened inside the window), readiness to [0, T_bcast].
 
-Clocks: the announcement time is the learner's clock, `swapped_at_s` the worker's; on one machine (the
+Clocks: the publication start and announcement are the learner's clock, `swapped_at_s` and
+`ready_at_s` the worker's (`pause_s` is a duration on one clock); on one machine (the
 local cluster) they agree, across machines T_bcast carries their skew (MAX_CLOCK_SKEW_S is tolerated).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import redis
 
-from services.coordinator.measurements import MAX_BANDWIDTH_MBPS, bounded_float, bounded_hash, bounded_int
+from services.coordinator.measurements import (
+    BAD_MEASUREMENTS,
+    MAX_BANDWIDTH_MBPS,
+    bounded_float,
+    bounded_hash,
+    bounded_int,
+)
 from shared.api import (
+    MAX_COUNT,
     MAX_DURATION_S,
     MAX_UNIX_TIME_S,
     MAX_VERSION,
+    T_BCAST_WINDOW,
+    BroadcastSplits,
     BroadcastTimesResponse,
     WorkerInfo,
     WorkerState,
@@ -44,6 +69,26 @@ MAX_PENDING_VERSIONS = 32  # versions older than this many still incomplete are 
 MAX_RECORDED_VERSIONS = 10_000  # T_bcast kept for this many newest versions (a 400-step demo keeps all)
 SWAPS_TTL_S = 3600  # the per-version swap hashes are only needed until the version completes
 MAX_BROADCAST_S = MAX_DURATION_S  # T_bcast is clamped to [0, this]
+
+
+@dataclass(frozen=True)
+class SwapSplit:
+    """What a worker reported beside its swap time (None: not reported)."""
+
+    ready_at_s: float | None
+    pause_s: float | None
+
+
+@dataclass(frozen=True)
+class VersionBroadcast:
+    """One version's measured broadcast (see the module doc); seconds from the publication start."""
+
+    seconds: float  # T_bcast
+    publish_s: float | None = None
+    ready_s: float | None = None
+    pause_mean_s: float | None = None
+    pause_max_s: float | None = None
+    num_paused: int = 0
 
 
 class BroadcastTimes:
@@ -63,39 +108,55 @@ class BroadcastTimes:
         announced = bounded_hash(
             self.redis.hgetall(self.keys.broadcast_announced), "broadcast.announced", 0.0, MAX_UNIX_TIME_S
         )
+        published = bounded_hash(
+            self.redis.hgetall(self.keys.broadcast_published), "broadcast.published", 0.0, MAX_UNIX_TIME_S
+        )
         last_swap = {
             _text(worker_id): swap
             for worker_id, value in self.redis.hgetall(self.keys.broadcast_last_swap).items()
             if (swap := _parse_last_swap(value)) is not None
         }
         active = [w for w in workers if w.state == WorkerState.ACTIVE]
-        completed: dict[int, float] = {}
+        completed: dict[int, VersionBroadcast] = {}
         for version in pending:
-            announced_at_s = announced.get(str(version))
-            if announced_at_s is None:
+            started_at_s = announced.get(str(version))
+            if started_at_s is None:
                 continue
+            # no announcement time (recorded by an older coordinator): the start is the announcement
+            announced_at_s = max(started_at_s, published.get(str(version), started_at_s))
             swaps = bounded_hash(
                 self.redis.hgetall(self.keys.broadcast_swaps(version)), "broadcast.swaps", 0.0, MAX_UNIX_TIME_S
             )
-            seconds = broadcast_seconds(version, announced_at_s, swaps, last_swap, active)
-            if seconds is not None:
-                completed[version] = seconds
+            swapped = counted_swappers(version, started_at_s, announced_at_s, swaps, last_swap, active)
+            if swapped is not None:
+                splits = self.swap_splits(version)
+                completed[version] = measure_version(started_at_s, announced_at_s, swaps, swapped, splits)
         with self.redis.pipeline(transaction=False) as pipe:
-            for version, seconds in completed.items():
-                pipe.hsetnx(self.keys.broadcast_times, str(version), repr(round(seconds, 4)))
+            for version, measured in completed.items():
+                pipe.hsetnx(self.keys.broadcast_times, str(version), repr(round(measured.seconds, 4)))
+                pipe.hsetnx(self.keys.broadcast_splits, str(version), _format_splits(measured))
                 pipe.zrem(self.keys.broadcast_pending, str(version))
             pipe.zremrangebyrank(self.keys.broadcast_pending, 0, -MAX_PENDING_VERSIONS - 1)
             pipe.execute()
         if completed:
             self.trim()
-        return completed
+        return {version: measured.seconds for version, measured in completed.items()}
+
+    def swap_splits(self, version: int) -> dict[str, SwapSplit]:
+        """What each worker reported beside its swap of `version` (a bad stored one dropped and counted)."""
+        return {
+            _text(worker_id): split
+            for worker_id, value in self.redis.hgetall(self.keys.broadcast_swap_splits(version)).items()
+            if (split := _parse_swap_split(value)) is not None
+        }
 
     def trim(self) -> None:
-        """Keep T_bcast of the newest MAX_RECORDED_VERSIONS versions."""
+        """Keep T_bcast (and its splits) of the newest MAX_RECORDED_VERSIONS versions."""
         if self.redis.hlen(self.keys.broadcast_times) <= MAX_RECORDED_VERSIONS:
             return
-        versions = sorted(self.times())
-        self.redis.hdel(self.keys.broadcast_times, *(str(v) for v in versions[:-MAX_RECORDED_VERSIONS]))
+        old = [str(v) for v in sorted(self.times())[:-MAX_RECORDED_VERSIONS]]
+        self.redis.hdel(self.keys.broadcast_times, *old)
+        self.redis.hdel(self.keys.broadcast_splits, *old)
 
     def times(self) -> dict[int, float]:
         """Every recorded T_bcast, by version (a bad stored one dropped and counted)."""
@@ -105,43 +166,106 @@ class BroadcastTimes:
             for version, seconds in bounded_hash(raw, "broadcast.times", 0.0, MAX_BROADCAST_S, int_keys=True).items()
         }
 
+    def splits(self, times: dict[int, float]) -> dict[int, BroadcastSplits]:
+        """The recorded splits of T_bcast and the rollout pause of the versions in `times` (T_bcast by
+        version), a bad stored one dropped and counted; versions measured before these were recorded
+        have none."""
+        out: dict[int, BroadcastSplits] = {}
+        for raw_version, value in self.redis.hgetall(self.keys.broadcast_splits).items():
+            version = bounded_int(_text(raw_version), "broadcast.splits", 0, MAX_VERSION)
+            if version is not None and version in times:
+                split = _parse_splits(value, times[version])
+                if split is not None:
+                    out[version] = split
+        return dict(sorted(out.items()))
+
     def summary(self) -> BroadcastTimesResponse:
-        """Every recorded T_bcast with its mean, max and latest (None before the first)."""
+        """Every recorded T_bcast with its mean, max and latest (None before the first), its splits and
+        the rollout pause per version, and the pause over every counted swap."""
         times = self.times()
         seconds = [times[version] for version in sorted(times)]
+        splits = self.splits(times)
+        pause_mean_s, pause_max_s = pause_over(list(splits.values()))
         return BroadcastTimesResponse(
             seconds_by_version=dict(sorted(times.items())),
             num_versions=len(times),
             mean_s=round(sum(seconds) / len(seconds), 4) if seconds else None,
             max_s=max(seconds) if seconds else None,
             last_s=seconds[-1] if seconds else None,
+            window=T_BCAST_WINDOW,
+            splits_by_version=splits,
+            pause_mean_s=pause_mean_s,
+            pause_max_s=pause_max_s,
         )
+
+    def recent_pause_s(self, num_versions: int) -> tuple[float | None, float | None]:
+        """The rollout pause (mean, max) over the newest `num_versions` measured versions."""
+        times = self.times()
+        newest = dict(sorted(times.items())[-num_versions:])
+        return pause_over(list(self.splits(newest).values()))
 
     def measured_mbps(self) -> dict[str, float]:
         raw = self.redis.hgetall(self.keys.broadcast_throughput)
         return bounded_hash(raw, "broadcast.throughput", 0.0, MAX_BANDWIDTH_MBPS)
 
 
-def broadcast_seconds(
+def pause_over(splits: list[BroadcastSplits]) -> tuple[float | None, float | None]:
+    """(mean over every counted swap that reported its pause, the longest), None before any."""
+    paused = [s for s in splits if s.num_paused and s.pause_mean_s is not None]
+    num_paused = sum(s.num_paused for s in paused)
+    if not num_paused:
+        return None, None
+    mean_s = sum((s.pause_mean_s or 0.0) * s.num_paused for s in paused) / num_paused
+    return round(mean_s, 4), max((s.pause_max_s for s in paused if s.pause_max_s is not None), default=None)
+
+
+def counted_swappers(
     version: int,
+    started_at_s: float,
     announced_at_s: float,
     swaps: dict[str, float],
     last_swap: dict[str, tuple[int, float]],
     active: list[WorkerInfo],
-) -> float | None:
-    """T_bcast of `version` if every counted worker is accounted for (see the module doc), else None."""
+) -> list[str] | None:
+    """The counted workers seen holding `version` once every counted worker is accounted for (see the
+    module doc), else None. Counted: active, and registered by the announcement (it reached them)."""
     counted = [w.worker_id for w in active if w.registered_at_s <= announced_at_s]
-    swap_times = []
+    swapped: list[str] = []
     for worker_id in counted:
         if worker_id in swaps:
-            swap_times.append(swaps[worker_id])
+            swapped.append(worker_id)
             continue
         later_version, swapped_at_s = last_swap.get(worker_id, (-1, 0.0))
-        if not (later_version > version and swapped_at_s >= announced_at_s):
+        if not (later_version > version and swapped_at_s >= started_at_s):
             return None  # still fetching (or not reported yet)
-    if not swap_times:
-        return None  # nobody was seen holding it: no measurement
-    return min(max(0.0, max(swap_times) - announced_at_s), MAX_BROADCAST_S)
+    return swapped or None  # nobody seen holding it: no measurement
+
+
+def measure_version(
+    started_at_s: float,
+    announced_at_s: float,
+    swaps: dict[str, float],
+    swapped: list[str],
+    splits: dict[str, SwapSplit],
+) -> VersionBroadcast:
+    """T_bcast and its splits from the swaps of the counted workers `swapped` (and what they reported)."""
+    seconds = _clamp(max(swaps[w] for w in swapped) - started_at_s, MAX_BROADCAST_S)
+    reported = [(w, split) for w in swapped if (split := splits.get(w)) is not None]
+    # a pause happened inside the window: at most the worker's own swap - the publication start
+    pauses = [_clamp(split.pause_s, swaps[w] - started_at_s) for w, split in reported if split.pause_s is not None]
+    ready = [split.ready_at_s - started_at_s for _, split in reported if split.ready_at_s is not None]
+    return VersionBroadcast(
+        seconds=seconds,
+        publish_s=_clamp(announced_at_s - started_at_s, seconds),
+        ready_s=_clamp(max(ready), seconds) if ready else None,
+        pause_mean_s=round(sum(pauses) / len(pauses), 4) if pauses else None,
+        pause_max_s=round(max(pauses), 4) if pauses else None,
+        num_paused=len(pauses),
+    )
+
+
+def _clamp(seconds: float, high: float) -> float:
+    return round(min(max(0.0, seconds), max(0.0, high)), 4)
 
 
 def _text(value: object) -> str:
@@ -154,3 +278,55 @@ def _parse_last_swap(value: bytes | str) -> tuple[int, float] | None:
     version = bounded_int(version_text, "broadcast.last_swap", 0, MAX_VERSION)
     swapped_at_s = bounded_float(swapped_text, "broadcast.last_swap", 0.0, MAX_UNIX_TIME_S)
     return None if version is None or swapped_at_s is None else (version, swapped_at_s)
+
+
+def _parse_optional(parts: list[str], bounds: list[tuple[float, float]], source: str) -> list[float | None] | None:
+    """Colon-separated stored numbers, '' for unknown; None (counted) when any part is not a number in
+    its bounds or the count of parts is wrong."""
+    if len(parts) != len(bounds):
+        BAD_MEASUREMENTS.count(source, ":".join(parts))
+        return None
+    values: list[float | None] = []
+    for part, (low, high) in zip(parts, bounds, strict=True):
+        if part == "":
+            values.append(None)
+        elif (value := bounded_float(part, source, low, high)) is None:
+            return None
+        else:
+            values.append(value)
+    return values
+
+
+def _parse_swap_split(value: bytes | str) -> SwapSplit | None:
+    """A worker's "<ready_at_s>:<pause_s>" for one version."""
+    bounds = [(0.0, MAX_UNIX_TIME_S), (0.0, MAX_DURATION_S)]
+    values = _parse_optional(_text(value).split(":"), bounds, "broadcast.swap_splits")
+    return None if values is None else SwapSplit(*values)
+
+
+SPLIT_BOUNDS = [(0.0, MAX_BROADCAST_S)] * 4 + [(0.0, float(MAX_COUNT))]  # publish, ready, pause mean, max; count
+
+
+def _format_splits(measured: VersionBroadcast) -> str:
+    numbers = (measured.publish_s, measured.ready_s, measured.pause_mean_s, measured.pause_max_s)
+    return ":".join("" if n is None else repr(n) for n in numbers) + f":{measured.num_paused}"
+
+
+def _parse_splits(value: bytes | str, seconds: float) -> BroadcastSplits | None:
+    """A version's "<publish_s>:<ready_s>:<pause_mean_s>:<pause_max_s>:<num_paused>" as recorded, with
+    its T_bcast `seconds` (the transfer is the rest of it)."""
+    values = _parse_optional(_text(value).split(":"), SPLIT_BOUNDS, "broadcast.splits")
+    if values is None:
+        return None
+    publish_s, ready_s, pause_mean_s, pause_max_s, num_paused = values
+    if num_paused is None or num_paused != int(num_paused):
+        BAD_MEASUREMENTS.count("broadcast.splits", value)
+        return None
+    return BroadcastSplits(
+        publish_s=publish_s,
+        transfer_s=None if publish_s is None else round(max(0.0, seconds - publish_s), 4),
+        ready_s=ready_s,
+        pause_mean_s=pause_mean_s,
+        pause_max_s=pause_max_s,
+        num_paused=int(num_paused),
+    )

@@ -13,11 +13,12 @@ transaction across workers):
   2. the lease: one that ran out -> the worker is dead (code DEAD); else extended, the reported fields stored;
   3. the reported weight swap, the first time it is reported, if its version was announced by the
      learner (the announcements hash, else the newest entries of the learner's `weights` stream,
-     decoded in the script: services/coordinator/announcements.py) and it happened between that
-     announcement and now: recorded for T_bcast (services/coordinator/broadcast_times.py: the per-version swap, the
-     worker's latest swap and its download rate measured from the learner's announcement time). Any
-     other report is ignored; the outcome says why, and whether the swap was news. Completing a
-     version is the caller's business.
+     decoded in the script: services/coordinator/announcements.py) and it happened between the start
+     of that publication (minus the clock skew tolerated) and now: recorded for T_bcast
+     (services/coordinator/broadcast_times.py: the per-version swap, its readiness time and rollout
+     pause when reported, the worker's latest swap and its download rate measured from the learner's
+     announcement time). Any other report is ignored; the outcome says why, and whether the swap was
+     news. Completing a version is the caller's business.
 Both the REST endpoint (WorkerRegistry.extend_lease, one entry, synchronous) and the hot path
 (services/coordinator/heartbeat_path.py, batched) run this one script.
 """
@@ -39,27 +40,30 @@ from shared.bus import PAYLOAD_FIELD
 from shared.keys import RunKeys
 from shared.streams import WEIGHTS
 
-# KEYS: leases, broadcast announced, broadcast last swap, broadcast throughput, the weights stream,
-#   broadcast pending, broadcast times; then 2 per entry: the worker hash, the swaps hash of the reported
-#   version (the worker hash when there is no report).
+# KEYS: leases, broadcast announced (publication start), broadcast last swap, broadcast throughput, the
+#   weights stream, broadcast pending, broadcast times, broadcast published (announcement time); then 3 per
+#   entry: the worker hash, the swaps hash and the swap-splits hash of the reported version (the worker
+#   hash in their places when there is no report).
 # ARGV: the swaps hashes' TTL, the clock skew tolerated (s), the smallest download measured (bytes), the
 #   largest rate recorded (Mbit/s), the run id, the stream entries' payload field, how many of the newest
-#   announcements to look through; then 8 per entry: worker id, token sha256 ('' = authenticated
+#   announcements to look through; then 10 per entry: worker id, token sha256 ('' = authenticated
 #   already), now_s, new expiry_s, the fields to set (a JSON object of strings), the reported version
-#   ('' = no report), swapped_at_s, num_bytes.
+#   ('' = no report), swapped_at_s, num_bytes, ready_at_s and pause_s ('' = not reported).
 # Returns 3 per entry: code (0 unknown worker, -1 wrong token, 1 dead, 2 ok), state, swap (1 news, 0 none
 #   or not news, -1 ignored: the learner never announced the version, -2 ignored: swapped before its
-#   announcement or after now).
+#   publication start or after now, beyond the skew).
 HEARTBEAT_LUA = """
 local leases, announced, last_swap, throughput = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local weights, pending, times = KEYS[5], KEYS[6], KEYS[7]
+local weights, pending, times, published = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local skew, min_bytes, max_mbps = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local run_id, payload_field, lookback = ARGV[5], ARGV[6], ARGV[7]
--- when the learner announced `version`: the announcements hash, else the newest entries of its stream
--- (decoded here, so a report right after an announcement finds it; recorded for the next one)
+-- (publication start, announcement time) of `version`: the announcements hashes, else the newest entries
+-- of the learner's stream (decoded here, so a report right after an announcement finds it; recorded for
+-- the next one). The start is publish_started_at_s when the learner said (0 < it <= published_at_s),
+-- else published_at_s: the same rule as Announcements.ingest.
 local function announced_at_of(version)
   local at = tonumber(redis.call('HGET', announced, version) or '')
-  if at then return at end
+  if at then return at, tonumber(redis.call('HGET', published, version) or '') or at end
   for _, entry in ipairs(redis.call('XREVRANGE', weights, '+', '-', 'COUNT', lookback)) do
     local fields = entry[2]
     for j = 1, #fields, 2 do
@@ -67,23 +71,27 @@ local function announced_at_of(version)
         local ok, msg = pcall(cmsgpack.unpack, fields[j + 1])
         if ok and type(msg) == 'table' and msg.run_id == run_id and tostring(msg.policy_version) == version
           and type(msg.published_at_s) == 'number' and msg.published_at_s == msg.published_at_s then
-          redis.call('HSETNX', announced, version, string.format('%.17g', msg.published_at_s))
+          local at_s, start_s = msg.published_at_s, msg.publish_started_at_s
+          if type(start_s) ~= 'number' or not (start_s > 0 and start_s <= at_s) then start_s = at_s end
+          redis.call('HSETNX', announced, version, string.format('%.17g', start_s))
+          redis.call('HSETNX', published, version, string.format('%.17g', at_s))
           if redis.call('HEXISTS', times, version) == 0 then
-            redis.call('ZADD', pending, 'NX', msg.published_at_s, version)
+            redis.call('ZADD', pending, 'NX', start_s, version)
           end
-          return msg.published_at_s
+          return start_s, at_s
         end
       end
     end
   end
-  return nil
+  return nil, nil
 end
 local out = {}
-for i = 0, (#ARGV - 7) / 8 - 1 do
-  local k, a = 7 + i * 2, 7 + i * 8
-  local worker, swaps = KEYS[k + 1], KEYS[k + 2]
+for i = 0, (#ARGV - 7) / 10 - 1 do
+  local k, a = 8 + i * 3, 7 + i * 10
+  local worker, swaps, splits = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
   local worker_id, digest_in, now_s, expiry_s, fields = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
   local version, swapped_at_s, num_bytes = ARGV[a + 6], ARGV[a + 7], ARGV[a + 8]
+  local ready_at_s, pause_s = ARGV[a + 9], ARGV[a + 10]
   local code, state, news = 2, '', 0
   local digest = redis.call('HGET', worker, 'token_sha256')
   if not digest then
@@ -109,17 +117,22 @@ for i = 0, (#ARGV - 7) / 8 - 1 do
       redis.call('HSET', worker, unpack(flat))
       -- a worker repeats its last swap in every heartbeat: only the first report needs the announcement
       if version ~= '' and redis.call('HEXISTS', swaps, worker_id) == 0 then
-        local announced_at = announced_at_of(version)
+        local started_at, announced_at = announced_at_of(version)
         local swapped = tonumber(swapped_at_s)
-        if not announced_at then
+        if not started_at then
           news = -1
-        elseif swapped < announced_at - skew or swapped > tonumber(now_s) + skew then
+        elseif swapped < started_at - skew or swapped > tonumber(now_s) + skew then
           news = -2
         else
           news = 1
           redis.call('HSET', swaps, worker_id, swapped_at_s)
           redis.call('EXPIRE', swaps, ARGV[1])
+          if ready_at_s ~= '' or pause_s ~= '' then
+            redis.call('HSET', splits, worker_id, ready_at_s .. ':' .. pause_s)
+            redis.call('EXPIRE', splits, ARGV[1])
+          end
           redis.call('HSET', last_swap, worker_id, version .. ':' .. swapped_at_s)
+          -- the download rate over the transfer: from the announcement, not the publication start
           local seconds, bytes = swapped - announced_at, tonumber(num_bytes)
           if bytes >= min_bytes and seconds > 0 then
             redis.call('HSET', throughput, worker_id, tostring(math.min(bytes * 8 / seconds / 1e6, max_mbps)))
@@ -139,7 +152,7 @@ OK = 2
 UNKNOWN, WRONG_TOKEN, DEAD = 0, -1, 1
 UNANNOUNCED, OUT_OF_TIME = "unannounced", "time"
 SWAP_IGNORED_REASONS = {-1: UNANNOUNCED, -2: OUT_OF_TIME}
-MAX_CLOCK_SKEW_S = 2.0  # a swap this far before its announcement or after now still counts (clamped to 0)
+MAX_CLOCK_SKEW_S = 2.0  # a swap this far before its publication start or after now still counts (clamped to 0)
 MAX_MEASURED_MBPS = 1e6  # a measured download rate is recorded at most this (a 1 ms swap of 4 MiB is not 32 Gbit/s)
 ANNOUNCEMENT_LOOKBACK = 16  # newest announcements a report of a version not recorded yet is looked up in
 MAX_BATCH = 256  # entries per script call: Redis serves nothing else while a script runs (~5 us an entry)
@@ -175,19 +188,29 @@ def script_arguments(keys: RunKeys, entries: Sequence[HeartbeatEntry]) -> tuple[
         keys.name_of(WEIGHTS),
         keys.broadcast_pending,
         keys.broadcast_times,
+        keys.broadcast_published,
     ]
     args = [str(SWAPS_TTL_S), repr(MAX_CLOCK_SKEW_S), str(MIN_MEASURED_BYTES), repr(MAX_MEASURED_MBPS)]
     args += [keys.run_id, PAYLOAD_FIELD.decode(), str(ANNOUNCEMENT_LOOKBACK)]
     for e in entries:
         worker_key = keys.worker(e.worker_id)
         swap = e.swap
-        script_keys += (worker_key, keys.broadcast_swaps(swap.policy_version) if swap else worker_key)
+        if swap is None:
+            script_keys += (worker_key, worker_key, worker_key)
+        else:
+            v = swap.policy_version
+            script_keys += (worker_key, keys.broadcast_swaps(v), keys.broadcast_swap_splits(v))
         args += (e.worker_id, e.token_sha256, repr(e.now_s), repr(e.expiry_s), json.dumps(e.fields))
         if swap is None:
-            args += ("", "", "")
+            args += ("", "", "", "", "")
         else:
             args += (str(swap.policy_version), repr(swap.swapped_at_s), str(swap.num_bytes))
+            args += (_optional(swap.ready_at_s), _optional(swap.pause_s))
     return script_keys, args
+
+
+def _optional(value: float | None) -> str:
+    return "" if value is None else repr(value)
 
 
 def parse_outcomes(flat: Sequence[Any]) -> list[HeartbeatOutcome]:

@@ -10,7 +10,8 @@ from fastapi import FastAPI
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from services.coordinator.capacity_view import recent_broadcast_s
+from services.coordinator.broadcast_times import BroadcastTimes
+from services.coordinator.capacity_view import NUM_BROADCASTS, recent_broadcast_s
 from services.coordinator.control import ControlPlane, ControlSnapshot
 from services.coordinator.measurements import BAD_MEASUREMENTS
 from shared.api import WorkerState
@@ -106,7 +107,24 @@ def coordinator_families(control: ControlPlane) -> Iterator[Metric]:
     )
     broadcast_s = recent_broadcast_s(coordinator.redis, coordinator.keys)
     if broadcast_s is not None:
-        yield gauge("broadcast_seconds", "T_bcast: mean of the newest measured versions", broadcast_s)
+        yield gauge(
+            "broadcast_seconds",
+            "T_bcast (learner publish start -> engine sampling with the version): mean of the newest measured versions",
+            broadcast_s,
+        )
+    pause_mean_s, pause_max_s = BroadcastTimes(coordinator.redis, coordinator.keys).recent_pause_s(NUM_BROADCASTS)
+    if pause_mean_s is not None:
+        yield gauge(
+            "broadcast_rollout_pause_seconds",
+            "rollout pause (engine loading a version): mean per swap over the newest measured versions",
+            pause_mean_s,
+        )
+    if pause_max_s is not None:
+        yield gauge(
+            "broadcast_rollout_pause_max_seconds",
+            "rollout pause (engine loading a version): the longest swap of the newest measured versions",
+            pause_max_s,
+        )
     cost = control.cost(snapshot)
     usd = CounterMetricFamily(PREFIX + "cost_usd", "cumulative cost billed", labels=["component"])
     usd.add_metric(["learner"], cost.learner_usd)

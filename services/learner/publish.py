@@ -146,6 +146,7 @@ class WeightPublisher:
     def publish(self, model: torch.nn.Module, policy_version: int) -> PublishedVersion:
         # Publishing a version number twice replaces it in the store (a restarted learner re-uses
         # numbers too): holders verify against the manifest they were announced, never the number.
+        publish_started_at_s = time.time()  # wall clock: T_bcast starts here, right after the optimizer step
         started_s = time.perf_counter()
         blob, digests, file_path = self.serialize(model, policy_version)
         serialize_s = time.perf_counter() - started_s
@@ -169,6 +170,7 @@ class WeightPublisher:
             manifest_sha256=announced.sha256(),
             total_size_bytes=announced.total_size_bytes,
             num_chunks=announced.num_chunks,
+            publish_started_at_s=publish_started_at_s,
         )
         call_with_retry(lambda: self.bus.publish(WEIGHTS, announcement), "announce weights")
         self.published_version = policy_version

@@ -53,7 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from shared.metrics import CallbackCollector, start_metrics_server
 
     start_metrics_server(
-        settings.metrics_port, CallbackCollector(lambda: rollout_families(settings.worker_name, worker.report()))
+        settings.metrics_port,
+        CallbackCollector(lambda: rollout_families(settings.worker_name, worker.report(), worker.swap_pauses)),
     )
     worker.run()
     return 0

@@ -37,7 +37,7 @@ import httpx
 
 from engines.interface import InferenceEngine, WeightsLoadError
 from services.rollout.relay_fetch import ArtifactFetch, RelayFetcher, SourceResolver
-from shared.api import WeightSwapReport
+from shared.api import MAX_DURATION_S, WeightSwapReport
 from shared.bus import StreamBus, UndecodableEntryError
 from shared.chunk_client import AnnouncementError, announced_source, fetch_manifest
 from shared.chunk_server import ChunkStore
@@ -159,6 +159,7 @@ class WeightsSync:
             version, self._ready = self._ready, None
         if version is None:
             return None
+        load_started_s = time.perf_counter()  # the rollout pause: the engine generates nothing until loaded
         try:
             engine.load_weights(version.blob, version.policy_version, path=version.path)
         except WeightsLoadError as exc:
@@ -167,13 +168,19 @@ class WeightsSync:
         finally:
             if version.path is not None:
                 version.path.unlink(missing_ok=True)
+        pause_s = time.perf_counter() - load_started_s
+        swapped_at_s = time.time()
         self.loaded = version.announcement
         self.last_swap = WeightSwapReport(
             policy_version=version.policy_version,
             announced_at_s=version.announcement.published_at_s,
-            swapped_at_s=time.time(),
+            swapped_at_s=swapped_at_s,
             num_bytes=version.num_bytes_downloaded,
             source_url=version.source_url[:512],
+            pause_s=min(pause_s, MAX_DURATION_S),
+            # ready, then waiting for the group in flight, then loaded: never after the swap (a wall clock
+            # stepped back in between would make the report invalid)
+            ready_at_s=min(version.ready_at_s, swapped_at_s) if version.ready_at_s > 0 else None,
         )
         return version.policy_version
 

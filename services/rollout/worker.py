@@ -26,6 +26,7 @@ from engines.interface import EngineError, InferenceEngine, Sample
 from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError
 from services.rollout.faults import fault_from_environment, serving_store
 from services.rollout.membership import Membership, NotRegisteredError
+from services.rollout.prometheus import SwapPauses
 from services.rollout.redis_access import connect_as_worker
 from services.rollout.relay_sources import CoordinatorParents
 from services.rollout.settings import RolloutSettings
@@ -128,6 +129,7 @@ class RolloutWorker:
         self.num_dead_lettered = 0
         self.generating = False
         self.throughput = ThroughputMeter()
+        self.swap_pauses = SwapPauses()  # every swap's rollout pause, for /metrics
         self.gate_state = "closed"
 
     def run(self) -> None:
@@ -210,7 +212,13 @@ class RolloutWorker:
             return
         loaded_version = self.weights.update(self.engine)
         if loaded_version is not None:
-            log.info("now sampling with policy version %d", loaded_version)
+            swap = self.weights.last_swap
+            pause_s = swap.pause_s if swap is not None else None
+            if pause_s is not None:
+                self.swap_pauses.observe(pause_s)
+            log.info(
+                "now sampling with policy version %d (engine paused %.3fs to load it)", loaded_version, pause_s or 0.0
+            )
 
     def has_admissible_weights(self) -> bool:
         """False before the first verified weights, and while the coordinator says groups sampled with

@@ -3,6 +3,7 @@ follow joins and deaths; swap reports from heartbeats become T_bcast per version
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
@@ -132,3 +133,130 @@ def test_swap_reports_in_heartbeats_become_the_broadcast_time_of_each_version(
     assert times.seconds_by_version == {3: pytest.approx(2.25), 4: pytest.approx(0.5), 5: pytest.approx(0.9)}
     assert (times.num_versions, times.max_s, times.last_s) == (3, pytest.approx(2.25), pytest.approx(0.9))
     assert times.mean_s == pytest.approx((2.25 + 0.5 + 0.9) / 3, abs=1e-3)
+
+
+def report_swap(api: httpx.Client, worker: RegisterWorkerResponse, **swap: float | None) -> httpx.Response:
+    """A heartbeat carrying `swap` (WeightSwapReport fields; num_bytes and announced_at_s filled in)."""
+    body = {"policy_version": int(swap["policy_version"] or 0), "last_swap": {"num_bytes": 1000, **swap}}
+    body["last_swap"].setdefault("announced_at_s", 0.0)  # the worker's claim: never used
+    return api.post(  # json.dumps writes NaN and Infinity as JavaScript does (what a hostile client may send)
+        f"/v1/workers/{worker.worker_id}/heartbeat",
+        content=json.dumps(body),
+        headers={"Authorization": f"Bearer {worker.token}", "Content-Type": "application/json"},
+    )
+
+
+def registered_before(redis_client: redis.Redis, keys: RunKeys, at_s: float, *workers: RegisterWorkerResponse) -> None:
+    for worker in workers:
+        redis_client.hset(keys.worker(worker.worker_id), "registered_at_s", repr(at_s))
+
+
+def test_t_bcast_counts_from_the_publication_start_and_each_version_keeps_its_rollout_pause(
+    api: httpx.Client, redis_client: redis.Redis, keys: RunKeys
+) -> None:
+    start_s = time.time() - 20  # the learner's optimizer step ended; publishing v1 took 0.5 s
+    first, second = register_relay(api, "first", 100), register_relay(api, "second", 100)
+    registered_before(redis_client, keys, start_s - 1, first, second)
+    announce(redis_client, keys.run_id, 1, start_s + 0.5, publish_started_at_s=start_s)
+    assert float(redis_client.hget(keys.broadcast_announced, "1")) == start_s
+    assert float(redis_client.hget(keys.broadcast_published, "1")) == start_s + 0.5
+
+    ok = report_swap(api, first, policy_version=1, swapped_at_s=start_s + 1.25, ready_at_s=start_s + 1.0, pause_s=0.1)
+    assert ok.status_code == 200, ok.text
+    assert report_swap(api, first, policy_version=1, swapped_at_s=start_s + 1.25, pause_s=9.0).status_code == 200
+    ok = report_swap(api, second, policy_version=1, swapped_at_s=start_s + 2.0, ready_at_s=start_s + 1.5, pause_s=0.3)
+    assert ok.status_code == 200, ok.text
+    # v2: the first worker is older and reports no pause; the second reports one longer than its own swap
+    # could have taken (a load cannot start before the publication did): clamped to swap - start
+    announce(redis_client, keys.run_id, 2, start_s + 10.4, publish_started_at_s=start_s + 10.0)
+    assert report_swap(api, first, policy_version=2, swapped_at_s=start_s + 11.0).status_code == 200
+    assert report_swap(api, second, policy_version=2, swapped_at_s=start_s + 10.6, pause_s=5.0).status_code == 200
+
+    times = BroadcastTimesResponse.model_validate(api.get("/v1/broadcast/times").json())
+    # from the publication start, not from the announcement (which would say 1.5 and 0.6)
+    assert times.seconds_by_version == {1: pytest.approx(2.0), 2: pytest.approx(1.0)}
+    assert times.window == "learner publish start -> engine sampling with the version"
+    v1, v2 = times.splits_by_version[1], times.splits_by_version[2]
+    assert (v1.publish_s, v1.transfer_s, v1.ready_s) == (pytest.approx(0.5), pytest.approx(1.5), pytest.approx(1.5))
+    # the first report of a swap counts (the repeat's 9.0 is not news), like the swap time
+    assert (v1.pause_mean_s, v1.pause_max_s, v1.num_paused) == (pytest.approx(0.2), pytest.approx(0.3), 2)
+    assert (v2.publish_s, v2.transfer_s, v2.ready_s) == (pytest.approx(0.4), pytest.approx(0.6), None)
+    assert (v2.pause_mean_s, v2.pause_max_s, v2.num_paused) == (pytest.approx(0.6), pytest.approx(0.6), 1)
+    # over every counted swap that reported one: (0.1 + 0.3 + 0.6) / 3
+    assert (times.pause_mean_s, times.pause_max_s) == (pytest.approx(1.0 / 3, abs=1e-3), pytest.approx(0.6))
+
+    metrics = api.get("/metrics").text
+    assert "relayrl_broadcast_rollout_pause_seconds 0.333" in metrics
+    assert "relayrl_broadcast_rollout_pause_max_seconds 0.6" in metrics
+
+
+def test_an_announcement_without_a_publication_start_measures_from_its_publication(
+    api: httpx.Client, redis_client: redis.Redis, keys: RunKeys
+) -> None:
+    published_at_s = time.time() - 20
+    worker = register_relay(api, "only", 100)
+    registered_before(redis_client, keys, published_at_s - 1, worker)
+    announce(redis_client, keys.run_id, 1, published_at_s)  # an older learner: publish_started_at_s is 0.0
+    # not read by the coordinator yet: the heartbeat script decodes the stream entries itself
+    announce(redis_client, keys.run_id, 2, published_at_s + 5.0, ingest=False)
+    announce(
+        redis_client, keys.run_id, 3, published_at_s + 10.0, publish_started_at_s=published_at_s + 9.0, ingest=False
+    )
+    for version, swapped_after_s in ((1, 0.75), (2, 5.5), (3, 10.25)):
+        response = report_swap(api, worker, policy_version=version, swapped_at_s=published_at_s + swapped_after_s)
+        assert response.status_code == 200, response.text
+
+    times = BroadcastTimesResponse.model_validate(api.get("/v1/broadcast/times").json())
+    assert times.seconds_by_version == {1: pytest.approx(0.75), 2: pytest.approx(0.5), 3: pytest.approx(1.25)}
+    assert float(redis_client.hget(keys.broadcast_announced, "3")) == published_at_s + 9.0  # found by the script
+    assert [times.splits_by_version[v].publish_s for v in (1, 2, 3)] == [0.0, 0.0, pytest.approx(1.0)]
+    assert times.splits_by_version[1].num_paused == 0 and times.pause_mean_s is None
+
+
+def test_a_swap_before_the_publication_start_is_ignored_one_before_the_announcement_is_not(
+    api: httpx.Client, redis_client: redis.Redis, keys: RunKeys
+) -> None:
+    start_s = time.time() - 20
+    early, honest = register_relay(api, "early", 100), register_relay(api, "honest", 100)
+    registered_before(redis_client, keys, start_s - 1, early, honest)
+    announce(redis_client, keys.run_id, 1, start_s + 5.0, publish_started_at_s=start_s)
+
+    assert report_swap(api, early, policy_version=1, swapped_at_s=start_s - 3.0).status_code == 200
+    assert not redis_client.hexists(keys.broadcast_swaps(1), early.worker_id)  # before the start, beyond the skew
+    # inside the clock skew tolerated around the learner's start (a swap before the announcement is one)
+    assert report_swap(api, honest, policy_version=1, swapped_at_s=start_s + 1.0).status_code == 200
+    assert redis_client.hexists(keys.broadcast_swaps(1), honest.worker_id)
+    assert 'relayrl_coordinator_ignored_swap_reports_total{reason="time"} 1.0' in api.get("/metrics").text
+
+
+@pytest.mark.parametrize(
+    "swap",
+    [
+        {"pause_s": -0.1},
+        {"pause_s": 86_401.0},
+        {"pause_s": float("nan")},
+        {"pause_s": float("inf")},
+        {"pause_s": "fast"},
+        {"ready_at_s": -1.0},
+        {"ready_at_s": 2e10},
+        {"ready_at_s": 1.0},  # after swapped_at_s: weights cannot be loaded before they are ready
+    ],
+    ids=[
+        "negative-pause",
+        "pause-over-a-day",
+        "nan-pause",
+        "inf-pause",
+        "text-pause",
+        "negative-ready",
+        "ready-in-2600",
+        "ready-after-swap",
+    ],
+)
+def test_out_of_bound_pause_or_readiness_is_refused_and_nothing_is_recorded(
+    api: httpx.Client, redis_client: redis.Redis, keys: RunKeys, swap: dict
+) -> None:
+    worker = register_relay(api, "hostile", 100)
+    announce(redis_client, keys.run_id, 1, 0.25)
+    response = report_swap(api, worker, policy_version=1, swapped_at_s=0.5, **swap)
+    assert response.status_code == 422, response.text
+    assert not redis_client.exists(keys.broadcast_swaps(1), keys.broadcast_swap_splits(1))

@@ -59,6 +59,7 @@ def seed(served: ServedCoordinator, redis_client: redis.Redis, keys: RunKeys) ->
     for worker in workers:
         swapped_at_s = announced_at_s + 0.001
         swap = {"policy_version": 1, "announced_at_s": announced_at_s, "swapped_at_s": swapped_at_s, "num_bytes": 1}
+        swap |= {"pause_s": 0.0005, "ready_at_s": announced_at_s}
         body = {"policy_version": 1, "samples_per_s": 40.0, "group_latency_s": 0.5, "last_swap": swap}
         assert api.post(f"/v1/workers/{worker.worker_id}/heartbeat", json=body, headers=bearer(worker.token)).is_success
     state = LearnerState(
@@ -81,6 +82,8 @@ def seed(served: ServedCoordinator, redis_client: redis.Redis, keys: RunKeys) ->
     served.app.state.control.run_once()
     served.app.state.control.run_once(time.time() + 1)  # a second pass bills a second
     assert redis_client.hget(keys.broadcast_times, "1") is not None  # every stored measurement exists now
+    assert redis_client.hget(keys.broadcast_splits, "1") is not None
+    assert redis_client.hexists(keys.broadcast_swap_splits(2), workers[0].worker_id)
     assert redis_client.llen(keys.learner_history) >= 1
     assert redis_client.zscore(keys.broadcast_pending, "2") is not None
     return workers
@@ -131,6 +134,19 @@ def pending_version(client: redis.Redis, keys: RunKeys, workers: list[RegisterWo
     client.hset(keys.broadcast_announced, value, "1.0")
 
 
+def completing_swap_split(
+    client: redis.Redis, keys: RunKeys, workers: list[RegisterWorkerResponse], value: str
+) -> None:
+    """A new version every worker swapped, one with `value` as its ready time and pause: the next pass
+    completes the version, the only time these are read."""
+    version = 100 + client.zcard(keys.broadcast_pending) + client.hlen(keys.broadcast_times)
+    at_s = time.time()
+    client.hset(keys.broadcast_announced, str(version), repr(at_s))
+    client.zadd(keys.broadcast_pending, {str(version): at_s})
+    client.hset(keys.broadcast_swaps(version), mapping={w.worker_id: repr(at_s + 0.001) for w in workers})
+    client.hset(keys.broadcast_swap_splits(version), workers[0].worker_id, value)
+
+
 STORED: dict[str, Writer] = {
     **{
         f"worker.{name}": worker_field(name)
@@ -150,6 +166,9 @@ STORED: dict[str, Writer] = {
     "broadcast.times": hash_field(lambda k: k.broadcast_times, lambda w: "1"),
     "broadcast.times key": hash_field(lambda k: k.broadcast_times, lambda w: "junk-version"),
     "broadcast.announced": hash_field(lambda k: k.broadcast_announced, lambda w: "2"),
+    "broadcast.published": hash_field(lambda k: k.broadcast_published, lambda w: "2"),
+    "broadcast.splits": hash_field(lambda k: k.broadcast_splits, lambda w: "1"),
+    "broadcast.swap_splits": completing_swap_split,
     "broadcast.swaps": hash_field(lambda k: k.broadcast_swaps(2), lambda w: w[0].worker_id),
     "broadcast.last_swap": hash_field(lambda k: k.broadcast_last_swap, lambda w: w[0].worker_id),
     "broadcast.throughput": hash_field(lambda k: k.broadcast_throughput, lambda w: w[0].worker_id),
@@ -223,6 +242,7 @@ def test_the_announcements_kept_are_bounded(
         announce(redis_client, keys.run_id, version, time.time())
     kept = sorted(int(v) for v in redis_client.hkeys(keys.broadcast_announced))
     assert kept == list(range(40, MAX_ANNOUNCED_VERSIONS + 40))
+    assert sorted(int(v) for v in redis_client.hkeys(keys.broadcast_published)) == kept
 
 
 def test_a_swap_reported_before_the_coordinator_read_the_announcement_still_counts(

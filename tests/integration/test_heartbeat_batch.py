@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -217,3 +218,34 @@ def test_a_failed_call_fails_the_heartbeats_that_rode_it_and_the_batcher_recover
     finally:
         client.close()
         server.stop()
+
+
+def test_a_swap_is_timed_from_the_publication_start_its_rate_from_the_announcement(
+    redis_client: redis.Redis, keys: RunKeys
+) -> None:
+    registry = WorkerRegistry(redis_client, keys, lease_s=30.0)
+    now_s = registry.clock()
+    registry.register("w", RegisterWorkerRequest(name="w"), token_sha256="d")
+    announce(redis_client, keys.run_id, 7, now_s - 2.0, publish_started_at_s=now_s - 4.0)  # published for 2 s
+    swap = WeightSwapReport(
+        policy_version=7,
+        announced_at_s=0.0,
+        swapped_at_s=now_s - 1.0,
+        num_bytes=8 << 20,
+        ready_at_s=now_s - 1.5,
+        pause_s=0.25,
+    )
+    batcher = HeartbeatBatcher(redis_client, keys)
+
+    async def beat() -> bool:
+        try:
+            return (await batcher.submit(replace(entry("w", "d", now_s), swap=swap))).swap_is_news
+        finally:
+            await batcher.close()
+
+    assert asyncio.run(beat())
+    assert redis_client.zscore(keys.broadcast_pending, "7") == pytest.approx(now_s - 4.0)
+    assert redis_client.hget(keys.broadcast_swap_splits(7), "w").decode() == f"{now_s - 1.5!r}:0.25"
+    assert redis_client.ttl(keys.broadcast_swap_splits(7)) > 0
+    # the download rate covers the transfer only: 8 MiB in the 1 s since the announcement
+    assert float(redis_client.hget(keys.broadcast_throughput, "w")) == pytest.approx(8 * 8 * 2**20 / 1e6)

@@ -3,6 +3,7 @@ the announcement on `weights` is made only once every chunk is servable."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -59,9 +60,12 @@ def test_a_published_version_is_fetched_verified_and_loads_into_a_fresh_model_id
         chunk_size_bytes=16384,
     )
 
+    before_s = time.time()
     published = publisher.publish(model, policy_version=3)
 
     assert published.manifest.num_chunks > 1
+    # T_bcast starts before the serialising, hashing, signing and storing that precede the announcement
+    assert before_s <= published.announcement.publish_started_at_s <= published.announcement.published_at_s
     assert checking_bus.blobs_fetched_before_announcing == [serialize_weights(model)]
     (announcement,) = bus.entries(WEIGHTS)
     assert announcement.policy_version == 3

@@ -117,6 +117,9 @@ def test_an_announced_version_is_verified_kept_for_relaying_and_loaded(
 
     assert sync.update(engine) == 0
     assert engine.policy_version == 0
+    swap = sync.last_swap
+    assert swap is not None and swap.pause_s is not None and swap.ready_at_s is not None
+    assert 0.0 < swap.pause_s <= swap.swapped_at_s - swap.ready_at_s + 1e-3  # the load lies between the two
     assert greedy_logprobs(engine) != initial
     assert sync.update(engine) is None  # already loaded
 

@@ -181,3 +181,21 @@ def test_scored_group_needs_one_reward_per_sample_and_one_run() -> None:
         ScoredGroup.decode(msgpack.packb({**payload, "rewards": [1.0]}, use_bin_type=True))
     with pytest.raises(MessageDecodeError, match="differs"):
         ScoredGroup.decode(msgpack.packb({**payload, "run_id": "other"}, use_bin_type=True))
+
+
+def test_an_announcement_from_a_learner_that_does_not_stamp_its_publication_start_still_decodes() -> None:
+    new = WeightsPublished(
+        run_id="r",
+        policy_version=4,
+        manifest_url="http://h/v1/weights/4/manifest",
+        manifest_sha256="a" * 64,
+        total_size_bytes=10,
+        num_chunks=1,
+        published_at_s=100.5,
+        publish_started_at_s=100.0,
+    )
+    assert WeightsPublished.decode(new.encode()).publish_started_at_s == 100.0
+    old = new.model_dump(mode="python")
+    del old["publish_started_at_s"]
+    decoded = WeightsPublished.decode(msgpack.packb(old, use_bin_type=True))
+    assert (decoded.publish_started_at_s, decoded.published_at_s) == (0.0, 100.5)  # 0.0: unknown

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.rollout.prometheus import rollout_families
+from services.rollout.prometheus import SwapPauses, rollout_families
 from shared.api import HeartbeatRequest, WeightSwapReport
 from shared.messages import LearnerState
 from shared.metrics import CallbackCollector, learner_families, new_registry
@@ -52,6 +52,20 @@ def test_rollout_metrics_come_from_the_heartbeat_it_would_send() -> None:
     assert metrics["relayrl_worker_tokens_per_second"][0].value == 90.0
     assert metrics["relayrl_worker_groups"][0].value == 7
     assert abs(metrics["relayrl_worker_broadcast_seconds"][0].value - 0.4) < 1e-9
+
+
+def test_rollout_metrics_count_every_swap_pause_in_a_histogram() -> None:
+    pauses = SwapPauses()
+    for pause_s in (0.02, 0.3, 0.3, 45.0):
+        pauses.observe(pause_s)
+    metrics = parse(CallbackCollector(lambda: rollout_families("w-a", HeartbeatRequest(), pauses)))
+    buckets = {
+        s.labels["le"]: s.value for s in metrics["relayrl_worker_swap_pause_seconds"] if s.name.endswith("_bucket")
+    }
+    assert (buckets["0.01"], buckets["0.025"], buckets["0.25"], buckets["0.5"], buckets["30.0"]) == (0, 1, 1, 3, 3)
+    assert buckets["+Inf"] == 4
+    (total,) = [s.value for s in metrics["relayrl_worker_swap_pause_seconds"] if s.name.endswith("_sum")]
+    assert abs(total - 45.62) < 1e-9
 
 
 def test_a_failing_scrape_leaves_series_out_instead_of_failing_the_service() -> None:
