@@ -31,7 +31,8 @@ narrowest of uint8/16/32/64 that fits the largest gap, byte-shuffled) and the zi
 
 `encode_smallest` builds every candidate and keeps the smallest, skipping a dense candidate as soon
 as the compressed bytes it already emitted exceed the best size so far (zstd never shrinks them).
-The caller still checks the rebuilt weights against the manifest's `full_sha256` before loading.
+Every zstd frame carries its checksum, so a corrupt payload is a DeltaError at decode; the caller
+still checks the rebuilt weights against the manifest's `full_sha256` (the wrong base decodes fine).
 
 Inputs may be `bytes` or any C-contiguous buffer (memoryviews of mmaps): no `bytes` methods here.
 No torch here: this runs on the learner and on every worker, on raw safetensors bytes.
@@ -265,17 +266,17 @@ def _unshuffle(data: np.ndarray, word_bytes: int) -> np.ndarray:
 def _compress(data: np.ndarray, *, level: int, limit_bytes: int | None) -> bytes | None:
     """zstd of `data`; None as soon as the output is sure to exceed `limit_bytes` (it only grows)."""
     threads = (os.cpu_count() or 1) if data.size >= _THREADS_MIN_BYTES else 0
-    compressor = zstandard.ZstdCompressor(level=level, threads=threads, write_content_size=True)
+    # the frame's checksum turns a corrupt payload into a DeltaError here, not into wrong weights later
+    compressor = zstandard.ZstdCompressor(level=level, threads=threads, write_content_size=True, write_checksum=True)
     view = data.data  # a memoryview: slices without copies
-    if limit_bytes is None:
-        return compressor.compress(view)
+    # Always streamed, so a candidate compresses to the same bytes whether or not it may be abandoned.
     stream = compressor.compressobj(size=data.size)
     pieces: list[bytes] = []
     num_out_bytes = 0
     for start in range(0, data.size, _STREAM_BYTES):
         pieces.append(stream.compress(view[start : start + _STREAM_BYTES]))
         num_out_bytes += len(pieces[-1])
-        if num_out_bytes > limit_bytes:
+        if limit_bytes is not None and num_out_bytes > limit_bytes:
             return None
     pieces.append(stream.flush())
     return b"".join(pieces)
