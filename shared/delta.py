@@ -101,7 +101,7 @@ def encode_smallest(base: Buffer, target: Buffer, *, level: int = 3) -> tuple[st
     base_bytes, target_bytes = _bytes_of(base), _bytes_of(target)
     # The 16-bit difference feeds both sparse16 and sub16; sparse16 goes first: when few words
     # changed it is small and cheap, and every later candidate can stop once it is bigger.
-    difference = _words(target_bytes, target_bytes.size, np.uint16) - _words(base_bytes, target_bytes.size, np.uint16)
+    difference = _difference16(base_bytes, target_bytes)
     best_name, best = SPARSE16, _encode_sparse_difference(difference, target_bytes.size, level=level)
     for codec in (_SUB16, _SUB32):
         packed = _shuffled_zigzag(codec, difference if codec is _SUB16 else None, base_bytes, target_bytes)
@@ -115,10 +115,7 @@ def encode_with(codec_name: str, base: Buffer, target: Buffer, *, level: int = 3
     """The delta of one named codec (benchmarks and tests; the learner uses `encode_smallest`)."""
     base_bytes, target_bytes = _bytes_of(base), _bytes_of(target)
     if codec_name == SPARSE16:
-        difference = _words(target_bytes, target_bytes.size, np.uint16) - _words(
-            base_bytes, target_bytes.size, np.uint16
-        )
-        return _encode_sparse_difference(difference, target_bytes.size, level=level)
+        return _encode_sparse_difference(_difference16(base_bytes, target_bytes), target_bytes.size, level=level)
     for codec in _DENSE.values():
         if codec.name == codec_name:
             delta = _encode_dense(codec, base_bytes, target_bytes, level=level, limit_bytes=None)
@@ -187,6 +184,11 @@ def _apply_dense(codec: _Dense, base: np.ndarray, delta: np.ndarray) -> bytes:
 
 
 # --- sparse16 ---------------------------------------------------------------------------------------
+
+
+def _difference16(base: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """(n,) uint16: target words - base words, wrapped (the base zero-padded or cut to the target)."""
+    return _words(target, target.size, np.uint16) - _words(base, target.size, np.uint16)
 
 
 def _encode_sparse_difference(difference: np.ndarray, target_size_bytes: int, *, level: int) -> bytes:
