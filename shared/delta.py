@@ -29,8 +29,11 @@ codecs still spend zstd's few bits on every unchanged word; sparse spends nothin
 writes, per changed word, the gap to the previous change (1 for a neighbour, stored minus 1 as the
 narrowest of uint8/16/32/64 that fits the largest gap, byte-shuffled) and the zigzag difference.
 
-`encode_smallest` builds every candidate and keeps the smallest, skipping a dense candidate as soon
-as the compressed bytes it already emitted exceed the best size so far (zstd never shrinks them).
+`encode_smallest` builds sparse16, then each dense candidate, and keeps the smallest. A dense candidate
+is skipped when its size, estimated by compressing 32 evenly spaced blocks of the blob (8 MiB, for
+blobs of 64 MiB and more), is over 1.25x the best so far, and abandoned as soon as the compressed bytes
+it already emitted exceed the best size (zstd never takes them back). Only the estimate can err, and
+only towards a bigger (still exact) delta.
 Every zstd frame carries its checksum, so a corrupt payload is a DeltaError at decode; the caller
 still checks the rebuilt weights against the manifest's `full_sha256` (the wrong base decodes fine).
 
@@ -59,6 +62,10 @@ _SPARSE_MAGIC = b"RLSP"
 _GAP_DTYPES = (np.uint8, np.uint16, np.uint32, np.uint64)
 _THREADS_MIN_BYTES = 8 << 20  # zstd worker threads pay only on inputs of several MiB
 _STREAM_BYTES = 8 << 20  # input fed per compress call when a candidate may be abandoned early
+_SAMPLE_MIN_BYTES = 64 << 20  # below this every candidate is compressed in full
+_SAMPLE_NUM_BLOCKS = 32  # evenly spaced blocks of the blob ...
+_SAMPLE_BLOCK_BYTES = 256 << 10  # ... of this size: an 8 MiB sample
+_SKIP_MARGIN = 1.25  # skip a candidate whose sampled estimate is this much bigger than the best so far
 
 
 class DeltaError(ValueError):
@@ -104,6 +111,8 @@ def encode_smallest(base: Buffer, target: Buffer, *, level: int = 3) -> tuple[st
     difference = _difference16(base_bytes, target_bytes)
     best_name, best = SPARSE16, _encode_sparse_difference(difference, target_bytes.size, level=level)
     for codec in (_SUB16, _SUB32):
+        if _sampled_size_bytes(codec, base_bytes, target_bytes, level=level) > _SKIP_MARGIN * len(best):
+            continue  # clearly bigger on a sample: not worth a full pass over the blob
         packed = _shuffled_zigzag(codec, difference if codec is _SUB16 else None, base_bytes, target_bytes)
         delta = _compress_dense(codec, packed, target_bytes.size, level=level, limit_bytes=len(best))
         if delta is not None and len(delta) < len(best):
@@ -162,6 +171,21 @@ def _shuffled_zigzag(codec: _Dense, difference: np.ndarray | None, base: np.ndar
     signed = difference.view(codec.signed)  # wrapped difference, read as signed
     zigzag = ((signed << 1) ^ (signed >> (8 * codec.word_bytes - 1))).view(codec.unsigned)  # small |d| -> small
     return _shuffle(zigzag, codec.word_bytes)
+
+
+def _sampled_size_bytes(codec: _Dense, base: np.ndarray, target: np.ndarray, *, level: int) -> float:
+    """The dense codec's size estimated from evenly spaced blocks of the blob; 0 (never skip) for a
+    blob too small to sample or a base shorter than the target."""
+    if target.size < _SAMPLE_MIN_BYTES or base.size < target.size:
+        return 0.0
+    block_bytes = min(_SAMPLE_BLOCK_BYTES, target.size // _SAMPLE_NUM_BLOCKS) // 4 * 4
+    starts = np.linspace(0, target.size - block_bytes, _SAMPLE_NUM_BLOCKS).astype(np.int64) // 4 * 4
+    base_sample = np.concatenate([base[start : start + block_bytes] for start in starts])
+    target_sample = np.concatenate([target[start : start + block_bytes] for start in starts])
+    packed = _shuffled_zigzag(codec, None, base_sample, target_sample)
+    body = _compress(packed, level=level, limit_bytes=None)
+    assert body is not None
+    return len(body) * target.size / target_sample.size
 
 
 def _compress_dense(

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 
+import shared.delta as delta_module
 from shared.delta import (
     CODEC,
     CODECS,
@@ -144,6 +145,18 @@ def test_encode_smallest_picks_the_smallest_codec(base: bytes, target: bytes) ->
     sizes = {codec: len(encode_with(codec, base, target)) for codec in CODECS}
     assert len(delta) == min(sizes.values()) == sizes[name]
     assert codec_of(delta) == name and apply_delta(base, delta) == target
+
+
+@pytest.mark.parametrize(
+    ("base", "target"),
+    [bf16_step(), bf16_step(step=3e-4), (float_weights(0).tobytes(), one_step_later(float_weights(0)).tobytes())],
+)
+def test_the_sampled_estimate_skips_only_candidates_that_lose(
+    base: bytes, target: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exact = encode_smallest(base, target)
+    monkeypatch.setattr(delta_module, "_SAMPLE_MIN_BYTES", 0)  # sample these small blobs as if they were big
+    assert encode_smallest(base, target) == exact
 
 
 def test_sparse16_is_the_smaller_when_few_bf16_words_change() -> None:
