@@ -34,6 +34,7 @@ is skipped when its size, estimated by compressing 32 evenly spaced blocks of th
 blobs of 64 MiB and more), is over 1.25x the best so far, and abandoned as soon as the compressed bytes
 it already emitted exceed the best size (zstd never takes them back). Only the estimate can err, and
 only towards a bigger (still exact) delta.
+
 Every zstd frame carries its checksum, so a corrupt payload is a DeltaError at decode; the caller
 still checks the rebuilt weights against the manifest's `full_sha256` (the wrong base decodes fine).
 
