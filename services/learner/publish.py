@@ -6,7 +6,9 @@
                 are written: one pass over the weights
     full      = build_manifest(blob, digests): version, sizes, every chunk digest and the payload
                 digest derived from them, Ed25519-signed (learner only); chunks are views of the blob
-    delta     = encode_delta(previous blob, blob), when allowed and smaller than the blob (shared/delta.py)
+    delta     = encode_smallest(previous blob, blob): the smallest of shared/delta.py's codecs (the sparse
+                one of changed 16-bit words at real learning rates, docs/deltas.md), when allowed and
+                smaller than the blob
     store     = ChunkStore.put_version(full [, delta], verified=True)   # servable now; not re-hashed
     announce  = XADD WeightsPublished to `weights`          # last: every chunk is servable by then
 
@@ -41,7 +43,7 @@ from services.learner.serialize import safetensors_size, write_safetensors
 from shared.bus import StreamBus
 from shared.chunk_client import manifest_path
 from shared.chunk_server import ChunkStore
-from shared.delta import CODEC, encode_delta
+from shared.delta import encode_smallest
 from shared.keys import RunKeys
 from shared.messages import WeightsPublished
 from shared.retry import call_with_retry
@@ -212,10 +214,10 @@ class WeightPublisher:
         if self._previous is None or self._num_since_full + 1 >= self.full_every:
             return None
         base, base_blob = self._previous
-        delta = encode_delta(base_blob, blob, level=self.delta_zstd_level)
+        codec, delta = encode_smallest(base_blob, blob, level=self.delta_zstd_level)  # the smallest codec wins
         if len(delta) >= full.total_size_bytes:
             return None
-        manifest, _ = build_delta_manifest(delta, full=full, base=base, codec=CODEC, signing_key=self.signing_key)
+        manifest, _ = build_delta_manifest(delta, full=full, base=base, codec=codec, signing_key=self.signing_key)
         self.store.put_version(manifest, delta, verified=True)
         return manifest
 

@@ -41,7 +41,7 @@ from shared.api import MAX_DURATION_S, WeightSwapReport
 from shared.bus import StreamBus, UndecodableEntryError
 from shared.chunk_client import AnnouncementError, announced_source, fetch_manifest
 from shared.chunk_server import ChunkStore
-from shared.delta import DeltaError, apply_delta
+from shared.delta import DeltaError, apply_delta, codec_of
 from shared.messages import WeightsPublished
 from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
 from shared.signing import Ed25519PublicKey
@@ -358,6 +358,8 @@ def rebuild_from_delta(delta: Manifest, base_blob: Buffer, payload: Buffer) -> b
     """The full weights from a verified delta payload; raises unless they match `full_digest` (one
     hashing pass over the rebuilt bytes: they were made here, not received)."""
     try:
+        if codec_of(payload) != delta.codec:
+            raise DeltaError(f"the payload is a {codec_of(payload)} delta, the signed manifest says {delta.codec}")
         blob = apply_delta(base_blob, payload)
     except DeltaError as exc:
         raise ChunkVerificationError(f"version {delta.artifact}: {exc}") from exc

@@ -7,7 +7,19 @@ import os
 import numpy as np
 import pytest
 
-from shared.delta import CODEC, DeltaError, apply_delta, encode_delta
+import shared.delta as delta_module
+from shared.delta import (
+    CODEC,
+    CODECS,
+    SPARSE16,
+    SUB16,
+    DeltaError,
+    apply_delta,
+    codec_of,
+    encode_delta,
+    encode_smallest,
+    encode_with,
+)
 from shared.weights import ManifestError, build_delta_manifest, build_manifest, sha256_hex, sign, verify_signature
 from tests.weights_keys import PUBLIC_KEY, SIGNING_KEY
 
@@ -50,6 +62,142 @@ def test_a_delta_rebuilds_the_target_bit_for_bit_and_is_much_smaller_for_one_opt
 )
 def test_any_bytes_round_trip(base: bytes, target: bytes) -> None:
     assert apply_delta(base, encode_delta(base, target)) == target
+
+
+def bf16_words(weights: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bit patterns (round to nearest even), as the learner's bf16 weights are stored."""
+    bits = weights.astype(np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_step(seed: int = 0, num_weights: int = 40_000, step: float = 1e-5) -> tuple[bytes, bytes]:
+    """bf16 weights before and after an Adam-like step of `step`: most words stay, a few move one ulp."""
+    weights = float_weights(seed, num_weights)
+    moved = weights + step * np.sign(np.random.default_rng(seed + 1).standard_normal(num_weights))
+    return bf16_words(weights).tobytes(), bf16_words(moved).tobytes()
+
+
+NAN_PATTERNS = (
+    np.array([np.nan, np.inf, -0.0, -np.nan, 1.0], dtype=np.float32).tobytes() + b"\x01\x80\xc0\x7f",
+    np.array([1.0, -np.inf, 0.0, np.nan, np.nan], dtype=np.float32).tobytes() + b"\xc1\xff\x80\x7f",
+)
+ROUND_TRIP_CASES = [
+    (b"", b""),
+    (b"abc", b"abcdefg"),  # target longer than the base, odd lengths
+    (b"abcdefghij", b"xy"),  # shorter
+    (os.urandom(1001), os.urandom(999)),  # unrelated, not whole words of 2 or 4 bytes
+    (os.urandom(1002), os.urandom(1003)),
+    (b"", os.urandom(10)),
+    (os.urandom(10), b""),
+    NAN_PATTERNS,
+    (NAN_PATTERNS[0], NAN_PATTERNS[0][:-1] + b"\xff"),  # only the last byte of an odd length changes
+    bf16_step(),
+]
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize(("base", "target"), ROUND_TRIP_CASES)
+def test_every_codec_rebuilds_any_bytes_bit_for_bit(codec: str, base: bytes, target: bytes) -> None:
+    delta = encode_with(codec, base, target)
+    assert codec_of(delta) == codec
+    assert apply_delta(base, delta) == target
+    # the callers pass memoryviews of mmaps: no bytes methods, and any item format
+    assert apply_delta(memoryview(base), memoryview(delta)) == target
+    assert apply_delta(memoryview(bytearray(base)), memoryview(bytearray(delta))) == target
+
+
+def test_inputs_may_be_memoryviews_of_any_format() -> None:
+    base, target = float_weights(0), one_step_later(float_weights(0))
+    name, delta = encode_smallest(memoryview(base), memoryview(target))  # format "f", not bytes
+    assert apply_delta(memoryview(base), delta) == target.tobytes()
+    assert codec_of(memoryview(delta)) == name
+    assert encode_delta(memoryview(base), memoryview(target)) == encode_delta(base.tobytes(), target.tobytes())
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_an_unchanged_target_is_a_tiny_delta(codec: str) -> None:
+    base = bf16_step()[0]
+    delta = encode_with(codec, base, base)
+    assert len(delta) < 200 < len(base) // 100
+    assert apply_delta(base, delta) == base
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_a_fully_changed_target_round_trips(codec: str) -> None:
+    base = os.urandom(30_001)
+    target = bytes(byte ^ 0xFF for byte in base)  # every byte, hence every word, differs
+    delta = encode_with(codec, base, target)
+    assert apply_delta(base, delta) == target
+    assert len(delta) < 1.1 * len(target) + 100  # incompressible, but not blown up
+
+
+@pytest.mark.parametrize(
+    ("base", "target"),
+    [
+        bf16_step(),  # few bf16 words move: sparse16 should be the one
+        bf16_step(step=3e-4),  # most move
+        (float_weights(0).tobytes(), one_step_later(float_weights(0)).tobytes()),  # float32 words
+        (os.urandom(5000), os.urandom(5000)),
+    ],
+)
+def test_encode_smallest_picks_the_smallest_codec(base: bytes, target: bytes) -> None:
+    name, delta = encode_smallest(base, target)
+    sizes = {codec: len(encode_with(codec, base, target)) for codec in CODECS}
+    assert len(delta) == min(sizes.values()) == sizes[name]
+    assert codec_of(delta) == name and apply_delta(base, delta) == target
+
+
+@pytest.mark.parametrize(
+    ("base", "target"),
+    [bf16_step(), bf16_step(step=3e-4), (float_weights(0).tobytes(), one_step_later(float_weights(0)).tobytes())],
+)
+def test_the_sampled_estimate_skips_only_candidates_that_lose(
+    base: bytes, target: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exact = encode_smallest(base, target)
+    monkeypatch.setattr(delta_module, "_SAMPLE_MIN_BYTES", 0)  # sample these small blobs as if they were big
+    assert encode_smallest(base, target) == exact
+
+
+def test_sparse16_is_the_smaller_when_few_bf16_words_change() -> None:
+    base, target = bf16_step()
+    changed = np.frombuffer(base, np.uint16) != np.frombuffer(target, np.uint16)
+    assert 0.0 < changed.mean() < 0.3  # the premise: most bf16 words did not move
+    sparse, sub16 = encode_with(SPARSE16, base, target), encode_with(SUB16, base, target)
+    assert len(sparse) < len(sub16) < len(encode_delta(base, target))
+    assert encode_smallest(base, target)[0] == SPARSE16
+
+
+def test_an_unknown_codec_name_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown delta codec"):
+        encode_with("xor-zstd", b"a", b"b")
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_a_corrupt_or_truncated_delta_is_caught_by_every_codec(codec: str) -> None:
+    base, target = bf16_step()
+    delta = encode_with(codec, base, target)
+    for broken in (delta[:-20], delta[: len(delta) // 2], delta[:14], delta[:6], delta[:3]):
+        with pytest.raises(DeltaError):
+            apply_delta(base, broken)
+    body_at = len(delta) // 2  # inside the zstd frame
+    flipped = bytearray(delta)
+    flipped[body_at] ^= 0xFF
+    with pytest.raises(DeltaError, match="corrupt"):  # a flipped byte: the zstd frame's checksum
+        apply_delta(base, bytes(flipped))
+    for junk in (b"XXXX" + delta[4:], b"RL"):
+        with pytest.raises(DeltaError):
+            codec_of(junk)
+        with pytest.raises(DeltaError):
+            apply_delta(base, junk)
+
+
+def test_a_sparse16_delta_cannot_write_outside_its_target() -> None:
+    base, target = bf16_step()
+    delta = encode_with(SPARSE16, base, target)
+    shrunk = delta[:4] + (100).to_bytes(8, "little") + delta[12:]  # target size cut to 100 bytes
+    with pytest.raises(DeltaError, match="corrupt"):
+        apply_delta(base, shrunk)
 
 
 def test_a_broken_delta_or_the_wrong_base_is_caught() -> None:
