@@ -125,6 +125,8 @@ class SpareBuffers:
             thread.join(timeout_s)
 
     def discard(self) -> None:
+        """Drop the spare (and its file), after any being prepared: at shutdown nothing is left behind."""
+        self.wait(timeout_s=30.0)
         with self._lock:
             spare, self._spare = self._spare, None
         if spare is not None and spare.path is not None:

@@ -145,6 +145,7 @@ class Learner:
         self.evaluator.close()
         self.server.stop()
         self.publisher.close()
+        self.store.spares.discard()  # the next version's file, faulted in ahead: not needed any more
 
     def request_stop(self) -> None:
         """Finish the step in progress, checkpoint, and return from run() (signal handlers call this)."""
