@@ -70,7 +70,11 @@ TINY_RANDOM_FIELDS = frozenset(
 class TaskConfig(Section):
     """Which task adapter the data plane runs."""
 
-    name: str = Field("arithmetic_mod10", description="registered task adapter name")
+    name: str = Field(
+        "arithmetic_mod10",
+        description="a registered task adapter name, or the import path of your own TaskAdapter subclass, "
+        "'package.module:ClassName' (docs/tasks.md)",
+    )
     num_eval_prompts: int = Field(20, ge=1, description="held-out prompts, never sampled for training")
     seed: int = Field(0, description="seed of the prompt stream and the held-out split")
 

@@ -84,12 +84,11 @@ def main() -> None:
     args = parser.parse_args()
     from transformers.utils import logging as transformers_logging
 
-    from shared.tasks import TASKS
+    from shared.tasks import task_type
 
     transformers_logging.disable_progress_bar()
     run = load_run_config(args.config)
-    task_type = TASKS[run.task.name]
-    out = build_initial_policy(run.model, task_type.alphabet, args.out)
+    out = build_initial_policy(run.model, task_type(run.task.name).alphabet, args.out)
     print(f"wrote {out}")
 
 

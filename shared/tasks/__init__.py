@@ -1,9 +1,15 @@
 """Task adapters (the data plane's pluggable part): a prompt stream, a held-out set, a verifier.
 
-Register new tasks in `TASKS`; the run file picks one by name (`[task] name = ...`).
+The run file picks one with `[task] name = ...`: either a name registered in `TASKS`, or the import
+path of a `TaskAdapter` subclass in the user's own package, `"package.module:ClassName"`, so a task is
+added without editing this repository (docs/tasks.md has a short example). The learner, the reward
+service and its verifier child all import it: it must be importable where they run.
 """
 
 from __future__ import annotations
+
+import importlib
+import re
 
 from shared.tasks.arithmetic import ArithmeticMod10Task
 from shared.tasks.base import TaskAdapter, TaskPrompt
@@ -13,14 +19,41 @@ TASKS: dict[str, type[TaskAdapter]] = {
     ArithmeticMod10Task.name: ArithmeticMod10Task,
     ReverseDigitsTask.name: ReverseDigitsTask,
 }
+IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+
+
+def task_type(name: str) -> type[TaskAdapter]:
+    """The adapter class `name` stands for: a registered name, or `package.module:ClassName`.
+    Raises ValueError saying what is wrong (unknown name, module not importable, no such class, not a
+    TaskAdapter, no `name`/`alphabet`)."""
+    if ":" not in name:
+        try:
+            return TASKS[name]
+        except KeyError:
+            raise ValueError(
+                f"unknown task {name!r}; registered: {sorted(TASKS)}, or give the import path of your own "
+                "TaskAdapter subclass as 'package.module:ClassName'"
+            ) from None
+    if not IMPORT_PATH.match(name):
+        raise ValueError(f"task {name!r} is not an import path of the form 'package.module:ClassName'")
+    module_name, _, class_name = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"task {name!r}: cannot import {module_name!r} ({exc}); is its package installed?") from exc
+    found = getattr(module, class_name, None)
+    if found is None:
+        raise ValueError(f"task {name!r}: module {module_name!r} has no {class_name!r}")
+    if not (isinstance(found, type) and issubclass(found, TaskAdapter)):
+        raise ValueError(f"task {name!r} is not a subclass of shared.tasks.TaskAdapter")
+    for attribute in ("name", "alphabet"):
+        if not isinstance(getattr(found, attribute, None), str) or not getattr(found, attribute):
+            raise ValueError(f"task {name!r} must set the class attribute {attribute!r} (a non-empty string)")
+    return found
 
 
 def make_task(name: str, *, num_eval_prompts: int, seed: int) -> TaskAdapter:
-    try:
-        task_type = TASKS[name]
-    except KeyError:
-        raise ValueError(f"unknown task {name!r}; registered: {sorted(TASKS)}") from None
-    return task_type(num_eval_prompts=num_eval_prompts, seed=seed)
+    return task_type(name)(num_eval_prompts=num_eval_prompts, seed=seed)
 
 
-__all__ = ["TASKS", "TaskAdapter", "TaskPrompt", "make_task"]
+__all__ = ["TASKS", "TaskAdapter", "TaskPrompt", "make_task", "task_type"]

@@ -399,3 +399,40 @@ pool.score([HANG_PREFIX], "1")
         service.wait(timeout=10)
         if verifier_pid and process_running(verifier_pid):
             os.kill(verifier_pid, signal.SIGKILL)
+
+
+def test_a_task_named_by_import_path_is_served_and_scored_in_the_verifier_process(
+    run_id: str, bus: StreamBus, keys: RunKeys, redis_server, tmp_path: Path
+) -> None:
+    # a user's own task (tests/custom_task.py), named in the run file by import path; its model folder
+    # is built from the task's alphabet, as services.learner.model_init does for any task
+    from services.learner.model_init import build_initial_policy
+    from shared.config import ModelConfig
+    from tests.custom_task import ShoutTask
+
+    folder = build_initial_policy(ModelConfig(max_position_embeddings=32), ShoutTask.alphabet, tmp_path / "policy")
+    issue_test_rollout_key(bus.redis, keys)
+    run = RunConfig.model_validate(
+        {
+            "run_id": run_id,
+            "task": {"name": "tests.custom_task:ShoutTask", "num_eval_prompts": 3},
+            "grpo": {"group_size": 2, "groups_per_step": 2, "max_new_tokens": 4},
+        }
+    )
+    reward = RewardService(run, RewardSettings(redis_url=redis_server.url, poll_block_ms=50, model_dir=folder), bus)
+    thread = threading.Thread(target=reward.run_forever, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: bus.length(TASKS) >= 1, "a task of the custom task")
+        task = take_tasks(bus, keys, 1)[0]
+        assert task.task_name == ShoutTask.name and task.prompt.endswith("!")
+        word = task.prompt.rstrip("!")
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        bus.publish(ROLLOUTS, rollout_for(task, [word.upper(), word], tokenizer))
+        scored = wait_for(lambda: bus.read(SCORED, "learner-test", count=1, block_ms=50), "the scored group")
+        assert scored[0].message.rewards == [1.0, 0.5]  # ShoutTask.score ran in the verifier's own process
+        assert reward.scorer.verifiers.pid not in (None, os.getpid())
+    finally:
+        reward.stop_event.set()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
