@@ -179,7 +179,7 @@ class VLLMEngine(InferenceEngine):
         written = Path(self._weights_dir.name) / "weights.safetensors"
         if self.ties_output_to_input and TIED_OUTPUT_KEY in state and input_key is not None:
             del state[TIED_OUTPUT_KEY]  # vLLM's tied models take the head from the embedding (checked equal)
-            save_file({name: tensor.clone() for name, tensor in state.items()}, str(written))
+            save_file(state, str(written))
             return written, True
         if path is not None:
             return path, False

@@ -48,6 +48,7 @@ from shared.weights import (
     Payload,
     as_payload,
     chunk_digests,
+    chunk_views,
     verify_chunk,
     verify_signature,
 )
@@ -167,16 +168,19 @@ class ChunkStore:
             self._prepare_next(manifest)
 
     def put_chunk(self, policy_version: int, index: int, data: Buffer, payload: Payload = "full") -> None:
-        """Verify a chunk fetched on its own and hold it (one copy into its region). Raises
-        ChunkVerificationError (nothing is held then) or KeyError (the artifact is not held)."""
+        """Hold a chunk fetched on its own: one copy into its region, verified there by commit_chunk.
+        Raises ChunkVerificationError (nothing is held then) or KeyError (the artifact is not held)."""
         manifest = self.manifest(policy_version, payload)
         if manifest is None:
             raise KeyError(f"no manifest for version {policy_version}/{payload}")
-        verify_chunk(manifest, index, data)
+        if len(data) != manifest.chunk_length(index):
+            raise ChunkVerificationError(
+                f"version {manifest.artifact} chunk {index}: {len(data)} bytes, expected {manifest.chunk_length(index)}"
+            )
         try:
             region = self.receive_region(manifest, index)
         except ValueError:
-            return  # held meanwhile: the same verified bytes
+            return  # held meanwhile: verified bytes already
         region[:] = data
         self.commit_chunk(manifest, index)
 
@@ -200,12 +204,9 @@ class ChunkStore:
                 f"version {manifest.artifact}: {len(view)} bytes, the manifest says {manifest.total_size_bytes}"
             )
         if not verified:
-            regions = [
-                view[manifest.chunk_offset(i) : manifest.chunk_offset(i) + manifest.chunk_length(i)]
-                for i in range(manifest.num_chunks)
-            ]
-            for index, digest in enumerate(chunk_digests(manifest.hash_algorithm, regions)):
-                if digest != manifest.chunk_digests[index]:
+            digests = chunk_digests(manifest.hash_algorithm, chunk_views(view, manifest.chunk_size_bytes))
+            for index, (digest, expected) in enumerate(zip(digests, manifest.chunk_digests, strict=True)):
+                if digest != expected:
                     raise ChunkVerificationError(f"version {manifest.artifact} chunk {index}: digest mismatch")
         if file_path is None and self.spill_dir is not None and len(view):
             view, file_path = self._spill(manifest, view)

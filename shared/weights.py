@@ -30,11 +30,11 @@ import json
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal, Self, cast
+from typing import Annotated, Any, Literal, Self, cast
 
 import blake3
 from cryptography.exceptions import InvalidSignature
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from shared.signing import Ed25519PrivateKey, Ed25519PublicKey, key_id
 
@@ -130,7 +130,7 @@ class Manifest(BaseModel):
     hash_algorithm: HashAlgorithm = Field(DEFAULT_HASH_ALGORITHM, description="of every digest in this manifest")
     total_size_bytes: int = Field(ge=0, description="bytes of this payload")
     chunk_size_bytes: int = Field(ge=1)
-    chunk_digests: list[str]
+    chunk_digests: list[Annotated[str, StringConstraints(pattern=DIGEST_PATTERN)]]
     digest: str = Field(pattern=DIGEST_PATTERN, description="payload_digest of this payload's chunk digests")
     full_size_bytes: int = Field(ge=0, description="bytes of the full weights this payload stands for")
     full_digest: str = Field(
@@ -180,9 +180,6 @@ class Manifest(BaseModel):
 
     @model_validator(mode="after")
     def _digest_lists_the_chunks(self) -> Self:
-        for digest in self.chunk_digests:
-            if len(digest) != 64 or digest.strip("0123456789abcdef"):
-                raise ValueError(f"chunk digest {digest[:70]!r} is not 64 lowercase hex digits")
         expected = payload_digest(self.hash_algorithm, self.total_size_bytes, self.chunk_size_bytes, self.chunk_digests)
         if self.digest != expected:
             raise ValueError("digest is not the payload digest of chunk_digests")

@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import httpx
@@ -40,6 +41,16 @@ SourceResolver = Callable[[], list[str]]  # base URLs: parent first, then fallba
 
 class RelayFetchError(WeightsError):
     """No source delivered the artifact within the deadline; the message names each failure."""
+
+
+@contextmanager
+def in_local_store(manifest: Manifest) -> Iterator[None]:
+    """The artifact being fetched left this worker's own store (evicted or replaced by a newer one):
+    the store's KeyError ends the fetch as a RelayFetchError."""
+    try:
+        yield
+    except KeyError as exc:
+        raise RelayFetchError(f"version {manifest.artifact} left the local store mid-fetch: {exc}") from exc
 
 
 @dataclass
@@ -156,16 +167,16 @@ class RelayFetcher:
                     return f"too slow: the version deadline passed at chunk {stream.next_index}"
                 index = stream.next_index
                 try:
-                    region = self.store.receive_region(manifest, index)
-                except KeyError as exc:
-                    raise RelayFetchError(f"version {manifest.artifact} left the local store mid-fetch: {exc}") from exc
+                    with in_local_store(manifest):
+                        region = self.store.receive_region(manifest, index)
                 except ValueError:  # held already (repaired meanwhile): read past it
                     stream.next_chunk()
                     continue
                 stream.read_chunk_into(region)
                 result.bytes_by_source[source] += len(region)
                 try:
-                    self._commit(manifest, index)
+                    with in_local_store(manifest):  # verified in its place; a corrupt chunk stays missing
+                        self.store.commit_chunk(manifest, index)
                 except ChunkVerificationError as exc:
                     result.corrupt_by_source[source] += 1
                     log.warning(
@@ -185,29 +196,15 @@ class RelayFetcher:
         and the main loop streams it again from the next source."""
         for url in others:
             try:
-                data = fetch_chunk(self._http, url, manifest, index)  # verifies its sha256
+                data = fetch_chunk(self._http, url, manifest, index)  # verifies its digest
             except WeightsError as exc:
                 result.failures.append(f"{url}: repair of chunk {index}: {exc}")
                 continue
             result.bytes_by_source[url] += len(data)
-            self._store(manifest, index, data)
+            with in_local_store(manifest):
+                self.store.put_chunk(manifest.policy_version, index, data, manifest.payload)
             log.info("version %s chunk %d repaired from %s", manifest.artifact, index, url)
             return
-
-    def _commit(self, manifest: Manifest, index: int) -> None:
-        """Verify chunk `index` in its place (the store does, against `manifest`, which `fetch` added) and
-        hold it; raises ChunkVerificationError for a corrupt chunk, which then stays missing."""
-        try:
-            self.store.commit_chunk(manifest, index)
-        except KeyError as exc:
-            raise RelayFetchError(f"version {manifest.artifact} left the local store mid-fetch: {exc}") from exc
-
-    def _store(self, manifest: Manifest, index: int, data: bytes) -> None:
-        """Store a chunk fetched on its own (verified first); raises ChunkVerificationError."""
-        try:
-            self.store.put_chunk(manifest.policy_version, index, data, manifest.payload)
-        except KeyError as exc:
-            raise RelayFetchError(f"version {manifest.artifact} left the local store mid-fetch: {exc}") from exc
 
     def _usable(self, urls: list[str]) -> list[str]:
         """Unique URLs in order, never this worker's own chunk server."""

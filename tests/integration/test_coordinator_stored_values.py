@@ -22,8 +22,8 @@ from shared.api import RegisterWorkerResponse
 from shared.bus import StreamBus
 from shared.config import RunConfig
 from shared.keys import RunKeys
-from shared.messages import LearnerState, WeightsPublished
-from shared.streams import LEARNER_STATE, WEIGHTS
+from shared.messages import LearnerState
+from shared.streams import LEARNER_STATE
 from tests.coordinator_rest import ADMIN_TOKEN, ServeCoordinator, ServedCoordinator, announce, bearer, register
 
 pytestmark = pytest.mark.integration
@@ -251,16 +251,7 @@ def test_a_swap_reported_before_the_coordinator_read_the_announcement_still_coun
     api = serve_coordinator(RunConfig(run_id=keys.run_id)).client
     worker = register(api, "quick")
     published_at_s = time.time()
-    announcement = WeightsPublished(
-        run_id=keys.run_id,
-        policy_version=4,
-        manifest_url="http://learner:8100/v1/weights/4/manifest",
-        manifest_sha256="0" * 64,
-        total_size_bytes=10,
-        num_chunks=1,
-        published_at_s=published_at_s,
-    )
-    StreamBus(redis_client, keys, service="test-learner").publish(WEIGHTS, announcement)  # not ingested yet
+    announce(redis_client, keys.run_id, 4, published_at_s, ingest=False)  # on the stream, not read yet
     swap = {"policy_version": 4, "announced_at_s": 0.0, "swapped_at_s": published_at_s + 0.25, "num_bytes": 1}
     response = api.post(
         f"/v1/workers/{worker.worker_id}/heartbeat",
