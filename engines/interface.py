@@ -64,6 +64,8 @@ class InferenceEngine(ABC):
     # published for another fingerprint. Empty: unknown, not checked (test stand-ins).
     model_fingerprint: str = ""
     _policy_version: int = -1  # set by load_weights once the weights are in
+    # The model's context in tokens (prompt + completion); None: not known. Episodes stop before it.
+    max_positions: int | None = None
     # A folder where this engine wants received weights written as files (vLLM loads checkpoints by path):
     # the worker's chunk store writes each full version there chunk by chunk as it arrives. None: memory.
     weights_dir: Path | None = None
@@ -90,6 +92,28 @@ class InferenceEngine(ABC):
         `greedy=True` takes the argmax at every step (evaluation); logprobs still use `temperature`.
         Raises an EngineError subclass when a prompt cannot be served (the whole call fails: callers
         isolate a bad prompt by retrying one prompt per call)."""
+
+    @abstractmethod
+    def generate_from_ids(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        num_samples: int,
+        max_new_tokens: int,
+        temperature: float,
+        greedy: bool = False,
+    ) -> list[list[Sample]]:
+        """`generate` from prompts already encoded: a multi-turn episode continues its context (the prompt,
+        the model's turns and the environment's observations, as ids) without re-encoding text.
+        Raises PromptTooLongError if a context + max_new_tokens exceeds the model's positions."""
+
+    @abstractmethod
+    def encode_prompts(self, prompts: Sequence[str | PromptInput], max_new_tokens: int = 0) -> list[list[int]]:
+        """Token ids of each prompt as `generate` encodes them (engines/prompts.py), checked."""
+
+    @abstractmethod
+    def encode_observation(self, text: str) -> list[int]:
+        """The ids an environment's observation appends to a context (shared.tokenization.encode_observation:
+        no special tokens). Raises UnencodablePromptError for text the tokenizer cannot represent."""
 
     @abstractmethod
     def load_weights(self, safetensors_bytes: Buffer, policy_version: int, path: Path | None = None) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from engines.interface import InferenceEngine, Sample
-from engines.prompts import check_sampling_args, encode_checked_prompts
+from engines.prompts import check_prompt_ids, check_sampling_args, encode_checked_observation, encode_checked_prompts
 from engines.weights_fit import check_state_fits, parse_blob
 from shared.tokenization import PromptInput, check_model_folder, eos_token_ids, model_fingerprint, pad_token_id
 from shared.weights import Buffer
@@ -64,16 +64,33 @@ class TorchEngine(InferenceEngine):
         check_sampling_args(num_samples, max_new_tokens, temperature)
         if not prompts:
             return []
-        prompt_ids = self.encode_prompts(prompts, max_new_tokens)
+        return self.generate_from_ids(
+            self.encode_prompts(prompts, max_new_tokens), num_samples, max_new_tokens, temperature, greedy
+        )
+
+    def generate_from_ids(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        num_samples: int,
+        max_new_tokens: int,
+        temperature: float,
+        greedy: bool = False,
+    ) -> list[list[Sample]]:
+        check_sampling_args(num_samples, max_new_tokens, temperature)
+        if not prompt_ids:
+            return []
+        check_prompt_ids(prompt_ids, max_new_tokens, self.max_positions)
+        rows = [list(ids) for ids in prompt_ids]
         with torch.inference_mode():
-            tokens, logprobs, lengths, stopped = self._sample(
-                prompt_ids, num_samples, max_new_tokens, temperature, greedy
-            )
-        return self._to_samples(prompt_ids, num_samples, tokens, logprobs, lengths, stopped)
+            tokens, logprobs, lengths, stopped = self._sample(rows, num_samples, max_new_tokens, temperature, greedy)
+        return self._to_samples(rows, num_samples, tokens, logprobs, lengths, stopped)
 
     def encode_prompts(self, prompts: Sequence[str | PromptInput], max_new_tokens: int = 0) -> list[list[int]]:
         """Token ids of each prompt, checked (engines/prompts.py: the vLLM engine encodes the same way)."""
         return encode_checked_prompts(self.tokenizer, prompts, max_new_tokens, self.max_positions)
+
+    def encode_observation(self, text: str) -> list[int]:
+        return encode_checked_observation(self.tokenizer, text)
 
     def load_weights(self, safetensors_bytes: Buffer, policy_version: int, path: Path | None = None) -> None:
         state = self._validated_state_dict(safetensors_bytes)  # views of the buffer; loading is the one copy

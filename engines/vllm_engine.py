@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.interface import InferenceEngine, Sample
-from engines.prompts import check_sampling_args, encode_checked_prompts
+from engines.prompts import check_prompt_ids, check_sampling_args, encode_checked_observation, encode_checked_prompts
 from engines.select import EngineUnavailableError
 from engines.weights_fit import TIED_OUTPUT_KEY, check_state_fits, parse_blob
 from shared.tokenization import PromptInput, check_model_folder, eos_token_ids, model_fingerprint
@@ -84,10 +84,26 @@ class VLLMEngine(InferenceEngine):
         check_sampling_args(num_samples, max_new_tokens, temperature)
         if not prompts:
             return []
+        return self.generate_from_ids(
+            self.encode_prompts(prompts, max_new_tokens), num_samples, max_new_tokens, temperature, greedy
+        )
+
+    def generate_from_ids(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        num_samples: int,
+        max_new_tokens: int,
+        temperature: float,
+        greedy: bool = False,
+    ) -> list[list[Sample]]:
+        check_sampling_args(num_samples, max_new_tokens, temperature)
+        if not prompt_ids:
+            return []
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        prompt_ids = self.encode_prompts(prompts, max_new_tokens)
+        check_prompt_ids(prompt_ids, max_new_tokens, self.max_positions)
+        rows = [list(ids) for ids in prompt_ids]
         params = SamplingParams(
             n=1 if greedy else num_samples,  # vLLM refuses n > 1 for greedy: every copy would be the same
             max_tokens=max_new_tokens,
@@ -99,14 +115,17 @@ class VLLMEngine(InferenceEngine):
             logprobs=0,  # the sampled token's log-prob only
             detokenize=False,  # text is decoded below with the HF tokenizer, as the torch engine does
         )
-        requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
+        requests = [TokensPrompt(prompt_token_ids=ids) for ids in rows]
         outputs = self.call_on_engine_thread(self.llm.generate, requests, params, use_tqdm=False)
-        groups = [self._to_samples(ids, output.outputs) for ids, output in zip(prompt_ids, outputs, strict=True)]
+        groups = [self._to_samples(ids, output.outputs) for ids, output in zip(rows, outputs, strict=True)]
         return [group * num_samples for group in groups] if greedy else groups
 
     def encode_prompts(self, prompts: Sequence[str | PromptInput], max_new_tokens: int = 0) -> list[list[int]]:
         """Token ids of each prompt, checked (engines/prompts.py: the torch engine encodes the same way)."""
         return encode_checked_prompts(self.tokenizer, prompts, max_new_tokens, self.max_positions)
+
+    def encode_observation(self, text: str) -> list[int]:
+        return encode_checked_observation(self.tokenizer, text)
 
     def load_weights(self, safetensors_bytes: Buffer, policy_version: int, path: Path | None = None) -> None:
         file_path, written = self._checked_file(safetensors_bytes, path)

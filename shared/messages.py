@@ -10,6 +10,7 @@ decoding Python int lists is the measured bottleneck of the bus (docs/design.md#
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import Final, Literal, Self
@@ -22,6 +23,7 @@ SCHEMA_VERSION: Final = 1
 
 INT32 = np.dtype("<i4")
 FLOAT32 = np.dtype("<f4")
+UINT8 = np.dtype("u1")
 
 
 class MessageDecodeError(ValueError):
@@ -42,6 +44,14 @@ def unpack_int32(data: bytes) -> np.ndarray:
 
 def unpack_float32(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype=FLOAT32)
+
+
+def pack_mask(values: Sequence[int] | np.ndarray) -> bytes:
+    return np.asarray(values, dtype=UINT8).tobytes()
+
+
+def unpack_mask(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype=UINT8)
 
 
 class Message(BaseModel):
@@ -86,8 +96,22 @@ class ChatMessage(BaseModel):
     content: str = Field(max_length=65536)
 
 
+class EnvironmentSpec(BaseModel):
+    """How a worker builds the episode of a multi-turn task (docs/environments.md). Producer: the reward
+    service (from an EnvironmentTask's prompt). Consumer: rollout workers, which call the task's
+    `make_environment(state)` and drive the episode; the reward service replays it from the same state."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    state: str = Field(min_length=1, max_length=4096, description="what make_environment builds the episode from")
+    max_turns: int = Field(ge=1, le=256, description="model turns at most; max_new_tokens is per turn")
+
+
 class TaskGroup(Message):
-    """One prompt to sample a GRPO group for. Producer: reward service (data plane). Consumer: rollout."""
+    """One prompt to sample a GRPO group for. Producer: reward service (data plane). Consumer: rollout.
+
+    With `environment`, every sample is a multi-turn episode (the prompt is its first observation and
+    `max_new_tokens` caps each model turn); without, one completion per sample."""
 
     task_id: str = Field(min_length=1, max_length=64)
     task_name: str = Field(min_length=1, max_length=64)
@@ -99,6 +123,7 @@ class TaskGroup(Message):
     max_new_tokens: int = Field(ge=1, le=65536)
     temperature: float = Field(gt=0.0, le=10.0)
     created_at_s: float = Field(default_factory=time.time)
+    environment: EnvironmentSpec | None = None
 
 
 class RolloutGroup(Message):
@@ -107,6 +132,14 @@ class RolloutGroup(Message):
     Arrays are raw bytes: `completion_token_ids` (int32) concatenates the samples' tokens in order,
     `completion_lengths` (int32, one per sample) splits it, `behaviour_logprobs` (float32) has one
     entry per completion token: log p(token) under the sampling distribution of `policy_version`.
+
+    Multi-turn episodes (docs/environments.md#the-masked-rollout-format): a sample's completion is the
+    model's turns and the environment's observations interleaved, `model turn, observation, model turn,
+    ..., model turn`, and `completion_mask` (uint8, one per completion token) says whose each token is:
+    1 the model's (trained, behaviour log-prob given), 0 the environment's (never trained; its behaviour
+    log-prob is 0.0). Empty means all ones: every single-turn group. Every sample starts and ends with a
+    model token. `env_rewards` (one per sample, in [0, 1], or empty) is the return the worker's
+    environment gave: informational only, the reward service replays the episode and scores it itself.
     """
 
     group_id: str = Field(min_length=1, max_length=64)
@@ -127,6 +160,8 @@ class RolloutGroup(Message):
     # HMAC-SHA256 of the group (this field empty) under the key the coordinator issued `worker_id` at
     # registration (shared/rollout_mac.py); the reward service dead-letters a group whose mac does not match
     producer_mac: bytes = Field(b"", max_length=32)
+    completion_mask: bytes = b""
+    env_rewards: list[float] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _arrays_agree(self) -> Self:
@@ -150,7 +185,29 @@ class RolloutGroup(Message):
             raise ValueError(
                 f"{num_samples} samples but {len(self.completion_texts)} texts and {len(self.finish_reasons)} finish reasons"
             )
+        if self.completion_mask:
+            self._check_mask(lengths, num_tokens)
+        if self.env_rewards:
+            if len(self.env_rewards) != num_samples:
+                raise ValueError(f"{len(self.env_rewards)} env_rewards for {num_samples} samples")
+            if not all(math.isfinite(reward) and 0.0 <= reward <= 1.0 for reward in self.env_rewards):
+                raise ValueError("env_rewards must be numbers in [0, 1]")
         return self
+
+    def _check_mask(self, lengths: np.ndarray, num_tokens: int) -> None:
+        mask = unpack_mask(self.completion_mask)
+        if len(mask) != num_tokens:
+            raise ValueError(f"completion_mask has {len(mask)} entries for {num_tokens} completion tokens")
+        if (mask > 1).any():
+            raise ValueError("completion_mask holds a value other than 0 and 1")
+        if (lengths == 0).any():
+            raise ValueError("a masked sample has no tokens")
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        if not (mask[starts].all() and mask[ends - 1].all()):
+            raise ValueError("every masked sample must start and end with a model token (mask 1)")
+        if (unpack_float32(self.behaviour_logprobs)[mask == 0] != 0.0).any():
+            raise ValueError("behaviour_logprobs must be 0.0 at environment tokens (mask 0)")
 
     @property
     def num_samples(self) -> int:
@@ -166,6 +223,18 @@ class RolloutGroup(Message):
     def sample_logprobs(self) -> list[np.ndarray]:
         """Per sample: the behaviour logprob of each completion token (float32)."""
         return np.split(unpack_float32(self.behaviour_logprobs), np.cumsum(unpack_int32(self.completion_lengths))[:-1])
+
+    @property
+    def is_masked(self) -> bool:
+        """True for multi-turn episodes: some completion tokens are the environment's."""
+        return bool(self.completion_mask)
+
+    def sample_masks(self) -> list[np.ndarray]:
+        """Per sample: True at the model's completion tokens (all True without a completion_mask)."""
+        lengths = unpack_int32(self.completion_lengths)
+        if not self.completion_mask:
+            return [np.ones(int(length), dtype=bool) for length in lengths]
+        return np.split(unpack_mask(self.completion_mask).astype(bool), np.cumsum(lengths)[:-1])
 
 
 class ScoredGroup(Message):

@@ -165,6 +165,17 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | PromptInput)
     return list(tokenizer(prompt.text, add_special_tokens=True)["input_ids"])
 
 
+def encode_observation(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """The ids an environment's observation adds to an episode's context: the text encoded alone, with
+    no special tokens (it continues a sequence). The reward service encodes a replayed observation the
+    same way (`tokenizers`' encode without special tokens) to check a worker's environment tokens.
+    Empty text: no ids. Raises PromptEncodingError for text the tokenizer cannot represent exactly."""
+    if not text:
+        return []
+    _check_representable(tokenizer, text)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def render_chat(tokenizer: PreTrainedTokenizerBase, messages: Sequence[ChatMessage]) -> str:
     conversation = [{"role": m.role, "content": m.content} for m in messages]
     try:

@@ -217,6 +217,10 @@ def validate_group(group: ScoredGroup, vocab_size: int, max_positions: int) -> N
     logprobs = unpack_float32(rollout.behaviour_logprobs)
     if not np.isfinite(logprobs).all():
         raise InvalidGroupError("behaviour logprobs contain NaN or inf")
+    # Multi-turn: the decoded message already holds a well-formed mask (RolloutGroup._check_mask); a sample
+    # with no model token would train nothing and weigh in the group's advantages as if it had.
+    if rollout.is_masked and any(not mask.any() for mask in rollout.sample_masks()):
+        raise InvalidGroupError("a sample has no model token (completion_mask all 0)")
     if not np.isfinite(group.rewards).all():
         raise InvalidGroupError("rewards contain NaN or inf")
 
@@ -227,7 +231,9 @@ class TrainBatch:
 
     input_ids: torch.Tensor  # (B, T) long, prompt + completion + padding
     attention_mask: torch.Tensor  # (B, T) long, 0 on padding
-    completion_mask: torch.Tensor  # (B, T - 1) bool, True where target token j + 1 is a completion token
+    # (B, T - 1) bool, True where target token j + 1 is a completion token the model sampled (multi-turn:
+    # never at the environment's observation tokens, which condition the model but are not its actions)
+    completion_mask: torch.Tensor
     behaviour_logprobs: torch.Tensor  # (B, T - 1) float, the worker's logprobs at the completion targets
     advantages: torch.Tensor  # (B, 1) float, one per sample, shared by its tokens
     temperatures: torch.Tensor  # (B,) float, the temperature each sample was drawn at
@@ -253,16 +259,20 @@ def tensorize(groups: list[ScoredGroup], pad_token_id: int, normalize_advantage_
     rows: list[np.ndarray] = []
     starts: list[int] = []  # index of the first completion token in each row
     behaviour: list[np.ndarray] = []
+    model_masks: list[np.ndarray] = []  # per row: (completion length,) bool, True at the model's tokens
     advantages: list[torch.Tensor] = []
     temperatures: list[float] = []
     rewards: list[float] = []
     for group in groups:
         rollout = group.rollout
         prompt = rollout.prompt_tokens()
-        for tokens, logprobs in zip(rollout.sample_tokens(), rollout.sample_logprobs(), strict=True):
+        for tokens, logprobs, model_mask in zip(
+            rollout.sample_tokens(), rollout.sample_logprobs(), rollout.sample_masks(), strict=True
+        ):
             rows.append(np.concatenate([prompt, tokens]))
             starts.append(len(prompt))
             behaviour.append(logprobs)
+            model_masks.append(model_mask)
             temperatures.append(rollout.temperature)
         group_rewards = torch.tensor(group.rewards, dtype=torch.float32)
         advantages.append(group_advantages(group_rewards, normalize_advantage_by_std))
@@ -273,11 +283,12 @@ def tensorize(groups: list[ScoredGroup], pad_token_id: int, normalize_advantage_
     attention_mask = torch.zeros((num_rows, max_len), dtype=torch.long)
     completion_mask = torch.zeros((num_rows, max_len - 1), dtype=torch.bool)
     behaviour_logprobs = torch.zeros((num_rows, max_len - 1), dtype=torch.float32)
-    for i, (row, start, logprobs) in enumerate(zip(rows, starts, behaviour, strict=True)):
+    for i, (row, start, logprobs, model_mask) in enumerate(zip(rows, starts, behaviour, model_masks, strict=True)):
         input_ids[i, : len(row)] = torch.from_numpy(row.astype(np.int64))
         attention_mask[i, : len(row)] = 1
-        # Target position j - 1 holds token j, so completion tokens [start, len) sit at [start - 1, len - 1).
-        completion_mask[i, start - 1 : len(row) - 1] = True
+        # Target position j - 1 holds token j, so completion tokens [start, len) sit at [start - 1, len - 1);
+        # of those, only the model's own tokens are trained (observations stay False).
+        completion_mask[i, start - 1 : len(row) - 1] = torch.from_numpy(model_mask)
         behaviour_logprobs[i, start - 1 : len(row) - 1] = torch.from_numpy(logprobs.astype(np.float32))
     return TrainBatch(
         input_ids=input_ids,

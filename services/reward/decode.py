@@ -23,6 +23,7 @@ token count are already refused when the message is decoded (`RolloutGroup._arra
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -90,8 +91,7 @@ class CompletionDecoder:
             for start, end in zip(starts, visible_ends, strict=True)
         ]
 
-    def check(self, group: RolloutGroup, ids: np.ndarray, lengths: np.ndarray, stopped: np.ndarray) -> None:
-        """Vectorised over the whole group (this runs for every group the service scores)."""
+    def check_ids_and_logprobs(self, group: RolloutGroup, ids: np.ndarray) -> None:
         for name, values in (("prompt", group.prompt_tokens()), ("completion", ids)):
             outside = values[(values < 0) | (values >= self.vocab_size)]
             if outside.size:
@@ -100,6 +100,10 @@ class CompletionDecoder:
                 )
         if not np.isfinite(unpack_float32(group.behaviour_logprobs)).all():
             raise InvalidTokensError("non-finite behaviour log-probs")
+
+    def check(self, group: RolloutGroup, ids: np.ndarray, lengths: np.ndarray, stopped: np.ndarray) -> None:
+        """Vectorised over the whole group (this runs for every group the service scores)."""
+        self.check_ids_and_logprobs(group, ids)
         too_long = np.flatnonzero(lengths > self.max_new_tokens)
         if too_long.size:
             index = int(too_long[0])
@@ -120,3 +124,74 @@ class CompletionDecoder:
         if inner.size:
             index = int(np.searchsorted(ends, inner[0], side="right"))
             raise InvalidTokensError(f"sample {index} goes on after an EOS id")
+
+    def decode_episodes(self, group: RolloutGroup, max_turns: int) -> list[DecodedEpisode]:
+        """Multi-turn samples (docs/environments.md#the-masked-rollout-format): each sample's model turns
+        decoded (the actions the replay plays) and its observation ids (which the replay's observations
+        must encode to); raises InvalidTokensError. A group without a mask is one turn per sample."""
+        self.check_ids_and_logprobs(group, unpack_int32(group.completion_token_ids))
+        episodes = []
+        for index, (tokens, mask, reason) in enumerate(
+            zip(group.sample_tokens(), group.sample_masks(), group.finish_reasons, strict=True)
+        ):
+            spans = split_spans(tokens.tolist(), mask.tolist())
+            self.check_turns(index, spans, reason == "stop", max_turns)
+            episodes.append(self.decode_spans(spans))
+        return episodes
+
+    def check_turns(self, index: int, spans: list[tuple[bool, list[int]]], stopped: bool, max_turns: int) -> None:
+        """An engine's turn ends at its first EOS or after max_new_tokens; the last turn's end says `stopped`."""
+        turns = [span for is_model, span in spans if is_model]
+        if not turns:
+            raise InvalidTokensError(f"sample {index} has no model turn")
+        if len(turns) > max_turns:
+            raise InvalidTokensError(f"sample {index} has {len(turns)} model turns, more than max_turns {max_turns}")
+        for number, turn in enumerate(turns):
+            is_eos = np.isin(np.array(turn), self.eos_ids)
+            if is_eos[:-1].any():
+                raise InvalidTokensError(f"sample {index} turn {number} goes on after an EOS id")
+            if len(turn) > self.max_new_tokens:
+                raise InvalidTokensError(
+                    f"sample {index} turn {number} has {len(turn)} tokens, more than max_new_tokens {self.max_new_tokens}"
+                )
+            if not is_eos[-1] and len(turn) != self.max_new_tokens:
+                raise InvalidTokensError(f"sample {index} turn {number} ends before max_new_tokens without an EOS id")
+        if stopped != bool(np.isin(turns[-1][-1], self.eos_ids)):
+            raise InvalidTokensError(
+                f"sample {index}: finish reason {'stop' if stopped else 'length'} disagrees with its last token"
+            )
+
+    def decode_spans(self, spans: list[tuple[bool, list[int]]]) -> DecodedEpisode:
+        actions, observation_ids, text = [], [], ""
+        for is_model, span in spans:
+            if is_model:
+                visible = span[:-1] if np.isin(span[-1], self.eos_ids) else span
+                action = self.tokenizer.decode(visible, skip_special_tokens=False)
+                actions.append(action)
+                text += action
+            else:
+                observation_ids.append(span)
+                text += self.tokenizer.decode(span, skip_special_tokens=False)
+        return DecodedEpisode(actions, observation_ids, text)
+
+    def encode_observation(self, text: str) -> list[int]:
+        """shared.tokenization.encode_observation's rule with `tokenizers`: no special tokens, "" -> []."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids if text else []
+
+
+@dataclass(frozen=True)
+class DecodedEpisode:
+    actions: list[str]  # each model turn's text, EOS excluded: what the replay plays
+    observation_ids: list[list[int]]  # each environment span's ids, in order
+    text: str  # turns and observations concatenated: what an honest worker's completion text is
+
+
+def split_spans(tokens: list[int], mask: list[bool]) -> list[tuple[bool, list[int]]]:
+    """Runs of equal mask: [(is_model, ids), ...], alternating, starting and ending with a model turn."""
+    spans: list[tuple[bool, list[int]]] = []
+    for token, is_model in zip(tokens, mask, strict=True):
+        if spans and spans[-1][0] == is_model:
+            spans[-1][1].append(token)
+        else:
+            spans.append((is_model, [token]))
+    return spans

@@ -5,6 +5,13 @@ because the ids are what the learner trains on (and the prompt ids must encode t
 right answer to the task would train the model to give it to another prompt); the worker's own text only serves to count workers
 whose text disagrees with their ids (`text_mismatches_by_worker`). The verifier runs in a child process
 under a hard timeout (services/reward/verifier_pool.py).
+
+Multi-turn tasks (an EnvironmentTask, docs/environments.md): the model's turns are decoded from the ids
+where the mask says model, and the child replays them in a fresh environment built from the task's
+state (the stored reference): the replay's return is the reward, whatever the worker's `env_rewards`
+say (a disagreement is counted per worker, `env_reward_mismatches_by_worker`); the ids where the mask
+says environment must be the replayed observations as the tokenizer encodes them, else the group is
+dead-lettered (a worker cannot make the model train on observations the environment never showed).
 """
 
 from __future__ import annotations
@@ -33,14 +40,20 @@ UNSCORABLE_ERRORS = (UnscorableGroupError, InvalidTokensError, VerifierFailedErr
 class GroupScorer:
     """Scores groups of one task: checks, decodes, verifies. Keeps the counters /metrics shows."""
 
-    def __init__(self, task_name: str, decoder: CompletionDecoder, verifiers: VerifierPool) -> None:
+    def __init__(
+        self, task_name: str, decoder: CompletionDecoder, verifiers: VerifierPool, max_turns: int | None = None
+    ) -> None:
         self.task_name = task_name
+        self.max_turns = max_turns  # an EnvironmentTask's turn limit: its groups are replayed; None: single-turn
         self.decoder = decoder
         self.verifiers = verifiers
         self.text_mismatches_by_worker: Counter[str] = Counter()  # samples whose text differs from their ids
         self.verifier_failures_by_kind: Counter[str] = Counter()  # groups failed: timeout, raised, died, bad_reward
         # groups dead-lettered, by (worker id, rejection_reason): what a worker's bad input cost it
         self.rejected_by_worker: Counter[tuple[str, str]] = Counter()
+        self.env_reward_mismatches_by_worker: Counter[str] = (
+            Counter()
+        )  # samples whose claimed return was not the replay's
 
     def score(self, group: RolloutGroup, redis_client: redis.Redis, keys: RunKeys) -> ScoredGroup:
         """The scored group; raises one of UNSCORABLE_ERRORS (counted against the group's worker)."""
@@ -63,6 +76,12 @@ class GroupScorer:
             raise UnscorableGroupError(f"no reference for task {group.task_id} (never issued by this run, or expired)")
         if prompt is not None:
             self.decoder.check_prompt(group, prompt)
+        if self.max_turns is not None:
+            return ScoredGroup(
+                run_id=group.run_id, rollout=group, rewards=self.replay(group, reference, self.max_turns)
+            )
+        if group.is_masked:
+            raise UnscorableGroupError(f"group {group.group_id} is multi-turn (masked), task {self.task_name!r} is not")
         texts = self.decoder.decode(group)
         self.count_mismatches(group, texts)
         try:
@@ -71,6 +90,29 @@ class GroupScorer:
             self.verifier_failures_by_kind[exc.kind] += 1
             raise
         return ScoredGroup(run_id=group.run_id, rollout=group, rewards=rewards)
+
+    def replay(self, group: RolloutGroup, state: str, max_turns: int) -> list[float]:
+        """The rewards of a multi-turn group: its episodes replayed from `state` (module docstring)."""
+        episodes = self.decoder.decode_episodes(group, max_turns)
+        self.count_mismatches(group, [episode.text for episode in episodes])
+        try:
+            replays = self.verifiers.replay(state, [episode.actions for episode in episodes])
+        except VerifierFailedError as exc:
+            self.verifier_failures_by_kind[exc.kind] += 1
+            raise
+        for index, (episode, replayed) in enumerate(zip(episodes, replays, strict=True)):
+            expected = [self.decoder.encode_observation(text) for text in replayed.observations]
+            if episode.observation_ids != expected:
+                raise InvalidTokensError(
+                    f"sample {index}: its environment tokens are not the observations the replay shows"
+                )
+        rewards = [replay.reward for replay in replays]
+        if group.env_rewards:
+            num_mismatches = sum(
+                abs(claimed - reward) > 1e-6 for claimed, reward in zip(group.env_rewards, rewards, strict=True)
+            )
+            self.env_reward_mismatches_by_worker[group.worker_id] += num_mismatches
+        return rewards
 
     def count_mismatches(self, group: RolloutGroup, decoded: list[str]) -> None:
         num_mismatches = sum(claimed != text for claimed, text in zip(group.completion_texts, decoded, strict=True))

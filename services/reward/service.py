@@ -27,6 +27,7 @@ from shared.messages import RolloutGroup
 from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
 from shared.streams import ROLLOUTS, SCORED, TASKS
 from shared.tasks import TaskAdapter, make_task
+from shared.tasks.environment import EnvironmentTask
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class RewardService:
             VerifierPool(
                 TaskSpec(type(self.task), run.task.num_eval_prompts, run.task.seed), run.reward.verifier_timeout_s
             ),
+            max_turns=self.task.max_turns if isinstance(self.task, EnvironmentTask) else None,
         )
         self.stop_event = threading.Event()
         self.num_scored = 0

@@ -14,9 +14,10 @@ import uuid
 from shared.bus import StreamBus
 from shared.config import RunConfig
 from shared.keys import RunKeys
-from shared.messages import TaskGroup
+from shared.messages import EnvironmentSpec, TaskGroup
 from shared.streams import ROLLOUTS, SCORED, TASKS
 from shared.tasks import TaskAdapter
+from shared.tasks.environment import EnvironmentTask
 
 
 def groups_in_flight(bus: StreamBus) -> int:
@@ -41,6 +42,10 @@ def top_up_tasks(bus: StreamBus, keys: RunKeys, task: TaskAdapter, run: RunConfi
             num_samples=run.grpo.group_size,
             max_new_tokens=run.grpo.max_new_tokens,
             temperature=run.grpo.temperature,
+            # multi-turn: the workers play the episode from the prompt's state (no secret: the reward is the replay's)
+            environment=EnvironmentSpec(state=prompt.reference, max_turns=task.max_turns)
+            if isinstance(task, EnvironmentTask)
+            else None,
         )
         # The reference is stored before the task exists, so a rollout can always be scored; with it
         # a raw-text prompt, which the prompt ids of its rollouts must encode (chat prompts: not checked).

@@ -4,7 +4,7 @@ A verifier is user code fed with a worker's output: on pathological input it can
 memory or never return (a huge number string, a regex blow-up, a loop in a custom task). A thread
 cannot be stopped, so the verifier runs in one child process (spawned: it imports the task, never
 torch), one request per group: the group's decoded texts and its reference go in, one reward per text
-comes back. The child outlives the group and serves the next; the round trip costs 0.1-0.3 ms per
+comes back (for an EnvironmentTask: each sample's actions go in, its replayed episode comes back). The child outlives the group and serves the next; the round trip costs 0.1-0.3 ms per
 group on a busy 2-core machine (benchmarks/reward_verifier_overhead.py).
 
 Policy for a group the verifier fails on (`VerifierFailedError`, dead-lettered by the service with the
@@ -29,9 +29,10 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Literal
+from typing import Any, Literal
 
 from shared.tasks import TaskAdapter
+from shared.tasks.environment import EnvironmentTask, Replay
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +98,25 @@ class VerifierPool:
 
     def score(self, texts: list[str], reference: str) -> list[float]:
         """One reward per text, computed in the child within `timeout_s`; raises VerifierFailedError."""
+        rewards = list(self._request(("score", texts, reference)))
+        check_rewards(rewards, len(texts))
+        return rewards
+
+    def replay(self, state: str, actions: list[list[str]]) -> list[Replay]:
+        """Each sample's episode replayed in a fresh environment of an EnvironmentTask (its actions: the
+        decoded model turns), in the child within `timeout_s`; raises VerifierFailedError."""
+        replays = list(self._request(("replay", state, actions)))
+        check_rewards([replay.reward for replay in replays], len(actions))
+        return replays
+
+    def _request(self, request: tuple[str, Any, Any]) -> list[Any]:
+        """Send one request to the child and wait for its answer under the timeout policy (module docstring)."""
         if self._process is None or not self._process.is_alive():
             self._replace("found dead between groups")
         assert self._conn is not None
         started_s = time.monotonic()
         try:
-            self._conn.send((texts, reference))
+            self._conn.send(request)
         except OSError as exc:  # it died after the check above: the same case as dying mid-request
             self._replace(f"could not take a request ({exc})")
             raise VerifierFailedError("died", f"verifier process died ({exc})") from None
@@ -120,10 +134,8 @@ class VerifierPool:
             raise VerifierFailedError("died", f"verifier process died (exit code {exit_code})") from None
         if status == "raised":
             raise VerifierFailedError("raised", f"verifier raised: {payload}")
-        rewards = list(payload)
-        check_rewards(rewards, len(texts))
-        log.debug("verified %d texts in %.1f ms", len(texts), 1e3 * (time.monotonic() - started_s))
-        return rewards
+        log.debug("verifier answered %s in %.1f ms", request[0], 1e3 * (time.monotonic() - started_s))
+        return list(payload)
 
     def close(self) -> None:
         """Ask the child to exit; kill it if it does not within a second."""
@@ -180,13 +192,24 @@ def serve_verifier(conn: Connection, task_spec: TaskSpec, parent_pid: int) -> No
             return
         if request is None:
             return
-        texts, reference = request
         try:
-            rewards = [float(task.score(text, reference)) for text in texts]
+            result = answer(task, request)
         except Exception as exc:  # boundary: user code failed on this group only; the policy is the parent's
             conn.send(("raised", f"{type(exc).__name__}: {exc}"[:MAX_REASON_CHARS]))
             continue
-        conn.send(("ok", rewards))
+        conn.send(("ok", result))
+
+
+def answer(task: TaskAdapter, request: tuple[str, Any, Any]) -> list[float] | list[Replay]:
+    """("score", texts, reference) -> one reward per text; ("replay", state, actions per sample) -> one
+    Replay per sample (an EnvironmentTask's episodes, docs/environments.md)."""
+    kind, first, second = request
+    if kind == "score":
+        return [float(task.score(text, second)) for text in first]
+    if not isinstance(task, EnvironmentTask):
+        raise TypeError(f"{type(task).__name__} is not an EnvironmentTask: it has no episodes to replay")
+    replays = [task.replay(first, actions) for actions in second]
+    return [Replay(float(replay.reward), list(replay.observations)) for replay in replays]
 
 
 def die_with_parent(parent_pid: int) -> None:

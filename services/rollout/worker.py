@@ -24,6 +24,7 @@ import redis
 
 from engines.interface import EngineError, InferenceEngine, Sample
 from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError
+from services.rollout.episodes import EpisodeRunner, build_episode_group
 from services.rollout.faults import fault_from_environment, serving_store
 from services.rollout.membership import Membership, NotRegisteredError
 from services.rollout.prometheus import SwapPauses
@@ -31,7 +32,7 @@ from services.rollout.redis_access import connect_as_worker
 from services.rollout.relay_sources import CoordinatorParents
 from services.rollout.settings import RolloutSettings
 from services.rollout.weights_sync import WeightsSync
-from shared.api import HeartbeatRequest, RegisterWorkerRequest
+from shared.api import HeartbeatRequest, RegisterWorkerRequest, RegisterWorkerResponse
 from shared.bus import Delivery, StreamBus
 from shared.chunk_server import ChunkServer
 from shared.config import RunConfig
@@ -131,6 +132,7 @@ class RolloutWorker:
         self.throughput = ThroughputMeter()
         self.swap_pauses = SwapPauses()  # every swap's rollout pause, for /metrics
         self.gate_state = "closed"
+        self._episode_runner: EpisodeRunner | None = None
 
     def run(self) -> None:
         """Serve tasks until `stop()`; the current batch is always finished (published and acked) first."""
@@ -259,10 +261,11 @@ class RolloutWorker:
 
     def generate_groups(self, deliveries: list[Delivery[TaskGroup]]) -> list[Outcome]:
         """Sample every task; tasks sharing sampling parameters go through the engine in one call."""
-        batches: dict[tuple[int, int, float], list[Delivery[TaskGroup]]] = defaultdict(list)
+        batches: dict[tuple[int, int, float, bool], list[Delivery[TaskGroup]]] = defaultdict(list)
         for delivery in deliveries:
             task = delivery.message
-            batches[(task.num_samples, task.max_new_tokens, task.temperature)].append(delivery)
+            is_episode = task.environment is not None  # multi-turn: played by services/rollout/episodes.py
+            batches[(task.num_samples, task.max_new_tokens, task.temperature, is_episode)].append(delivery)
         outcomes: list[Outcome] = []
         for batch in batches.values():
             outcomes.extend(self._generate_batch(batch))
@@ -294,21 +297,37 @@ class RolloutWorker:
 
     # helpers
     def _generate_batch(self, batch: list[Delivery[TaskGroup]]) -> list[Outcome]:
-        """One engine call for the batch; if it fails, one call per task so a bad task fails alone."""
-        first = batch[0].message
+        """One engine call for the batch (one per turn for episodes); if it fails, one call per task so a
+        bad task fails alone."""
         policy_version = self.claimed_version()
-        started_s = time.perf_counter()
         try:
-            groups = self.engine.generate(
-                [PromptInput.of_task(d.message) for d in batch],
-                first.num_samples,
-                first.max_new_tokens,
-                first.temperature,
-            )
+            if batch[0].message.environment is None:
+                built, registration = self._sample_groups(batch, policy_version)
+            else:
+                built, registration = self._play_episodes(batch, policy_version)
         except EngineError as exc:
             if len(batch) == 1:
                 return [(batch[0], exc)]
             return [outcome for delivery in batch for outcome in self._generate_batch([delivery])]
+        if (
+            self.fault is not None
+        ):  # a lying worker signs its lies: the MAC binds a group to its producer, not to the truth
+            built = [self.fault.apply(group) for group in built]
+        rollout_key = bytes.fromhex(registration.access.rollout_key_hex)
+        return [(delivery, sign_rollout(group, rollout_key)) for delivery, group in zip(batch, built, strict=True)]
+
+    def _sample_groups(
+        self, batch: list[Delivery[TaskGroup]], policy_version: int
+    ) -> tuple[list[RolloutGroup], RegisterWorkerResponse]:
+        """Single-turn tasks: every sample of every task in one engine call."""
+        first = batch[0].message
+        started_s = time.perf_counter()
+        groups = self.engine.generate(
+            [PromptInput.of_task(d.message) for d in batch],
+            first.num_samples,
+            first.max_new_tokens,
+            first.temperature,
+        )
         generation_s = time.perf_counter() - started_s
         self.throughput.record(
             sum(len(samples) for samples in groups),
@@ -316,16 +335,36 @@ class RolloutWorker:
             sum(s.num_tokens for samples in groups for s in samples),
         )
         registration = self.membership.registration  # the id and its key from the same registration
-        rollout_key = bytes.fromhex(registration.access.rollout_key_hex)
         built = [
             build_rollout_group(delivery.message, samples, registration.worker_id, policy_version, generation_s)
             for delivery, samples in zip(batch, groups, strict=True)
         ]
-        if (
-            self.fault is not None
-        ):  # a lying worker signs its lies: the MAC binds a group to its producer, not to the truth
-            built = [self.fault.apply(group) for group in built]
-        return [(delivery, sign_rollout(group, rollout_key)) for delivery, group in zip(batch, built, strict=True)]
+        return built, registration
+
+    def _play_episodes(
+        self, batch: list[Delivery[TaskGroup]], policy_version: int
+    ) -> tuple[list[RolloutGroup], RegisterWorkerResponse]:
+        """Multi-turn tasks: every episode of every task played together (services/rollout/episodes.py)."""
+        started_s = time.perf_counter()
+        episodes = self.episode_runner().play([delivery.message for delivery in batch])
+        generation_s = time.perf_counter() - started_s
+        self.throughput.record(
+            sum(len(group) for group in episodes),
+            generation_s,
+            sum(sum(episode.mask) for group in episodes for episode in group),  # the model's tokens
+        )
+        registration = self.membership.registration
+        built = [
+            build_episode_group(delivery.message, group, registration.worker_id, policy_version, generation_s)
+            for delivery, group in zip(batch, episodes, strict=True)
+        ]
+        return built, registration
+
+    def episode_runner(self) -> EpisodeRunner:
+        """Plays multi-turn tasks; built on the first one (it builds the run's task adapter)."""
+        if self._episode_runner is None:
+            self._episode_runner = EpisodeRunner(self.engine, self.run_config.task)
+        return self._episode_runner
 
     def claimed_version(self) -> int:
         """The version written on the groups: the engine's, unless a fault injector lies about it."""

@@ -13,11 +13,13 @@ import re
 
 from shared.tasks.arithmetic import ArithmeticMod10Task
 from shared.tasks.base import TaskAdapter, TaskPrompt
+from shared.tasks.poker import KuhnPokerTask
 from shared.tasks.reverse import ReverseDigitsTask
 
 TASKS: dict[str, type[TaskAdapter]] = {
     ArithmeticMod10Task.name: ArithmeticMod10Task,
     ReverseDigitsTask.name: ReverseDigitsTask,
+    KuhnPokerTask.name: KuhnPokerTask,
 }
 IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 

@@ -1,0 +1,82 @@
+"""The worker's multi-turn path: TaskGroups with an `environment` -> episodes -> masked RolloutGroups.
+
+Each task's group is `num_samples` episodes of the same state (one GRPO group: same deal, different
+play). All episodes of all tasks in the batch are played together by engines/episodes.py (one engine
+call per turn). The wire format is RolloutGroup's masked form (shared/messages.py): each sample's
+completion interleaves its model turns and the observations, `completion_mask` says whose each token
+is, `env_rewards` carries the worker's episode returns (the reward service replays and ignores them).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from engines.episodes import Episode, run_episodes, start_episode
+from engines.interface import InferenceEngine
+from shared.config import TaskConfig
+from shared.messages import RolloutGroup, TaskGroup, pack_float32, pack_int32, pack_mask
+from shared.tasks import make_task
+from shared.tasks.environment import EnvironmentTask
+from shared.tokenization import PromptInput
+
+
+class EpisodeRunner:
+    """Builds each task's environments from the run's task adapter and plays them with the engine."""
+
+    def __init__(self, engine: InferenceEngine, task_config: TaskConfig) -> None:
+        task = make_task(task_config.name, num_eval_prompts=task_config.num_eval_prompts, seed=task_config.seed)
+        if not isinstance(task, EnvironmentTask):
+            raise ValueError(f"task {task_config.name!r} is not an EnvironmentTask: it has no episodes to play")
+        self.engine = engine
+        self.task = task
+
+    def play(self, tasks: list[TaskGroup]) -> list[list[Episode]]:
+        """result[i][j] is episode j of tasks[i]; every task must share max_new_tokens and temperature."""
+        groups = []
+        for task in tasks:
+            if task.environment is None:
+                raise ValueError(f"task {task.task_id} has no environment")
+            state, max_turns = task.environment.state, task.environment.max_turns
+            prompt = PromptInput.of_task(task)
+            groups.append(
+                [
+                    start_episode(
+                        self.engine, prompt, self.task.make_environment(state), max_turns, task.max_new_tokens
+                    )
+                    for _ in range(task.num_samples)
+                ]
+            )
+        first = tasks[0]
+        run_episodes(
+            self.engine,
+            [episode for group in groups for episode in group],
+            max_new_tokens=first.max_new_tokens,
+            temperature=first.temperature,
+        )
+        return groups
+
+
+def build_episode_group(
+    task: TaskGroup, episodes: list[Episode], worker_id: str, policy_version: int, generation_s: float
+) -> RolloutGroup:
+    """The wire form of one task's episodes (masked: model and observation tokens interleaved)."""
+    return RolloutGroup(
+        run_id=task.run_id,
+        group_id=uuid.uuid4().hex,
+        task_id=task.task_id,
+        task_name=task.task_name,
+        prompt=task.prompt,
+        worker_id=worker_id,
+        policy_version=policy_version,
+        temperature=task.temperature,
+        prompt_token_ids=pack_int32(episodes[0].prompt_token_ids),
+        completion_token_ids=pack_int32([token for episode in episodes for token in episode.token_ids]),
+        completion_lengths=pack_int32([len(episode.token_ids) for episode in episodes]),
+        behaviour_logprobs=pack_float32([logprob for episode in episodes for logprob in episode.logprobs]),
+        completion_texts=[episode.text for episode in episodes],
+        finish_reasons=[episode.finish_reason for episode in episodes],
+        generation_s=generation_s,
+        completion_mask=pack_mask([flag for episode in episodes for flag in episode.mask]),
+        # informational (the reward service replays); clamped so a task's bad return cannot make the group invalid
+        env_rewards=[min(1.0, max(0.0, episode.reward)) for episode in episodes],
+    )
