@@ -111,7 +111,8 @@ class GroupScorer:
             num_mismatches = sum(
                 abs(claimed - reward) > 1e-6 for claimed, reward in zip(group.env_rewards, rewards, strict=True)
             )
-            self.env_reward_mismatches_by_worker[group.worker_id] += num_mismatches
+            if num_mismatches:
+                self.env_reward_mismatches_by_worker[group.worker_id] += num_mismatches
         return rewards
 
     def count_mismatches(self, group: RolloutGroup, decoded: list[str]) -> None:

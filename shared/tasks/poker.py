@@ -82,7 +82,7 @@ class KuhnPokerEnvironment(Environment):
         ranks = {self.hero_seat: self.hero_rank, 1 - self.hero_seat: self.opponent_rank}
         for seat in range(2):  # pokerkit deals hole cards in seat order
             self.state.deal_hole(ranks[seat] + SUIT)
-        return f"kuhn poker. card {self.hero_rank}. " + self._play_opponent() + self._ask()
+        return f"kuhn;card={self.hero_rank};" + self._play_opponent() + self._ask()
 
     def step(self, action: str) -> StepResult:
         self._apply(parse_action(action, self.legal_actions()))
@@ -134,7 +134,7 @@ class KuhnPokerEnvironment(Environment):
         while not self.done and self._state.actor_index != self.hero_seat:
             name = self._opponent_action()
             self._apply(name)
-            notes += f"opp {'checks' if name == 'check' else name + 's'}. "
+            notes += f"opp={'checks' if name == 'check' else name + 's'};"
         return notes
 
     def _opponent_action(self) -> str:
@@ -146,19 +146,14 @@ class KuhnPokerEnvironment(Environment):
         return "fold" if facing_bet else "check"
 
     def _ask(self) -> str:
-        return f"pot {self._state.total_pot_amount}. {'/'.join(self.legal_actions())}? "
+        return f"pot={self._state.total_pot_amount};{'/'.join(self.legal_actions())}?"
 
 
 class KuhnPokerTask(EnvironmentTask):
     name = "kuhn_poker"
-    # every character of an observation or an action (tests/unit/test_poker.py checks all episodes)
-    alphabet = "".join(
-        sorted(
-            set(
-                "kuhn poker. card JQK. opp checks. opp bets. opp calls. opp folds. pot 0123456789. check/bet? fold/call? "
-            )
-        )
-    )
+    # every character of an observation or an action (tests/unit/test_poker.py checks all episodes); no
+    # whitespace: the tiny-random model's tokenizer class (Qwen2's) drops it from a character vocabulary
+    alphabet = "".join(sorted(set("kuhn;card=JQK;opp=checks/bets/calls/folds;pot=0123456789;check/bet?fold/call?")))
     max_turns = 2
 
     def all_prompts(self) -> list[TaskPrompt]:

@@ -19,9 +19,7 @@ from shared.messages import (
 PAD = 0
 
 
-def episode_group(
-    samples: list[list[tuple[int, int, float]]], *, mask: bool = True, **fields: object
-) -> RolloutGroup:
+def episode_group(samples: list[list[tuple[int, int, float]]], *, mask: bool = True, **fields: object) -> RolloutGroup:
     """A group from per-sample (token, mask flag, logprob) triples; prompt [5, 6]."""
     flat = [triple for sample in samples for triple in sample]
     group = RolloutGroup(
@@ -71,7 +69,7 @@ def test_no_mask_means_every_token_is_the_models() -> None:
         ({"completion_mask": pack_mask([1, 1, 0, 0, 1])}, "5 entries for 6"),
         ({"completion_mask": pack_mask([1, 1, 0, 2, 1, 1])}, "other than 0 and 1"),
         ({"completion_mask": pack_mask([0, 1, 0, 0, 1, 1])}, "start and end with a model token"),
-        ({"completion_mask": pack_mask([1, 1, 0, 0, 0, 1])}, "start and end with a model token"),  # ends sample 0 on env
+        ({"completion_mask": pack_mask([1, 1, 0, 0, 0, 1])}, "start and end with a model"),  # sample 0 ends on env
         ({"behaviour_logprobs": pack_float32([-0.5, -0.25, -0.1, 0.0, -1.0, -2.0])}, "0.0 at environment tokens"),
         ({"env_rewards": [0.5]}, "1 env_rewards for 2 samples"),
         ({"env_rewards": [0.5, 1.5]}, r"in \[0, 1\]"),

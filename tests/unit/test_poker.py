@@ -33,13 +33,13 @@ def test_the_deals_are_seeded() -> None:
 
 def test_a_called_bet_with_the_best_card_wins_two_big_blinds() -> None:
     observations, environment, reward = play(5, ["bet"])  # K in seat 1: the opponent (Q) checks first, calls the bet
-    assert observations[0] == "kuhn poker. card K. opp checks. pot 2. check/bet? "
+    assert observations[0] == "kuhn;card=K;opp=checks;pot=2;check/bet?"
     assert environment.done and environment.bb_won() == 2 and reward == 1.0
 
 
 def test_check_then_call_a_bet_with_the_worse_card_loses_two_big_blinds() -> None:
     observations, environment, reward = play(0, ["check", "call"])  # Q in seat 0 against K, which bets
-    assert observations == ["kuhn poker. card Q. pot 2. check/bet? ", "opp bets. pot 3. fold/call? ", ""]
+    assert observations == ["kuhn;card=Q;pot=2;check/bet?", "opp=bets;pot=3;fold/call?", ""]
     assert environment.bb_won() == -2 and reward == 0.0
 
 
@@ -91,7 +91,7 @@ def test_every_observation_is_in_the_alphabet() -> None:
 
 def test_the_replay_plays_the_actions_and_truncates_an_unfinished_hand() -> None:
     task = KuhnPokerTask(num_eval_prompts=20, seed=0)
-    assert task.replay("0", ["check", "call"]) == Replay(0.0, ["opp bets. pot 3. fold/call? "])
+    assert task.replay("0", ["check", "call"]) == Replay(0.0, ["opp=bets;pot=3;fold/call?"])
     assert task.replay("0", ["check"]) == Replay(0.25, [])  # cut after one turn: the fallback folds to the bet
     with pytest.raises(ValueError, match="ended after action 1"):
         task.replay("5", ["bet", "check"])
