@@ -285,3 +285,25 @@ def test_prompts_the_model_cannot_take_are_refused(engine: InferenceEngine, fold
     if folder.path.name.startswith("char-qwen2"):  # byte-level BPE represents every character
         with pytest.raises(UnencodablePromptError):
             engine.generate(["3+4=", "é+1="], 2, 2, 1.0)
+
+
+def test_a_context_continued_from_token_ids_gets_the_learners_logprobs(engine: InferenceEngine, folder: Folder) -> None:
+    """Multi-turn episodes (engines/episodes.py): prompt, a model turn, an observation's ids, then the next turn."""
+    blob = folder.blob(folder.perturbed(base_state(folder), noise_scale=0.3, seed=4))
+    engine.load_weights(blob, policy_version=4)
+    folder.load_reference(blob)
+    prompt_ids = engine.encode_prompts(PROMPTS[:2], 4)
+    first_turns = engine.generate(PROMPTS[:2], num_samples=1, max_new_tokens=4, temperature=1.0, greedy=True)
+    assert engine.generate_from_ids(prompt_ids, 1, 4, 1.0, greedy=True) == first_turns
+
+    observation = engine.encode_observation("1+2=")
+    assert observation == tokenizer_of(folder)("1+2=", add_special_tokens=False)["input_ids"]
+    assert engine.encode_observation("") == []
+    contexts = [ids + sample.token_ids + observation for ids, (sample,) in zip(prompt_ids, first_turns, strict=True)]
+    second_turns = engine.generate_from_ids(contexts, num_samples=3, max_new_tokens=5, temperature=0.7)
+
+    for context, group in zip(contexts, second_turns, strict=True):
+        assert all(sample.prompt_token_ids == context for sample in group)
+    assert_logprobs_match_reference(folder, second_turns, temperature=0.7)
+    with pytest.raises(PromptTooLongError):
+        engine.generate_from_ids(contexts, 1, 1000, 1.0)
