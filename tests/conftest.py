@@ -74,6 +74,18 @@ def tiny_policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_initial_policy(ModelConfig(max_position_embeddings=32), alphabet, tmp_path_factory.mktemp("policy"))
 
 
+@pytest.fixture(scope="session")
+def poker_policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-init Qwen2 with the character tokenizer of the multi-turn kuhn_poker task, built once
+    (128 positions: the prompt, two turns and the observation between them)."""
+    from services.learner.model_init import build_initial_policy
+    from shared.config import ModelConfig
+    from shared.tasks.poker import KuhnPokerTask
+
+    config = ModelConfig(init="tiny-random", max_position_embeddings=128)
+    return build_initial_policy(config, KuhnPokerTask.alphabet, tmp_path_factory.mktemp("poker-policy"))
+
+
 @pytest.fixture
 def model_dir(tiny_policy_dir: Path) -> Path:
     """The tiny policy, under the name the services' settings give a model folder."""

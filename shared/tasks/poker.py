@@ -26,26 +26,36 @@ antes: 0.75; win a called bet: 1.0).
 from __future__ import annotations
 
 import random
-
-from pokerkit import Automation, KuhnPoker, State
+from typing import TYPE_CHECKING
 
 from shared.tasks.base import TaskPrompt
 from shared.tasks.environment import Environment, EnvironmentTask, StepResult
+
+if TYPE_CHECKING:
+    from pokerkit import State
 
 RANKS = ("J", "Q", "K")  # ascending
 SUIT = "s"  # pokerkit's Kuhn deck is J, Q, K of spades
 ANTE_CHIPS = 1  # = 1 big blind
 MAX_WIN_BB = 2  # ante + the one bet
 NUM_DEALS = 1000
-AUTOMATIONS = (
-    Automation.ANTE_POSTING,
-    Automation.BET_COLLECTION,
-    Automation.BLIND_OR_STRADDLE_POSTING,
-    Automation.HOLE_CARDS_SHOWING_OR_MUCKING,
-    Automation.HAND_KILLING,
-    Automation.CHIPS_PUSHING,
-    Automation.CHIPS_PULLING,
-)
+
+
+def new_hand() -> State:
+    """A fresh Kuhn poker hand on pokerkit, antes posted, cards not dealt. pokerkit is imported here, not at
+    the top: registering the task (shared/tasks/__init__.py) must not need it where no one plays poker."""
+    from pokerkit import Automation, KuhnPoker
+
+    automations = (  # everything but the dealing and the players' decisions
+        Automation.ANTE_POSTING,
+        Automation.BET_COLLECTION,
+        Automation.BLIND_OR_STRADDLE_POSTING,
+        Automation.HOLE_CARDS_SHOWING_OR_MUCKING,
+        Automation.HAND_KILLING,
+        Automation.CHIPS_PUSHING,
+        Automation.CHIPS_PULLING,
+    )
+    return KuhnPoker.create_state(automations)
 
 
 def bb_to_reward(bb_won: float) -> float:
@@ -78,7 +88,7 @@ class KuhnPokerEnvironment(Environment):
         self.state: State | None = None
 
     def reset(self) -> str:
-        self.state = KuhnPoker.create_state(AUTOMATIONS)
+        self.state = new_hand()
         ranks = {self.hero_seat: self.hero_rank, 1 - self.hero_seat: self.opponent_rank}
         for seat in range(2):  # pokerkit deals hole cards in seat order
             self.state.deal_hole(ranks[seat] + SUIT)

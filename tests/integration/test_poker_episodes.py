@@ -12,12 +12,11 @@ import pytest
 import torch
 
 from engines.torch_engine import TorchEngine
-from services.learner.model_init import build_initial_policy
 from services.reward.decode import CompletionDecoder, InvalidTokensError
 from services.reward.scoring import GroupScorer
 from services.reward.verifier_pool import TaskSpec, VerifierPool
 from services.rollout.episodes import EpisodeRunner, build_episode_group
-from shared.config import ModelConfig, TaskConfig
+from shared.config import TaskConfig
 from shared.messages import EnvironmentSpec, RolloutGroup, TaskGroup, pack_int32, unpack_int32
 from shared.tasks.poker import KuhnPokerEnvironment, KuhnPokerTask
 
@@ -28,10 +27,9 @@ MAX_NEW_TOKENS = 6
 SEEDS = ("0", "5")  # Q first to act against K (a check meets a bet: two turns), K second against Q
 
 
-@pytest.fixture(scope="module")
-def poker_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    config = ModelConfig(init="tiny-random", max_position_embeddings=128)
-    return build_initial_policy(config, KuhnPokerTask.alphabet, tmp_path_factory.mktemp("poker-policy"))
+@pytest.fixture
+def poker_model_dir(poker_policy_dir: Path) -> Path:
+    return poker_policy_dir
 
 
 @pytest.fixture(scope="module")

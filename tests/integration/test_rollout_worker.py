@@ -24,10 +24,11 @@ from services.rollout.worker import RolloutWorker
 from shared.api import HeartbeatRequest, RegisterWorkerRequest, WorkerInfo
 from shared.bus import StreamBus, connect
 from shared.chunk_server import ChunkServer, ChunkStore
-from shared.config import CoordinatorConfig, RolloutConfig, RunConfig, ScheduleConfig
+from shared.config import CoordinatorConfig, RolloutConfig, RunConfig, ScheduleConfig, TaskConfig
 from shared.keys import RunKeys
-from shared.messages import LearnerState, RolloutGroup, TaskGroup, WeightsPublished
+from shared.messages import EnvironmentSpec, LearnerState, RolloutGroup, TaskGroup, WeightsPublished
 from shared.streams import DEAD, LEARNER_STATE, ROLLOUTS, TASKS, WEIGHTS
+from shared.tasks.poker import KuhnPokerEnvironment, KuhnPokerTask
 from shared.weights import build_manifest
 from tests.coordinator_rest import JOIN_TOKEN, ServeCoordinator, worker_settings
 from tests.manual_clock import ManualClock
@@ -192,6 +193,64 @@ def test_worker_samples_with_announced_versions_gates_on_staleness_and_dead_lett
         thread.join(timeout=10)
     assert not thread.is_alive()
     assert worker_info(coordinator_url, worker_id) is None  # deregistered on the way out
+
+
+def test_worker_plays_multi_turn_poker_episodes_and_publishes_masked_groups(
+    redis_server: RedisServer,
+    serve_coordinator: ServeCoordinator,
+    bus: StreamBus,
+    keys: RunKeys,
+    poker_policy_dir: Path,
+) -> None:
+    run = RunConfig(
+        run_id=keys.run_id,
+        task=TaskConfig(name="kuhn_poker"),
+        schedule=ScheduleConfig(staleness_bound=STALENESS_BOUND),
+        rollout=RolloutConfig(heartbeat_interval_s=0.2, claim_idle_ms=60_000),
+    )
+    coordinator_url = serve_coordinator(run).url
+    learner = LearnerSide(bus, keys, poker_policy_dir)
+    settings = worker_settings(
+        coordinator_url, redis_server.url, poker_policy_dir, "poker", worker_max_groups_per_batch=4
+    )
+    worker = RolloutWorker(run, settings, TorchEngine(poker_policy_dir), connect(redis_server.url))
+    thread = threading.Thread(target=worker.run, name="worker", daemon=True)
+    thread.start()
+    try:
+        learner.set_version(0)
+        learner.publish(0)
+        for seed in ("0", "4", "5"):  # first to act with Q and J (a check meets a bet or a check), second with K
+            bus.publish(TASKS, poker_task(keys.run_id, seed))
+        wait_for(lambda: len(rollouts_of(bus, keys)) == 3, "three poker groups")
+    finally:
+        worker.stop()
+        thread.join(timeout=10)
+        learner.server.stop()
+    assert not thread.is_alive()
+    for group in rollouts_of(bus, keys).values():
+        assert group.is_masked and group.num_samples == 4 and group.policy_version == 0
+        for tokens, mask, text, reward in zip(
+            group.sample_tokens(), group.sample_masks(), group.completion_texts, group.env_rewards, strict=True
+        ):
+            assert mask[0] and mask[-1] and len(tokens) <= 2 * 6 + len("opp=bets;pot=3;fold/call?")
+            if not mask.all():  # two turns: the opponent's answer sits between them, untrained
+                assert "opp=bets;pot=3;fold/call?" in text
+            assert 0.0 <= reward <= 1.0
+        assert bus.backlog(TASKS) == 0
+    assert {group.env_rewards[0] for group in rollouts_of(bus, keys).values()} <= {0.0, 0.25, 0.75, 1.0}
+
+
+def poker_task(run_id: str, seed: str) -> TaskGroup:
+    return TaskGroup(
+        run_id=run_id,
+        task_id=f"poker-{seed}",
+        task_name="kuhn_poker",
+        prompt=KuhnPokerEnvironment(int(seed)).reset(),
+        num_samples=4,
+        max_new_tokens=6,
+        temperature=1.0,
+        environment=EnvironmentSpec(state=seed, max_turns=KuhnPokerTask.max_turns),
+    )
 
 
 def test_a_worker_declared_dead_rejoins_under_its_own_id(
