@@ -41,6 +41,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     service.scorer.verifier_failures_by_kind,
                     service.scorer.verifiers.num_replaced,
                     service.scorer.rejected_by_worker,
+                    service.scorer.env_reward_mismatches_by_worker,
                 ),
                 *stream_depth_families(bus),
             ]

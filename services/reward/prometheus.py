@@ -18,6 +18,7 @@ def reward_families(
     verifier_failures_by_kind: Mapping[str, int] | None = None,
     num_verifier_restarts: int = 0,
     rejected_by_worker: Mapping[tuple[str, str], int] | None = None,
+    env_reward_mismatches_by_worker: Mapping[str, int] | None = None,
 ) -> Iterator[Metric]:
     yield counter("reward_scored_groups", "groups scored and forwarded to the learner", num_scored)
     yield counter("reward_tasks_published", "prompt groups published to the tasks stream", num_tasks_published)
@@ -39,6 +40,12 @@ def reward_families(
         "(unscorable, invalid_tokens, verifier_timeout, verifier_raised, verifier_died, verifier_bad_reward)",
         ("worker_id", "reason"),
         (rejected_by_worker or {}).items(),
+    )
+    yield labelled_counter(
+        "reward_env_reward_mismatch",
+        "multi-turn samples whose worker-claimed env_reward differs from the replay's (the replay's is scored)",
+        ("worker_id",),
+        [((worker,), value) for worker, value in (env_reward_mismatches_by_worker or {}).items()],
     )
     yield counter(
         "reward_verifier_restarts",

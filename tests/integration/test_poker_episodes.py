@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from engines.episodes import run_episodes, start_episode
 from engines.torch_engine import TorchEngine
+from services.learner.evaluate import evaluate_greedy
 from services.reward.decode import CompletionDecoder, InvalidTokensError
 from services.reward.scoring import GroupScorer
 from services.reward.verifier_pool import TaskSpec, VerifierPool
@@ -113,3 +115,19 @@ def test_a_worker_claimed_reward_is_overwritten_and_forged_observations_are_refu
     forged = RolloutGroup.decode(group.model_copy(update={"completion_token_ids": pack_int32(ids)}).encode())
     with pytest.raises(InvalidTokensError, match="not the observations the replay shows"):
         scorer.replay(forged, "0", 2)
+
+
+def test_held_out_evaluation_plays_greedy_episodes(poker_model_dir: Path) -> None:
+    engine = TorchEngine(poker_model_dir)
+    task = KuhnPokerTask(num_eval_prompts=20, seed=0)
+    result = evaluate_greedy(engine, task, max_new_tokens=MAX_NEW_TOKENS)
+
+    episodes = [
+        start_episode(engine, item.input, task.make_environment(item.reference), 2, MAX_NEW_TOKENS)
+        for item in task.eval_set
+    ]
+    run_episodes(engine, episodes, max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, greedy=True)
+    replayed = [task.replay(item.reference, e.actions).reward for item, e in zip(task.eval_set, episodes, strict=True)]
+    assert result.num_prompts == 20
+    assert result.reward_mean == pytest.approx(sum(replayed) / 20)
+    assert result.accuracy == sum(reward == 1.0 for reward in replayed) / 20
