@@ -15,7 +15,7 @@ import torch
 from engines.torch_engine import TorchEngine
 from services.reward.decode import CompletionDecoder, InvalidTokensError
 from services.rollout.worker import build_rollout_group
-from shared.messages import RolloutGroup, TaskGroup, pack_float32, pack_int32
+from shared.messages import RolloutGroup, TaskGroup, pack_float32, pack_int32, pack_mask
 from tests.hf_folders import CHAT_TEMPLATE, ENDOFTEXT, IM_END, build_folder
 
 torch.set_num_threads(1)
@@ -115,3 +115,55 @@ def test_a_folder_without_tokenizer_json_is_one_clear_error(tmp_path: Path) -> N
 
     with pytest.raises(ModelFolderError, match="no tokenizer.json"):
         CompletionDecoder(tmp_path, max_new_tokens=2)
+
+
+def episode_rollout(turns: list[tuple[list[int], int]], finish_reason: str = "stop") -> RolloutGroup:
+    """One masked sample from (ids, mask flag) spans: a multi-turn episode as a worker would send it."""
+    ids = [token for span, _ in turns for token in span]
+    flags = [flag for span, flag in turns for _ in span]
+    return RolloutGroup(
+        run_id="r", group_id="g", task_id="t", task_name="kuhn_poker", prompt="p", worker_id="w",
+        policy_version=0, temperature=1.0, prompt_token_ids=pack_int32([5]), completion_token_ids=pack_int32(ids),
+        completion_lengths=pack_int32([len(ids)]),
+        behaviour_logprobs=pack_float32([-1.0 if flag else 0.0 for flag in flags]),
+        completion_texts=["x"], finish_reasons=[finish_reason], generation_s=0.0, completion_mask=pack_mask(flags),
+    )  # fmt: skip
+
+
+def test_a_multi_turn_sample_is_split_into_decoded_turns_and_observation_ids(poker_policy_dir: Path) -> None:
+    decoder = CompletionDecoder(poker_policy_dir, max_new_tokens=6)
+    eos = int(decoder.eos_ids[0])
+    check, call = decoder.encode_observation("check"), decoder.encode_observation("call")
+    observation = decoder.encode_observation("opp=bets;pot=3;fold/call?")
+    [episode] = decoder.decode_episodes(episode_rollout([(check + [eos], 1), (observation, 0), (call + [eos], 1)]), 2)
+    assert episode.actions == ["check", "call"]
+    assert episode.observation_ids == [observation]
+    assert episode.text == "checkopp=bets;pot=3;fold/call?call"
+
+
+@pytest.mark.parametrize(
+    ("turns", "finish_reason", "reason"),
+    [
+        ("eos inside", "stop", "goes on after an EOS id"),
+        ("three turns", "stop", "more than max_turns 2"),
+        ("short without eos", "length", "ends before max_new_tokens without an EOS id"),
+        ("too long", "length", "more than max_new_tokens 6"),
+        ("says length", "length", "disagrees with its last token"),
+    ],
+)
+def test_a_multi_turn_sample_no_engine_makes_is_refused(
+    poker_policy_dir: Path, turns: str, finish_reason: str, reason: str
+) -> None:
+    decoder = CompletionDecoder(poker_policy_dir, max_new_tokens=6)
+    eos = int(decoder.eos_ids[0])
+    check, bet = decoder.encode_observation("check"), decoder.encode_observation("bet")
+    observation = decoder.encode_observation("pot=3;")
+    spans = {
+        "eos inside": [(bet[:1] + [eos] + bet[1:] + [eos], 1)],
+        "three turns": [(bet + [eos], 1), (observation, 0), (bet + [eos], 1), (observation, 0), (bet + [eos], 1)],
+        "short without eos": [(bet, 1), (observation, 0), (bet + [eos], 1)],
+        "too long": [(check + check, 1)],
+        "says length": [(bet + [eos], 1)],
+    }[turns]
+    with pytest.raises(InvalidTokensError, match=reason):
+        decoder.decode_episodes(episode_rollout(spans, finish_reason), 2)
