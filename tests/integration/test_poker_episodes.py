@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 torch.set_num_threads(1)
 
 MAX_NEW_TOKENS = 6
-SEEDS = ("0", "5")  # Q first to act against K (a check meets a bet: two turns), K second against Q
+SEEDS = ("0", "5")  # Q first to act against K (a check meets a bet: two turns), K second against Q (one turn)
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_the_worker_plays_poker_episodes_with_the_torch_engine(poker_model_dir: 
         num_two_turn += bool(env_ids)
     assert num_two_turn > 0
     for tokens, mask in zip(second.sample_tokens(), second.sample_masks(), strict=True):
-        assert mask.all() and len(tokens) <= MAX_NEW_TOKENS  # after the opponent's check, one decision ends it
+        assert mask.all() and len(tokens) <= MAX_NEW_TOKENS  # facing the opponent's bet, one decision ends it
     for group, seed in zip(groups, SEEDS, strict=True):
         task = KuhnPokerTask(num_eval_prompts=20, seed=0)
         decoder = CompletionDecoder(poker_model_dir, MAX_NEW_TOKENS)

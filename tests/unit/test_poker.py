@@ -31,9 +31,9 @@ def test_the_deals_are_seeded() -> None:
     assert [deal(seed) for seed in range(50)] == [deal(seed) for seed in range(50)]
 
 
-def test_a_called_bet_with_the_best_card_wins_two_big_blinds() -> None:
-    observations, environment, reward = play(5, ["bet"])  # K in seat 1: the opponent (Q) checks first, calls the bet
-    assert observations[0] == "kuhn;card=K;opp=checks;pot=2;check/bet?"
+def test_calling_a_bet_with_the_best_card_wins_two_big_blinds() -> None:
+    observations, environment, reward = play(5, ["call"])  # K in seat 1: the opponent (Q) bets first
+    assert observations[0] == "kuhn;card=K;opp=bets;pot=3;fold/call?"
     assert environment.done and environment.bb_won() == 2 and reward == 1.0
 
 
@@ -48,17 +48,42 @@ def test_folding_to_a_bet_loses_the_ante() -> None:
     assert environment.bb_won() == -1 and reward == 0.25
 
 
-def test_a_showdown_after_two_checks_moves_one_big_blind() -> None:
-    _, environment, reward = play(4, ["check"])  # J against Q: the opponent checks behind, Q wins the antes
-    assert environment.bb_won() == -1 and reward == 0.25
-    _, environment, reward = play(5, ["check"])  # K against Q
-    assert environment.bb_won() == 1 and reward == 0.75
+def test_a_bet_called_by_a_better_card_loses_two_big_blinds() -> None:
+    _, environment, reward = play(4, ["bet"])  # J first to act against Q, which calls
+    assert environment.bb_won() == -2 and reward == 0.0
 
 
 def test_the_opponent_folds_its_jack_to_a_bet() -> None:
     seed = next(seed for seed in range(100) if deal(seed)[1:] == ("J", 0))  # the model first to act, opponent J
     _, environment, reward = play(seed, ["bet"])
     assert environment.bb_won() == 1 and reward == 0.75
+
+
+def test_against_this_opponent_the_best_response_beats_the_fallback_by_a_third() -> None:
+    """Every pure strategy of the model (an action per card and seat, facing no bet and facing a bet),
+    averaged over the 12 deals: what a policy can learn here (the module docstring's numbers)."""
+    deals = [(hero, opponent, seat) for hero in "JQK" for opponent in "JQK" if opponent != hero for seat in (0, 1)]
+
+    def outcome(deal: tuple[str, str, int], no_bet_action: str, facing_bet_action: str) -> float:
+        environment = KuhnPokerEnvironment(0)
+        environment.hero_rank, environment.opponent_rank, environment.hero_seat = deal
+        environment.reset()
+        while True:
+            result = environment.step(facing_bet_action if "fold" in environment.legal_actions() else no_bet_action)
+            if result.done:
+                return result.reward
+
+    pairs = list(itertools.product(("check", "bet"), ("fold", "call")))  # (facing no bet, facing a bet)
+    rewards = {(deal, pair): outcome(deal, *pair) for deal in deals for pair in pairs}
+
+    def mean_reward(strategy: dict[tuple[str, int], tuple[str, str]]) -> float:
+        return sum(rewards[(deal, strategy[(deal[0], deal[2])])] for deal in deals) / len(deals)
+
+    info_sets = [(rank, seat) for rank in "JQK" for seat in (0, 1)]
+    best = max(mean_reward(dict(zip(info_sets, combo, strict=True))) for combo in itertools.product(pairs, repeat=6))
+    fallback = mean_reward({info: ("check", "fold") for info in info_sets})
+    call_all = mean_reward({info: ("check", "call") for info in info_sets})
+    assert (fallback, call_all, round(best, 3)) == (0.25, 0.5, 0.583)
 
 
 def test_the_reward_maps_big_blinds_linearly_onto_0_1() -> None:
@@ -94,7 +119,7 @@ def test_the_replay_plays_the_actions_and_truncates_an_unfinished_hand() -> None
     assert task.replay("0", ["check", "call"]) == Replay(0.0, ["opp=bets;pot=3;fold/call?"])
     assert task.replay("0", ["check"]) == Replay(0.25, [])  # cut after one turn: the fallback folds to the bet
     with pytest.raises(ValueError, match="ended after action 1"):
-        task.replay("5", ["bet", "check"])
+        task.replay("5", ["call", "check"])
     with pytest.raises(ValueError, match="3 actions"):
         task.replay("0", ["check", "call", "call"])
 
