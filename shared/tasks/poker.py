@@ -15,10 +15,12 @@ below; tests/unit/test_poker.py enumerates the strategies). A more cautious oppo
 Q, check-fold J) leaves almost nothing to learn: always checking and folding gets 0.50 against it, the
 best response 0.54.
 
-The model acts by text: its turn, stripped and lower-cased, names a legal action if it starts with the
-action's name (`check`, `bet`, `fold`, `call`) or, failing that, with the action's first letter (the
-legal actions always have distinct first letters: check/bet facing no bet, fold/call facing one). Any
-other text is the fallback action: check when nobody bet, else fold. The model acts at most twice
+The model acts by text: its turn, lower-cased, is the legal action whose name (`check`, `bet`, `fold`,
+`call`) appears first in it; with no name in it, the legal action whose first letter appears first (the
+legal actions always have distinct first letters: check/bet facing no bet, fold/call facing one); with
+neither, the fallback action: check when nobody bet, else fold. Letters count so that a tiny model
+sampling characters explores every action (counting only a turn-initial letter, 2 chances in 36 per
+turn, the demo-sized model's training reward went from 0.26 to 0.37 in 300 steps; docs/environments.md). The model acts at most twice
 (check, then facing the opponent's bet), so `max_turns = 2` always ends the hand; a truncated episode
 (context full) plays the fallback to the end.
 
@@ -68,14 +70,12 @@ def bb_to_reward(bb_won: float) -> float:
 
 
 def parse_action(text: str, legal: list[str]) -> str:
-    """The legal action `text` names (by word, else by first letter), else the fallback: check, else fold."""
-    said = text.strip().lower()
-    for name in legal:
-        if said.startswith(name):
-            return name
-    for name in legal:
-        if said[:1] == name[0]:
-            return name
+    """The legal action `text` names first (by word, else by first letter), else the fallback: check, else fold."""
+    said = text.lower()
+    for names in (legal, [name[0] for name in legal]):  # words first: "I call" is a call, not a check
+        found = [(said.find(name), index) for index, name in enumerate(names) if name in said]
+        if found:
+            return legal[min(found)[1]]
     return "check" if "check" in legal else "fold"
 
 

@@ -97,6 +97,10 @@ def test_the_reward_maps_big_blinds_linearly_onto_0_1() -> None:
         ("  CALL now", ["fold", "call"], "call"),
         ("b", ["check", "bet"], "bet"),
         ("c", ["fold", "call"], "call"),
+        ("I call.", ["fold", "call"], "call"),  # a word anywhere, before letters
+        ("before I check", ["check", "bet"], "check"),
+        ("xq1b", ["check", "bet"], "bet"),  # no word: the first legal initial
+        ("9c?f", ["fold", "call"], "call"),
         ("f", ["check", "bet"], "check"),  # fold is not legal: the fallback checks
         ("zzz", ["fold", "call"], "fold"),  # unparsable facing a bet: fold
         ("", ["check", "bet"], "check"),
