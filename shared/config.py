@@ -94,6 +94,11 @@ class GRPOConfig(Section):
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
     temperature: float = Field(1.0, gt=0, description="sampling temperature (the learner uses it for logprobs)")
     max_new_tokens: int = Field(2, ge=1, description="completion length cap")
+    off_policy_correction: Literal["truncated_is", "none"] = Field(
+        "truncated_is",
+        description="truncated_is: weight each token by min(pi_prox / mu, max_importance_weight) (grpo.py); "
+        "none: weight 1, stale samples trained as if on-policy (the staleness ablation's control)",
+    )
 
 
 class LearnerConfig(Section):
@@ -137,6 +142,18 @@ class ScheduleConfig(Section):
     checkpoint_every: int = Field(10, ge=1, description="steps between checkpoints")
     eval_every: int = Field(25, ge=1, description="steps between held-out evaluations")
     max_wall_s: float = Field(600.0, gt=0, description="the learner stops after this long even if steps remain")
+    mode: Literal["async", "pull"] = Field(
+        "async",
+        description="async: workers sample ahead under the staleness bound; pull: the learner asks for each batch "
+        "and workers sample it with its newest weights (on-policy by construction, Echo's sequential mode)",
+    )
+
+    @model_validator(mode="after")
+    def _pull_publishes_every_step(self) -> ScheduleConfig:
+        # a pull batch is sampled with version t, so version t must be published before it is asked for
+        if self.mode == "pull" and self.publish_every != 1:
+            raise ValueError(f"mode = 'pull' needs publish_every = 1, not {self.publish_every}")
+        return self
 
 
 class BroadcastConfig(Section):
@@ -192,6 +209,12 @@ class RolloutConfig(Section):
 
     heartbeat_interval_s: float = Field(1.0, gt=0, description="seconds between heartbeats")
     claim_idle_ms: int = Field(15000, ge=100, description="a task pending this long is claimed from its consumer")
+    hold_versions_max: int = Field(
+        0,
+        ge=0,
+        description="experiments only (make ablation): after each swap a worker draws h uniformly in 0..this and "
+        "keeps its weights until the newest version is more than h ahead, so trained lags spread over 0..S; 0: off",
+    )
 
 
 class DataConfig(Section):
@@ -300,6 +323,12 @@ class RunConfig(Section):
     activation: ActivationConfig = ActivationConfig()
     trust: TrustConfig = TrustConfig()
 
+    @model_validator(mode="after")
+    def _pull_is_on_policy(self) -> RunConfig:
+        if self.schedule.mode == "pull" and self.rollout.hold_versions_max:
+            raise ValueError("mode = 'pull' samples every batch with the newest weights: hold_versions_max must be 0")
+        return self
+
     @property
     def max_groups_in_flight(self) -> int:
         """How many groups the data plane keeps between itself and the learner.
@@ -311,6 +340,8 @@ class RunConfig(Section):
         """
         if self.data.max_groups_in_flight:
             return self.data.max_groups_in_flight
+        if self.schedule.mode == "pull":  # one batch at a time, asked for by the learner
+            return self.grpo.groups_per_step
         return self.grpo.groups_per_step * max(1, self.schedule.staleness_bound - 1)
 
 

@@ -99,6 +99,9 @@ class TaskGroup(Message):
     max_new_tokens: int = Field(ge=1, le=65536)
     temperature: float = Field(gt=0.0, le=10.0)
     created_at_s: float = Field(default_factory=time.time)
+    # Pull mode (`[schedule] mode = "pull"`): the learner asked for this group at this version; a worker
+    # samples it with weights at least this new (it waits for them). 0: any version (async mode).
+    min_policy_version: int = Field(0, ge=0)
 
 
 class RolloutGroup(Message):
@@ -279,6 +282,16 @@ class LearnerState(Message):
     trust_by_worker: dict[str, WorkerTrust] = Field(
         default_factory=dict, description="every worker whose groups the learner trained on: its trust (docs/trust.md)"
     )
+
+
+class BatchRequest(Message):
+    """Pull mode: the groups the learner still needs for its next step, all to be sampled with version
+    `policy_version` (published before it asks). Producer: learner, rewritten as its batch fills.
+    Consumer: the reward service, which issues that many tasks minus those already in flight."""
+
+    policy_version: int = Field(ge=0)
+    num_groups_wanted: int = Field(ge=0, description="groups_per_step minus the groups admitted so far")
+    requested_at_s: float = Field(default_factory=time.time)
 
 
 class QuarantinedWorkers(Message):

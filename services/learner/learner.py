@@ -4,7 +4,8 @@
     publish_weights          version t servable by the chunk server, then announced
     evaluate                 held-out greedy accuracy at step 0, on the eval thread (evaluator.py)
     until num_steps or max_wall_s (or SIGTERM):
-        collect_batch        groups_per_step groups admitted at t (t - v <= S); drops counted, bad groups dead-lettered
+        collect_batch        groups_per_step groups admitted at t (t - v <= S); drops counted, bad groups dead-lettered;
+                             pull mode: asks the data plane for them (BatchRequest), to be sampled with version t
         train_step           one optimizer step: t -> t + 1
         publish_if_due       every publish_every steps
         record_step          metrics.jsonl line, totals, LearnerState in Redis
@@ -49,10 +50,10 @@ from shared.bus import StreamBus
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import RunConfig
 from shared.keys import RunKeys
-from shared.messages import LearnerState, LearnerStatus, WorkerMismatch
+from shared.messages import BatchRequest, LearnerState, LearnerStatus, WorkerMismatch
 from shared.retry import call_with_retry
 from shared.run_records import LearnerSummary, RunTotals, StepRecord, read_metrics
-from shared.streams import LEARNER_STATE, SCORED
+from shared.streams import BATCH_REQUEST, LEARNER_STATE, SCORED
 from shared.tasks import make_task
 from shared.tokenization import check_model_folder, model_fingerprint, pad_token_id
 
@@ -202,10 +203,21 @@ class Learner:
     def collect_batch(self) -> CollectedBatch | None:
         started_s = time.monotonic()
         self.trust.refresh_quarantine(self.collector)
-        batch = self.collector.collect(self.version, should_stop=lambda: self.stop_reason() is not None)
+        batch = self.collector.collect(
+            self.version,
+            should_stop=lambda: self.stop_reason() is not None,
+            on_wanted=self.request_groups if self.config.schedule.mode == "pull" else None,
+        )
         if batch is None:  # stopped while waiting: that wait was idle time too
             self.totals.idle_s += time.monotonic() - started_s
         return batch
+
+    def request_groups(self, num_groups_wanted: int) -> None:
+        """Pull mode: ask the data plane for the groups this step still needs, sampled with this version."""
+        request = BatchRequest(
+            run_id=self.config.run_id, policy_version=self.version, num_groups_wanted=num_groups_wanted
+        )
+        call_with_retry(lambda: self.bus.put_state(BATCH_REQUEST, request), "write batch request")
 
     def train_step(self, batch: CollectedBatch) -> TrainedStep:
         groups = [admitted.group for admitted in batch.groups]

@@ -90,6 +90,7 @@ def train_step(
     step_num_tokens = batch.num_tokens
     logprobs = torch.zeros_like(batch.behaviour_logprobs)  # (B, T - 1) detached, for the stats
 
+    corrected = grpo.off_policy_correction == "truncated_is"
     optimizer.zero_grad(set_to_none=True)
     for rows in micro_batches(batch.num_samples, learner.micro_batch_size):
         # Log-probs of every completion token under the current weights, with gradient.
@@ -102,10 +103,12 @@ def train_step(
         )  # (b, T - 1)
         # One update per batch: the proximal policy is the current one, so its log-probs are these,
         # detached. The importance weight pi_prox / mu then corrects exactly for the batch's staleness.
+        # correction "none" (the ablation's control): behaviour := proximal, so every weight is 1
+        behaviour = batch.behaviour_logprobs[rows] if corrected else micro_logprobs.detach()
         micro_loss, _ = policy_loss(
             micro_logprobs,
             proximal_logprobs=micro_logprobs.detach(),
-            behaviour_logprobs=batch.behaviour_logprobs[rows],
+            behaviour_logprobs=behaviour,
             advantages=batch.advantages[rows],
             completion_mask=batch.completion_mask[rows],
             clip_eps=grpo.clip_eps,
@@ -118,7 +121,7 @@ def train_step(
     # Clipping keeps one unlucky batch (a few huge-advantage tokens) from undoing earlier progress.
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grpo.max_grad_norm)
     optimizer.step()
-    with torch.no_grad():  # the step's diagnostics, over the whole batch at once
+    with torch.no_grad():  # the step's diagnostics, over the whole batch at once (against the real mu)
         _, stats = policy_loss(
             logprobs,
             proximal_logprobs=logprobs,

@@ -18,7 +18,7 @@ from services.reward.decode import CompletionDecoder
 from services.reward.provenance import ForgedRolloutError, ProducerCheck
 from services.reward.scoring import UNSCORABLE_ERRORS, GroupScorer
 from services.reward.settings import RewardSettings
-from services.reward.task_feed import top_up_tasks
+from services.reward.task_feed import TaskFeed
 from services.reward.verifier_pool import TaskSpec, VerifierPool
 from shared.bus import Delivery, StreamBus
 from shared.config import RunConfig
@@ -48,6 +48,7 @@ class RewardService:
                 TaskSpec(type(self.task), run.task.num_eval_prompts, run.task.seed), run.reward.verifier_timeout_s
             ),
         )
+        self.feed = TaskFeed(bus, self.keys, self.task, run, settings.reference_ttl_s)
         self.stop_event = threading.Event()
         self.num_scored = 0
         self.num_tasks_published = 0
@@ -71,9 +72,7 @@ class RewardService:
             self.scorer.verifiers.close()
 
     def serve_once(self) -> None:
-        self.num_tasks_published += top_up_tasks(
-            self.bus, self.keys, self.task, self.run, self.settings.reference_ttl_s
-        )
+        self.num_tasks_published += self.feed.top_up()
         self.score_and_forward(self.receive_rollouts())
 
     def create_groups(self) -> None:
