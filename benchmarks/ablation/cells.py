@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.report import write_report
+from shared.api import DashboardResponse
 from shared.config import load_run_config
 from shared.run_records import EvalRecord, StepRecord, read_metrics
 from simulator.validation import run_cluster
@@ -44,6 +45,9 @@ class Cell:
     # None: one step of queue (groups_per_step); 0: the run file's default, groups_per_step * max(1, S - 1)
     max_groups_in_flight: int | None = None
     tag: str = ""  # distinguishes extra cells (the investigation's) from the grid's
+    run_id_prefix: str = "ablation"
+    worker_price_per_hour: float = 0.0  # $/h each worker registers with (the cost ledger bills it while active)
+    learner_price_per_hour: float | None = None  # None: the run file's [activation] learner_price_per_hour
 
     @property
     def key(self) -> str:
@@ -58,7 +62,9 @@ class Cell:
 
     def run_file(self, base: Path = BASE_RUN_FILE) -> dict[str, Any]:
         raw = tomllib.loads(base.read_text())
-        raw["run_id"] = "ablation"
+        raw["run_id"] = self.run_id_prefix
+        if self.learner_price_per_hour is not None:
+            raw.setdefault("activation", {})["learner_price_per_hour"] = self.learner_price_per_hour
         raw.setdefault("model", {})["seed"] = self.seed
         raw.setdefault("task", {})["seed"] = self.seed
         grpo, schedule = raw.setdefault("grpo", {}), raw.setdefault("schedule", {})
@@ -93,6 +99,10 @@ class CellResult:
     truncated_fraction: float
     cost_usd: float | None
     predicted_utilization: float | None  # the capacity model's, median over the run's dashboard polls
+    # (learner version, the ledger's total $) as the dashboard showed them, about once a second
+    cost_curve: list[tuple[int, float]] = field(default_factory=list)
+    worker_samples_per_s: float | None = None  # mean over workers and polls of each one's measured rate
+    train_s_per_step: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -102,12 +112,14 @@ def run_cell(cell: Cell, runs_dir: Path) -> CellResult:
     run_file = runs_dir / f"{cell.key}.source.toml"
     run_file.write_text(dump_toml(cell.run_file()))
     load_run_config(run_file)  # a bad cell fails here, before any process starts
-    steps, polls, _, run = run_cluster(cell.key, run_file, cell.num_workers, {}, runs_dir)
+    price = {"RL_WORKER_PRICE_PER_HOUR": str(cell.worker_price_per_hour)}
+    worker_env = {f"worker-{index}": price for index in range(cell.num_workers)}
+    steps, polls, _, run = run_cluster(cell.key, run_file, cell.num_workers, {}, runs_dir, worker_env)
     run_dir = runs_dir / run.run_id
     report = write_report(run_dir, run, None, wall_s=steps[-1].wall_s if steps else 0.0)
     _, evals = read_metrics(run_dir / "metrics.jsonl")
-    predicted = [p.capacity.predicted_utilization for p in polls if p.capacity.predicted_utilization is not None]
-    return summarize(cell, run.run_id, steps, evals, report, statistics.median(predicted) if predicted else None)
+    result = summarize(cell, run.run_id, steps, evals, report, polls)
+    return result
 
 
 def summarize(
@@ -116,7 +128,7 @@ def summarize(
     steps: list[StepRecord],
     evals: list[EvalRecord],
     report: dict[str, Any],
-    predicted_utilization: float | None,
+    polls: list[DashboardResponse],
 ) -> CellResult:
     rewards = [step.reward_mean for step in steps]
     lags: dict[str, int] = {}
@@ -127,6 +139,8 @@ def summarize(
     train_s = sum(step.train_s for step in steps)
     is_weights = [w for step in steps if (w := getattr(step, "is_weight_mean", None)) is not None]
     last_dropped = steps[-1].num_dropped if steps else {}
+    predicted = [p.capacity.predicted_utilization for p in polls if p.capacity.predicted_utilization is not None]
+    rates = [w.samples_per_s for p in polls for w in p.workers if w.samples_per_s > 0]
     return CellResult(
         key=cell.key,
         cell=asdict(cell),
@@ -145,7 +159,10 @@ def summarize(
         is_weight_mean=statistics.fmean(is_weights) if is_weights else None,
         truncated_fraction=statistics.fmean(step.truncated_fraction for step in steps) if steps else 0.0,
         cost_usd=report.get("cost_usd"),
-        predicted_utilization=predicted_utilization,
+        predicted_utilization=statistics.median(predicted) if predicted else None,
+        cost_curve=[(p.learner.learner_version, p.cost.total_usd) for p in polls if p.learner is not None],
+        worker_samples_per_s=statistics.fmean(rates) if rates else None,
+        train_s_per_step=train_s / len(steps) if steps else 0.0,
     )
 
 
