@@ -4,6 +4,7 @@ reasoning-gym's own scorers through the entry carried in the reference."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +68,25 @@ def test_a_seed_gives_the_same_puzzles_and_a_disjoint_held_out_set(name: str) ->
     for prompt in first.eval_set + first.train_set:
         assert set(prompt.prompt) <= set(first.alphabet)  # the tiny tokenizer covers every prompt
         assert first.score(answer(json.loads(prompt.reference)["answer"]), prompt.reference) == 1.0
+
+
+def test_the_tiny_tokenizer_keeps_every_space_and_newline_of_a_puzzle_prompt(tmp_path: Path) -> None:
+    """Regression: AutoTokenizer rebuilds a qwen2 folder's tokenizer with Qwen's byte-level class, which
+    dropped the spaces and newlines of a plain character vocabulary (services/learner/model_init.py)."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    from services.learner.model_init import build_initial_policy
+    from shared.config import ModelConfig
+    from shared.tokenization import encode_prompt
+
+    task = build_task(TaskConfig(name="mini_sudoku", num_eval_prompts=2, size=10))
+    model_dir = build_initial_policy(
+        ModelConfig(init="tiny-random", max_position_embeddings=1024), task.alphabet, tmp_path
+    )
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    raw = Tokenizer.from_file(str(model_dir / "tokenizer.json"))  # what the reward service decodes with
+    prompt = task.eval_set[0]
+    ids = encode_prompt(tokenizer, prompt.input)  # raises if the text does not survive the round trip
+    assert raw.decode(ids, skip_special_tokens=True) == prompt.prompt
+    assert len(ids) == len(prompt.prompt)  # one token per character
