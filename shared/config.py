@@ -76,7 +76,42 @@ class TaskConfig(Section):
         "'package.module:ClassName' (docs/tasks.md)",
     )
     num_eval_prompts: int = Field(20, ge=1, description="held-out prompts, never sampled for training")
-    seed: int = Field(0, description="seed of the prompt stream and the held-out split")
+    seed: int = Field(0, description="seed of the prompt stream, the held-out split and procedural generators")
+    # The fields below are read only by the adapters that name them in `config_fields` (docs/tasks.md);
+    # one set for another task is ignored with a warning (shared/tasks/__init__.py build_task).
+    size: int = Field(
+        1000,
+        ge=2,
+        le=1_000_000,
+        description="math_gym, knights_knaves, mini_sudoku: items generated (before removing duplicate questions), "
+        "held-out set included",
+    )
+    reasoning_gym_tasks: list[str] = Field(
+        default_factory=lambda: ["basic_arithmetic", "chain_sum", "simple_equations"],
+        min_length=1,
+        max_length=64,
+        description="math_gym: reasoning-gym dataset names whose answers are numbers or expressions; "
+        "the universe is split evenly between them",
+    )
+    path: Path | None = Field(
+        None,
+        description="math_file: a local .jsonl/.json or .parquet file (relative: to the working dir); "
+        "never fetched from a hub",
+    )
+    question_column: str = Field("question", min_length=1, description="math_file: the column holding the problem")
+    answer_column: str = Field(
+        "answer", min_length=1, description="math_file: the column holding the final answer (LaTeX or plain)"
+    )
+
+    @model_validator(mode="after")
+    def _dataset_names(self) -> TaskConfig:
+        for name in self.reasoning_gym_tasks:
+            if not name or not name.replace("_", "").isalnum() or not name.isascii():
+                raise ValueError(f"[task] reasoning_gym_tasks: {name!r} is not a reasoning-gym dataset name")
+        return self
+
+
+TASK_OPTION_FIELDS = frozenset({"size", "reasoning_gym_tasks", "path", "question_column", "answer_column"})
 
 
 class GRPOConfig(Section):
@@ -228,7 +263,7 @@ class DataConfig(Section):
 
 
 class RewardConfig(Section):
-    """The reward service's verifier sandbox (services/reward/verifier_pool.py)."""
+    """The reward service's verifier sandbox (shared/verifier_pool.py)."""
 
     verifier_timeout_s: float = Field(
         5.0,

@@ -66,6 +66,9 @@ class EvalRecord(BaseModel):
     eval_accuracy: float = Field(description="greedy completions scoring exactly 1.0 on the held-out prompts")
     eval_reward_mean: float
     num_eval_prompts: int
+    num_verifier_failures: int = Field(
+        0, ge=0, description="held-out prompts the verifier timed out, raised or died on (counted as wrong)"
+    )
     eval_s: float = Field(description="the evaluation's own duration on the eval thread (load weights, decode, score)")
     eval_stall_s: float = Field(
         0.0,

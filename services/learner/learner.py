@@ -54,7 +54,7 @@ from shared.messages import BatchRequest, LearnerState, LearnerStatus, WorkerMis
 from shared.retry import call_with_retry
 from shared.run_records import LearnerSummary, RunTotals, StepRecord, read_metrics
 from shared.streams import BATCH_REQUEST, LEARNER_STATE, SCORED
-from shared.tasks import make_task
+from shared.tasks import build_task
 from shared.tokenization import check_model_folder, model_fingerprint, pad_token_id
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class Learner:
         self.bus = bus
         self.keys = RunKeys(run.run_id)
         self.run_dir = settings.run_dir
-        self.task = make_task(run.task.name, num_eval_prompts=run.task.num_eval_prompts, seed=run.task.seed)
+        self.task = build_task(run.task)
 
         self.model_dir = self.ensure_initial_policy()
         self.model, self.tokenizer = trainer.load_policy(self.model_dir, run.learner)
@@ -131,6 +131,8 @@ class Learner:
             device,
             dtype,
             self.task,
+            task_config=run.task,
+            verifier_timeout_s=run.reward.verifier_timeout_s,
             max_new_tokens=run.grpo.max_new_tokens,
             on_record=self.metrics.append,
             wall_s=self.wall_s,

@@ -4,7 +4,7 @@ The reward is the verifier's score of the text the *token ids* decode to (servic
 because the ids are what the learner trains on (and the prompt ids must encode the task's prompt, or a
 right answer to the task would train the model to give it to another prompt); the worker's own text only serves to count workers
 whose text disagrees with their ids (`text_mismatches_by_worker`). The verifier runs in a child process
-under a hard timeout (services/reward/verifier_pool.py).
+under a hard timeout (shared/verifier_pool.py).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections import Counter
 import redis
 
 from services.reward.decode import CompletionDecoder, InvalidTokensError
-from services.reward.verifier_pool import VerifierFailedError, VerifierPool
 from shared.keys import RunKeys
 from shared.messages import RolloutGroup, ScoredGroup
+from shared.verifier_pool import VerifierFailedError, VerifierPool
 
 log = logging.getLogger(__name__)
 
