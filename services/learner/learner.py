@@ -5,7 +5,7 @@
     evaluate                 held-out greedy accuracy at step 0, on the eval thread (evaluator.py)
     until num_steps or max_wall_s (or SIGTERM):
         collect_batch        groups_per_step groups admitted at t (t - v <= S); drops counted, bad groups dead-lettered
-        train_step           one optimizer step: t -> t + 1
+        train_step           num_minibatches x ppo_epochs optimizer updates on the batch: t -> t + 1
         publish_if_due       every publish_every steps
         record_step          metrics.jsonl line, totals, LearnerState in Redis
         evaluate_if_due      every eval_every steps: hand a weight snapshot to the eval thread and go on;
@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TrainedStep:
-    """What one optimizer step used and produced; becomes its StepRecord once publishing is timed."""
+    """What one learner step used and produced; becomes its StepRecord once publishing is timed."""
 
     batch: CollectedBatch
     tensors: TrainBatch
@@ -210,7 +210,15 @@ class Learner:
     def train_step(self, batch: CollectedBatch) -> TrainedStep:
         groups = [admitted.group for admitted in batch.groups]
         tensors = tensorize(groups, self.pad_token_id, self.config.grpo.normalize_advantage_by_std)
-        result = trainer.train_step(self.model, self.optimizer, tensors, self.config.grpo, self.config.learner)
+        result = trainer.train_step(
+            self.model,
+            self.optimizer,
+            tensors,
+            self.config.grpo,
+            self.config.learner,
+            group_sizes=[group.rollout.num_samples for group in groups],
+            shuffle_seed=self.version,  # a step retaken after a restart deals its minibatches the same way
+        )
         self.trust.observe_step(self.version, batch.groups, tensors, result.logprobs)
         self.version += 1
         self.uncheckpointed_ids.extend(batch.message_ids)
@@ -248,6 +256,10 @@ class Learner:
             truncated_fraction=result.loss.truncated_fraction,
             approx_kl=result.loss.approx_kl,
             grad_norm=result.grad_norm,
+            num_updates=result.num_updates,
+            is_weight_mean=result.importance.weight_mean,
+            is_weight_max=result.importance.weight_max,
+            ess_fraction=result.importance.ess_fraction,
             wall_s=self.wall_s(),
             mismatch_by_worker=engine_mismatch(batch.groups, tensors, result.logprobs),
         )
@@ -257,7 +269,7 @@ class Learner:
         self.last_mismatch = record.mismatch_by_worker
         self.write_state("training")
         log.info(
-            "step %d/%d reward %.3f train %.3fs idle %.3fs publish %.3fs lag %s dropped %s",
+            "step %d/%d reward %.3f train %.3fs idle %.3fs publish %.3fs lag %s dropped %s clip %.3f ess %.3f",
             record.step,
             self.config.schedule.num_steps,
             record.reward_mean,
@@ -266,6 +278,8 @@ class Learner:
             record.publish_s,
             record.staleness_histogram,
             record.num_dropped or "{}",
+            record.clip_fraction,
+            record.ess_fraction,
         )
 
     def evaluate_if_due(self) -> None:
