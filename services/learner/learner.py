@@ -91,6 +91,7 @@ class Learner:
         self.checkpointed_version = -1
         self.last_train_s = 0.0
         self.last_mismatch: dict[str, WorkerMismatch] = {}  # the last step's, by worker (into LearnerState)
+        self.last_record: StepRecord | None = None  # the last step's diagnostics (into LearnerState)
         self.state: LearnerState | None = None  # the latest state written (read by /metrics)
         self.stop_requested = threading.Event()
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
@@ -267,6 +268,7 @@ class Learner:
         self.metrics.append(record)
         self.last_train_s = record.train_s
         self.last_mismatch = record.mismatch_by_worker
+        self.last_record = record
         self.write_state("training")
         log.info(
             "step %d/%d reward %.3f train %.3fs idle %.3fs publish %.3fs lag %s dropped %s clip %.3f ess %.3f",
@@ -430,6 +432,7 @@ class Learner:
         )
 
     def write_state(self, status: LearnerStatus) -> None:
+        last = self.last_record
         state = LearnerState(
             run_id=self.config.run_id,
             status=status,
@@ -447,6 +450,10 @@ class Learner:
             wall_s=self.wall_s(),
             staleness_histogram=dict(sorted(self.totals.staleness_histogram.items(), key=lambda item: int(item[0]))),
             mismatch_by_worker=self.last_mismatch,
+            # the last step's off-policy diagnostics (the fields' on-policy defaults before one)
+            last_clip_fraction=last.clip_fraction if last else 0.0,
+            last_ess_fraction=last.ess_fraction if last else 1.0,
+            last_is_weight_max=last.is_weight_max if last else 1.0,
             num_groups_trained=self.totals.num_groups,
             num_dead_lettered=self.collector.num_dead_lettered,
             num_restarts=self.totals.num_restarts,
