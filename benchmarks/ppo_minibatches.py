@@ -15,13 +15,17 @@ the learner does and takes services.learner.trainer.train_step. Equal learner st
 Reported per run: train reward over the first and last 10 steps, held-out greedy accuracy before and
 after (and every --eval-every steps), the first step whose 10-step mean reward reaches 0.8, mean
 train_s per step (the learner's step only, not sampling), mean clip_fraction and ess_fraction; and
-per setting the mean and spread over seeds. Writes benchmarks/results/ppo_minibatches.json.
+per setting the mean and spread over seeds. Also the cost alone: train_s of one step on the same demo
+batch for each num_minibatches, interleaved (`train_s_same_batch`; the per-run train_s moves with the
+machine's load). Writes benchmarks/results/ppo_minibatches.json after every run and resumes from it:
+runs it already holds (same setting, lag, seed and steps) are kept, `--fresh` redoes them.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import copy
 import json
 import platform
 import statistics
@@ -184,6 +188,58 @@ def settings_summary(runs: list[dict[str, object]]) -> list[dict[str, object]]:
     return rows
 
 
+def time_train_step(policy_dir: Path, config_path: Path, settings: list[int], repeats: int) -> dict[str, object]:
+    """train_s of one learner step per num_minibatches on one demo batch (sampled by the initial policy),
+    the settings interleaved round after round so a load change on the machine hits them all alike;
+    the first round warms up and is not counted. Each timed step starts from the initial weights."""
+    run = load_run_config(config_path)
+    task = make_task(run.task.name, num_eval_prompts=run.task.num_eval_prompts, seed=run.task.seed)
+    torch.manual_seed(0)
+    engine = TorchEngine(policy_dir)
+    prompts = [task.train_set[index % len(task.train_set)] for index in range(run.grpo.groups_per_step)]
+    groups = sample_groups(engine, task, prompts, run.grpo, policy_version=0)
+    batch = tensorize(groups, engine.pad_token_id, run.grpo.normalize_advantage_by_std)
+    start_model, _ = load_policy(policy_dir)
+    wall_s: dict[int, list[float]] = collections.defaultdict(list)
+    cpu_s: dict[int, list[float]] = collections.defaultdict(list)
+    for repeat in range(repeats + 1):
+        for num_minibatches in settings:
+            grpo = GRPOConfig.model_validate({**run.grpo.model_dump(), "num_minibatches": num_minibatches})
+            model = copy.deepcopy(start_model)
+            optimizer = make_optimizer(model, grpo)
+            cpu_started_s = time.thread_time()  # one torch thread: the step's work runs on this thread
+            result = train_step(model, optimizer, batch, grpo, shuffle_seed=repeat)
+            if repeat:
+                wall_s[num_minibatches].append(result.train_s)
+                cpu_s[num_minibatches].append(time.thread_time() - cpu_started_s)
+    base_cpu_s = statistics.median(cpu_s[settings[0]])
+    return {
+        "what": f"one learner step on a {batch.num_samples}-row demo batch, {repeats} rounds with the settings "
+        "interleaved: train_s (wall) and the thread's CPU seconds, which other jobs on the machine do not inflate",
+        "by_num_minibatches": {
+            str(num_minibatches): {
+                "train_s_median": round(statistics.median(wall_s[num_minibatches]), 4),
+                "train_s_min": round(min(wall_s[num_minibatches]), 4),
+                "cpu_s_median": round(statistics.median(cpu_s[num_minibatches]), 4),
+                f"cpu_s_over_num_minibatches_{settings[0]}": round(statistics.median(values) / base_cpu_s, 2),
+            }
+            for num_minibatches, values in cpu_s.items()
+        },
+    }
+
+
+def load_done_runs(path: Path, fresh: bool) -> list[dict[str, object]]:
+    """The runs a previous invocation wrote to `path` (each run's setting, seed and steps tell it apart)."""
+    if fresh or not path.exists():
+        return []
+    report = json.loads(path.read_text())
+    return [{"steps": report["steps"], **run} for run in report["runs"]]
+
+
+def run_key(run: dict[str, object]) -> tuple[object, ...]:
+    return (run["num_minibatches"], run["ppo_epochs"], run["lag"], run["seed"], run["steps"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=Path("configs/demo.toml"))
@@ -193,7 +249,9 @@ def main() -> None:
     parser.add_argument("--ppo-epochs", type=int, default=1)
     parser.add_argument("--lags", type=int, nargs="+", default=[0, 2], help="train on samples from version t - lag")
     parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--timing-repeats", type=int, default=15, help="rounds of the same-batch train_s timing")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--fresh", action="store_true", help="redo the runs --out already holds (default: resume)")
     args = parser.parse_args()
 
     from transformers.utils import logging as transformers_logging
@@ -201,12 +259,28 @@ def main() -> None:
     torch.set_num_threads(1)
     transformers_logging.disable_progress_bar()
     run_config = load_run_config(args.config)
-    runs = []
+    done = {run_key(run): run for run in load_done_runs(args.out, args.fresh)}
+    report: dict[str, object] = {
+        "command": "python -m benchmarks.ppo_minibatches " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "machine": f"{platform.machine()}, {platform.node()}, 1 torch thread, torch {torch.__version__}",
+        "config": str(args.config),
+        "steps": args.steps,
+    }
+    runs: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory() as tmp:
         policy_dir = build_initial_policy(run_config.model, task_type(run_config.task.name).alphabet, Path(tmp))
+        report["train_s_same_batch"] = time_train_step(
+            policy_dir, args.config, args.num_minibatches, args.timing_repeats
+        )
+        print(json.dumps(report["train_s_same_batch"]), flush=True)
         for lag in args.lags:
             for seed in args.seeds:
                 for num_minibatches in args.num_minibatches:
+                    key = (num_minibatches, args.ppo_epochs, lag, seed, args.steps)
+                    if key in done:
+                        runs.append(done[key])
+                        continue
                     result = train(policy_dir, args.config, num_minibatches, args.ppo_epochs, lag, seed, args).summary()
                     print(
                         f"lag {lag} seed {seed} num_minibatches {num_minibatches}: reward "
@@ -217,18 +291,15 @@ def main() -> None:
                         flush=True,
                     )
                     runs.append(result)
-    report = {
-        "command": "python -m benchmarks.ppo_minibatches " + " ".join(sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread, torch {torch.__version__}",
-        "config": str(args.config),
-        "steps": args.steps,
-        "settings": settings_summary(runs),
-        "runs": runs,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+                    write_report(args.out, report, runs)  # after every run: a killed invocation resumes
+    write_report(args.out, report, runs)
     print(f"wrote {args.out}")
+
+
+def write_report(path: Path, report: dict[str, object], runs: list[dict[str, object]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    full = {**report, "settings": settings_summary(runs), "runs": [{**run, "steps": report["steps"]} for run in runs]}
+    path.write_text(json.dumps(full, indent=2) + "\n")
 
 
 if __name__ == "__main__":
