@@ -37,7 +37,7 @@ help:
 	@echo "make bench-trust trust score: detection delay per liar kind and false positives over full demo runs (~30 min)"
 	@echo "make bench-signing Ed25519 vs HMAC: sign and verify time per weight manifest"
 	@echo "make bench-delta   delta size per codec after real AdamW steps at lr 1e-6 / 1e-5, bf16 vs fp32 master weights (~5 min)"
-	@echo "make bench-ppo     PPO minibatches on the demo task in one process: num_minibatches 1/2/4 x lag 0/2 x 3 seeds, 150 steps (~15 min)"
+	@echo "make bench-ppo     PPO minibatches on the demo task in one process: num_minibatches 1/2/4 x lag 0/2 x 3 seeds, 150 steps (~20 min)"
 	@echo "make bench-reward  scoring a group in the verifier's child process vs in-process, and decoding its ids"
 	@echo "make bench-load 1000 simulated workers heartbeating once a second against one coordinator"
 

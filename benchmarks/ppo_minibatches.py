@@ -1,7 +1,7 @@
 """PPO minibatches on the demo task, in one process: does splitting each batch into several optimizer
 updates (`[grpo] num_minibatches`) learn faster per learner step than the single update?
 
-    python -m benchmarks.ppo_minibatches                  # or: make bench-ppo (~15 min on 2 shared cores)
+    python -m benchmarks.ppo_minibatches                  # or: make bench-ppo (~20 min on 2 shared cores)
     python -m benchmarks.ppo_minibatches --steps 50 --seeds 0 --num-minibatches 1 4   # a quick look
 
 Each run is the demo's learner without the cluster: configs/demo.toml's tiny random Qwen2 and task
