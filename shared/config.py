@@ -134,6 +134,30 @@ class GRPOConfig(Section):
         description="truncated_is: weight each token by min(pi_prox / mu, max_importance_weight) (grpo.py); "
         "none: weight 1, stale samples trained as if on-policy (the staleness ablation's control)",
     )
+    num_minibatches: int = Field(
+        1,
+        ge=1,
+        description="optimizer updates per epoch over a step's batch, each on whole groups (PPO minibatches); "
+        "1: one update per batch, where the clip never binds. The policy version still advances by one per "
+        "batch; more updates per batch make each learning_rate step count more often (docs/design.md#ppo-minibatches)",
+    )
+    ppo_epochs: int = Field(
+        1, ge=1, description="passes over a step's batch, the groups reshuffled into minibatches each time"
+    )
+
+    @model_validator(mode="after")
+    def _minibatches_hold_whole_groups(self) -> GRPOConfig:
+        if self.num_minibatches > self.groups_per_step:
+            raise ValueError(
+                f"[grpo] num_minibatches ({self.num_minibatches}) exceeds groups_per_step ({self.groups_per_step}): "
+                "a minibatch holds whole groups, so there are at most groups_per_step of them"
+            )
+        return self
+
+    @property
+    def num_updates(self) -> int:
+        """Optimizer updates per learner step (per published version)."""
+        return self.num_minibatches * self.ppo_epochs
 
 
 class LearnerConfig(Section):

@@ -279,6 +279,15 @@ class LearnerState(Message):
     mismatch_by_worker: dict[str, WorkerMismatch] = Field(
         default_factory=dict, description="the last step's engine mismatch by worker id (workers with lag-0 groups)"
     )
+    last_clip_fraction: float = Field(
+        0.0, ge=0, le=1, description="the last step's tokens bound by the PPO clip, over its updates (StepRecord)"
+    )
+    last_ess_fraction: float = Field(
+        1.0, ge=0, le=1, description="the last step's importance-weight effective sample size / tokens (StepRecord)"
+    )
+    last_is_weight_max: float = Field(
+        1.0, ge=0, description="the last step's largest importance weight pi_prox / mu, before truncation"
+    )
     trust_by_worker: dict[str, WorkerTrust] = Field(
         default_factory=dict, description="every worker whose groups the learner trained on: its trust (docs/trust.md)"
     )
