@@ -13,7 +13,7 @@ VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 WORKERS ?= 3
 
-.PHONY: keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines
+.PHONY: keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo
 
 help:
 	@echo "make demo       run the local cluster (Redis, coordinator, reward, learner, $(WORKERS) workers) and write runs/latest/report.json"
@@ -37,6 +37,9 @@ help:
 	@echo "make bench-trust trust score: detection delay per liar kind and false positives over full demo runs (~30 min)"
 	@echo "make bench-signing Ed25519 vs HMAC: sign and verify time per weight manifest"
 	@echo "make bench-delta   delta size per codec after real AdamW steps at lr 1e-6 / 1e-5, bf16 vs fp32 master weights (~5 min)"
+	@echo "make ablation    staleness ablation: S in {0,1,2,4,6,11} x {truncated IS, none} x 3 seeds + pull mode, real local clusters (resumable; ~70 min; docs/staleness_ablation.md)"
+	@echo "make bench-async  async (S=2) vs sync (pull mode) and the centralized baseline: busy fraction, steps/h, reward vs cost (~12 min)"
+	@echo "make bench-ppo     PPO minibatches on the demo task in one process: num_minibatches 1/2/4 x lag 0/2 x 3 seeds, 150 steps (~20 min)"
 	@echo "make bench-reward  scoring a group in the verifier's child process vs in-process, and decoding its ids"
 	@echo "make bench-load 1000 simulated workers heartbeating once a second against one coordinator"
 
@@ -44,7 +47,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[train,dev]"
+	$(PY) -m pip install --quiet -e ".[train,dev,tasks]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -121,6 +124,9 @@ bench-signing: $(STAMP)
 bench-delta: $(STAMP)
 	$(PY) -m benchmarks.delta_size
 
+bench-ppo: $(STAMP)
+	$(PY) -m benchmarks.ppo_minibatches
+
 bench-reward: $(STAMP)
 	$(PY) -m benchmarks.reward_verifier_overhead
 
@@ -151,3 +157,10 @@ bench-eval: $(STAMP)
 
 clean:
 	rm -rf runs .pytest_cache
+
+# ARGS: e.g. ARGS="--staleness 0,2 --seeds 0" for a subset; finished cells are kept and skipped
+ablation: $(STAMP)
+	$(PY) -m benchmarks.ablation.run --pull $(ARGS)
+
+bench-async: $(STAMP)
+	$(PY) -m benchmarks.async_vs_sync $(ARGS)

@@ -26,9 +26,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from services.reward.decode import CompletionDecoder
-from services.reward.verifier_pool import TaskSpec, VerifierPool
+from shared.config import TaskConfig
 from shared.messages import RolloutGroup, pack_float32, pack_int32
 from shared.tasks.arithmetic import ArithmeticMod10Task
+from shared.verifier_pool import VerifierPool
 
 RESULTS = Path(__file__).resolve().parent / "results" / "reward_verifier_overhead.json"
 GROUP_SIZE = 8
@@ -78,7 +79,7 @@ def main() -> None:
         groups = demo_groups(args.num_groups, tokenizer_dir)
         decoder = CompletionDecoder(tokenizer_dir, max_new_tokens=2)
         task = ArithmeticMod10Task(num_eval_prompts=20, seed=0)
-        pool = VerifierPool(TaskSpec(ArithmeticMod10Task, 20, 0), timeout_s=5.0).start()
+        pool = VerifierPool(TaskConfig(name="arithmetic_mod10"), timeout_s=5.0).start()
         try:
             timings: dict[str, list[float]] = {"in_process": [], "pool": [], "decode": []}
             for _ in range(args.repeats):

@@ -76,7 +76,42 @@ class TaskConfig(Section):
         "'package.module:ClassName' (docs/tasks.md)",
     )
     num_eval_prompts: int = Field(20, ge=1, description="held-out prompts, never sampled for training")
-    seed: int = Field(0, description="seed of the prompt stream and the held-out split")
+    seed: int = Field(0, description="seed of the prompt stream, the held-out split and procedural generators")
+    # The fields below are read only by the adapters that name them in `config_fields` (docs/tasks.md);
+    # one set for another task is ignored with a warning (shared/tasks/__init__.py build_task).
+    size: int = Field(
+        1000,
+        ge=2,
+        le=1_000_000,
+        description="math_gym, knights_knaves, mini_sudoku: items generated (before removing duplicate questions), "
+        "held-out set included",
+    )
+    reasoning_gym_tasks: list[str] = Field(
+        default_factory=lambda: ["basic_arithmetic", "chain_sum", "simple_equations"],
+        min_length=1,
+        max_length=64,
+        description="math_gym: reasoning-gym dataset names whose answers are numbers or expressions; "
+        "the universe is split evenly between them",
+    )
+    path: Path | None = Field(
+        None,
+        description="math_file: a local .jsonl/.json or .parquet file (relative: to the working dir); "
+        "never fetched from a hub",
+    )
+    question_column: str = Field("question", min_length=1, description="math_file: the column holding the problem")
+    answer_column: str = Field(
+        "answer", min_length=1, description="math_file: the column holding the final answer (LaTeX or plain)"
+    )
+
+    @model_validator(mode="after")
+    def _dataset_names(self) -> TaskConfig:
+        for name in self.reasoning_gym_tasks:
+            if not name or not name.replace("_", "").isalnum() or not name.isascii():
+                raise ValueError(f"[task] reasoning_gym_tasks: {name!r} is not a reasoning-gym dataset name")
+        return self
+
+
+TASK_OPTION_FIELDS = frozenset({"size", "reasoning_gym_tasks", "path", "question_column", "answer_column"})
 
 
 class GRPOConfig(Section):
@@ -94,6 +129,35 @@ class GRPOConfig(Section):
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
     temperature: float = Field(1.0, gt=0, description="sampling temperature (the learner uses it for logprobs)")
     max_new_tokens: int = Field(2, ge=1, description="completion length cap")
+    off_policy_correction: Literal["truncated_is", "none"] = Field(
+        "truncated_is",
+        description="truncated_is: weight each token by min(pi_prox / mu, max_importance_weight) (grpo.py); "
+        "none: weight 1, stale samples trained as if on-policy (the staleness ablation's control)",
+    )
+    num_minibatches: int = Field(
+        1,
+        ge=1,
+        description="optimizer updates per epoch over a step's batch, each on whole groups (PPO minibatches); "
+        "1: one update per batch, where the clip never binds. The policy version still advances by one per "
+        "batch; more updates per batch make each learning_rate step count more often (docs/design.md#ppo-minibatches)",
+    )
+    ppo_epochs: int = Field(
+        1, ge=1, description="passes over a step's batch, the groups reshuffled into minibatches each time"
+    )
+
+    @model_validator(mode="after")
+    def _minibatches_hold_whole_groups(self) -> GRPOConfig:
+        if self.num_minibatches > self.groups_per_step:
+            raise ValueError(
+                f"[grpo] num_minibatches ({self.num_minibatches}) exceeds groups_per_step ({self.groups_per_step}): "
+                "a minibatch holds whole groups, so there are at most groups_per_step of them"
+            )
+        return self
+
+    @property
+    def num_updates(self) -> int:
+        """Optimizer updates per learner step (per published version)."""
+        return self.num_minibatches * self.ppo_epochs
 
 
 class LearnerConfig(Section):
@@ -137,6 +201,18 @@ class ScheduleConfig(Section):
     checkpoint_every: int = Field(10, ge=1, description="steps between checkpoints")
     eval_every: int = Field(25, ge=1, description="steps between held-out evaluations")
     max_wall_s: float = Field(600.0, gt=0, description="the learner stops after this long even if steps remain")
+    mode: Literal["async", "pull"] = Field(
+        "async",
+        description="async: workers sample ahead under the staleness bound; pull: the learner asks for each batch "
+        "and workers sample it with its newest weights (on-policy by construction, Echo's sequential mode)",
+    )
+
+    @model_validator(mode="after")
+    def _pull_publishes_every_step(self) -> ScheduleConfig:
+        # a pull batch is sampled with version t, so version t must be published before it is asked for
+        if self.mode == "pull" and self.publish_every != 1:
+            raise ValueError(f"mode = 'pull' needs publish_every = 1, not {self.publish_every}")
+        return self
 
 
 class BroadcastConfig(Section):
@@ -192,6 +268,12 @@ class RolloutConfig(Section):
 
     heartbeat_interval_s: float = Field(1.0, gt=0, description="seconds between heartbeats")
     claim_idle_ms: int = Field(15000, ge=100, description="a task pending this long is claimed from its consumer")
+    hold_versions_max: int = Field(
+        0,
+        ge=0,
+        description="experiments only (make ablation): after each swap a worker draws h uniformly in 0..this and "
+        "keeps its weights until the newest version is more than h ahead, so trained lags spread over 0..S; 0: off",
+    )
 
 
 class DataConfig(Section):
@@ -205,7 +287,7 @@ class DataConfig(Section):
 
 
 class RewardConfig(Section):
-    """The reward service's verifier sandbox (services/reward/verifier_pool.py)."""
+    """The reward service's verifier sandbox (shared/verifier_pool.py)."""
 
     verifier_timeout_s: float = Field(
         5.0,
@@ -300,6 +382,12 @@ class RunConfig(Section):
     activation: ActivationConfig = ActivationConfig()
     trust: TrustConfig = TrustConfig()
 
+    @model_validator(mode="after")
+    def _pull_is_on_policy(self) -> RunConfig:
+        if self.schedule.mode == "pull" and self.rollout.hold_versions_max:
+            raise ValueError("mode = 'pull' samples every batch with the newest weights: hold_versions_max must be 0")
+        return self
+
     @property
     def max_groups_in_flight(self) -> int:
         """How many groups the data plane keeps between itself and the learner.
@@ -311,6 +399,8 @@ class RunConfig(Section):
         """
         if self.data.max_groups_in_flight:
             return self.data.max_groups_in_flight
+        if self.schedule.mode == "pull":  # one batch at a time, asked for by the learner
+            return self.grpo.groups_per_step
         return self.grpo.groups_per_step * max(1, self.schedule.staleness_bound - 1)
 
 

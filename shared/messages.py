@@ -123,6 +123,9 @@ class TaskGroup(Message):
     max_new_tokens: int = Field(ge=1, le=65536)
     temperature: float = Field(gt=0.0, le=10.0)
     created_at_s: float = Field(default_factory=time.time)
+    # Pull mode (`[schedule] mode = "pull"`): the learner asked for this group at this version; a worker
+    # samples it with weights at least this new (it waits for them). 0: any version (async mode).
+    min_policy_version: int = Field(0, ge=0)
     environment: EnvironmentSpec | None = None
 
 
@@ -345,9 +348,28 @@ class LearnerState(Message):
     mismatch_by_worker: dict[str, WorkerMismatch] = Field(
         default_factory=dict, description="the last step's engine mismatch by worker id (workers with lag-0 groups)"
     )
+    last_clip_fraction: float = Field(
+        0.0, ge=0, le=1, description="the last step's tokens bound by the PPO clip, over its updates (StepRecord)"
+    )
+    last_ess_fraction: float = Field(
+        1.0, ge=0, le=1, description="the last step's importance-weight effective sample size / tokens (StepRecord)"
+    )
+    last_is_weight_max: float = Field(
+        1.0, ge=0, description="the last step's largest importance weight pi_prox / mu, before truncation"
+    )
     trust_by_worker: dict[str, WorkerTrust] = Field(
         default_factory=dict, description="every worker whose groups the learner trained on: its trust (docs/trust.md)"
     )
+
+
+class BatchRequest(Message):
+    """Pull mode: the groups the learner still needs for its next step, all to be sampled with version
+    `policy_version` (published before it asks). Producer: learner, rewritten as its batch fills.
+    Consumer: the reward service, which issues that many tasks minus those already in flight."""
+
+    policy_version: int = Field(ge=0)
+    num_groups_wanted: int = Field(ge=0, description="groups_per_step minus the groups admitted so far")
+    requested_at_s: float = Field(default_factory=time.time)
 
 
 class QuarantinedWorkers(Message):

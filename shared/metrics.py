@@ -79,14 +79,25 @@ def counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
 def learner_families(state: LearnerState | None) -> Iterator[Metric]:
     if state is None:
         return
-    yield gauge("learner_version", "policy version t (optimizer steps taken)", state.learner_version)
+    yield gauge("learner_version", "policy version t (learner steps taken)", state.learner_version)
     yield gauge("learner_published_version", "newest announced policy version", state.published_version)
-    yield counter("learner_steps", "optimizer steps taken in this run", state.num_steps_done)
+    yield counter("learner_steps", "learner steps (batches, versions) taken in this run", state.num_steps_done)
     yield counter("learner_train_seconds", "seconds spent in optimizer steps", state.train_s_total)
     yield counter("learner_idle_seconds", "seconds spent waiting for admissible rollouts", state.idle_s_total)
     yield gauge("learner_busy_fraction", "train seconds / wall seconds so far", state.busy_fraction)
     yield gauge("learner_last_reward_mean", "mean reward of the last step's batch", state.last_reward_mean)
     yield gauge("learner_staleness_bound", "S", state.staleness_bound)
+    yield gauge("learner_last_clip_fraction", "last step: tokens bound by the PPO clip", state.last_clip_fraction)
+    yield gauge(
+        "learner_last_ess_fraction",
+        "last step: importance weights' effective sample size / tokens",
+        state.last_ess_fraction,
+    )
+    yield gauge(
+        "learner_last_importance_weight_max",
+        "last step: largest pi_prox / mu before truncation",
+        state.last_is_weight_max,
+    )
     trained = CounterMetricFamily(PREFIX + "learner_trained_groups", "groups trained on, by lag t - v", labels=["lag"])
     for lag, count in sorted(state.staleness_histogram.items(), key=lambda item: int(item[0])):
         trained.add_metric([lag], count)

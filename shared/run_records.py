@@ -23,13 +23,14 @@ from shared.messages import WorkerMismatch
 
 
 class StepRecord(BaseModel):
-    """One optimizer step. Times in seconds; `wall_s` since the run began (across restarts)."""
+    """One learner step: one batch, num_minibatches * ppo_epochs optimizer updates, one policy version.
+    Times in seconds; `wall_s` since the run began (across restarts)."""
 
     model_config = ConfigDict(extra="forbid")
 
     step: int = Field(description="index of this step, 1-based: the version it produced")
     policy_version: int = Field(description="learner version after the step")
-    train_s: float = Field(description="T_train: forward + backward + optimizer step")
+    train_s: float = Field(description="T_train: every forward, backward and optimizer update of the step")
     idle_s: float = Field(description="waiting for admissible rollouts before this step")
     publish_s: float = Field(description="serialise + chunk + sign + announce; 0 when not published")
     reward_mean: float
@@ -42,12 +43,28 @@ class StepRecord(BaseModel):
     num_samples: int
     num_tokens: int = Field(description="completion tokens trained on")
     num_replayed_groups: int = Field(description="groups re-read from this consumer's pending entries after a restart")
-    loss: float
-    ratio_mean: float = Field(description="pi_theta / mu over completion tokens, before truncation")
-    clip_fraction: float
+    loss: float = Field(description="the GRPO loss, mean over the step's optimizer updates")
+    ratio_mean: float = Field(
+        description="pi / mu over completion tokens, before truncation, with pi the weights at the step's start "
+        "(pi_prox: equal to is_weight_mean)"
+    )
+    clip_fraction: float = Field(
+        description="tokens where the PPO clip bound the objective, over every token of every update of the step "
+        "(0 with one update per step)"
+    )
     truncated_fraction: float = Field(description="tokens whose importance weight hit max_importance_weight")
-    approx_kl: float = Field(description="KL(behaviour || current), k3 estimator")
-    grad_norm: float
+    approx_kl: float = Field(description="KL(behaviour || the weights at the step's start), k3 estimator")
+    grad_norm: float = Field(description="gradient norm before clipping, mean over the step's updates")
+    num_updates: int = Field(1, description="optimizer updates in this step: num_minibatches * ppo_epochs")
+    is_weight_mean: float = Field(
+        1.0, description="importance weight pi_prox / mu over completion tokens, before truncation: mean"
+    )
+    is_weight_max: float = Field(1.0, description="importance weight pi_prox / mu, before truncation: max")
+    ess_fraction: float = Field(
+        1.0,
+        description="effective sample size of the importance weights over n completion tokens, "
+        "(sum w)^2 / (n sum w^2) in (0, 1]; 1 when on-policy",
+    )
     wall_s: float
     mismatch_by_worker: dict[str, WorkerMismatch] = Field(
         default_factory=dict,
@@ -66,6 +83,9 @@ class EvalRecord(BaseModel):
     eval_accuracy: float = Field(description="greedy completions scoring exactly 1.0 on the held-out prompts")
     eval_reward_mean: float
     num_eval_prompts: int
+    num_verifier_failures: int = Field(
+        0, ge=0, description="held-out prompts the verifier timed out, raised or died on (counted as wrong)"
+    )
     eval_s: float = Field(description="the evaluation's own duration on the eval thread (load weights, decode, score)")
     eval_stall_s: float = Field(
         0.0,

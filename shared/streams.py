@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from shared.messages import (
+    BatchRequest,
     DeadLetter,
     LearnerState,
     Message,
@@ -61,6 +62,9 @@ DEAD: Stream[DeadLetter] = Stream("dead", None, DeadLetter)
 
 # learner -> coordinator, local cluster runner: the learner's latest state
 LEARNER_STATE: StateKey[LearnerState] = StateKey("learner:state", LearnerState)
+
+# learner -> reward (pull mode only): the groups its next step still needs, at which version
+BATCH_REQUEST: StateKey[BatchRequest] = StateKey("learner:batch_request", BatchRequest)
 
 # coordinator -> learner: the quarantined workers (docs/trust.md) and each one's admin releases
 QUARANTINE: StateKey[QuarantinedWorkers] = StateKey("trust:quarantine", QuarantinedWorkers)

@@ -214,10 +214,15 @@ def predict(
 
 
 def run_cluster(
-    name: str, config: Path, num_workers: int, overrides: dict[str, int], runs_dir: Path
+    name: str,
+    config: Path,
+    num_workers: int,
+    overrides: dict[str, int],
+    runs_dir: Path,
+    worker_env: dict[str, dict[str, str]] | None = None,
 ) -> tuple[list[StepRecord], list[DashboardResponse], dict[str, float], RunConfig]:
     """One real local cluster run; returns its step records, the dashboard polls, its data-plane latencies
-    (`measure_pipeline`) and its run config."""
+    (`measure_pipeline`) and its run config. `worker_env`: extra environment by worker name (worker-0...)."""
     base = load_run_config(config)
     config_path = runs_dir / f"{name}.toml"
     text = config.read_text()
@@ -226,7 +231,11 @@ def run_cluster(
     config_path.write_text(text)
     cluster = LocalCluster(
         ClusterOptions(
-            config_path=config_path, num_workers=num_workers, runs_dir=runs_dir, run_id=f"{base.run_id}-{name}"
+            config_path=config_path,
+            num_workers=num_workers,
+            runs_dir=runs_dir,
+            run_id=f"{base.run_id}-{name}",
+            worker_env=worker_env or {},
         )
     )
     polls: list[DashboardResponse] = []

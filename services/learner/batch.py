@@ -132,19 +132,31 @@ class BatchCollector:
         """The learner acked these (their checkpoint is on disk): no longer held by this process."""
         self._held.difference_update(message_ids)
 
-    def collect(self, learner_version: int, should_stop: Callable[[], bool]) -> CollectedBatch | None:
+    def collect(
+        self,
+        learner_version: int,
+        should_stop: Callable[[], bool],
+        on_wanted: Callable[[int], None] | None = None,
+    ) -> CollectedBatch | None:
         """Block until `groups_per_step` groups are admitted at `learner_version`; None when
-        `should_stop()` turns true first (the partial batch stays pending and is re-read on restart)."""
+        `should_stop()` turns true first (the partial batch stays pending and is re-read on restart).
+        `on_wanted(n)` hears how many groups are still missing, first and whenever that changes (pull
+        mode asks the data plane for them)."""
         started_s = time.monotonic()
         admitted: list[AdmittedGroup] = []
+        if on_wanted is not None:
+            on_wanted(self.groups_per_step)
         while len(admitted) < self.groups_per_step:
             if should_stop():
                 return None
+            num_before = len(admitted)
             for delivery, replayed in self._next_deliveries(self.groups_per_step - len(admitted)):
                 if self.admit(delivery, learner_version):
                     lag = staleness_of(learner_version, delivery.message.rollout.policy_version)
                     admitted.append(AdmittedGroup(delivery, lag, replayed))
                     self._held.add(delivery.message_id)
+            if on_wanted is not None and len(admitted) != num_before:
+                on_wanted(self.groups_per_step - len(admitted))
         return CollectedBatch(admitted, idle_s=time.monotonic() - started_s)
 
     def admit(self, delivery: Delivery[ScoredGroup], learner_version: int) -> bool:

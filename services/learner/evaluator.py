@@ -6,7 +6,7 @@
         snapshot = detached clones of the weights     (the only stall when the thread is idle)
         hand it over ------------------------------->  engine.load_state_dict(snapshot, t)
     ... keeps training ...                              greedy decode of the held-out prompts (KV cache)
-                                                        score with the task's verifier
+                                                        score with the task's verifier (its own process)
                                                         on_record(EvalRecord): metrics.jsonl line
     take_finished() <------------------------------- the record, for the learner's totals
 
@@ -14,6 +14,10 @@ The engine is the rollout workers' TorchEngine (engines/torch_engine.py) on the 
 dtype, built from the same model folder: evaluation encodes, decodes and stops exactly as sampling does.
 Only the eval thread touches it after construction; the snapshot is the handoff, so training can change
 its own weights while an evaluation runs. At most one evaluation is in flight.
+
+The verifier runs in a child process under a hard timeout (shared/verifier_pool.py, one child started with
+the Evaluator and stopped by close): math-verify and user verifiers can hang on a model's output, and a
+thread cannot be stopped. A prompt whose verifier times out counts as wrong (services/learner/evaluate.py).
 
 Error policy: an exception in the eval thread is kept and re-raised on the learner's thread as
 EvalFailedError (chained to the original) at the next submit, wait_idle or take_finished: the learner
@@ -35,8 +39,10 @@ import torch
 
 from engines.torch_engine import TorchEngine
 from services.learner.evaluate import evaluate_greedy
+from shared.config import TaskConfig
 from shared.run_records import EvalRecord
 from shared.tasks import TaskAdapter
+from shared.verifier_pool import VerifierPool
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +75,13 @@ class Evaluator:
         max_new_tokens: int,
         on_record: Callable[[EvalRecord], None],
         wall_s: Callable[[], float],
+        verifier: VerifierPool | None = None,
     ) -> None:
+        """`verifier`: started here, used by the eval thread only, closed by close(). None: the task's
+        score runs on the eval thread itself (tests whose verifier is a threading gate)."""
         self.engine = engine
         self.task = task
+        self.verifier = verifier.start() if verifier is not None else None
         self.max_new_tokens = max_new_tokens
         self.on_record = on_record  # called on the eval thread: must be thread-safe (MetricsLog.append is)
         self.wall_s = wall_s
@@ -92,12 +102,16 @@ class Evaluator:
         dtype: torch.dtype,
         task: TaskAdapter,
         *,
+        task_config: TaskConfig,
+        verifier_timeout_s: float,
         max_new_tokens: int,
         on_record: Callable[[EvalRecord], None],
         wall_s: Callable[[], float],
     ) -> Evaluator:
+        """The learner's evaluator: the workers' engine, and a verifier child built from `task_config`."""
         engine = TorchEngine(model_dir, device=device, dtype=dtype)
-        return cls(engine, task, max_new_tokens=max_new_tokens, on_record=on_record, wall_s=wall_s)
+        verifier = VerifierPool(task_config, verifier_timeout_s)
+        return cls(engine, task, max_new_tokens=max_new_tokens, on_record=on_record, wall_s=wall_s, verifier=verifier)
 
     # the learner's thread
     def submit(self, model: torch.nn.Module, policy_version: int, *, max_wait_s: float | None) -> Handoff:
@@ -133,9 +147,11 @@ class Evaluator:
             raise EvalFailedError(f"held-out evaluation failed: {self._error!r}") from self._error
 
     def close(self) -> None:
-        """Stop the thread after the evaluation in flight (if any)."""
+        """Stop the thread after the evaluation in flight (if any), then the verifier's process."""
         self._jobs.put(None)
         self._thread.join()
+        if self.verifier is not None:
+            self.verifier.close()
 
     # the eval thread
     def _serve(self) -> None:
@@ -155,12 +171,13 @@ class Evaluator:
     def _evaluate(self, job: EvalJob) -> EvalRecord:
         started_s = time.perf_counter()
         self.engine.load_state_dict(job.weights, job.policy_version)
-        result = evaluate_greedy(self.engine, self.task, max_new_tokens=self.max_new_tokens)
+        result = evaluate_greedy(self.engine, self.task, max_new_tokens=self.max_new_tokens, verifier=self.verifier)
         record = EvalRecord(
             eval_step=job.policy_version,
             eval_accuracy=result.accuracy,
             eval_reward_mean=result.reward_mean,
             num_eval_prompts=result.num_prompts,
+            num_verifier_failures=result.num_verifier_failures,
             eval_s=time.perf_counter() - started_s,
             eval_stall_s=job.stall_s,
             wall_s=self.wall_s(),

@@ -23,14 +23,16 @@ IMPALA's V-trace and verl's TIS) because pi_prox / mu is unbounded for tokens th
 prefers; the clamp trades a small bias for bounded variance. When v == t, w == 1 (up to numerical
 differences between the worker's engine and ours) and this is plain on-policy GRPO.
 
-The learner takes one optimizer step per batch, so pi_prox == pi_theta when the loss is evaluated:
-r is 1 in value and the PPO clip never binds (clip_fraction is 0); the gradient is
--w * A * grad(log pi_theta). The clip is kept so the same function stays correct if a step is ever
-split into several optimizer updates.
+With one optimizer update per batch (`[grpo] num_minibatches = 1, ppo_epochs = 1`), pi_prox == pi_theta
+when the loss is evaluated: r is 1 in value and the PPO clip never binds (clip_fraction is 0); the
+gradient is -w * A * grad(log pi_theta). With several minibatch updates per batch (trainer.py) pi_prox
+stays the weights at the step's start while pi_theta moves after the first update, so r drifts from 1
+and the clip bounds how far the later updates push any token: the trust region PPO is named for.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -196,7 +198,7 @@ class LossStats:
 
     loss: float
     ratio_mean: float  # pi_theta / mu before truncation: how far the batch is off-policy
-    clip_fraction: float  # tokens where the PPO clip bound the objective (0 with one update per batch)
+    clip_fraction: float  # tokens where the PPO clip bound the objective (0 in a step's first update)
     truncated_fraction: float  # tokens whose importance weight was capped at max_importance_weight
     approx_kl: float  # KL(mu || pi_theta), k3 estimator on mu's samples: E[ratio - 1 - log ratio]
     num_tokens: int
@@ -255,6 +257,46 @@ def policy_loss(
             num_tokens=num_tokens,
         )
     return loss, stats
+
+
+@dataclass(frozen=True)
+class ImportanceStats:
+    """The off-policy correction of one batch: w = pi_prox / mu over its completion tokens, before the
+    truncation (the behaviour policy mu against the learner's weights at the step's start)."""
+
+    weight_mean: float
+    weight_max: float
+    truncated_fraction: float  # tokens with w > max_importance_weight (their weight is capped in the loss)
+    ess_fraction: float  # (sum w)^2 / (n * sum w^2) in (0, 1]: 1 when every w is equal, about k / n when k dominate
+    num_tokens: int
+
+
+def importance_stats(
+    proximal_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    completion_mask: torch.Tensor,
+    max_importance_weight: float,
+) -> ImportanceStats:
+    """Importance-weight diagnostics over the completion tokens; inputs (B, L) as in `policy_loss`.
+
+    The effective sample size (Kish) says how many of the n tokens the weighted estimate is worth: a
+    fresh batch has w = 1 everywhere and ESS = n; a stale one whose weights spread (a few tokens the
+    policy now prefers by far) is worth fewer. It is computed from log w with logsumexp in float64, so a
+    token the worker found very unlikely cannot overflow it: ESS / n = exp(2 lse(log w) - log n - lse(2 log w)).
+    """
+    log_weights = (proximal_logprobs.detach() - behaviour_logprobs)[completion_mask].double()  # (n,) log w
+    num_tokens = int(log_weights.numel())
+    if num_tokens == 0:  # nothing sampled: nothing is off-policy
+        return ImportanceStats(1.0, 1.0, 0.0, 1.0, 0)
+    log_ess = 2 * torch.logsumexp(log_weights, 0) - math.log(num_tokens) - torch.logsumexp(2 * log_weights, 0)
+    weights = log_weights.exp()
+    return ImportanceStats(
+        weight_mean=float(weights.mean()),
+        weight_max=float(weights.max()),
+        truncated_fraction=float((weights > max_importance_weight).double().mean()),
+        ess_fraction=min(float(log_ess.exp()), 1.0),  # <= 1 by Cauchy-Schwarz; min() drops rounding above it
+        num_tokens=num_tokens,
+    )
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:

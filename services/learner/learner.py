@@ -4,8 +4,9 @@
     publish_weights          version t servable by the chunk server, then announced
     evaluate                 held-out greedy accuracy at step 0, on the eval thread (evaluator.py)
     until num_steps or max_wall_s (or SIGTERM):
-        collect_batch        groups_per_step groups admitted at t (t - v <= S); drops counted, bad groups dead-lettered
-        train_step           one optimizer step: t -> t + 1
+        collect_batch        groups_per_step groups admitted at t (t - v <= S); drops counted, bad groups dead-lettered;
+                             pull mode: asks the data plane for them (BatchRequest), to be sampled with version t
+        train_step           num_minibatches x ppo_epochs optimizer updates on the batch: t -> t + 1
         publish_if_due       every publish_every steps
         record_step          metrics.jsonl line, totals, LearnerState in Redis
         evaluate_if_due      every eval_every steps: hand a weight snapshot to the eval thread and go on;
@@ -49,11 +50,11 @@ from shared.bus import StreamBus
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import RunConfig
 from shared.keys import RunKeys
-from shared.messages import LearnerState, LearnerStatus, WorkerMismatch
+from shared.messages import BatchRequest, LearnerState, LearnerStatus, WorkerMismatch
 from shared.retry import call_with_retry
 from shared.run_records import LearnerSummary, RunTotals, StepRecord, read_metrics
-from shared.streams import LEARNER_STATE, SCORED
-from shared.tasks import make_task
+from shared.streams import BATCH_REQUEST, LEARNER_STATE, SCORED
+from shared.tasks import build_task
 from shared.tokenization import check_model_folder, model_fingerprint, pad_token_id
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TrainedStep:
-    """What one optimizer step used and produced; becomes its StepRecord once publishing is timed."""
+    """What one learner step used and produced; becomes its StepRecord once publishing is timed."""
 
     batch: CollectedBatch
     tensors: TrainBatch
@@ -77,7 +78,7 @@ class Learner:
         self.bus = bus
         self.keys = RunKeys(run.run_id)
         self.run_dir = settings.run_dir
-        self.task = make_task(run.task.name, num_eval_prompts=run.task.num_eval_prompts, seed=run.task.seed)
+        self.task = build_task(run.task)
 
         self.model_dir = self.ensure_initial_policy()
         self.model, self.tokenizer = trainer.load_policy(self.model_dir, run.learner)
@@ -91,6 +92,7 @@ class Learner:
         self.checkpointed_version = -1
         self.last_train_s = 0.0
         self.last_mismatch: dict[str, WorkerMismatch] = {}  # the last step's, by worker (into LearnerState)
+        self.last_record: StepRecord | None = None  # the last step's diagnostics (into LearnerState)
         self.state: LearnerState | None = None  # the latest state written (read by /metrics)
         self.stop_requested = threading.Event()
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
@@ -130,6 +132,8 @@ class Learner:
             device,
             dtype,
             self.task,
+            task_config=run.task,
+            verifier_timeout_s=run.reward.verifier_timeout_s,
             max_new_tokens=run.grpo.max_new_tokens,
             on_record=self.metrics.append,
             wall_s=self.wall_s,
@@ -202,15 +206,34 @@ class Learner:
     def collect_batch(self) -> CollectedBatch | None:
         started_s = time.monotonic()
         self.trust.refresh_quarantine(self.collector)
-        batch = self.collector.collect(self.version, should_stop=lambda: self.stop_reason() is not None)
+        batch = self.collector.collect(
+            self.version,
+            should_stop=lambda: self.stop_reason() is not None,
+            on_wanted=self.request_groups if self.config.schedule.mode == "pull" else None,
+        )
         if batch is None:  # stopped while waiting: that wait was idle time too
             self.totals.idle_s += time.monotonic() - started_s
         return batch
 
+    def request_groups(self, num_groups_wanted: int) -> None:
+        """Pull mode: ask the data plane for the groups this step still needs, sampled with this version."""
+        request = BatchRequest(
+            run_id=self.config.run_id, policy_version=self.version, num_groups_wanted=num_groups_wanted
+        )
+        call_with_retry(lambda: self.bus.put_state(BATCH_REQUEST, request), "write batch request")
+
     def train_step(self, batch: CollectedBatch) -> TrainedStep:
         groups = [admitted.group for admitted in batch.groups]
         tensors = tensorize(groups, self.pad_token_id, self.config.grpo.normalize_advantage_by_std)
-        result = trainer.train_step(self.model, self.optimizer, tensors, self.config.grpo, self.config.learner)
+        result = trainer.train_step(
+            self.model,
+            self.optimizer,
+            tensors,
+            self.config.grpo,
+            self.config.learner,
+            group_sizes=[group.rollout.num_samples for group in groups],
+            shuffle_seed=self.version,  # a step retaken after a restart deals its minibatches the same way
+        )
         self.trust.observe_step(self.version, batch.groups, tensors, result.logprobs)
         self.version += 1
         self.uncheckpointed_ids.extend(batch.message_ids)
@@ -248,6 +271,10 @@ class Learner:
             truncated_fraction=result.loss.truncated_fraction,
             approx_kl=result.loss.approx_kl,
             grad_norm=result.grad_norm,
+            num_updates=result.num_updates,
+            is_weight_mean=result.importance.weight_mean,
+            is_weight_max=result.importance.weight_max,
+            ess_fraction=result.importance.ess_fraction,
             wall_s=self.wall_s(),
             mismatch_by_worker=engine_mismatch(batch.groups, tensors, result.logprobs),
         )
@@ -255,9 +282,10 @@ class Learner:
         self.metrics.append(record)
         self.last_train_s = record.train_s
         self.last_mismatch = record.mismatch_by_worker
+        self.last_record = record
         self.write_state("training")
         log.info(
-            "step %d/%d reward %.3f train %.3fs idle %.3fs publish %.3fs lag %s dropped %s",
+            "step %d/%d reward %.3f train %.3fs idle %.3fs publish %.3fs lag %s dropped %s clip %.3f ess %.3f",
             record.step,
             self.config.schedule.num_steps,
             record.reward_mean,
@@ -266,6 +294,8 @@ class Learner:
             record.publish_s,
             record.staleness_histogram,
             record.num_dropped or "{}",
+            record.clip_fraction,
+            record.ess_fraction,
         )
 
     def evaluate_if_due(self) -> None:
@@ -416,6 +446,7 @@ class Learner:
         )
 
     def write_state(self, status: LearnerStatus) -> None:
+        last = self.last_record
         state = LearnerState(
             run_id=self.config.run_id,
             status=status,
@@ -433,6 +464,10 @@ class Learner:
             wall_s=self.wall_s(),
             staleness_histogram=dict(sorted(self.totals.staleness_histogram.items(), key=lambda item: int(item[0]))),
             mismatch_by_worker=self.last_mismatch,
+            # the last step's off-policy diagnostics (the fields' on-policy defaults before one)
+            last_clip_fraction=last.clip_fraction if last else 0.0,
+            last_ess_fraction=last.ess_fraction if last else 1.0,
+            last_is_weight_max=last.is_weight_max if last else 1.0,
             num_groups_trained=self.totals.num_groups,
             num_dead_lettered=self.collector.num_dead_lettered,
             num_restarts=self.totals.num_restarts,

@@ -20,17 +20,21 @@ BOS_TOKEN = "<bos>"
 
 
 def build_tokenizer(alphabet: str, out_dir: Path) -> None:
-    """A character-level tokenizer: one token per character of `alphabet`, plus pad/eos/bos."""
+    """A character-level tokenizer: one token per byte-level character of `alphabet` (one per character for
+    ASCII), plus pad/eos/bos.
+
+    It is written in the byte-level form Qwen's tokenizer class uses (a space is "Ġ", a newline "Ċ"; BPE
+    without merges): AutoTokenizer rebuilds a qwen2/qwen3 folder's tokenizer with that class, which keeps
+    the vocabulary but imposes its byte-level pre-tokenizer, so a plain character vocabulary would lose
+    every space and newline of the chat tasks' prompts."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    characters = sorted(set(alphabet))
+    characters = sorted({symbol for character in set(alphabet) for symbol in byte_level(character)})
     vocab = {token: i for i, token in enumerate([PAD_TOKEN, EOS_TOKEN, BOS_TOKEN, *characters])}
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD_TOKEN))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")  # every character alone
-    # Decoding joins the characters back with nothing between them. Without an explicit decoder the
-    # tokenizer class transformers picks for some model types (qwen3) joins tokens with spaces.
-    tokenizer.decoder = decoders.Fuse()
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=PAD_TOKEN))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         pad_token=PAD_TOKEN,
@@ -40,6 +44,25 @@ def build_tokenizer(alphabet: str, out_dir: Path) -> None:
         clean_up_tokenization_spaces=False,
     )
     wrapped.save_pretrained(out_dir)
+
+
+def byte_level(text: str) -> str:
+    """`text` in GPT-2's byte-to-unicode alphabet (printable ASCII maps to itself, a space to "Ġ")."""
+    return "".join(BYTE_TO_UNICODE[byte] for byte in text.encode())
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping = {byte: chr(byte) for byte in printable}
+    shifted = 0
+    for byte in range(256):
+        if byte not in mapping:
+            mapping[byte] = chr(256 + shifted)
+            shifted += 1
+    return mapping
+
+
+BYTE_TO_UNICODE = _byte_to_unicode()
 
 
 def build_model(config: ModelConfig, vocab_size: int, pad_id: int, eos_id: int, bos_id: int, out_dir: Path) -> None:

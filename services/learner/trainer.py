@@ -1,25 +1,32 @@
-"""The policy, its optimizer, and one GRPO training step.
+"""The policy, its optimizer, and one learner step: PPO minibatch updates with the GRPO loss.
 
-for each micro-batch of rows:                           # the whole batch unless micro_batch_size is set
-    logprobs  = log pi_theta(completion tokens)         # teacher forcing, dropout off, chunked LM head
-    loss      = decoupled clipped surrogate (grpo.py)   # pi_prox = pi_theta at the step's start,
-                                                        # token sum / the step's completion tokens
-    backward                                            # gradients add up to the whole batch's
-clip the gradient norm, AdamW step
+pi_prox  = log pi(completion tokens) at the step's start  # no gradient; with one update: that update's forward
+for each of ppo_epochs epochs:
+    deal the groups, shuffled, into num_minibatches minibatches of whole groups
+    for each minibatch:
+        for each micro-batch of its rows:                 # all of them unless micro_batch_size is set
+            logprobs = log pi_theta(completion tokens)    # teacher forcing, dropout off, chunked LM head
+            loss     = decoupled clipped surrogate (grpo.py) against pi_prox,
+                       token sum / the minibatch's completion tokens
+            backward                                      # gradients add up to the minibatch's
+        clip the gradient norm, AdamW step                # pi_theta moves: later minibatches' ratios leave 1
+the policy version advances by one (learner.py), however many updates the step took
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from services.learner.batch import TrainBatch
-from services.learner.grpo import LossStats, policy_loss, token_logprobs
+from services.learner.grpo import ImportanceStats, LossStats, importance_stats, policy_loss, token_logprobs
 from shared.config import GRPOConfig, LearnerConfig
 
 if TYPE_CHECKING:
@@ -69,10 +76,27 @@ def make_optimizer(model: torch.nn.Module, grpo: GRPOConfig) -> torch.optim.Opti
 
 @dataclass(frozen=True)
 class StepResult:
+    """One learner step. `loss.loss` and `loss.clip_fraction` are over the step's updates (clip_fraction over
+    every token of every update); `loss.ratio_mean`, `loss.truncated_fraction`, `loss.approx_kl` and
+    `importance` are the batch against the weights at the step's start."""
+
     loss: LossStats
+    importance: ImportanceStats  # pi_prox / mu over the whole batch
+    grad_norm: float  # before clipping, mean over the updates
+    num_updates: int  # optimizer updates taken: num_minibatches * ppo_epochs
+    train_s: float  # every forward, backward and optimizer step of the learner step
+    logprobs: torch.Tensor  # (B, T - 1) float32 on CPU, detached: pi_prox, the log-probs at the step's start
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """One optimizer update on one minibatch."""
+
+    loss: float  # the minibatch's token-mean loss
+    num_tokens: int  # completion tokens in the minibatch
+    num_clipped: int  # of those, tokens where the PPO clip bound the objective
     grad_norm: float  # before clipping
-    train_s: float  # forward + backward + optimizer step
-    logprobs: torch.Tensor  # (B, T - 1) float32 on CPU, detached: pi_prox, the recomputed log-probs
+    logprobs: torch.Tensor  # (b, T - 1) detached, the minibatch's log-probs before this update
 
 
 def train_step(
@@ -81,54 +105,156 @@ def train_step(
     batch: TrainBatch,
     grpo: GRPOConfig,
     learner: LearnerConfig | None = None,
+    *,
+    group_sizes: list[int] | None = None,
+    shuffle_seed: int = 0,
 ) -> StepResult:
-    """One optimizer step on `batch`: the learner's version advances by one after it."""
+    """One learner step on `batch`: `grpo.num_updates` optimizer updates, after which the learner's
+    version advances by one (however many updates it took).
+
+    group_sizes: rows per group, in row order (tensorize lays each group's samples out consecutively);
+    None: groups of grpo.group_size. Minibatches hold whole groups, so each keeps its group baselines.
+    shuffle_seed: seeds the groups' shuffle into minibatches (the learner passes its version, so a
+    step taken again after a restart splits the same way).
+    """
     learner = learner or LearnerConfig()
     started_s = time.perf_counter()
     disable_dropout(model)
     batch = batch.to(next(model.parameters()).device)
-    step_num_tokens = batch.num_tokens
-    logprobs = torch.zeros_like(batch.behaviour_logprobs)  # (B, T - 1) detached, for the stats
+    plan = minibatch_plan(batch.num_samples, grpo, group_sizes, shuffle_seed)
+    # pi_prox is the weights at the step's start. A single update's own forward sees those weights, so
+    # its detached log-probs are pi_prox; with more updates the later ones see moved weights, so pi_prox
+    # is computed once up front, without gradient, and every update's ratio is taken against it.
+    proximal = proximal_logprobs(model, batch, learner) if len(plan) > 1 else None
 
-    optimizer.zero_grad(set_to_none=True)
-    for rows in micro_batches(batch.num_samples, learner.micro_batch_size):
-        # Log-probs of every completion token under the current weights, with gradient.
-        micro_logprobs = token_logprobs(
-            model,
-            batch.input_ids[rows],
-            batch.attention_mask[rows],
-            batch.temperatures[rows],
-            chunk_tokens=learner.logprob_chunk_tokens,
-        )  # (b, T - 1)
-        # One update per batch: the proximal policy is the current one, so its log-probs are these,
-        # detached. The importance weight pi_prox / mu then corrects exactly for the batch's staleness.
-        micro_loss, _ = policy_loss(
-            micro_logprobs,
-            proximal_logprobs=micro_logprobs.detach(),
-            behaviour_logprobs=batch.behaviour_logprobs[rows],
-            advantages=batch.advantages[rows],
-            completion_mask=batch.completion_mask[rows],
-            clip_eps=grpo.clip_eps,
-            max_importance_weight=grpo.max_importance_weight,
-            loss_num_tokens=step_num_tokens,  # so the micro-batch gradients sum to the step's token mean
-        )
-        micro_loss.backward()
-        logprobs[rows] = micro_logprobs.detach()
+    updates = [update_minibatch(model, optimizer, batch, rows, proximal, grpo, learner) for rows in plan]
+    if proximal is None:
+        (update,) = updates
+        proximal = update.logprobs  # rows in order: the plan's only minibatch is the whole batch
 
-    # Clipping keeps one unlucky batch (a few huge-advantage tokens) from undoing earlier progress.
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grpo.max_grad_norm)
-    optimizer.step()
-    with torch.no_grad():  # the step's diagnostics, over the whole batch at once
-        _, stats = policy_loss(
-            logprobs,
-            proximal_logprobs=logprobs,
+    with torch.no_grad():  # the batch against the behaviour policy, at the step's start, all rows at once
+        _, start = policy_loss(
+            proximal,
+            proximal_logprobs=proximal,
             behaviour_logprobs=batch.behaviour_logprobs,
             advantages=batch.advantages,
             completion_mask=batch.completion_mask,
             clip_eps=grpo.clip_eps,
             max_importance_weight=grpo.max_importance_weight,
         )
-    return StepResult(stats, float(grad_norm), time.perf_counter() - started_s, logprobs.cpu())
+        importance = importance_stats(
+            proximal, batch.behaviour_logprobs, batch.completion_mask, grpo.max_importance_weight
+        )
+    num_update_tokens = sum(update.num_tokens for update in updates)
+    stats = replace(
+        start,
+        loss=statistics.fmean(update.loss for update in updates),
+        clip_fraction=sum(update.num_clipped for update in updates) / max(num_update_tokens, 1),
+    )
+    grad_norm = statistics.fmean(update.grad_norm for update in updates)
+    train_s = time.perf_counter() - started_s
+    return StepResult(stats, importance, grad_norm, len(updates), train_s, proximal.cpu())
+
+
+def minibatch_plan(
+    num_rows: int, grpo: GRPOConfig, group_sizes: list[int] | None, shuffle_seed: int
+) -> list[torch.Tensor]:
+    """The row indices of every update in order: ppo_epochs x num_minibatches tensors of whole groups.
+
+    Each epoch shuffles the groups (a generator seeded with `shuffle_seed`) and deals them into
+    num_minibatches minibatches whose group counts differ by at most one; a minibatch's rows stay in
+    batch order. One minibatch is the whole batch in order, every epoch.
+    """
+    if grpo.num_minibatches == 1:
+        return [torch.arange(num_rows)] * grpo.ppo_epochs
+    groups = group_rows(num_rows, group_sizes, grpo.group_size)
+    if len(groups) < grpo.num_minibatches:
+        raise ValueError(f"a batch of {len(groups)} groups cannot fill num_minibatches = {grpo.num_minibatches}")
+    generator = torch.Generator().manual_seed(shuffle_seed)
+    plan = []
+    for _ in range(grpo.ppo_epochs):
+        order = torch.randperm(len(groups), generator=generator)
+        for chosen in torch.tensor_split(order, grpo.num_minibatches):
+            plan.append(torch.cat([groups[index] for index in sorted(chosen.tolist())]))
+    return plan
+
+
+def group_rows(num_rows: int, group_sizes: list[int] | None, default_group_size: int) -> list[torch.Tensor]:
+    """Each group's row indices, groups being consecutive runs of rows of the given sizes."""
+    if group_sizes is None:
+        if num_rows % default_group_size:
+            raise ValueError(f"{num_rows} rows are not whole groups of group_size {default_group_size}")
+        group_sizes = [default_group_size] * (num_rows // default_group_size)
+    if sum(group_sizes) != num_rows or min(group_sizes, default=1) < 1:
+        raise ValueError(f"group sizes {group_sizes} do not cover the batch's {num_rows} rows")
+    bounds = [0, *itertools.accumulate(group_sizes)]
+    return [torch.arange(start, end) for start, end in itertools.pairwise(bounds)]
+
+
+def proximal_logprobs(model: PreTrainedModel, batch: TrainBatch, learner: LearnerConfig) -> torch.Tensor:
+    """(B, T - 1) log-probs of the batch under the current weights, without gradient, micro-batch by micro-batch."""
+    logprobs = torch.zeros_like(batch.behaviour_logprobs)
+    with torch.no_grad():
+        for rows in micro_batches(batch.num_samples, learner.micro_batch_size):
+            logprobs[rows] = token_logprobs(
+                model,
+                batch.input_ids[rows],
+                batch.attention_mask[rows],
+                batch.temperatures[rows],
+                chunk_tokens=learner.logprob_chunk_tokens,
+            )
+    return logprobs
+
+
+def update_minibatch(
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    batch: TrainBatch,
+    rows: torch.Tensor,
+    proximal: torch.Tensor | None,
+    grpo: GRPOConfig,
+    learner: LearnerConfig,
+) -> UpdateResult:
+    """One optimizer update on the batch's `rows` (b,). proximal: (B, T - 1) pi_prox of the whole batch;
+    None: this is the step's only update, and its own forward (detached) is pi_prox."""
+    minibatch = TrainBatch(**{field.name: getattr(batch, field.name)[rows] for field in fields(batch)})
+    minibatch_proximal = None if proximal is None else proximal[rows]  # (b, T - 1)
+    num_tokens = minibatch.num_tokens
+    logprobs = torch.zeros_like(minibatch.behaviour_logprobs)  # (b, T - 1) detached, for the result
+    loss_sum, num_clipped = 0.0, 0.0
+
+    optimizer.zero_grad(set_to_none=True)
+    for micro in micro_batches(minibatch.num_samples, learner.micro_batch_size):
+        # Log-probs of every completion token under the current weights, with gradient.
+        micro_logprobs = token_logprobs(
+            model,
+            minibatch.input_ids[micro],
+            minibatch.attention_mask[micro],
+            minibatch.temperatures[micro],
+            chunk_tokens=learner.logprob_chunk_tokens,
+        )  # (m, T - 1)
+        micro_proximal = micro_logprobs.detach() if minibatch_proximal is None else minibatch_proximal[micro]
+        # correction "none" (the staleness ablation's control): behaviour := proximal, every weight 1
+        corrected = grpo.off_policy_correction == "truncated_is"
+        micro_loss, micro_stats = policy_loss(
+            micro_logprobs,
+            proximal_logprobs=micro_proximal,
+            behaviour_logprobs=minibatch.behaviour_logprobs[micro] if corrected else micro_proximal,
+            advantages=minibatch.advantages[micro],
+            completion_mask=minibatch.completion_mask[micro],
+            clip_eps=grpo.clip_eps,
+            max_importance_weight=grpo.max_importance_weight,
+            loss_num_tokens=num_tokens,  # so the micro-batch gradients sum to the minibatch's token mean
+        )
+        micro_loss.backward()
+        logprobs[micro] = micro_logprobs.detach()
+        loss_sum += micro_stats.loss
+        num_clipped += micro_stats.clip_fraction * micro_stats.num_tokens
+
+    # Clipping keeps one unlucky batch (a few huge-advantage tokens) from undoing earlier progress.
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grpo.max_grad_norm)
+    optimizer.step()
+    return UpdateResult(loss_sum, num_tokens, round(num_clipped), float(grad_norm), logprobs)
 
 
 def micro_batches(num_rows: int, micro_batch_size: int) -> list[slice]:

@@ -4,7 +4,7 @@ The reward is the verifier's score of the text the *token ids* decode to (servic
 because the ids are what the learner trains on (and the prompt ids must encode the task's prompt, or a
 right answer to the task would train the model to give it to another prompt); the worker's own text only serves to count workers
 whose text disagrees with their ids (`text_mismatches_by_worker`). The verifier runs in a child process
-under a hard timeout (services/reward/verifier_pool.py).
+under a hard timeout (shared/verifier_pool.py).
 
 Multi-turn tasks (an EnvironmentTask, docs/environments.md): the model's turns are decoded from the ids
 where the mask says model, and the child replays them in a fresh environment built from the task's
@@ -22,9 +22,9 @@ from collections import Counter
 import redis
 
 from services.reward.decode import CompletionDecoder, InvalidTokensError
-from services.reward.verifier_pool import VerifierFailedError, VerifierPool
 from shared.keys import RunKeys
 from shared.messages import RolloutGroup, ScoredGroup
+from shared.verifier_pool import VerifierFailedError, VerifierPool
 
 log = logging.getLogger(__name__)
 

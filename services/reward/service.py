@@ -18,16 +18,16 @@ from services.reward.decode import CompletionDecoder
 from services.reward.provenance import ForgedRolloutError, ProducerCheck
 from services.reward.scoring import UNSCORABLE_ERRORS, GroupScorer
 from services.reward.settings import RewardSettings
-from services.reward.task_feed import top_up_tasks
-from services.reward.verifier_pool import TaskSpec, VerifierPool
+from services.reward.task_feed import TaskFeed
 from shared.bus import Delivery, StreamBus
 from shared.config import RunConfig
 from shared.keys import RunKeys
 from shared.messages import RolloutGroup
 from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
 from shared.streams import ROLLOUTS, SCORED, TASKS
-from shared.tasks import TaskAdapter, make_task
+from shared.tasks import TaskAdapter, build_task
 from shared.tasks.environment import EnvironmentTask
+from shared.verifier_pool import VerifierPool
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +38,15 @@ class RewardService:
         self.settings = settings
         self.bus = bus
         self.keys = RunKeys(run.run_id)
-        self.task: TaskAdapter = make_task(
-            run.task.name, num_eval_prompts=run.task.num_eval_prompts, seed=run.task.seed
-        )
+        self.task: TaskAdapter = build_task(run.task)
         self.producers = ProducerCheck(bus.redis, self.keys)
         self.scorer = GroupScorer(
             self.task.name,
             CompletionDecoder(settings.resolved_model_dir(run.model), run.grpo.max_new_tokens),
-            VerifierPool(
-                TaskSpec(type(self.task), run.task.num_eval_prompts, run.task.seed), run.reward.verifier_timeout_s
-            ),
+            VerifierPool(run.task, run.reward.verifier_timeout_s),
             max_turns=self.task.max_turns if isinstance(self.task, EnvironmentTask) else None,
         )
+        self.feed = TaskFeed(bus, self.keys, self.task, run, settings.reference_ttl_s)
         self.stop_event = threading.Event()
         self.num_scored = 0
         self.num_tasks_published = 0
@@ -73,9 +70,7 @@ class RewardService:
             self.scorer.verifiers.close()
 
     def serve_once(self) -> None:
-        self.num_tasks_published += top_up_tasks(
-            self.bus, self.keys, self.task, self.run, self.settings.reference_ttl_s
-        )
+        self.num_tasks_published += self.feed.top_up()
         self.score_and_forward(self.receive_rollouts())
 
     def create_groups(self) -> None:

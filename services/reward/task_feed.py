@@ -5,19 +5,31 @@ rollouts not finished by this service, scored groups the learner has not read ye
 `max_groups_in_flight` (default groups_per_step * max(1, S - 1), see RunConfig.max_groups_in_flight):
 enough to keep the learner's next batch in the making, never so much that groups wait long enough
 to go stale.
+
+Pull mode (`[schedule] mode = "pull"`, Echo's sequential baseline): nothing is sampled ahead. The
+learner publishes version t, then asks for its batch (a BatchRequest: the groups it still needs,
+rewritten as its batch fills); the feed issues at most groups_per_step tasks per version, each tagged
+`min_policy_version = t`, and a worker samples a tagged task only with weights at least that new.
+Every group is then on-policy when it is trained and nothing is generated to be dropped. A group lost
+on the way (dead-lettered) leaves the request unmet with nothing in flight: once that has lasted
+`reissue_after_s` with the request unchanged, the feed issues the missing groups again.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
+from dataclasses import dataclass
 
 from shared.bus import StreamBus
 from shared.config import RunConfig
 from shared.keys import RunKeys
-from shared.messages import EnvironmentSpec, TaskGroup
-from shared.streams import ROLLOUTS, SCORED, TASKS
+from shared.messages import BatchRequest, EnvironmentSpec, TaskGroup
+from shared.streams import BATCH_REQUEST, ROLLOUTS, SCORED, TASKS
 from shared.tasks import TaskAdapter
 from shared.tasks.environment import EnvironmentTask
+
+REISSUE_AFTER_S = 2.0  # an unmet request with nothing in flight for this long lost groups on the way
 
 
 def groups_in_flight(bus: StreamBus) -> int:
@@ -28,31 +40,87 @@ def groups_in_flight(bus: StreamBus) -> int:
     return tasks_lag + tasks_pending + rollouts_lag + rollouts_pending + scored_lag
 
 
-def top_up_tasks(bus: StreamBus, keys: RunKeys, task: TaskAdapter, run: RunConfig, reference_ttl_s: int) -> int:
-    """Publish tasks until the pipeline holds `run.max_groups_in_flight` groups; returns how many were added."""
-    num_missing = run.max_groups_in_flight - groups_in_flight(bus)
-    for _ in range(max(0, num_missing)):
-        prompt = task.sample_prompt()
-        message = TaskGroup(
-            run_id=run.run_id,
-            task_id=uuid.uuid4().hex,
-            task_name=task.name,
-            prompt=prompt.prompt,
-            messages=list(prompt.messages),
-            num_samples=run.grpo.group_size,
-            max_new_tokens=run.grpo.max_new_tokens,
-            temperature=run.grpo.temperature,
-            # multi-turn: the workers play the episode from the prompt's state (no secret: the reward is the replay's)
-            environment=EnvironmentSpec(state=prompt.reference, max_turns=task.max_turns)
-            if isinstance(task, EnvironmentTask)
-            else None,
-        )
-        # The reference is stored before the task exists, so a rollout can always be scored; with it
-        # a raw-text prompt, which the prompt ids of its rollouts must encode (chat prompts: not checked).
-        writes = bus.redis.pipeline(transaction=False)
-        writes.set(keys.task_reference(message.task_id), prompt.reference.encode(), ex=reference_ttl_s)
-        if not prompt.messages:
-            writes.set(keys.task_prompt(message.task_id), prompt.prompt.encode(), ex=reference_ttl_s)
-        writes.execute()
-        bus.publish(TASKS, message)
-    return max(0, num_missing)
+@dataclass
+class _Issued:
+    policy_version: int = -1
+    num_groups: int = 0
+    stuck_since_s: float | None = None  # the request unmet with nothing in flight, since (monotonic)
+    stuck_request_at_s: float = 0.0  # which request that was (its requested_at_s)
+
+
+class TaskFeed:
+    """Publishes TaskGroups for the reward service's loop (`top_up`), in the run's schedule mode."""
+
+    def __init__(self, bus: StreamBus, keys: RunKeys, task: TaskAdapter, run: RunConfig, reference_ttl_s: int) -> None:
+        self.bus = bus
+        self.keys = keys
+        self.task = task
+        self.run = run
+        self.reference_ttl_s = reference_ttl_s
+        self.reissue_after_s = REISSUE_AFTER_S
+        self._issued = _Issued()
+
+    def top_up(self) -> int:
+        """Publish the tasks the pipeline lacks now; returns how many."""
+        if self.run.schedule.mode == "pull":
+            return self._answer_request()
+        num_missing = self.run.max_groups_in_flight - groups_in_flight(self.bus)
+        return self.publish(num_missing, min_policy_version=0)
+
+    def publish(self, num_tasks: int, min_policy_version: int) -> int:
+        for _ in range(max(0, num_tasks)):
+            prompt = self.task.sample_prompt()
+            message = TaskGroup(
+                run_id=self.run.run_id,
+                task_id=uuid.uuid4().hex,
+                task_name=self.task.name,
+                prompt=prompt.prompt,
+                messages=list(prompt.messages),
+                num_samples=self.run.grpo.group_size,
+                max_new_tokens=self.run.grpo.max_new_tokens,
+                temperature=self.run.grpo.temperature,
+                min_policy_version=min_policy_version,
+                # multi-turn: workers play the episode from the prompt's state (no secret: the reward is the replay's)
+                environment=EnvironmentSpec(state=prompt.reference, max_turns=self.task.max_turns)
+                if isinstance(self.task, EnvironmentTask)
+                else None,
+            )
+            # The reference is stored before the task exists, so a rollout can always be scored; with it
+            # a raw-text prompt, which the prompt ids of its rollouts must encode (chat prompts: not checked).
+            writes = self.bus.redis.pipeline(transaction=False)
+            writes.set(self.keys.task_reference(message.task_id), prompt.reference.encode(), ex=self.reference_ttl_s)
+            if not prompt.messages:
+                writes.set(self.keys.task_prompt(message.task_id), prompt.prompt.encode(), ex=self.reference_ttl_s)
+            writes.execute()
+            self.bus.publish(TASKS, message)
+        return max(0, num_tasks)
+
+    def _answer_request(self) -> int:
+        request = self.bus.get_state(BATCH_REQUEST)
+        if request is None or request.run_id != self.run.run_id or request.num_groups_wanted == 0:
+            return 0
+        issued = self._issued
+        if request.policy_version != issued.policy_version:
+            self._issued = issued = _Issued(policy_version=request.policy_version)
+        in_flight = groups_in_flight(self.bus)
+        # never more than one batch per version: a request read a moment before the learner rewrote it
+        # (it has just read groups that were in flight) would otherwise ask for them twice
+        num_missing = min(request.num_groups_wanted - in_flight, self.run.grpo.groups_per_step - issued.num_groups)
+        if in_flight > 0:
+            issued.stuck_since_s = None
+        elif num_missing <= 0 and self._stuck(request):
+            num_missing = request.num_groups_wanted  # lost on the way (module docstring)
+        num_published = self.publish(num_missing, min_policy_version=request.policy_version)
+        issued.num_groups += num_published
+        return num_published
+
+    def _stuck(self, request: BatchRequest) -> bool:
+        """True when this same unmet request has had nothing in flight for reissue_after_s."""
+        issued, now_s = self._issued, time.monotonic()
+        if issued.stuck_since_s is None or issued.stuck_request_at_s != request.requested_at_s:
+            issued.stuck_since_s, issued.stuck_request_at_s = now_s, request.requested_at_s
+            return False
+        if now_s - issued.stuck_since_s < self.reissue_after_s:
+            return False
+        issued.stuck_since_s = None
+        return True

@@ -15,7 +15,7 @@ from engines.episodes import Episode, run_episodes, start_episode
 from engines.interface import InferenceEngine
 from shared.config import TaskConfig
 from shared.messages import RolloutGroup, TaskGroup, pack_float32, pack_int32, pack_mask
-from shared.tasks import make_task
+from shared.tasks import build_task
 from shared.tasks.environment import EnvironmentTask
 from shared.tokenization import PromptInput
 
@@ -24,7 +24,7 @@ class EpisodeRunner:
     """Builds each task's environments from the run's task adapter and plays them with the engine."""
 
     def __init__(self, engine: InferenceEngine, task_config: TaskConfig) -> None:
-        task = make_task(task_config.name, num_eval_prompts=task_config.num_eval_prompts, seed=task_config.seed)
+        task = build_task(task_config)
         if not isinstance(task, EnvironmentTask):
             raise ValueError(f"task {task_config.name!r} is not an EnvironmentTask: it has no episodes to play")
         self.engine = engine

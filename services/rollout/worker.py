@@ -2,7 +2,8 @@
 
 Main loop (`RolloutWorker.run`):
     start: chunk server -> register -> Redis as the issued user -> heartbeat thread
-    loop:  sync weights -> gate on staleness -> receive tasks -> generate -> publish -> ack
+    loop:  sync weights -> gate on staleness -> receive tasks -> (pull mode: wait for the version the
+           tasks ask for) -> generate -> publish -> ack
     stop:  finish the current batch -> deregister -> stop the chunk server
 
 Every group is signed with the rollout key its registration issued (shared/rollout_mac.py).
@@ -31,6 +32,7 @@ from services.rollout.prometheus import SwapPauses
 from services.rollout.redis_access import connect_as_worker
 from services.rollout.relay_sources import CoordinatorParents
 from services.rollout.settings import RolloutSettings
+from services.rollout.weight_hold import WeightHold
 from services.rollout.weights_sync import WeightsSync
 from shared.api import HeartbeatRequest, RegisterWorkerRequest, RegisterWorkerResponse
 from shared.bus import Delivery, StreamBus
@@ -132,6 +134,7 @@ class RolloutWorker:
         self.throughput = ThroughputMeter()
         self.swap_pauses = SwapPauses()  # every swap's rollout pause, for /metrics
         self.gate_state = "closed"
+        self.hold = WeightHold(run.rollout.hold_versions_max)  # an ablation's knob; off (0) otherwise
         self._episode_runner: EpisodeRunner | None = None
 
     def run(self) -> None:
@@ -162,6 +165,7 @@ class RolloutWorker:
         self.generating = bool(deliveries)
         if deliveries:
             self.sync_weights()  # the read may have blocked while a newer version was announced
+            self.wait_for_version(max(delivery.message.min_policy_version for delivery in deliveries))
             outcomes = self.generate_groups(deliveries)
             self.publish_and_ack(outcomes)
 
@@ -212,8 +216,11 @@ class RolloutWorker:
     def sync_weights(self) -> None:
         if self.fault is not None and not self.fault.loads_weights(self.engine.policy_version):
             return
+        if self.hold.active and not self.hold.releases(self.engine.policy_version, self.newest_announced_version()):
+            return
         loaded_version = self.weights.update(self.engine)
         if loaded_version is not None:
+            self.hold.redraw()
             swap = self.weights.last_swap
             pause_s = swap.pause_s if swap is not None else None
             if pause_s is not None:
@@ -221,6 +228,29 @@ class RolloutWorker:
             log.info(
                 "now sampling with policy version %d (engine paused %.3fs to load it)", loaded_version, pause_s or 0.0
             )
+
+    def wait_for_version(self, min_policy_version: int) -> None:
+        """Pull mode: the learner asked for these tasks at `min_policy_version`; sample them with weights at
+        least that new. Waits at most `version_timeout_s` for them (then samples with what it has: the
+        learner's admission rule still decides) and never past stop()."""
+        if self.engine.policy_version >= min_policy_version:
+            return
+        deadline_s = time.monotonic() + self.run_config.broadcast.version_timeout_s
+        while self.engine.policy_version < min_policy_version and time.monotonic() < deadline_s:
+            if self.stopping.wait(self.settings.worker_poll_s / 4):
+                return
+            self.sync_weights()
+        if self.engine.policy_version < min_policy_version:
+            log.warning(
+                "tasks ask for version %d; still at %d after %.0fs: sampling them anyway",
+                min_policy_version,
+                self.engine.policy_version,
+                self.run_config.broadcast.version_timeout_s,
+            )
+
+    def newest_announced_version(self) -> int | None:
+        newest = self.bus.latest_entry(WEIGHTS)
+        return None if newest is None else newest.message.policy_version
 
     def has_admissible_weights(self) -> bool:
         """False before the first verified weights, and while the coordinator says groups sampled with

@@ -9,16 +9,27 @@ service and its verifier child all import it: it must be importable where they r
 from __future__ import annotations
 
 import importlib
+import logging
 import re
 
+from shared.config import TASK_OPTION_FIELDS, TaskConfig
 from shared.tasks.arithmetic import ArithmeticMod10Task
 from shared.tasks.base import TaskAdapter, TaskPrompt
+from shared.tasks.logic import KnightsKnavesTask, MiniSudokuTask
+from shared.tasks.math_file import MathFileTask
+from shared.tasks.math_gym import MathGymTask
 from shared.tasks.poker import KuhnPokerTask
 from shared.tasks.reverse import ReverseDigitsTask
+
+log = logging.getLogger(__name__)
 
 TASKS: dict[str, type[TaskAdapter]] = {
     ArithmeticMod10Task.name: ArithmeticMod10Task,
     ReverseDigitsTask.name: ReverseDigitsTask,
+    MathGymTask.name: MathGymTask,
+    MathFileTask.name: MathFileTask,
+    KnightsKnavesTask.name: KnightsKnavesTask,
+    MiniSudokuTask.name: MiniSudokuTask,
     KuhnPokerTask.name: KuhnPokerTask,
 }
 IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
@@ -54,8 +65,19 @@ def task_type(name: str) -> type[TaskAdapter]:
     return found
 
 
+def build_task(config: TaskConfig) -> TaskAdapter:
+    """The adapter of the run file's [task] section, with the fields it reads; a field set for another task
+    is ignored with a warning. Raises ValueError for a bad name or a task that cannot build (a missing file)."""
+    adapter = task_type(config.name)
+    ignored = sorted((config.model_fields_set & TASK_OPTION_FIELDS) - adapter.config_fields)
+    if ignored:
+        log.warning("[task] %s ignored: task %s does not read them", ignored, config.name)
+    return adapter.from_config(config)
+
+
 def make_task(name: str, *, num_eval_prompts: int, seed: int) -> TaskAdapter:
-    return task_type(name)(num_eval_prompts=num_eval_prompts, seed=seed)
+    """The adapter `name` with the default options (tests, benchmarks); services use build_task."""
+    return build_task(TaskConfig(name=name, num_eval_prompts=num_eval_prompts, seed=seed))
 
 
-__all__ = ["TASKS", "TaskAdapter", "TaskPrompt", "make_task", "task_type"]
+__all__ = ["TASKS", "TaskAdapter", "TaskPrompt", "build_task", "make_task", "task_type"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Self
 
+from shared.config import TaskConfig
 from shared.messages import ChatMessage
 from shared.tokenization import PromptInput
 
@@ -29,6 +31,13 @@ class TaskAdapter(ABC):
 
     name: str
     alphabet: str  # every character a prompt or a correct answer can contain (the tokenizer covers it)
+    # [task] fields of the run file the adapter reads besides name, num_eval_prompts and seed (from_config)
+    config_fields: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_config(cls, config: TaskConfig) -> Self:
+        """The adapter the run file's [task] section describes; adapters with `config_fields` override it."""
+        return cls(num_eval_prompts=config.num_eval_prompts, seed=config.seed)
 
     def __init__(self, *, num_eval_prompts: int, seed: int) -> None:
         universe = self.all_prompts()

@@ -162,8 +162,8 @@ class KuhnPokerEnvironment(Environment):
 
 class KuhnPokerTask(EnvironmentTask):
     name = "kuhn_poker"
-    # every character of an observation or an action (tests/unit/test_poker.py checks all episodes); no
-    # whitespace: the tiny-random model's tokenizer class (Qwen2's) drops it from a character vocabulary
+    # every character of an observation or an action (tests/unit/test_poker.py checks all episodes); terse,
+    # without spaces: a character tokenizer spends one position per character
     alphabet = "".join(sorted(set("kuhn;card=JQK;opp=checks/bets/calls/folds;pot=0123456789;check/bet?fold/call?")))
     max_turns = 2
 

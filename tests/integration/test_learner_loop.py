@@ -241,7 +241,10 @@ def test_a_slow_evaluation_stalls_training_at_most_the_budget_and_the_final_eval
     summaries: list[LearnerSummary] = []
     try:
         with Learner(run, settings, bus) as learner:
-            learner.evaluator.task = gated  # the learner's own task, with scoring that waits for the gate
+            learner.evaluator.task = gated  # the learner's own task, with scoring that waits for the gate,
+            assert learner.evaluator.verifier is not None  # run on the eval thread rather than in the verifier's
+            learner.evaluator.verifier.close()  # process (a threading gate does not cross processes)
+            learner.evaluator.verifier = None
             loop = threading.Thread(target=lambda: summaries.append(learner.run()), daemon=True)
             loop.start()
             try:

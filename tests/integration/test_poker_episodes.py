@@ -16,11 +16,11 @@ from engines.torch_engine import TorchEngine
 from services.learner.evaluate import evaluate_greedy
 from services.reward.decode import CompletionDecoder, InvalidTokensError
 from services.reward.scoring import GroupScorer
-from services.reward.verifier_pool import TaskSpec, VerifierPool
 from services.rollout.episodes import EpisodeRunner, build_episode_group
 from shared.config import TaskConfig
 from shared.messages import EnvironmentSpec, RolloutGroup, TaskGroup, pack_int32, unpack_int32
 from shared.tasks.poker import KuhnPokerEnvironment, KuhnPokerTask
+from shared.verifier_pool import VerifierPool
 
 pytestmark = pytest.mark.integration
 torch.set_num_threads(1)
@@ -36,7 +36,7 @@ def poker_model_dir(poker_policy_dir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def verifiers() -> Iterator[VerifierPool]:
-    pool = VerifierPool(TaskSpec(KuhnPokerTask, 20, 0), timeout_s=30.0).start()
+    pool = VerifierPool(TaskConfig(name="kuhn_poker"), timeout_s=30.0).start()
     yield pool
     pool.close()
 

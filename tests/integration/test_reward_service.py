@@ -247,19 +247,14 @@ def test_token_ids_no_engine_produces_are_dead_lettered_with_the_reason(service,
 
 
 @pytest.fixture
-def trap_service(
-    run_id: str, bus: StreamBus, keys: RunKeys, redis_server, model_dir: Path, monkeypatch
-) -> Iterator[RewardService]:
-    """A reward service scoring tests/trap_task.py's task under a 1 s verifier timeout."""
+def trap_service(run_id: str, bus: StreamBus, keys: RunKeys, redis_server, model_dir: Path) -> Iterator[RewardService]:
+    """A reward service scoring tests/trap_task.py's task under a 1 s verifier timeout (by import path: the
+    verifier's child process builds it too)."""
     issue_test_rollout_key(bus.redis, keys)
-    from shared.tasks import TASKS as REGISTRY
-    from tests.trap_task import TrapTask
-
-    monkeypatch.setitem(REGISTRY, TrapTask.name, TrapTask)
     run = RunConfig.model_validate(
         {
             "run_id": run_id,
-            "task": {"name": TrapTask.name},
+            "task": {"name": "tests.trap_task:TrapTask"},
             "grpo": {"group_size": 2, "groups_per_step": 2},
             "reward": {"verifier_timeout_s": 1.0},
         }
@@ -316,10 +311,11 @@ def test_a_verifier_that_hangs_or_raises_fails_its_group_in_time_and_the_service
 
 
 def test_a_verifier_process_that_dies_is_replaced_and_a_non_finite_reward_is_refused() -> None:
-    from services.reward.verifier_pool import TaskSpec, VerifierFailedError, VerifierPool
-    from tests.trap_task import EXIT_TEXT, NAN_TEXT, TrapTask
+    from shared.config import TaskConfig
+    from shared.verifier_pool import VerifierFailedError, VerifierPool
+    from tests.trap_task import EXIT_TEXT, NAN_TEXT
 
-    pool = VerifierPool(TaskSpec(TrapTask, 20, 0), timeout_s=30.0).start()
+    pool = VerifierPool(TaskConfig(name="tests.trap_task:TrapTask"), timeout_s=30.0).start()
     try:
         first_pid = pool.pid
         with pytest.raises(VerifierFailedError, match=r"verifier process died \(exit code 3\)") as died:
@@ -344,10 +340,10 @@ from pathlib import Path
 import services.reward.__main__, services.reward.service
 from services.reward.decode import CompletionDecoder
 from services.reward.scoring import GroupScorer
-from services.reward.verifier_pool import TaskSpec, VerifierPool
-from shared.tasks.arithmetic import ArithmeticMod10Task
+from shared.config import TaskConfig
+from shared.verifier_pool import VerifierPool
 
-pool = VerifierPool(TaskSpec(ArithmeticMod10Task, 20, 0), timeout_s=5.0).start()
+pool = VerifierPool(TaskConfig(name="arithmetic_mod10"), timeout_s=5.0).start()
 scorer = GroupScorer("arithmetic_mod10", CompletionDecoder(Path({str(model_dir)!r}), 2), pool)
 assert pool.score(["3", "4"], "3") == [1.0, 0.0]
 pool.close()
@@ -378,10 +374,11 @@ def test_a_reward_service_killed_while_its_verifier_hangs_leaves_no_verifier_beh
     import sys
 
     program = """
-from services.reward.verifier_pool import TaskSpec, VerifierPool
-from tests.trap_task import HANG_PREFIX, TrapTask
+from shared.config import TaskConfig
+from shared.verifier_pool import VerifierPool
+from tests.trap_task import HANG_PREFIX
 
-pool = VerifierPool(TaskSpec(TrapTask, 20, 0), timeout_s=600.0).start()
+pool = VerifierPool(TaskConfig(name="tests.trap_task:TrapTask"), timeout_s=600.0).start()
 print(pool.pid, flush=True)
 pool.score([HANG_PREFIX], "1")
 """

@@ -13,10 +13,13 @@ from engines.interface import WeightsLoadError
 from engines.torch_engine import TorchEngine
 from services.learner.evaluate import evaluate_greedy
 from services.learner.evaluator import EvalFailedError, Evaluator
+from shared.config import TaskConfig
 from shared.run_records import EvalRecord
 from shared.tasks import make_task
 from shared.tokenization import encode_prompt, eos_token_ids
+from shared.verifier_pool import VerifierPool
 from tests.gated_task import GatedTask
+from tests.hanging_task import HangingTask
 from tests.hf_folders import CHAT_TEMPLATE, ENDOFTEXT, IM_END, build_folder
 from tests.polling import wait_for
 
@@ -138,3 +141,26 @@ def test_load_state_dict_checks_tensors_like_load_weights_and_keeps_the_old_ones
     with pytest.raises(WeightsLoadError, match="wrong shape"):
         engine.load_state_dict({**state, name: state[name][:1]}, policy_version=5)
     assert engine.policy_version == 4
+
+
+def test_a_verifier_that_hangs_counts_its_prompts_as_wrong_instead_of_wedging_the_eval(tiny_policy_dir: Path) -> None:
+    records: list[EvalRecord] = []
+    verifier = VerifierPool(TaskConfig(name="tests.hanging_task:HangingTask", num_eval_prompts=2), timeout_s=0.5)
+    evaluator = Evaluator(
+        TorchEngine(tiny_policy_dir),
+        HangingTask(num_eval_prompts=2, seed=0),
+        max_new_tokens=2,
+        on_record=records.append,
+        wall_s=lambda: 0.0,
+        verifier=verifier,  # started by the evaluator, closed with it
+    )
+    try:
+        assert verifier.pid is not None
+        assert evaluator.submit(evaluator.engine.model, 0, max_wait_s=1.0).accepted
+        assert evaluator.wait_idle(timeout_s=60)  # each prompt's verifier killed after 0.5 s
+        (record,) = evaluator.take_finished()
+        assert (record.num_eval_prompts, record.num_verifier_failures, record.eval_accuracy) == (2, 2, 0.0)
+        assert verifier.num_replaced == 2
+    finally:
+        evaluator.close()
+    assert verifier.pid is None

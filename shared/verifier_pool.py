@@ -1,4 +1,6 @@
-"""The task's verifier in a child process under a hard timeout, so no verifier can kill or block the service.
+"""The task's verifier in a child process under a hard timeout, so no verifier can kill or block its caller.
+
+Used by the reward service (every group) and the learner's held-out evaluation (services/learner/evaluate.py).
 
 A verifier is user code fed with a worker's output: on pathological input it can raise, recurse, eat
 memory or never return (a huge number string, a regex blow-up, a loop in a custom task). A thread
@@ -7,8 +9,9 @@ torch), one request per group: the group's decoded texts and its reference go in
 comes back (for an EnvironmentTask: each sample's actions go in, its replayed episode comes back). The child outlives the group and serves the next; the round trip costs 0.1-0.3 ms per
 group on a busy 2-core machine (benchmarks/reward_verifier_overhead.py).
 
-Policy for a group the verifier fails on (`VerifierFailedError`, dead-lettered by the service with the
-reason; the learner never trains on a made-up reward):
+Policy for a group the verifier fails on (`VerifierFailedError`: the reward service dead-letters the
+group with the reason, so the learner never trains on a made-up reward; the evaluation counts the prompt
+as wrong):
 - no answer within `timeout_s` (`[reward] verifier_timeout_s`): the child is killed and a fresh one
   started before the next group; reason `verifier timeout: ...`;
 - the verifier raised: reason `verifier raised: <type>: <message>`; the child keeps serving;
@@ -26,12 +29,12 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, Literal
 
-from shared.tasks import TaskAdapter
+from shared.config import TaskConfig
+from shared.tasks import TaskAdapter, build_task
 from shared.tasks.environment import EnvironmentTask, Replay
 
 log = logging.getLogger(__name__)
@@ -49,24 +52,12 @@ class VerifierFailedError(Exception):
         self.kind = kind
 
 
-@dataclass(frozen=True)
-class TaskSpec:
-    """How the child builds the same task adapter as the service (the class travels by import path)."""
-
-    task_type: type[TaskAdapter]
-    num_eval_prompts: int
-    seed: int
-
-    def build(self) -> TaskAdapter:
-        return self.task_type(num_eval_prompts=self.num_eval_prompts, seed=self.seed)
-
-
 class VerifierPool:
     """One verifier child, reused across groups and replaced when it hangs or dies. Not thread-safe:
     the service's loop is its only caller."""
 
-    def __init__(self, task: TaskSpec, timeout_s: float) -> None:
-        self.task = task
+    def __init__(self, task: TaskConfig, timeout_s: float) -> None:
+        self.task = task  # the child builds the same adapter from it (shared.tasks.build_task)
         self.timeout_s = timeout_s
         self.num_replaced = 0  # children killed after a hang or found dead
         self._context = multiprocessing.get_context("spawn")
@@ -81,7 +72,7 @@ class VerifierPool:
         """Spawn the child and wait until it has built the task (a task that fails to build raises here)."""
         parent_conn, child_conn = self._context.Pipe()
         process = self._context.Process(
-            target=serve_verifier, args=(child_conn, self.task, os.getpid()), name="reward-verifier", daemon=True
+            target=serve_verifier, args=(child_conn, self.task, os.getpid()), name="verifier", daemon=True
         )
         process.start()
         child_conn.close()
@@ -92,8 +83,8 @@ class VerifierPool:
         status, detail = parent_conn.recv()
         if status != "ready":
             self.close()
-            raise RuntimeError(f"the verifier process could not build task {self.task.task_type.__name__}: {detail}")
-        log.info("verifier process %d serving %s", process.pid, self.task.task_type.__name__)
+            raise RuntimeError(f"the verifier process could not build task {self.task.name!r}: {detail}")
+        log.info("verifier process %d serving %s", process.pid, self.task.name)
         return self
 
     def score(self, texts: list[str], reference: str) -> list[float]:
@@ -174,13 +165,13 @@ def check_rewards(rewards: list[float], num_texts: int) -> None:
             raise VerifierFailedError("bad_reward", f"verifier returned {reward!r}, not a number in [0, 1]")
 
 
-def serve_verifier(conn: Connection, task_spec: TaskSpec, parent_pid: int) -> None:
+def serve_verifier(conn: Connection, task_config: TaskConfig, parent_pid: int) -> None:
     """The child's loop: build the task once, then (texts, reference) -> ("ok", rewards) or ("raised", why)
     until None or the parent's end closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the terminal is the parent's to handle
     die_with_parent(parent_pid)
     try:
-        task = task_spec.build()
+        task = build_task(task_config)
     except Exception as exc:  # boundary: reported to the parent, which refuses to start
         conn.send(("failed", f"{type(exc).__name__}: {exc}"[:MAX_REASON_CHARS]))
         return

@@ -1,0 +1,82 @@
+"""make ablation: the staleness ablation on the demo task, on CPU, with real local clusters.
+
+    python -m benchmarks.ablation.run [--staleness 0,1,2,4,6,11] [--corrections truncated_is,none]
+                                      [--seeds 0,1,2] [--steps 400] [--workers 3] [--pull] [--only-report]
+
+Grid: S x correction x seed, every cell the same number of learner steps (docs/staleness_ablation.md).
+S = 0 is run once per seed: at lag 0 the importance weight is 1 whatever the correction, so both
+columns show the same runs. `--pull` adds the pull-mode baseline (Echo's sequential mode) per seed.
+
+Resumable: each finished cell is written to benchmarks/results/ablation/cells/<key>.json and skipped
+when the command runs again; an interrupted cell starts over (its run folder is removed first). The
+report (table, plots) is rebuilt from every cell file at the end, and alone with --only-report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from benchmarks.ablation.cells import REPO_ROOT, Cell, run_cell, save
+from benchmarks.ablation.report import write_report
+
+OUT_DIR = REPO_ROOT / "benchmarks" / "results" / "ablation"
+RUNS_DIR = REPO_ROOT / "runs" / "ablation"
+
+log = logging.getLogger("ablation")
+
+
+def grid(args: argparse.Namespace) -> list[Cell]:
+    cells: list[Cell] = []
+    for seed in args.seeds:
+        if args.pull:
+            cells.append(Cell(0, "truncated_is", seed, mode="pull", num_steps=args.steps, num_workers=args.workers))
+        for bound in args.staleness:
+            for correction in args.corrections if bound > 0 else args.corrections[:1]:
+                cells.append(Cell(bound, correction, seed, num_steps=args.steps, num_workers=args.workers))
+    return cells
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ints = lambda text: [int(item) for item in text.split(",")]  # noqa: E731
+    parser.add_argument("--staleness", type=ints, default=[0, 1, 2, 4, 6, 11])
+    parser.add_argument("--corrections", type=lambda text: text.split(","), default=["truncated_is", "none"])
+    parser.add_argument("--seeds", type=ints, default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--pull", action="store_true", help="also the pull-mode baseline per seed")
+    parser.add_argument("--only-report", action="store_true")
+    parser.add_argument("--out", type=Path, default=OUT_DIR)
+    parser.add_argument("--runs-dir", type=Path, default=RUNS_DIR)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+    if not args.only_report:
+        cells = grid(args)
+        todo = [cell for cell in cells if not (args.out / "cells" / f"{cell.key}.json").exists()]
+        log.info("%d cells, %d done before, %d to run", len(cells), len(cells) - len(todo), len(todo))
+        for index, cell in enumerate(todo, 1):
+            shutil.rmtree(args.runs_dir / f"ablation-{cell.key}", ignore_errors=True)  # a cell cut short
+            started_s = time.monotonic()
+            result = run_cell(cell, args.runs_dir)
+            save(result, args.out)
+            log.info(
+                "cell %d/%d %s: final reward %.3f, held-out %s, lags %s, %.0fs",
+                index,
+                len(todo),
+                cell.key,
+                result.final_reward,
+                result.eval_accuracy_final,
+                result.lag_histogram,
+                time.monotonic() - started_s,
+            )
+    print(write_report(args.out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""make bench-async: the same demo run asynchronous (S = 2) and synchronous (pull mode), side by side, and
+reward against dollars for both and for a centralized baseline (docs/staleness_ablation.md).
+
+    python -m benchmarks.async_vs_sync [--seeds 0,1,2] [--steps 400] [--workers 3] [--only-report]
+
+Each run is a real local cluster (benchmarks/ablation/cells.py) whose workers register with a price, so
+the coordinator's cost ledger bills them while they are active; the dashboard is polled once a second
+for the ledger's total and the capacity model's predicted utilization. Prices (written into every
+result): the learner at an H100's $2.49/h, each worker at an RTX 4090's $0.35/h (simulator/fleet.py).
+
+The centralized baseline is priced, not run: the learner's own GPU samples every batch and then trains
+on it (no workers), so its step takes T_train + R / mu, with T_train the pull runs' measured train
+time and mu the samples/s one worker measured in those runs (the same engine on the same hardware);
+it learns per step as the pull runs do (both are on-policy and synchronous), so its reward curve is
+theirs, against learner_price * steps * (T_train + R / mu).
+
+Results: benchmarks/results/async_vs_sync/{cells/*.json, table.md, summary.json, reward_vs_cost.png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.ablation.cells import REPO_ROOT, TRAILING_STEPS, Cell, CellResult, load_results, run_cell, save
+
+OUT_DIR = REPO_ROOT / "benchmarks" / "results" / "async_vs_sync"
+RUNS_DIR = REPO_ROOT / "runs" / "async_vs_sync"
+LEARNER_PRICE_PER_HOUR = 2.49  # H100
+WORKER_PRICE_PER_HOUR = 0.35  # RTX 4090
+
+log = logging.getLogger("async_vs_sync")
+
+
+def cells(seeds: list[int], num_steps: int, num_workers: int) -> list[Cell]:
+    common = {
+        "num_steps": num_steps,
+        "num_workers": num_workers,
+        "run_id_prefix": "avs",
+        "worker_price_per_hour": WORKER_PRICE_PER_HOUR,
+        "learner_price_per_hour": LEARNER_PRICE_PER_HOUR,
+    }
+    out = []
+    for seed in seeds:
+        out.append(Cell(0, "truncated_is", seed, mode="pull", **common))
+        # the demo as it ships: S = 2, its default queue, no held-back weights
+        out.append(Cell(2, "truncated_is", seed, hold_versions_max=0, max_groups_in_flight=0, **common))
+    return out
+
+
+def centralized_curve(pull: list[CellResult], samples_per_step: int) -> tuple[float, float, float]:
+    """(seconds per step, $ per step, samples/s of the learner's own GPU) of the centralized baseline."""
+    train_s = statistics.fmean(result.train_s_per_step for result in pull)
+    rates = [result.worker_samples_per_s for result in pull if result.worker_samples_per_s]
+    if not rates:
+        raise ValueError("the pull runs measured no worker throughput")
+    samples_per_s = statistics.fmean(rates)
+    step_s = train_s + samples_per_step / samples_per_s
+    return step_s, LEARNER_PRICE_PER_HOUR * step_s / 3600.0, samples_per_s
+
+
+def cost_at_steps(result: CellResult) -> np.ndarray:
+    """The ledger's total $ at each learner step (interpolated between the dashboard's polls)."""
+    curve = sorted(result.cost_curve)
+    versions = np.array([version for version, _ in curve], dtype=float)
+    dollars = np.array([usd for _, usd in curve], dtype=float)
+    return np.interp(np.arange(1, result.num_steps + 1), versions, dollars)
+
+
+def write_report(out_dir: Path, samples_per_step: int) -> str:
+    results = load_results(out_dir)
+    pull = [r for r in results if r.cell["mode"] == "pull"]
+    async_runs = [r for r in results if r.cell["mode"] == "async"]
+    if not pull or not async_runs:
+        return "need both pull and async cells"
+    step_s, usd_per_step, learner_rate = centralized_curve(pull, samples_per_step)
+    rows = []
+    for name, group in (("async S=2", async_runs), ("sync (pull)", pull)):
+        rows.append(
+            {
+                "run": name,
+                "seeds": len(group),
+                "busy_fraction": statistics.fmean(r.busy_fraction for r in group),
+                "predicted_utilization": _mean_or_none([r.predicted_utilization for r in group]),
+                "steps_per_hour": statistics.fmean(r.steps_per_hour for r in group),
+                "final_reward": statistics.fmean(r.final_reward for r in group),
+                "eval_accuracy": _mean_or_none([r.eval_accuracy_final for r in group]),
+                "steps_to_0.8": _mean_or_none([r.steps_to_target for r in group]),
+                "num_reached_0.8": sum(r.steps_to_target is not None for r in group),
+                "usd_total": statistics.fmean(r.cost_curve[-1][1] for r in group if r.cost_curve),
+                "wall_s": statistics.fmean(r.wall_s for r in group),
+            }
+        )
+    num_steps = pull[0].num_steps
+    rows.append(
+        {
+            "run": "centralized (priced)",
+            "seeds": len(pull),
+            "busy_fraction": statistics.fmean(r.train_s_per_step for r in pull) / step_s,
+            "predicted_utilization": None,
+            "steps_per_hour": 3600.0 / step_s,
+            "final_reward": rows[1]["final_reward"],
+            "eval_accuracy": rows[1]["eval_accuracy"],
+            "steps_to_0.8": rows[1]["steps_to_0.8"],
+            "num_reached_0.8": rows[1]["num_reached_0.8"],
+            "usd_total": usd_per_step * num_steps,
+            "wall_s": step_s * num_steps,
+        }
+    )
+    prices = {
+        "learner_usd_per_hour": LEARNER_PRICE_PER_HOUR,
+        "worker_usd_per_hour": WORKER_PRICE_PER_HOUR,
+        "centralized_step_s": step_s,
+        "centralized_learner_samples_per_s": learner_rate,
+    }
+    (out_dir / "summary.json").write_text(json.dumps({"prices": prices, "rows": rows}, indent=1))
+    text = _table(rows, prices)
+    (out_dir / "table.md").write_text(text)
+    _plot(async_runs, pull, usd_per_step, out_dir / "reward_vs_cost.png")
+    return text
+
+
+def _mean_or_none(values: list) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.fmean(present) if present else None
+
+
+def _table(rows: list[dict], prices: dict) -> str:
+    def fmt(value: float | None, digits: int = 2) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    lines = [
+        f"Prices: learner ${prices['learner_usd_per_hour']}/h, worker ${prices['worker_usd_per_hour']}/h each; "
+        f"centralized step {prices['centralized_step_s']:.3f} s (learner samples itself at "
+        f"{prices['centralized_learner_samples_per_s']:.0f} samples/s).",
+        "",
+        "| run | seeds | learner busy | predicted utilization | steps/h | final reward | held-out | steps to 0.8 (reached) | $ total | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['run']} | {row['seeds']} | {fmt(row['busy_fraction'])} | {fmt(row['predicted_utilization'])} "
+            f"| {row['steps_per_hour']:.0f} | {fmt(row['final_reward'])} | {fmt(row['eval_accuracy'])} "
+            f"| {fmt(row['steps_to_0.8'], 0)} ({row['num_reached_0.8']}/{row['seeds']}) | {row['usd_total']:.4f} "
+            f"| {row['wall_s']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _plot(async_runs: list[CellResult], pull: list[CellResult], usd_per_step: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kernel = np.ones(TRAILING_STEPS) / TRAILING_STEPS
+    fig, axis = plt.subplots(figsize=(8, 5))
+    series = [
+        ("decentralized, async S=2 (ledger)", async_runs, "tab:blue", None),
+        ("decentralized, sync pull (ledger)", pull, "tab:orange", None),
+        ("centralized: learner GPU samples itself (priced)", pull, "tab:red", usd_per_step),
+    ]
+    for label, group, color, per_step in series:
+        for index, result in enumerate(group):
+            reward = np.convolve(np.asarray(result.reward_curve), kernel, mode="valid")
+            if per_step is None:
+                if not result.cost_curve:
+                    continue
+                dollars = cost_at_steps(result)
+            else:
+                dollars = per_step * np.arange(1, result.num_steps + 1)
+            axis.plot(
+                dollars[TRAILING_STEPS - 1 :], reward, color=color, alpha=0.8, label=label if index == 0 else None
+            )
+    axis.set_xlabel("cumulative cost, $ (demo scale)")
+    axis.set_ylabel(f"reward ({TRAILING_STEPS}-step mean)")
+    axis.set_title("reward vs cost: a+b mod 10, tiny Qwen2; one line per seed")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=lambda text: [int(i) for i in text.split(",")], default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--only-report", action="store_true")
+    parser.add_argument("--out", type=Path, default=OUT_DIR)
+    parser.add_argument("--runs-dir", type=Path, default=RUNS_DIR)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    todo = cells(args.seeds, args.steps, args.workers)
+    base = todo[0].run_file()
+    samples_per_step = base["grpo"]["group_size"] * base["grpo"]["groups_per_step"]
+    if not args.only_report:
+        for cell in todo:
+            if (args.out / "cells" / f"{cell.key}.json").exists():
+                continue
+            shutil.rmtree(args.runs_dir / f"avs-{cell.key}", ignore_errors=True)
+            result = run_cell(cell, args.runs_dir)
+            save(result, args.out)
+            log.info(
+                "%s: final reward %.3f, busy %.2f, $%.4f",
+                cell.key,
+                result.final_reward,
+                result.busy_fraction,
+                result.cost_curve[-1][1] if result.cost_curve else float("nan"),
+            )
+    print(write_report(args.out, samples_per_step))
+
+
+if __name__ == "__main__":
+    main()

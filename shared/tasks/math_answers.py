@@ -1,0 +1,61 @@
+"""The math verifier: the last \\boxed{...} of a completion against the reference answer, with math-verify.
+
+math-verify parses both sides into SymPy and compares them symbolically and numerically, so \\frac{1}{2},
+0.5 and 1/2 are the same answer, and x = 13 matches 13. Its own timeout uses signal.alarm, which works
+only in a process's main thread; here it is off (parsing_timeout=None, timeout_seconds=None) and the
+caller bounds the whole score instead: the reward service and the learner's evaluation both run the
+verifier in a child process that is killed after `[reward] verifier_timeout_s` (shared/verifier_pool.py).
+SymPy can take forever on a worker's input (\\boxed{9^{9^{9^{9^{9}}}}} does), so that bound is needed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+# Only the tail of a completion is searched: the answer comes last, and this keeps a long ramble from
+# costing the verifier (peers cap it alike).
+MAX_COMPLETION_CHARS = 2000
+BOXED = "\\boxed{"
+
+logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns on every parse that the timeout is off
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last complete \\boxed{...} in `text` (nested braces matched), else None."""
+    start = text.rfind(BOXED)
+    while start != -1:
+        depth, begin = 1, start + len(BOXED)
+        for index in range(begin, len(text)):
+            if text[index] == "{":
+                depth += 1
+            elif text[index] == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[begin:index]
+        start = text.rfind(BOXED, 0, start)  # unclosed: an earlier one may be complete
+    return None
+
+
+def math_reward(completion: str, reference: str) -> float:
+    """1.0 if the last boxed answer of the completion equals the reference, 0.0 if not or unparsable.
+    Unbounded in time on pathological input: call it in a process the caller can kill."""
+    from math_verify import LatexExtractionConfig, parse, verify
+
+    answer = last_boxed(completion[-MAX_COMPLETION_CHARS:])
+    if answer is None or not answer.strip():
+        return 0.0
+    boxed_only = [LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=False)]
+    predicted = parse(f"\\boxed{{{answer}}}", extraction_config=boxed_only, parsing_timeout=None)
+    gold = parse_reference(reference)
+    if not predicted or not gold:
+        return 0.0
+    return 1.0 if verify(gold, predicted, timeout_seconds=None) else 0.0
+
+
+def parse_reference(reference: str) -> list[object]:
+    """The reference as math-verify's gold: LaTeX without delimiters ("\\frac{1}{2}", "-4", "x = 13"),
+    or text that already carries them ("$\\frac12$", "\\boxed{3}")."""
+    from math_verify import parse
+
+    gold = parse(f"${reference}$", parsing_timeout=None)
+    return list(gold) if gold else list(parse(reference, parsing_timeout=None))

@@ -1,0 +1,37 @@
+"""A whole local cluster in pull mode (`[schedule] mode = "pull"`): every trained group is on-policy and
+nothing is generated to be dropped."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from benchmarks.ablation.cells import dump_toml
+from cluster.local import ClusterOptions, LocalCluster
+from cluster.report import write_report
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_pull_mode_cluster_trains_only_on_policy_groups_and_drops_nothing(tmp_path: Path, repo_root: Path) -> None:
+    raw = tomllib.loads((repo_root / "tests" / "e2e" / "cluster_test.toml").read_text())
+    raw["schedule"] |= {"mode": "pull", "staleness_bound": 2, "num_steps": 12, "eval_every": 12}
+    config = tmp_path / "pull.toml"
+    config.write_text(dump_toml(raw))
+    cluster = LocalCluster(ClusterOptions(config_path=config, num_workers=2, runs_dir=tmp_path))
+    try:
+        cluster.start()
+        status = cluster.wait_until_done()
+    finally:
+        cluster.stop()
+    report = write_report(cluster.run_dir, cluster.run, status, wall_s=0.0)
+    for pid in [process.pid for process in cluster.services.values()] + [cluster.redis.process.pid]:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert report["num_steps"] == 12
+    # S = 2 would admit lag 1 and 2: every group trained at lag 0 is the pull, not the bound
+    assert report["staleness_histogram"] == {"0": 12 * 64}, report["staleness_histogram"]
+    assert report["num_dropped_stale"] == 0
