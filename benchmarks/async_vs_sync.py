@@ -23,12 +23,14 @@ import argparse
 import json
 import logging
 import shutil
+import signal
 import statistics
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.ablation.cells import REPO_ROOT, TRAILING_STEPS, Cell, CellResult, load_results, run_cell, save
+from cluster.local import raise_keyboard_interrupt
 
 OUT_DIR = REPO_ROOT / "benchmarks" / "results" / "async_vs_sync"
 RUNS_DIR = REPO_ROOT / "runs" / "async_vs_sync"
@@ -198,6 +200,9 @@ def main() -> None:
     parser.add_argument("--runs-dir", type=Path, default=RUNS_DIR)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # SIGTERM (and SIGINT, which a background job inherits ignored) stop the cell's cluster by PID
+    signal.signal(signal.SIGINT, raise_keyboard_interrupt)
+    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     todo = cells(args.seeds, args.steps, args.workers)
     base = todo[0].run_file()

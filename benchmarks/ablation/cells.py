@@ -72,6 +72,10 @@ class Cell:
         schedule |= {"staleness_bound": self.staleness_bound, "num_steps": self.num_steps, "mode": self.mode}
         schedule["max_wall_s"] = 3600.0  # equal learner steps: the step count ends every run
         raw.setdefault("rollout", {})["hold_versions_max"] = self.hold
+        # The trust score's honest band is calibrated at lags 0-2 (docs/trust.md): at lag 7+ an honest
+        # worker's mean |log mu - log pi_prox| leaves it and the worker is quarantined, which would end
+        # the run's supply of groups. Trust is not what a cell measures: off.
+        raw["trust"] = {"enabled": False}
         if self.max_groups_in_flight is None:
             raw.setdefault("data", {})["max_groups_in_flight"] = grpo.get("groups_per_step", 64)
         elif self.max_groups_in_flight:

@@ -17,11 +17,13 @@ from __future__ import annotations
 import argparse
 import logging
 import shutil
+import signal
 import time
 from pathlib import Path
 
 from benchmarks.ablation.cells import REPO_ROOT, Cell, run_cell, save
 from benchmarks.ablation.report import write_report
+from cluster.local import raise_keyboard_interrupt
 
 OUT_DIR = REPO_ROOT / "benchmarks" / "results" / "ablation"
 RUNS_DIR = REPO_ROOT / "runs" / "ablation"
@@ -54,6 +56,9 @@ def main() -> None:
     parser.add_argument("--runs-dir", type=Path, default=RUNS_DIR)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # SIGTERM (and SIGINT, which a background job inherits ignored) stop the cell's cluster by PID
+    signal.signal(signal.SIGINT, raise_keyboard_interrupt)
+    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
     if not args.only_report:
