@@ -45,6 +45,7 @@ class Cell:
     # None: one step of queue (groups_per_step); 0: the run file's default, groups_per_step * max(1, S - 1)
     max_groups_in_flight: int | None = None
     tag: str = ""  # distinguishes extra cells (the investigation's) from the grid's
+    learning_rate: float | None = None  # None: the run file's
     run_id_prefix: str = "ablation"
     worker_price_per_hour: float = 0.0  # $/h each worker registers with (the cost ledger bills it while active)
     learner_price_per_hour: float | None = None  # None: the run file's [activation] learner_price_per_hour
@@ -69,6 +70,8 @@ class Cell:
         raw.setdefault("task", {})["seed"] = self.seed
         grpo, schedule = raw.setdefault("grpo", {}), raw.setdefault("schedule", {})
         grpo["off_policy_correction"] = self.correction
+        if self.learning_rate is not None:
+            grpo["learning_rate"] = self.learning_rate
         schedule |= {"staleness_bound": self.staleness_bound, "num_steps": self.num_steps, "mode": self.mode}
         schedule["max_wall_s"] = 3600.0  # equal learner steps: the step count ends every run
         raw.setdefault("rollout", {})["hold_versions_max"] = self.hold
