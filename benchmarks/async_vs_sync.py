@@ -21,23 +21,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import shutil
-import signal
 import statistics
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.ablation.cells import REPO_ROOT, TRAILING_STEPS, Cell, CellResult, load_results, run_cell, save
-from cluster.local import raise_keyboard_interrupt
+from benchmarks.ablation.cells import (
+    REPO_ROOT,
+    TRAILING_STEPS,
+    Cell,
+    CellResult,
+    load_results,
+    run_missing,
+    start_runner_logging,
+)
 
 OUT_DIR = REPO_ROOT / "benchmarks" / "results" / "async_vs_sync"
 RUNS_DIR = REPO_ROOT / "runs" / "async_vs_sync"
 LEARNER_PRICE_PER_HOUR = 2.49  # H100
 WORKER_PRICE_PER_HOUR = 0.35  # RTX 4090
-
-log = logging.getLogger("async_vs_sync")
 
 
 def cells(seeds: list[int], num_steps: int, num_workers: int) -> list[Cell]:
@@ -199,28 +201,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     parser.add_argument("--runs-dir", type=Path, default=RUNS_DIR)
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    # SIGTERM (and SIGINT, which a background job inherits ignored) stop the cell's cluster by PID
-    signal.signal(signal.SIGINT, raise_keyboard_interrupt)
-    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    start_runner_logging()
     todo = cells(args.seeds, args.steps, args.workers)
     base = todo[0].run_file()
     samples_per_step = base["grpo"]["group_size"] * base["grpo"]["groups_per_step"]
     if not args.only_report:
-        for cell in todo:
-            if (args.out / "cells" / f"{cell.key}.json").exists():
-                continue
-            shutil.rmtree(args.runs_dir / f"avs-{cell.key}", ignore_errors=True)
-            result = run_cell(cell, args.runs_dir)
-            save(result, args.out)
-            log.info(
-                "%s: final reward %.3f, busy %.2f, $%.4f",
-                cell.key,
-                result.final_reward,
-                result.busy_fraction,
-                result.cost_curve[-1][1] if result.cost_curve else float("nan"),
-            )
+        run_missing(todo, args.out, args.runs_dir)
     print(write_report(args.out, samples_per_step))
 
 

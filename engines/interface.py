@@ -75,7 +75,6 @@ class InferenceEngine(ABC):
         """The version of the weights loaded with `load_weights`; -1 before any load."""
         return self._policy_version
 
-    @abstractmethod
     def generate(
         self,
         prompts: Sequence[str | PromptInput],
@@ -91,7 +90,16 @@ class InferenceEngine(ABC):
 
         `greedy=True` takes the argmax at every step (evaluation); logprobs still use `temperature`.
         Raises an EngineError subclass when a prompt cannot be served (the whole call fails: callers
-        isolate a bad prompt by retrying one prompt per call)."""
+        isolate a bad prompt by retrying one prompt per call). Every engine: encode_prompts, then
+        generate_from_ids."""
+        from engines.prompts import check_sampling_args  # engines.prompts imports this module
+
+        check_sampling_args(num_samples, max_new_tokens, temperature)
+        if not prompts:
+            return []
+        return self.generate_from_ids(
+            self.encode_prompts(prompts, max_new_tokens), num_samples, max_new_tokens, temperature, greedy
+        )
 
     @abstractmethod
     def generate_from_ids(

@@ -53,21 +53,6 @@ class TorchEngine(InferenceEngine):
             self.model.get_output_embeddings().weight is self.model.get_input_embeddings().weight
         )
 
-    def generate(
-        self,
-        prompts: Sequence[str | PromptInput],
-        num_samples: int,
-        max_new_tokens: int,
-        temperature: float,
-        greedy: bool = False,
-    ) -> list[list[Sample]]:
-        check_sampling_args(num_samples, max_new_tokens, temperature)
-        if not prompts:
-            return []
-        return self.generate_from_ids(
-            self.encode_prompts(prompts, max_new_tokens), num_samples, max_new_tokens, temperature, greedy
-        )
-
     def generate_from_ids(
         self,
         prompt_ids: Sequence[Sequence[int]],

@@ -73,21 +73,6 @@ class VLLMEngine(InferenceEngine):
             start_llm, self.model_dir, kv_cache_bytes, gpu_memory_utilization, num_threads
         )
 
-    def generate(
-        self,
-        prompts: Sequence[str | PromptInput],
-        num_samples: int,
-        max_new_tokens: int,
-        temperature: float,
-        greedy: bool = False,
-    ) -> list[list[Sample]]:
-        check_sampling_args(num_samples, max_new_tokens, temperature)
-        if not prompts:
-            return []
-        return self.generate_from_ids(
-            self.encode_prompts(prompts, max_new_tokens), num_samples, max_new_tokens, temperature, greedy
-        )
-
     def generate_from_ids(
         self,
         prompt_ids: Sequence[Sequence[int]],

@@ -14,12 +14,17 @@ spread over 0..S; the lags each run actually trained on are measured and reporte
 from __future__ import annotations
 
 import json
+import logging
+import shutil
+import signal
 import statistics
+import time
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cluster.local import raise_keyboard_interrupt
 from cluster.report import write_report
 from shared.api import DashboardResponse
 from shared.config import load_run_config
@@ -30,6 +35,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BASE_RUN_FILE = REPO_ROOT / "configs" / "demo.toml"
 REWARD_TARGET = 0.8  # "steps to reach 0.8 reward": the first step whose trailing mean reaches it
 TRAILING_STEPS = 10  # final reward and the target use the mean over this many steps
+
+log = logging.getLogger("ablation")
 
 
 @dataclass(frozen=True)
@@ -211,3 +218,36 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def start_runner_logging() -> None:
+    """Log lines with times; SIGTERM (and SIGINT, which a background job inherits ignored) raise
+    KeyboardInterrupt, so the cell in flight stops its cluster by PID."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    signal.signal(signal.SIGINT, raise_keyboard_interrupt)
+    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
+
+
+def run_missing(cells: list[Cell], out_dir: Path, runs_dir: Path) -> None:
+    """Run every cell without a result file in `out_dir/cells`, saving each as it finishes (resumable);
+    a cell cut short before has its run folder removed and starts over."""
+    todo = [cell for cell in cells if not (out_dir / "cells" / f"{cell.key}.json").exists()]
+    log.info("%d cells, %d done before, %d to run", len(cells), len(cells) - len(todo), len(todo))
+    for index, cell in enumerate(todo, 1):
+        shutil.rmtree(runs_dir / f"{cell.run_id_prefix}-{cell.key}", ignore_errors=True)
+        started_s = time.monotonic()
+        result = run_cell(cell, runs_dir)
+        save(result, out_dir)
+        log.info(
+            "cell %d/%d %s: final reward %.3f, held-out %s, busy %.2f, $%s, lags %s, %.0fs",
+            index,
+            len(todo),
+            cell.key,
+            result.final_reward,
+            result.eval_accuracy_final,
+            result.busy_fraction,
+            f"{result.cost_curve[-1][1]:.4f}" if result.cost_curve else "-",
+            result.lag_histogram,
+            time.monotonic() - started_s,
+        )

@@ -16,20 +16,13 @@ report (table, plots) is rebuilt from every cell file at the end, and alone with
 from __future__ import annotations
 
 import argparse
-import logging
-import shutil
-import signal
-import time
 from pathlib import Path
 
-from benchmarks.ablation.cells import REPO_ROOT, Cell, run_cell, save
+from benchmarks.ablation.cells import REPO_ROOT, Cell, run_missing, start_runner_logging
 from benchmarks.ablation.report import write_report
-from cluster.local import raise_keyboard_interrupt
 
 OUT_DIR = REPO_ROOT / "benchmarks" / "results" / "ablation"
 RUNS_DIR = REPO_ROOT / "runs" / "ablation"
-
-log = logging.getLogger("ablation")
 
 
 def grid(args: argparse.Namespace) -> list[Cell]:
@@ -76,31 +69,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     parser.add_argument("--runs-dir", type=Path, default=RUNS_DIR)
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    # SIGTERM (and SIGINT, which a background job inherits ignored) stop the cell's cluster by PID
-    signal.signal(signal.SIGINT, raise_keyboard_interrupt)
-    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-
+    start_runner_logging()
     if not args.only_report:
-        cells = grid(args)
-        todo = [cell for cell in cells if not (args.out / "cells" / f"{cell.key}.json").exists()]
-        log.info("%d cells, %d done before, %d to run", len(cells), len(cells) - len(todo), len(todo))
-        for index, cell in enumerate(todo, 1):
-            shutil.rmtree(args.runs_dir / f"ablation-{cell.key}", ignore_errors=True)  # a cell cut short
-            started_s = time.monotonic()
-            result = run_cell(cell, args.runs_dir)
-            save(result, args.out)
-            log.info(
-                "cell %d/%d %s: final reward %.3f, held-out %s, lags %s, %.0fs",
-                index,
-                len(todo),
-                cell.key,
-                result.final_reward,
-                result.eval_accuracy_final,
-                result.lag_histogram,
-                time.monotonic() - started_s,
-            )
+        run_missing(grid(args), args.out, args.runs_dir)
     print(write_report(args.out))
 
 

@@ -223,6 +223,8 @@ def update_minibatch(
     logprobs = torch.zeros_like(minibatch.behaviour_logprobs)  # (b, T - 1) detached, for the result
     loss_sum, num_clipped = 0.0, 0.0
 
+    # correction "none" (the staleness ablation's control): behaviour := proximal, every weight 1
+    corrected = grpo.off_policy_correction == "truncated_is"
     optimizer.zero_grad(set_to_none=True)
     for micro in micro_batches(minibatch.num_samples, learner.micro_batch_size):
         # Log-probs of every completion token under the current weights, with gradient.
@@ -234,8 +236,6 @@ def update_minibatch(
             chunk_tokens=learner.logprob_chunk_tokens,
         )  # (m, T - 1)
         micro_proximal = micro_logprobs.detach() if minibatch_proximal is None else minibatch_proximal[micro]
-        # correction "none" (the staleness ablation's control): behaviour := proximal, every weight 1
-        corrected = grpo.off_policy_correction == "truncated_is"
         micro_loss, micro_stats = policy_loss(
             micro_logprobs,
             proximal_logprobs=micro_proximal,

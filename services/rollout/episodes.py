@@ -9,12 +9,11 @@ is, `env_rewards` carries the worker's episode returns (the reward service repla
 
 from __future__ import annotations
 
-import uuid
-
 from engines.episodes import Episode, run_episodes, start_episode
 from engines.interface import InferenceEngine
+from services.rollout.rollout_groups import build_rollout_group
 from shared.config import TaskConfig
-from shared.messages import RolloutGroup, TaskGroup, pack_float32, pack_int32, pack_mask
+from shared.messages import RolloutGroup, TaskGroup, pack_mask
 from shared.tasks import build_task
 from shared.tasks.environment import EnvironmentTask
 from shared.tokenization import PromptInput
@@ -60,22 +59,12 @@ def build_episode_group(
     task: TaskGroup, episodes: list[Episode], worker_id: str, policy_version: int, generation_s: float
 ) -> RolloutGroup:
     """The wire form of one task's episodes (masked: model and observation tokens interleaved)."""
-    return RolloutGroup(
-        run_id=task.run_id,
-        group_id=uuid.uuid4().hex,
-        task_id=task.task_id,
-        task_name=task.task_name,
-        prompt=task.prompt,
-        worker_id=worker_id,
-        policy_version=policy_version,
-        temperature=task.temperature,
-        prompt_token_ids=pack_int32(episodes[0].prompt_token_ids),
-        completion_token_ids=pack_int32([token for episode in episodes for token in episode.token_ids]),
-        completion_lengths=pack_int32([len(episode.token_ids) for episode in episodes]),
-        behaviour_logprobs=pack_float32([logprob for episode in episodes for logprob in episode.logprobs]),
-        completion_texts=[episode.text for episode in episodes],
-        finish_reasons=[episode.finish_reason for episode in episodes],
-        generation_s=generation_s,
+    return build_rollout_group(
+        task,
+        episodes,
+        worker_id,
+        policy_version,
+        generation_s,
         completion_mask=pack_mask([flag for episode in episodes for flag in episode.mask]),
         # informational (the reward service replays); clamped so a task's bad return cannot make the group invalid
         env_rewards=[min(1.0, max(0.0, episode.reward)) for episode in episodes],

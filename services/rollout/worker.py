@@ -23,7 +23,7 @@ from collections import defaultdict, deque
 
 import redis
 
-from engines.interface import EngineError, InferenceEngine, Sample
+from engines.interface import EngineError, InferenceEngine
 from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError
 from services.rollout.episodes import EpisodeRunner, build_episode_group
 from services.rollout.faults import fault_from_environment, serving_store
@@ -31,6 +31,7 @@ from services.rollout.membership import Membership, NotRegisteredError
 from services.rollout.prometheus import SwapPauses
 from services.rollout.redis_access import connect_as_worker
 from services.rollout.relay_sources import CoordinatorParents
+from services.rollout.rollout_groups import build_rollout_group
 from services.rollout.settings import RolloutSettings
 from services.rollout.weight_hold import WeightHold
 from services.rollout.weights_sync import WeightsSync
@@ -39,7 +40,7 @@ from shared.bus import Delivery, StreamBus
 from shared.chunk_server import ChunkServer
 from shared.config import RunConfig
 from shared.keys import RunKeys
-from shared.messages import RolloutGroup, TaskGroup, pack_float32, pack_int32
+from shared.messages import RolloutGroup, TaskGroup
 from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
 from shared.rollout_mac import sign_rollout
 from shared.streams import ROLLOUTS, TASKS, WEIGHTS
@@ -426,27 +427,3 @@ def build_engine(settings: RolloutSettings, run: RunConfig) -> InferenceEngine:
 
     kind = settings.worker_engine or run.rollout.engine
     return build(kind, settings.resolved_model_dir(run.model), run.rollout, num_threads=settings.worker_num_threads)
-
-
-def build_rollout_group(
-    task: TaskGroup, samples: list[Sample], worker_id: str, policy_version: int, generation_s: float
-) -> RolloutGroup:
-    """The wire form of one task's samples. `generation_s` is the wall time of the engine call that
-    produced them (shared by every group of a batched call: the latency the group actually had)."""
-    return RolloutGroup(
-        run_id=task.run_id,
-        group_id=uuid.uuid4().hex,
-        task_id=task.task_id,
-        task_name=task.task_name,
-        prompt=task.prompt,
-        worker_id=worker_id,
-        policy_version=policy_version,
-        temperature=task.temperature,
-        prompt_token_ids=pack_int32(samples[0].prompt_token_ids),
-        completion_token_ids=pack_int32([token for sample in samples for token in sample.token_ids]),
-        completion_lengths=pack_int32([sample.num_tokens for sample in samples]),
-        behaviour_logprobs=pack_float32([logprob for sample in samples for logprob in sample.logprobs]),
-        completion_texts=[sample.text for sample in samples],
-        finish_reasons=[sample.finish_reason for sample in samples],
-        generation_s=generation_s,
-    )

@@ -2,37 +2,25 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from cluster.local import ClusterOptions, LocalCluster
-from cluster.report import write_report
+from cluster.local import ClusterOptions
+from tests.cluster_runs import run_to_completion
 
 pytestmark = pytest.mark.e2e
 
 
 def test_a_short_run_learns_within_the_staleness_bound_and_stops_every_process(tmp_path: Path, repo_root: Path) -> None:
-    cluster = LocalCluster(
+    cluster, report = run_to_completion(
         ClusterOptions(
             config_path=repo_root / "tests" / "e2e" / "cluster_test.toml",
             num_workers=3,
             runs_dir=tmp_path,
             progress_interval_s=1.0,
         )
-    )
-    try:
-        cluster.start()
-        status = cluster.wait_until_done()
-    finally:
-        cluster.stop()
-    report = write_report(cluster.run_dir, cluster.run, status, wall_s=0.0)
-
-    pids = [process.pid for process in cluster.services.values()] + [cluster.redis.process.pid]
-    for pid in pids:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)  # every child is gone (reaped), none left behind
+    )  # also checks that every child is gone (reaped), none left behind
 
     assert report["num_steps"] == cluster.run.schedule.num_steps
     assert report["max_trained_staleness"] <= cluster.run.schedule.staleness_bound

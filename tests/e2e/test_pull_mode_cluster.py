@@ -3,15 +3,14 @@ nothing is generated to be dropped."""
 
 from __future__ import annotations
 
-import os
 import tomllib
 from pathlib import Path
 
 import pytest
 
 from benchmarks.ablation.cells import dump_toml
-from cluster.local import ClusterOptions, LocalCluster
-from cluster.report import write_report
+from cluster.local import ClusterOptions
+from tests.cluster_runs import run_to_completion
 
 pytestmark = pytest.mark.e2e
 
@@ -21,16 +20,7 @@ def test_a_pull_mode_cluster_trains_only_on_policy_groups_and_drops_nothing(tmp_
     raw["schedule"] |= {"mode": "pull", "staleness_bound": 2, "num_steps": 12, "eval_every": 12}
     config = tmp_path / "pull.toml"
     config.write_text(dump_toml(raw))
-    cluster = LocalCluster(ClusterOptions(config_path=config, num_workers=2, runs_dir=tmp_path))
-    try:
-        cluster.start()
-        status = cluster.wait_until_done()
-    finally:
-        cluster.stop()
-    report = write_report(cluster.run_dir, cluster.run, status, wall_s=0.0)
-    for pid in [process.pid for process in cluster.services.values()] + [cluster.redis.process.pid]:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    cluster, report = run_to_completion(ClusterOptions(config_path=config, num_workers=2, runs_dir=tmp_path))
     assert report["num_steps"] == 12
     # S = 2 would admit lag 1 and 2: every group trained at lag 0 is the pull, not the bound
     assert report["staleness_histogram"] == {"0": 12 * 64}, report["staleness_histogram"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from pydantic import ValidationError
-from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, Qwen2ForCausalLM
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from services.learner.batch import TrainBatch
@@ -19,6 +19,7 @@ from services.learner.grpo import full_token_logprobs, token_logprobs
 from services.learner.publish import load_weights_blob, serialize_weights
 from services.learner.trainer import disable_dropout, load_policy, micro_batches, resolve_device_dtype, train_step
 from shared.config import GRPOConfig, LearnerConfig
+from tests import tiny_models
 
 torch.set_num_threads(1)
 
@@ -26,18 +27,7 @@ VOCAB = 50
 
 
 def tiny_qwen2(tied: bool) -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-        tie_word_embeddings=tied,
-    )
-    return Qwen2ForCausalLM(config)
+    return tiny_models.tiny_qwen2(VOCAB, tied)
 
 
 def tiny_gpt2(dropout: float) -> GPT2LMHeadModel:

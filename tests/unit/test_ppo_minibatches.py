@@ -11,12 +11,13 @@ import math
 import pytest
 import torch
 from pydantic import ValidationError
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from services.learner.batch import TrainBatch
 from services.learner.grpo import group_advantages, importance_stats, policy_loss, token_logprobs
 from services.learner.trainer import disable_dropout, group_rows, minibatch_plan, train_step
 from shared.config import GRPOConfig, LearnerConfig
+from tests import tiny_models
 
 torch.set_num_threads(1)
 
@@ -24,17 +25,7 @@ VOCAB = 40
 
 
 def tiny_qwen2() -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-    )
-    return Qwen2ForCausalLM(config)
+    return tiny_models.tiny_qwen2(VOCAB)
 
 
 def grouped_batch(model: torch.nn.Module, num_groups: int, group_size: int, seed: int = 1) -> TrainBatch:
