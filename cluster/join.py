@@ -9,9 +9,8 @@ active or on standby (cost-aware activation) and the dashboard shows it.
     python -m cluster.join --name gpu-a --price 0.5        # or: make worker NAME=gpu-a PRICE=0.5
     python -m cluster.join --print-env                     # the environment, to start a worker by hand
 
-A worker on another machine needs the same variables (RL_COORDINATOR_URL, RL_REDIS_URL, RL_WEIGHTS_PUBLIC_KEY,
-RL_JOIN_TOKEN, RL_RUN_CONFIG, RL_RUN_ID, RL_MODEL_DIR) with addresses it can reach, and RL_WORKER_HOST set to an
-interface the other workers can reach for weight relaying.
+A worker on another machine takes the rest from the coordinator: `relay-rl worker --coordinator URL
+--token JOIN_TOKEN` (cluster/remote_worker.py, docs/cli.md).
 """
 
 from __future__ import annotations
@@ -20,6 +19,8 @@ import argparse
 import os
 import sys
 from pathlib import Path
+
+from cluster.worker_process import add_identity_arguments, exec_rollout_worker, identity_environment
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RUN_DIR = REPO_ROOT / "runs" / "latest"
@@ -56,16 +57,7 @@ def worker_environment(cluster: dict[str, str], args: argparse.Namespace) -> dic
     missing = [name for name in WORKER_VARIABLES if name not in cluster]
     if missing:
         raise ValueError(f"cluster.env lacks {', '.join(missing)}")
-    env = {name: cluster[name] for name in WORKER_VARIABLES}
-    env |= {
-        "RL_WORKER_NAME": args.name,
-        "RL_WORKER_PRICE_PER_HOUR": str(args.price),
-        "RL_WORKER_GPU_TYPE": args.gpu_type,
-        "RL_WORKER_BANDWIDTH_MBPS": str(args.bandwidth_mbps),
-        "RL_WORKER_REGION": args.region,
-        "RL_METRICS_PORT": str(args.metrics_port),
-    }
-    return env
+    return {name: cluster[name] for name in WORKER_VARIABLES} | identity_environment(args)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -75,12 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--run-dir", type=Path, default=DEFAULT_RUN_DIR, help="the cluster's run folder (default runs/latest)"
     )
-    parser.add_argument("--name", default=f"joined-{os.getpid()}", help="label shown by the coordinator and dashboard")
-    parser.add_argument("--price", type=float, default=0.0, help="$/h this worker costs (0: free, always active)")
-    parser.add_argument("--gpu-type", default="cpu", help="accelerator kind reported at registration")
-    parser.add_argument("--bandwidth-mbps", type=float, default=1000.0, help="link speed reported at registration")
-    parser.add_argument("--region", default="local", help="where it runs")
-    parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: off)")
+    add_identity_arguments(parser, default_name=f"joined-{os.getpid()}")
     parser.add_argument(
         "--print-env", action="store_true", help="print the worker's environment as shell exports and exit"
     )
@@ -102,9 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     os.chdir(REPO_ROOT)
-    os.execvpe(
-        sys.executable, [sys.executable, "-m", "services.rollout"], {**os.environ, "PYTHONUNBUFFERED": "1", **env}
-    )
+    exec_rollout_worker(env)
 
 
 if __name__ == "__main__":

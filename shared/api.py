@@ -13,6 +13,7 @@ from typing import Annotated, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from shared.config import ModelConfig
 from shared.messages import WorkerTrust
 
 # Bounds of what a client may send: far above any real value, far below what overflows the control
@@ -100,6 +101,29 @@ class RegisterWorkerResponse(Body):
     )
     rejoined: bool = Field(False, description="true: the previous_worker_id's record was revived (same id, totals)")
     access: WorkerAccess = Field(description="this worker's Redis credentials and rollout-signing key")
+
+
+# Where a worker started with only the coordinator's URL and the join token fetches the rest (`relay-rl worker`).
+BOOTSTRAP_PATH = "/v1/cluster/bootstrap"
+
+
+class ClusterBootstrap(Body):
+    """GET /v1/cluster/bootstrap (header X-RL-Join-Token): everything a worker on another machine needs
+    besides the coordinator's URL and the join token. Producer: the coordinator, from its RL_RUN_CONFIG,
+    RL_RUN_ID, RL_WEIGHTS_PUBLIC_KEY and RL_WORKER_REDIS_URL (else its RL_REDIS_URL without credentials).
+    Consumer: `relay-rl worker` (cluster/remote_worker.py), which writes `run_config_toml` to its work
+    folder, builds or checks the model folder `model` describes, and starts services.rollout.
+
+    The public key travels over the same HTTP as the rest: trust on first use unless the worker pins it
+    (`relay-rl worker --public-key HEX`); with TLS in front of the coordinator it is as good as the link."""
+
+    run_id: str = Field(min_length=1, description="the run's id (RL_RUN_ID, else the run file's run_id)")
+    run_config_toml: str = Field(min_length=1, description="the run file as the coordinator read it, TOML text")
+    weights_public_key: str = Field(
+        pattern=r"^[0-9a-f]{64}$", description="the learner's Ed25519 public key (hex of 32 bytes)"
+    )
+    redis_url: str = Field(description="the Redis URL workers use, without credentials (redis:// or rediss://)")
+    model: ModelConfig = Field(description="the run file's [model]: init = tiny-random is built by the worker")
 
 
 class ReleaseResponse(Body):

@@ -18,7 +18,7 @@ from services.coordinator.announcements import Announcements
 from services.coordinator.app import create_app
 from services.coordinator.redis_access import RedisAccess
 from services.rollout.settings import RolloutSettings
-from shared.api import JOIN_TOKEN_HEADER, RegisterWorkerResponse
+from shared.api import JOIN_TOKEN_HEADER, ClusterBootstrap, RegisterWorkerResponse
 from shared.bus import StreamBus
 from shared.config import RunConfig
 from shared.keys import RunKeys
@@ -69,13 +69,15 @@ def served_coordinator(
     control_clock: Clock | None = None,
     port: int | None = None,
     access: RedisAccess | None = None,
+    bootstrap: ClusterBootstrap | None = None,
 ) -> Iterator[ServedCoordinator]:
     """The real coordinator app for `run` under uvicorn until the block ends. `lease_clock` replaces the
     wall clock of the leases (registration, heartbeats, expiry, the sweeper), `control_clock` that of the
     control loop (billing, dwell); both are set before the app serves anything or runs a pass. `access`:
-    how workers get Redis access (default: ACLs off). The app requires JOIN_TOKEN to register; the client
+    how workers get Redis access (default: ACLs off). `bootstrap`: what GET /v1/cluster/bootstrap answers
+    (default: 503). The app requires JOIN_TOKEN to register; the client
     sends it with every request (JOIN_HEADERS)."""
-    app = create_app(run, redis_client, ADMIN_TOKEN, JOIN_TOKEN, access=access)
+    app = create_app(run, redis_client, ADMIN_TOKEN, JOIN_TOKEN, access=access, bootstrap=bootstrap)
     if lease_clock is not None:
         app.state.coordinator.registry.clock = lease_clock
     if control_clock is not None:

@@ -7,8 +7,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from shared.service_entry import parse_cli, start_service
+
+if TYPE_CHECKING:
+    from services.coordinator.settings import CoordinatorSettings
+    from shared.api import ClusterBootstrap
+    from shared.config import RunConfig
 
 log = logging.getLogger("services.coordinator")
 
@@ -27,7 +33,10 @@ environment:
   RL_COORDINATOR_PORT   TCP port (default 8000)
   RL_REDIS_URL          Redis holding the run's streams and state (default redis://127.0.0.1:6379/0)
   RL_REDIS_ACL          true: a Redis ACL user per worker, created at registration (needs +acl, +client|kill)
-  RL_WORKER_REDIS_URL   the Redis URL handed to workers, without credentials (default: their own)
+  RL_WORKER_REDIS_URL   the Redis URL handed to workers, without credentials (default: their own;
+                        at /v1/cluster/bootstrap: RL_REDIS_URL without its credentials)
+  RL_WEIGHTS_PUBLIC_KEY the learner's public key: set, GET /v1/cluster/bootstrap hands workers it, the run
+                        file and the Redis URL (`relay-rl worker --coordinator URL --token JOIN_TOKEN`)
   RL_ROLLOUT_KEY_RETENTION_S  how long a departed worker's rollout-signing key is kept (default 86400)
   RL_DRAIN_GRACE_S      with RL_REDIS_ACL: a worker draining this long loses its Redis user (default 300)
   RL_RUN_CONFIG         the run TOML file (default configs/demo.toml): lease_s, staleness bound, ...
@@ -72,7 +81,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         log.warning("RL_REDIS_ACL is false: workers get no Redis user of their own and use their RL_REDIS_URL")
     app = create_app(
-        run, redis_client, settings.admin_token.get_secret_value(), settings.join_token_value(), access=access
+        run,
+        redis_client,
+        settings.admin_token.get_secret_value(),
+        settings.join_token_value(),
+        access=access,
+        bootstrap=cluster_bootstrap(settings, run),
     )
     # The control pass runs in a thread next to the event loop. With the default 5 ms switch interval,
     # every time the loop waits on a socket the pass keeps the GIL for up to 5 ms before the loop gets it
@@ -85,6 +99,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(), proxy_headers=False)
+
+
+def cluster_bootstrap(settings: CoordinatorSettings, run: RunConfig) -> ClusterBootstrap | None:
+    """What GET /v1/cluster/bootstrap hands a joining worker: the run file as read at start, the run id,
+    the public key and the workers' Redis URL; None (and a warning) without RL_WEIGHTS_PUBLIC_KEY."""
+    from shared.api import ClusterBootstrap
+    from shared.redis_urls import without_credentials
+
+    if settings.weights_public_key is None:
+        log.warning("RL_WEIGHTS_PUBLIC_KEY is not set: GET /v1/cluster/bootstrap answers 503 (no `relay-rl worker`)")
+        return None
+    return ClusterBootstrap(
+        run_id=run.run_id,
+        run_config_toml=settings.run_config.read_text(),
+        weights_public_key=settings.weights_public_key,
+        redis_url=settings.worker_redis_url or without_credentials(settings.redis_url),
+        model=run.model,
+    )
 
 
 if __name__ == "__main__":

@@ -22,8 +22,9 @@ from services.coordinator.heartbeat_path import HeartbeatFastPath
 from services.coordinator.prometheus import install_metrics
 from services.coordinator.redis_access import RedisAccess
 from services.coordinator.registration_limit import RegistrationLimit
-from services.coordinator.routers import broadcast, control, status, trust, workers
+from services.coordinator.routers import broadcast, cluster, control, status, trust, workers
 from services.coordinator.worker_registry import WorkerRegistry
+from shared.api import ClusterBootstrap
 from shared.bus import StreamBus
 from shared.config import RunConfig
 from shared.keys import RunKeys
@@ -66,11 +67,13 @@ def create_app(
     join_token: str | None = None,
     *,
     access: RedisAccess | None = None,
+    bootstrap: ClusterBootstrap | None = None,
 ) -> FastAPI:
     """`redis_client` must be a bytes-mode client (`shared.bus.connect`). `join_token`: what a worker
     must send to register (header X-RL-Join-Token); None opens registration to anyone (dev and tests
     only: CoordinatorSettings requires RL_JOIN_TOKEN unless RL_OPEN_REGISTRATION is set). `access`: how
-    workers get Redis access (default: no ACL users, only rollout keys; services/coordinator/redis_access.py)."""
+    workers get Redis access (default: no ACL users, only rollout keys; services/coordinator/redis_access.py).
+    `bootstrap`: what GET /v1/cluster/bootstrap hands a joining worker (None: 503 there)."""
     if not admin_token:
         raise ValueError("admin_token must not be empty")
     if join_token is not None and not join_token:
@@ -87,6 +90,7 @@ def create_app(
         join_token_sha256=None if join_token is None else token_sha256(join_token),
         registration_limit=RegistrationLimit(run.coordinator.registrations_per_s, run.coordinator.registration_burst),
         access=access,
+        bootstrap=bootstrap,
     )
 
     @contextlib.asynccontextmanager
@@ -114,7 +118,7 @@ def create_app(
     )
     app.state.coordinator = coordinator
     control_plane = app.state.control = ControlPlane(coordinator)
-    for router in (workers.router, trust.router, status.router, broadcast.router, control.router):
+    for router in (workers.router, cluster.router, trust.router, status.router, broadcast.router, control.router):
         app.include_router(router)
     install_metrics(app, control_plane)
     app.heartbeat_fast_path = HeartbeatFastPath(app.serve_with_fastapi, sync_client=redis_client, state=app.state)

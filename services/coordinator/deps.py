@@ -24,7 +24,7 @@ from services.coordinator.control import ControlPlane
 from services.coordinator.redis_access import RedisAccess
 from services.coordinator.registration_limit import RegistrationLimit
 from services.coordinator.worker_registry import WorkerRegistry
-from shared.api import JOIN_TOKEN_HEADER
+from shared.api import JOIN_TOKEN_HEADER, ClusterBootstrap
 from shared.bus import StreamBus
 from shared.config import RunConfig
 from shared.keys import RunKeys
@@ -44,6 +44,7 @@ class Coordinator:
     join_token_sha256: str | None  # None: open registration (dev)
     registration_limit: RegistrationLimit
     access: RedisAccess  # workers' Redis users and rollout keys (services/coordinator/redis_access.py)
+    bootstrap: ClusterBootstrap | None = None  # GET /v1/cluster/bootstrap; None: not offered (no public key)
 
 
 def get_coordinator(request: Request) -> Coordinator:

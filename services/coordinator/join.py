@@ -45,11 +45,7 @@ def admit_registration(
     presented_join_token: str | None, join_token_sha256: str | None, limit: RegistrationLimit
 ) -> None:
     """Steps 1 and 2 of the module doc: raises HTTPException 401 or 429."""
-    if join_token_sha256 is not None:
-        if presented_join_token is None:
-            raise _unauthorized(f"registration needs the cluster's join token in header {JOIN_TOKEN_HEADER}")
-        if not hmac.compare_digest(token_sha256(presented_join_token), join_token_sha256):
-            raise _unauthorized(f"the join token in header {JOIN_TOKEN_HEADER} is wrong")
+    check_join_token(presented_join_token, join_token_sha256, "registration")
     wait_s = limit.take()
     if wait_s is not None:
         raise HTTPException(
@@ -57,6 +53,17 @@ def admit_registration(
             detail=f"too many registrations: retry in {wait_s:.2f}s",
             headers={"Retry-After": retry_after_header(wait_s)},
         )
+
+
+def check_join_token(presented_join_token: str | None, join_token_sha256: str | None, what: str) -> None:
+    """Step 1 of the module doc, for registration and the bootstrap alike: HTTPException 401 unless the
+    presented token is the cluster's (constant-time), or registration is open (`join_token_sha256` None)."""
+    if join_token_sha256 is None:
+        return
+    if presented_join_token is None:
+        raise _unauthorized(f"{what} needs the cluster's join token in header {JOIN_TOKEN_HEADER}")
+    if not hmac.compare_digest(token_sha256(presented_join_token), join_token_sha256):
+        raise _unauthorized(f"the join token in header {JOIN_TOKEN_HEADER} is wrong")
 
 
 def join_or_rejoin(

@@ -6,6 +6,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from shared.config import ServiceSettings
+from shared.signing import KEY_HEX_PATTERN
 
 
 class CoordinatorSettings(ServiceSettings):
@@ -43,6 +44,13 @@ class CoordinatorSettings(ServiceSettings):
         validation_alias="RL_WORKER_REDIS_URL",
         description="the Redis URL workers are told to use, without credentials (redis:// or rediss://); "
         "default: their own RL_REDIS_URL",
+    )
+    weights_public_key: str | None = Field(
+        None,
+        pattern=KEY_HEX_PATTERN,
+        validation_alias="RL_WEIGHTS_PUBLIC_KEY",
+        description="the learner's Ed25519 public key, handed to workers at GET /v1/cluster/bootstrap "
+        "(None: no bootstrap; workers need RL_WEIGHTS_PUBLIC_KEY and the run file of their own)",
     )
     rollout_key_retention_s: int = Field(
         86_400,

@@ -1,0 +1,70 @@
+"""`relay-rl bench NAME [ARGS...]`: the benchmarks the Makefile runs (make bench-*), by name.
+
+Each runs as `python -m <module> <default args> <ARGS>` from the repository root (benchmarks/ is part of
+the checkout, not of the installed package), in place of the relay-rl process, so Ctrl-C reaches the
+benchmark itself (the ablation and the cluster-based benchmarks stop their clusters on it). Each writes
+its results where its module doc says (benchmarks/results/, docs/)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    module: str
+    summary: str
+    default_args: tuple[str, ...] = ()
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "broadcast": Benchmark(
+        "benchmarks.broadcast", "weight broadcast, one-to-many vs pipelined, over tbf-shaped links (root; ~11 min)"
+    ),
+    "load": Benchmark("benchmarks.load_heartbeat", "1000 simulated workers heartbeating against one coordinator"),
+    "learner-memory": Benchmark(
+        "benchmarks.learner_memory", "peak RSS of one learner step at a 151,936-token vocabulary (~15 min)"
+    ),
+    "eval": Benchmark("benchmarks.eval_time", "held-out evaluation time, old path vs the engine (~2 min)"),
+    "trust": Benchmark("benchmarks.trust", "trust score: detection delay per liar kind, false positives (~30 min)"),
+    "signing": Benchmark("benchmarks.manifest_signing", "Ed25519 vs HMAC: sign and verify time per manifest"),
+    "reward": Benchmark("benchmarks.reward_verifier_overhead", "scoring in the verifier's child process vs in-process"),
+    "delta": Benchmark("benchmarks.delta_size", "delta size per codec after real AdamW steps (~5 min)"),
+    "ppo": Benchmark("benchmarks.ppo_minibatches", "PPO minibatches 1/2/4 x lag 0/2 x 3 seeds (~20 min)"),
+    "async": Benchmark("benchmarks.async_vs_sync", "async (S=2) vs pull mode vs the centralized baseline (~12 min)"),
+    "ablation": Benchmark(
+        "benchmarks.ablation.run",
+        "staleness ablation, S x correction x 3 seeds + pull (resumable; ~70 min)",
+        ("--pull",),
+    ),
+    "engines": Benchmark(
+        "benchmarks.engine_throughput", "torch vs vLLM engine: tokens/s and swap time (needs --vllm-python)"
+    ),
+    "gpu": Benchmark("benchmarks.gpu", "the GPU numbers: vLLM engine, swap, learner step, a cluster run (CUDA)"),
+    "simulator-validation": Benchmark(
+        "benchmarks.simulator_validation", "real local runs vs the simulator's predicted learner utilization"
+    ),
+}
+
+
+def list_text() -> str:
+    width = max(map(len, BENCHMARKS))
+    return "\n".join(
+        f"{name:<{width}}  {bench.summary}  [python -m {bench.module}]" for name, bench in BENCHMARKS.items()
+    )
+
+
+def run(name: str, args: list[str]) -> None:
+    """exec `python -m <module> <default args> <args>` from the repository root (never returns)."""
+    bench = BENCHMARKS[name]
+    if not (REPO_ROOT / "benchmarks").is_dir():
+        sys.exit(
+            f"relay-rl bench: {REPO_ROOT / 'benchmarks'} not found: benchmarks run from a checkout of the repository"
+        )
+    os.chdir(REPO_ROOT)
+    os.execv(sys.executable, [sys.executable, "-m", bench.module, *bench.default_args, *args])

@@ -1,0 +1,111 @@
+"""relay-rl: the command line of the cluster (installed by the package; `python -m cluster.cli` is the same).
+
+    relay-rl demo [cluster.local flags]          the whole cluster on this machine (make demo)
+    relay-rl worker --coordinator URL --token T  a rollout worker that joins a running cluster from anywhere
+    relay-rl drain NAME_OR_ID                    drain a worker of the local cluster (make drain)
+    relay-rl status [--json]                     the run at a glance: learner step, reward, workers by state
+    relay-rl bench NAME [ARGS] | --list          the benchmarks the Makefile runs (make bench-*)
+    relay-rl keys                                a new Ed25519 pair for weight manifests (make keys)
+
+`relay-rl COMMAND --help` says more. Only the standard library is imported before the arguments are
+parsed, so every --help answers at once; each command imports what it needs when it runs.
+Docs: docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_RUN_DIR = REPO_ROOT / "runs" / "latest"  # = cluster.join.DEFAULT_RUN_DIR (not imported: --help stays fast)
+# commands whose arguments all belong to another module's parser: handed over as they are
+PASS_THROUGH = {"demo": "cluster.local", "drain": "cluster.drain"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from cluster import bench_catalog, remote_worker, status_view
+
+    parser = argparse.ArgumentParser(
+        prog="relay-rl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser(
+        "demo", add_help=False, help="the local cluster; every argument goes to cluster.local (relay-rl demo --help)"
+    )
+    worker = commands.add_parser(
+        "worker",
+        help="start a rollout worker that joins a running cluster (settings from the coordinator)",
+        description=remote_worker.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    remote_worker.add_arguments(worker)
+    commands.add_parser("drain", add_help=False, help="drain a worker of the local cluster (relay-rl drain --help)")
+    status = commands.add_parser("status", help="the run at a glance (GET /v1/status)", description=status_view.__doc__)
+    status_view.add_arguments(status, DEFAULT_RUN_DIR)
+    bench = commands.add_parser(
+        "bench",
+        help="run a benchmark of the Makefile's (relay-rl bench --list)",
+        description=bench_catalog.__doc__,
+        epilog="benchmarks:\n" + bench_catalog.list_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench.add_argument("name", nargs="?", choices=sorted(bench_catalog.BENCHMARKS), metavar="NAME")
+    bench.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    commands.add_parser("keys", help="print a new Ed25519 pair: RL_SIGNING_KEY (learner only), RL_WEIGHTS_PUBLIC_KEY")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in PASS_THROUGH:
+        run_pass_through(argv[0], argv[1:])
+        return
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "bench":  # only a benchmark takes arguments of its own
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "worker":
+        from cluster import remote_worker
+
+        remote_worker.main(args)
+    elif args.command == "status":
+        from cluster import status_view
+
+        status_view.main(args)
+    elif args.command == "bench":
+        from cluster import bench_catalog
+
+        if args.list or args.name is None:
+            print(bench_catalog.list_text())
+            return
+        bench_catalog.run(args.name, extra)
+    elif args.command == "keys":
+        from shared.signing import main as signing_main
+
+        sys.exit(signing_main(["generate"]))
+
+
+def run_pass_through(command: str, args: list[str]) -> None:
+    """`relay-rl demo ...` is `python -m cluster.local ...`; `relay-rl drain ...` is `python -m cluster.drain ...`."""
+    if command == "drain":
+        from cluster.drain import main as drain_main
+
+        drain_main(args)
+        return
+    from cluster import local
+    from cluster.demo_progress import demo_progress_bar
+
+    # cluster.local's parser reads sys.argv: its flags (others add their own there) stay its business
+    sys.argv = ["relay-rl demo", *args]
+    if {"-h", "--help"} & set(args):
+        local.main()
+        return
+    with demo_progress_bar(REPO_ROOT / "runs"):
+        local.main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+"""`relay-rl worker`: one command starts a rollout worker on any machine and joins a running cluster.
+
+    relay-rl worker --coordinator http://coord.example:8000 --token $RL_JOIN_TOKEN --name gpu-a --price 0.4
+
+    1. fetch     GET /v1/cluster/bootstrap with the join token (header X-RL-Join-Token): the run id, the
+                 run file, the learner's public key, the workers' Redis URL and the model (shared/api.py
+                 ClusterBootstrap); 401: a wrong token, exit 3; no coordinator there: exit 4
+    2. pin       with --public-key (or RL_WEIGHTS_PUBLIC_KEY) set, the coordinator's key must be that one:
+                 the key comes over the same HTTP as the rest (trust on first use), pinning it means a
+                 coordinator (or a man in the middle) cannot hand this worker weights signed by another key
+    3. write     the run file into the work folder (--work-dir, default ~/.cache/relay-rl/<run id>)
+    4. model     `[model] init = "tiny-random"`: build it from the run file, as the learner did (seeded, so the
+                 same weights and the same fingerprint); a real checkpoint: --model-dir (or the run file's
+                 `[model] path` where the same folder exists here), checked before anything heavy loads.
+                 A folder that differs from the learner's (another tokenizer or architecture) is refused at
+                 the first weights, with the two fingerprints in the log (shared/weights.py)
+    5. exec      `python -m services.rollout` with that environment in place of this process: Ctrl-C
+                 drains it (finish the batch, deregister, exit 0). Its Redis user comes at registration
+                 when the coordinator runs with RL_REDIS_ACL=true.
+
+Only the standard library is imported at module level: `relay-rl worker --help` builds its parser here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cluster.worker_process import add_identity_arguments, exec_rollout_worker, identity_environment
+
+if TYPE_CHECKING:
+    import httpx
+
+    from shared.api import ClusterBootstrap
+
+COORDINATOR_ENV = "RL_COORDINATOR_URL"
+JOIN_TOKEN_ENV = "RL_JOIN_TOKEN"
+PUBLIC_KEY_ENV = "RL_WEIGHTS_PUBLIC_KEY"  # = shared.signing.PUBLIC_KEY_ENV (not imported: --help stays instant)
+LOCAL_RUN_DIR = Path(__file__).resolve().parent.parent / "runs" / "latest"  # = cluster.join.DEFAULT_RUN_DIR
+DEFAULT_WORK_ROOT = Path.home() / ".cache" / "relay-rl"
+BOOTSTRAP_TIMEOUT_S = 10.0
+
+# exit codes besides 0 (drained or stopped) and 2 (a usage error, argparse's)
+EXIT_FAILED = 1  # anything else: the coordinator has no bootstrap, a model folder is unusable, ...
+EXIT_REFUSED = 3  # the coordinator refused the join token (HTTP 401/403)
+EXIT_UNREACHABLE = 4  # no coordinator answered at that URL
+
+
+class JoinError(Exception):
+    """Why the worker cannot join, in one line for the user, with the exit code to leave with."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--coordinator",
+        default=os.environ.get(COORDINATOR_ENV),
+        help=f"the coordinator's base URL, reachable from here (default ${COORDINATOR_ENV})",
+    )
+    parser.add_argument(
+        "--token", default=os.environ.get(JOIN_TOKEN_ENV), help=f"the cluster's join token (default ${JOIN_TOKEN_ENV})"
+    )
+    parser.add_argument(
+        "--public-key",
+        default=os.environ.get(PUBLIC_KEY_ENV),
+        help="pin the learner's Ed25519 public key (hex): refuse a coordinator that hands out another one "
+        f"(default ${PUBLIC_KEY_ENV}; unset: trust the coordinator's on first use)",
+    )
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help=f"where the run file and model go (default {DEFAULT_WORK_ROOT}/<run id>)",
+    )
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        default=None,
+        help="the run's HF checkpoint on this machine (default: built here for init = tiny-random, "
+        "else the run file's [model] path)",
+    )
+    parser.add_argument("--engine", choices=("torch", "vllm", "auto"), default=None, help="default: the run file's")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads of the inference engine")
+    add_identity_arguments(parser, default_name=f"worker-{os.uname().nodename}"[:64])
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="interface this worker's chunk server binds (weight relaying to peers)"
+    )
+    parser.add_argument("--port", type=int, default=0, help="chunk server port (0: any free port)")
+    parser.add_argument(
+        "--public-url", default=None, help="how other workers reach that chunk server (default http://<host>:<port>)"
+    )
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=LOCAL_RUN_DIR,
+        help="a local cluster's run folder: with neither --coordinator nor --token, both (and --model-dir) come "
+        "from its cluster.env (make worker; default runs/latest)",
+    )
+
+
+def main(args: argparse.Namespace) -> None:
+    """Steps 1-5 of the module doc; exits with a one-line reason and the exit codes above on failure."""
+    try:
+        env = prepare(args)
+    except JoinError as exc:
+        print(f"relay-rl worker: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    print(
+        f"joining {args.coordinator} (run {env['RL_RUN_ID']}) as {args.name}, ${args.price}/h; Ctrl-C drains it",
+        file=sys.stderr,
+        flush=True,
+    )
+    exec_rollout_worker(env)
+
+
+def prepare(args: argparse.Namespace) -> dict[str, str]:
+    """Steps 1-4: the rollout worker's environment, with the run file and model folder in place."""
+    if not args.coordinator and not args.token and (args.run_dir / "cluster.env").exists():
+        take_local_cluster(args)
+    if not args.coordinator:
+        raise JoinError(f"no coordinator: pass --coordinator URL or set {COORDINATOR_ENV}", exit_code=2)
+    if not args.token:
+        raise JoinError(f"no join token: pass --token TOKEN or set {JOIN_TOKEN_ENV}", exit_code=2)
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    with console.status(f"fetching the cluster's settings from {args.coordinator}"):
+        bootstrap = fetch_bootstrap(args.coordinator, args.token)
+    check_public_key(bootstrap.weights_public_key, args.public_key)
+    work_dir = (args.work_dir or DEFAULT_WORK_ROOT / bootstrap.run_id).resolve()
+    run_file = write_run_file(work_dir, bootstrap.run_config_toml)
+    with console.status("preparing the model folder (init = tiny-random: building it)"):
+        model_dir = prepare_model_folder(bootstrap, run_file, args.model_dir, work_dir)
+    console.print(f"run {bootstrap.run_id}: run file {run_file}, model folder {model_dir}")
+    env = {
+        "RL_COORDINATOR_URL": args.coordinator.rstrip("/"),
+        "RL_JOIN_TOKEN": args.token,
+        "RL_REDIS_URL": bootstrap.redis_url,
+        "RL_WEIGHTS_PUBLIC_KEY": bootstrap.weights_public_key,
+        "RL_RUN_CONFIG": str(run_file),
+        "RL_RUN_ID": bootstrap.run_id,
+        "RL_RUN_DIR": str(work_dir),
+        "RL_MODEL_DIR": str(model_dir),
+        "RL_WORKER_NUM_THREADS": str(args.threads),
+        "RL_WORKER_HOST": args.host,
+        "RL_WORKER_PORT": str(args.port),
+        **identity_environment(args),
+    }
+    if args.engine is not None:
+        env["RL_WORKER_ENGINE"] = args.engine
+    if args.public_url is not None:
+        env["RL_WORKER_PUBLIC_URL"] = args.public_url
+    return env
+
+
+def take_local_cluster(args: argparse.Namespace) -> None:
+    """`make worker`: the coordinator, join token and model folder of the local cluster in args.run_dir."""
+    from cluster.join import read_cluster_env
+
+    cluster = read_cluster_env(args.run_dir)
+    args.coordinator, args.token = cluster["RL_COORDINATOR_URL"], cluster["RL_JOIN_TOKEN"]
+    if args.model_dir is None:
+        args.model_dir = Path(cluster["RL_MODEL_DIR"])
+
+
+def fetch_bootstrap(coordinator_url: str, join_token: str) -> ClusterBootstrap:
+    """Step 1: GET /v1/cluster/bootstrap; JoinError with the reason (and exit code) otherwise."""
+    import httpx
+    from pydantic import ValidationError
+
+    from shared.api import BOOTSTRAP_PATH, JOIN_TOKEN_HEADER, ClusterBootstrap
+
+    url = coordinator_url.rstrip("/") + BOOTSTRAP_PATH
+    try:
+        response = httpx.get(url, headers={JOIN_TOKEN_HEADER: join_token}, timeout=BOOTSTRAP_TIMEOUT_S)
+    except httpx.HTTPError as exc:  # refused, unresolvable, timed out: nothing to retry on the user's behalf
+        raise JoinError(f"cannot reach the coordinator at {coordinator_url}: {exc}", EXIT_UNREACHABLE) from exc
+    if response.status_code in (401, 403):
+        raise JoinError(
+            f"the coordinator refused the join token (HTTP {response.status_code}: {detail_of(response)})", EXIT_REFUSED
+        )
+    if response.status_code != 200:
+        raise JoinError(f"GET {url}: HTTP {response.status_code}: {detail_of(response)}")
+    try:
+        return ClusterBootstrap.model_validate_json(response.content)
+    except ValidationError as exc:
+        raise JoinError(f"GET {url} answered something other than a relay-rl cluster bootstrap: {exc}") from exc
+
+
+def detail_of(response: httpx.Response) -> str:
+    """FastAPI's `detail` of an error answer, else its text (cut short)."""
+    import json
+
+    try:
+        return str(json.loads(response.text)["detail"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:200]
+
+
+def check_public_key(offered_hex: str, pinned_hex: str | None) -> None:
+    """Step 2: a pinned key must be the coordinator's."""
+    if pinned_hex is not None and pinned_hex.strip().lower() != offered_hex:
+        raise JoinError(
+            f"the coordinator hands out weights public key {offered_hex[:16]}.., but {pinned_hex.strip()[:16]}.. "
+            f"is pinned (--public-key / {PUBLIC_KEY_ENV}): refusing to join a cluster whose weights another key signs"
+        )
+
+
+def write_run_file(work_dir: Path, run_config_toml: str) -> Path:
+    """Step 3: <work_dir>/run.toml, the coordinator's run file as it read it."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    path = work_dir / "run.toml"
+    path.write_text(run_config_toml)
+    return path
+
+
+def prepare_model_folder(bootstrap: ClusterBootstrap, run_file: Path, model_dir: Path | None, work_dir: Path) -> Path:
+    """Step 4: the checked model folder. `init = "tiny-random"` without --model-dir: built into
+    <work_dir>/model with the learner's own builder (services/learner/model_init.py), once."""
+    from shared.tokenization import ModelFolderError, check_model_folder
+
+    if model_dir is None:
+        if bootstrap.model.init == "tiny-random":
+            model_dir = work_dir / "model"
+            if not (model_dir / "config.json").exists():
+                build_tiny_random_policy(run_file, model_dir)
+        elif bootstrap.model.path is not None:
+            model_dir = bootstrap.model.path
+        else:
+            raise JoinError("the run file names no model ([model] path or init): pass --model-dir with the checkpoint")
+    try:
+        check_model_folder(model_dir)
+    except ModelFolderError as exc:
+        raise JoinError(f"{exc} (--model-dir: the run's checkpoint on this machine)") from exc
+    return model_dir.resolve()
+
+
+def build_tiny_random_policy(run_file: Path, model_dir: Path) -> None:
+    """The run's tiny random policy, in a child process (torch and transformers stay out of this one)."""
+    command = [sys.executable, "-m", "services.learner.model_init", "--config", str(run_file), "--out", str(model_dir)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise JoinError(f"building the tiny-random policy failed:\n{result.stderr[-2000:]}")

@@ -1,0 +1,131 @@
+"""`relay-rl worker --coordinator URL --token T` joins a running cluster with nothing else: a real
+`python -m cluster.cli worker` process takes the run file, public key and Redis URL from the real
+coordinator app (GET /v1/cluster/bootstrap), builds the run's tiny-random policy itself (the learner's
+fingerprint), registers, samples the tasks with the weights the learner's own WeightPublisher published,
+and Ctrl-C drains it (it deregisters and exits 0). Real redis, the coordinator under uvicorn."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from cluster.redis_server import RedisServer
+from shared.api import ClusterBootstrap
+from shared.bus import StreamBus
+from shared.config import RunConfig
+from shared.keys import RunKeys
+from shared.streams import TASKS
+from shared.tokenization import model_fingerprint
+from tests.coordinator_rest import JOIN_TOKEN, served_coordinator
+from tests.integration.test_lifecycle_worker import (  # noqa: F401 (publish_version_0: a fixture)
+    publish_tasks,
+    publish_version_0,
+    rollout_task_ids,
+    workers_named,
+)
+from tests.polling import wait_for
+from tests.weights_keys import PUBLIC_KEY_HEX
+
+pytestmark = pytest.mark.integration
+
+
+def run_file_text(run_id: str) -> str:
+    """The run file the coordinator hands out: the tests' tiny policy (32 positions) and quick leases."""
+    return f"""run_id = "{run_id}"
+[model]
+init = "tiny-random"
+max_position_embeddings = 32
+[task]
+name = "arithmetic_mod10"
+[rollout]
+heartbeat_interval_s = 0.2
+claim_idle_ms = 60000
+[coordinator]
+lease_s = 30.0
+"""
+
+
+@pytest.fixture
+def run(keys: RunKeys) -> RunConfig:
+    return RunConfig.model_validate(tomllib.loads(run_file_text(keys.run_id)))
+
+
+@pytest.fixture
+def bootstrapped_coordinator(run: RunConfig, redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[str]:
+    bootstrap = ClusterBootstrap(
+        run_id=run.run_id,
+        run_config_toml=run_file_text(run.run_id),
+        weights_public_key=PUBLIC_KEY_HEX,
+        redis_url=redis_server.url,
+        model=run.model,
+    )
+    with served_coordinator(run, redis_client, bootstrap=bootstrap) as served:
+        yield served.url
+
+
+def clean_environment() -> dict[str, str]:
+    """This process's environment without any RL_* variable: the worker must need none."""
+    return {name: value for name, value in os.environ.items() if not name.startswith("RL_")}
+
+
+def test_relay_rl_worker_joins_with_the_url_and_token_alone_samples_and_drains_on_ctrl_c(
+    bootstrapped_coordinator: str,
+    publish_version_0: None,  # noqa: F811
+    bus: StreamBus,
+    keys: RunKeys,
+    model_dir: Path,
+    repo_root: Path,
+    tmp_path: Path,
+) -> None:
+    url = bootstrapped_coordinator
+    bus.ensure_group(TASKS)
+    task_ids: list[str] = []
+    feeding = threading.Event()
+    feeding.set()
+
+    def feed() -> None:  # like the reward service: keep a shallow backlog while the worker runs
+        while feeding.is_set():
+            if bus.backlog(TASKS) < 16:
+                task_ids.extend(publish_tasks(bus, keys, f"t{len(task_ids)}", 8, num_samples=8))
+            time.sleep(0.01)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    work_dir = tmp_path / "worker"
+    command = [sys.executable, "-m", "cluster.cli", "worker", "--coordinator", url, "--token", JOIN_TOKEN]
+    command += ["--work-dir", str(work_dir), "--name", "joined", "--public-key", PUBLIC_KEY_HEX]
+    log_path = tmp_path / "worker.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, cwd=repo_root, env=clean_environment(), stdout=log, stderr=log)
+    try:
+        wait_for(
+            lambda: any(w["num_groups_done"] > 0 for w in workers_named(url, "joined")),
+            "the joined worker publishes groups",
+            timeout_s=120,
+            explain=lambda: log_path.read_text()[-3000:],
+        )
+        assert len(rollout_task_ids(bus, keys)) > 0
+        # it built the run's tiny policy itself, and it is the learner's (same tokenizer and architecture)
+        assert model_fingerprint(work_dir / "model") == model_fingerprint(model_dir)
+        assert (work_dir / "run.toml").read_text() == run_file_text(keys.run_id)
+
+        process.send_signal(signal.SIGINT)  # Ctrl-C: finish the batch, deregister, exit 0
+        assert process.wait(timeout=60) == 0, log_path.read_text()[-3000:]
+    finally:
+        feeding.clear()
+        feeder.join(timeout=5)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert workers_named(url, "joined") == []  # it deregistered
+    assert bus.redis.xpending(keys.name_of(TASKS), TASKS.group)["pending"] == 0  # its last batch was acked

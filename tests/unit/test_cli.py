@@ -1,0 +1,91 @@
+"""The relay-rl command line (cluster/cli.py): every --help answers without importing torch, transformers,
+vllm or fastapi; the console script points at its main; `bench` knows every benchmark the Makefile runs."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from cluster.bench_catalog import BENCHMARKS
+from cluster.cli import main
+from services.coordinator.__main__ import cluster_bootstrap
+from services.coordinator.settings import CoordinatorSettings
+from shared.config import load_run_config
+from tests.weights_keys import PUBLIC_KEY_HEX
+
+HEAVY_MODULES = {"torch", "transformers", "vllm", "fastapi", "uvicorn"}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [[], ["worker"], ["status"], ["bench"], ["keys"], ["drain"], ["demo"]],
+    ids=lambda args: " ".join(args) or "relay-rl",
+)
+def test_every_help_answers_without_importing_a_heavy_module(args: list[str], repo_root: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "cluster.cli", *args, "--help"],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "usage" in result.stdout.lower()
+    imported = {
+        line.split("|")[-1].strip().split(".")[0]
+        for line in result.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert imported, "no -X importtime output"
+    assert not HEAVY_MODULES & imported, HEAVY_MODULES & imported
+
+
+def test_the_console_script_is_relay_rl_and_runs_cluster_cli_main(repo_root: Path) -> None:
+    scripts = tomllib.loads((repo_root / "pyproject.toml").read_text())["project"]["scripts"]
+    module_name, _, function_name = scripts["relay-rl"].partition(":")
+    assert getattr(importlib.import_module(module_name), function_name) is main
+
+
+def test_bench_runs_every_benchmark_the_makefile_names(repo_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    makefile = (repo_root / "Makefile").read_text()
+    named = set(re.findall(r"cluster\.cli\)? ?bench ([a-z-]+)", makefile)) | set(
+        re.findall(r"\$\(RELAY_RL\) bench ([a-z-]+)", makefile)
+    )
+    assert len(named) >= 10 and named <= set(BENCHMARKS), named - set(BENCHMARKS)
+    for bench in BENCHMARKS.values():
+        assert importlib.util.find_spec(bench.module) is not None, bench.module
+    main(["bench", "--list"])
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in BENCHMARKS)
+
+
+def test_an_unknown_argument_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["status", "--no-such-flag"])
+    assert exit_info.value.code == 2 and "--no-such-flag" in capsys.readouterr().err
+
+
+def test_the_coordinator_bootstrap_never_hands_out_its_own_redis_credentials(repo_root: Path) -> None:
+    run_file = repo_root / "configs" / "demo.toml"
+    settings = CoordinatorSettings(
+        admin_token="admin-token-0123456789",
+        join_token="join-token-0123456789",
+        redis_url="redis://coordinator:secret-password@redis.internal:6379/0",
+        run_config=run_file,
+        weights_public_key=PUBLIC_KEY_HEX,
+    )
+    run = load_run_config(run_file, run_id="the-run")
+    bootstrap = cluster_bootstrap(settings, run)
+    assert bootstrap is not None
+    assert bootstrap.redis_url == "redis://redis.internal:6379/0"
+    assert bootstrap.run_id == "the-run" and bootstrap.run_config_toml == run_file.read_text()
+    with_worker_url = settings.model_copy(update={"worker_redis_url": "rediss://public.example:6380/0"})
+    assert cluster_bootstrap(with_worker_url, run).redis_url == "rediss://public.example:6380/0"  # type: ignore[union-attr]
+    assert cluster_bootstrap(settings.model_copy(update={"weights_public_key": None}), run) is None
