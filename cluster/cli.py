@@ -22,7 +22,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RUN_DIR = REPO_ROOT / "runs" / "latest"  # = cluster.join.DEFAULT_RUN_DIR (not imported: --help stays fast)
 # commands whose arguments all belong to another module's parser: handed over as they are
-PASS_THROUGH = {"demo": "cluster.local", "drain": "cluster.drain"}
+PASS_THROUGH = {"demo": "cluster.local"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,7 +42,15 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     remote_worker.add_arguments(worker)
-    commands.add_parser("drain", add_help=False, help="drain a worker of the local cluster (relay-rl drain --help)")
+    drain = commands.add_parser(
+        "drain",
+        help="drain a worker of the local cluster: it finishes its batch, deregisters and exits 0",
+        description="python -m cluster.drain: the admin token and coordinator come from <run dir>/cluster.env.",
+    )
+    drain.add_argument("worker", help="worker name (as shown by relay-rl status and the dashboard) or id")
+    drain.add_argument(
+        "--run-dir", type=Path, default=DEFAULT_RUN_DIR, help="the cluster's run folder (default runs/latest)"
+    )
     status = commands.add_parser("status", help="the run at a glance (GET /v1/status)", description=status_view.__doc__)
     status_view.add_arguments(status, DEFAULT_RUN_DIR)
     bench = commands.add_parser(
@@ -71,6 +79,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from cluster import remote_worker
 
         remote_worker.main(args)
+    elif args.command == "drain":
+        from cluster.drain import main as drain_main
+
+        drain_main([args.worker, "--run-dir", str(args.run_dir)])
     elif args.command == "status":
         from cluster import status_view
 
@@ -89,12 +101,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def run_pass_through(command: str, args: list[str]) -> None:
-    """`relay-rl demo ...` is `python -m cluster.local ...`; `relay-rl drain ...` is `python -m cluster.drain ...`."""
-    if command == "drain":
-        from cluster.drain import main as drain_main
-
-        drain_main(args)
-        return
+    """`relay-rl demo ...` is `python -m cluster.local ...` (with a progress bar on a terminal)."""
+    assert command == "demo", command
     from cluster import local
     from cluster.demo_progress import demo_progress_bar
 
