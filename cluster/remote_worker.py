@@ -11,9 +11,11 @@
     3. write     the run file into the work folder (--work-dir, default ~/.cache/relay-rl/<run id>)
     4. model     `[model] init = "tiny-random"`: build it from the run file, as the learner did (seeded, so the
                  same weights and the same fingerprint); a real checkpoint: --model-dir (or the run file's
-                 `[model] path` where the same folder exists here), checked before anything heavy loads.
-                 A folder that differs from the learner's (another tokenizer or architecture) is refused at
-                 the first weights, with the two fingerprints in the log (shared/weights.py)
+                 `[model] path` where the same folder exists here), checked before anything heavy loads;
+                 then against the learner's newest manifest (its learner URL from the coordinator's relay
+                 plan, its signature checked with the key): a folder with another tokenizer or architecture
+                 (model fingerprint) is refused here. A learner this machine cannot reach, or no version
+                 yet: the worker's own check at the first weights refuses it (shared/weights.py)
     5. exec      `python -m services.rollout` with that environment in place of this process: Ctrl-C
                  drains it (finish the batch, deregister, exit 0). Its Redis user comes at registration
                  when the coordinator runs with RL_REDIS_ACL=true.
@@ -138,7 +140,9 @@ def prepare(args: argparse.Namespace) -> dict[str, str]:
     run_file = write_run_file(work_dir, bootstrap.run_config_toml)
     with console.status("preparing the model folder (init = tiny-random: building it)"):
         model_dir = prepare_model_folder(bootstrap, run_file, args.model_dir, work_dir)
-    console.print(f"run {bootstrap.run_id}: run file {run_file}, model folder {model_dir}")
+    with console.status("checking the model folder against the learner's newest weights"):
+        checked = check_against_learner(args.coordinator, bootstrap.weights_public_key, model_dir)
+    console.print(f"run {bootstrap.run_id}: run file {run_file}, model folder {model_dir} ({checked})")
     env = {
         "RL_COORDINATOR_URL": args.coordinator.rstrip("/"),
         "RL_JOIN_TOKEN": args.token,
@@ -240,6 +244,42 @@ def prepare_model_folder(bootstrap: ClusterBootstrap, run_file: Path, model_dir:
     except ModelFolderError as exc:
         raise JoinError(f"{exc} (--model-dir: the run's checkpoint on this machine)") from exc
     return model_dir.resolve()
+
+
+def check_against_learner(coordinator_url: str, public_key_hex: str, model_dir: Path) -> str:
+    """Step 4's last check: JoinError unless the learner's newest full version was published for this
+    folder's model fingerprint and verifies with the public key. Returns what was checked, in words."""
+    import httpx
+    from pydantic import ValidationError
+
+    from shared.api import RelayPlanResponse
+    from shared.signing import load_public_key
+    from shared.tokenization import model_fingerprint
+    from shared.weights import Manifest, ManifestError, ModelMismatchError, check_model_fingerprint, verify_signature
+
+    try:
+        plan = httpx.get(coordinator_url.rstrip("/") + "/v1/broadcast/plan", timeout=BOOTSTRAP_TIMEOUT_S)
+        learner_url = RelayPlanResponse.model_validate_json(plan.raise_for_status().content).learner_url
+        if not learner_url:
+            return "no version published yet: the fingerprint is checked at the first weights"
+        latest = httpx.get(learner_url.rstrip("/") + "/v1/weights/latest", timeout=BOOTSTRAP_TIMEOUT_S)
+        if latest.status_code == 404:
+            return "no version published yet: the fingerprint is checked at the first weights"
+        manifest = Manifest.model_validate_json(latest.raise_for_status().content)
+    except (httpx.HTTPError, ValidationError) as exc:  # its chunk server may be reachable only through relays
+        return f"the learner is out of reach ({exc}): the fingerprint is checked at the first weights"
+    if not manifest.model_fingerprint:
+        return f"the learner's version {manifest.policy_version} names no model fingerprint: nothing to compare"
+    try:
+        verify_signature(manifest, load_public_key(public_key_hex))
+        check_model_fingerprint(manifest, model_fingerprint(model_dir))
+    except ModelMismatchError as exc:
+        raise JoinError(f"{model_dir}: {exc}") from exc
+    except ManifestError as exc:
+        raise JoinError(
+            f"the learner's newest manifest does not verify with the coordinator's public key: {exc}"
+        ) from exc
+    return f"same model fingerprint as the learner's version {manifest.policy_version}"
 
 
 def build_tiny_random_policy(run_file: Path, model_dir: Path) -> None:

@@ -6,7 +6,9 @@ and Ctrl-C drains it (it deregisters and exits 0). Real redis, the coordinator u
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,25 +18,24 @@ import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
 from cluster.redis_server import RedisServer
+from engines.torch_engine import TorchEngine
+from services.learner.publish import WeightPublisher
 from shared.api import ClusterBootstrap
 from shared.bus import StreamBus
+from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import RunConfig
 from shared.keys import RunKeys
 from shared.streams import TASKS
 from shared.tokenization import model_fingerprint
 from tests.coordinator_rest import JOIN_TOKEN, served_coordinator
-from tests.integration.test_lifecycle_worker import (  # noqa: F401 (publish_version_0: a fixture)
-    publish_tasks,
-    publish_version_0,
-    rollout_task_ids,
-    workers_named,
-)
+from tests.integration.test_lifecycle_worker import publish_tasks, rollout_task_ids, set_learner, workers_named
 from tests.polling import wait_for
-from tests.weights_keys import PUBLIC_KEY_HEX
+from tests.weights_keys import PUBLIC_KEY_HEX, SIGNING_KEY
 
 pytestmark = pytest.mark.integration
 
@@ -73,6 +74,35 @@ def bootstrapped_coordinator(run: RunConfig, redis_server: RedisServer, redis_cl
         yield served.url
 
 
+@pytest.fixture
+def publish_version_0(bus: StreamBus, keys: RunKeys, model_dir: Path) -> Iterator[None]:
+    """The learner's side, as services.learner does it: version 0 of the tiny policy announced and servable,
+    signed with the model folder's fingerprint."""
+    store = ChunkStore()
+    server = ChunkServer(store, wait_s=1.0).start()
+    publisher = WeightPublisher(
+        bus,
+        keys,
+        store,
+        public_url=server.url,
+        signing_key=SIGNING_KEY,
+        chunk_size_bytes=64 * 1024,
+        model_fingerprint=model_fingerprint(model_dir),
+    )
+    publisher.publish(TorchEngine(model_dir).model, 0)
+    set_learner(bus, keys, train_s=1.0)
+    yield
+    server.stop()
+
+
+def learner_in_relay_plan(url: str) -> str:
+    """The learner's chunk-server URL once the coordinator has read version 0's announcement (its control
+    pass ingests them): where `relay-rl worker` reads the newest manifest to check its model folder."""
+    return wait_for(
+        lambda: httpx.get(url + "/v1/broadcast/plan").json()["learner_url"], "the learner in the relay plan"
+    )
+
+
 def clean_environment() -> dict[str, str]:
     """This process's environment without any RL_* variable: the worker must need none."""
     return {name: value for name, value in os.environ.items() if not name.startswith("RL_")}
@@ -80,7 +110,7 @@ def clean_environment() -> dict[str, str]:
 
 def test_relay_rl_worker_joins_with_the_url_and_token_alone_samples_and_drains_on_ctrl_c(
     bootstrapped_coordinator: str,
-    publish_version_0: None,  # noqa: F811
+    publish_version_0: None,
     bus: StreamBus,
     keys: RunKeys,
     model_dir: Path,
@@ -88,6 +118,7 @@ def test_relay_rl_worker_joins_with_the_url_and_token_alone_samples_and_drains_o
     tmp_path: Path,
 ) -> None:
     url = bootstrapped_coordinator
+    learner_in_relay_plan(url)
     bus.ensure_group(TASKS)
     task_ids: list[str] = []
     feeding = threading.Event()
@@ -118,6 +149,7 @@ def test_relay_rl_worker_joins_with_the_url_and_token_alone_samples_and_drains_o
         # it built the run's tiny policy itself, and it is the learner's (same tokenizer and architecture)
         assert model_fingerprint(work_dir / "model") == model_fingerprint(model_dir)
         assert (work_dir / "run.toml").read_text() == run_file_text(keys.run_id)
+        assert "same model fingerprint as the learner's version 0" in log_path.read_text()
 
         process.send_signal(signal.SIGINT)  # Ctrl-C: finish the batch, deregister, exit 0
         assert process.wait(timeout=60) == 0, log_path.read_text()[-3000:]
@@ -129,3 +161,25 @@ def test_relay_rl_worker_joins_with_the_url_and_token_alone_samples_and_drains_o
             process.wait()
     assert workers_named(url, "joined") == []  # it deregistered
     assert bus.redis.xpending(keys.name_of(TASKS), TASKS.group)["pending"] == 0  # its last batch was acked
+
+
+def test_a_model_folder_that_is_not_the_learners_is_refused_before_the_worker_starts(
+    bootstrapped_coordinator: str,
+    publish_version_0: None,
+    model_dir: Path,
+    repo_root: Path,
+    tmp_path: Path,
+) -> None:
+    learner_in_relay_plan(bootstrapped_coordinator)
+    other = tmp_path / "other-model"
+    shutil.copytree(model_dir, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "intermediate_size": config["intermediate_size"] + 8}))
+    command = [sys.executable, "-m", "cluster.cli", "worker", "--coordinator", bootstrapped_coordinator]
+    command += ["--token", JOIN_TOKEN, "--work-dir", str(tmp_path / "worker"), "--model-dir", str(other)]
+    result = subprocess.run(
+        command, cwd=repo_root, env=clean_environment(), capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 1
+    assert "published for model fingerprint" in result.stderr and "Traceback" not in result.stderr
+    assert workers_named(bootstrapped_coordinator, "joined") == []  # it never registered
