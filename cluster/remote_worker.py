@@ -46,8 +46,9 @@ LOCAL_RUN_DIR = Path(__file__).resolve().parent.parent / "runs" / "latest"  # = 
 DEFAULT_WORK_ROOT = Path.home() / ".cache" / "relay-rl"
 BOOTSTRAP_TIMEOUT_S = 10.0
 
-# exit codes besides 0 (drained or stopped) and 2 (a usage error, argparse's)
+# exit codes besides 0 (drained or stopped)
 EXIT_FAILED = 1  # anything else: the coordinator has no bootstrap, a model folder is unusable, ...
+EXIT_USAGE = 2  # no coordinator URL or no join token (argparse's code for a usage error)
 EXIT_REFUSED = 3  # the coordinator refused the join token (HTTP 401/403)
 EXIT_UNREACHABLE = 4  # no coordinator answered at that URL
 
@@ -127,9 +128,9 @@ def prepare(args: argparse.Namespace) -> dict[str, str]:
     if not args.coordinator and not args.token and (args.run_dir / "cluster.env").exists():
         take_local_cluster(args)
     if not args.coordinator:
-        raise JoinError(f"no coordinator: pass --coordinator URL or set {COORDINATOR_ENV}", exit_code=2)
+        raise JoinError(f"no coordinator: pass --coordinator URL or set {COORDINATOR_ENV}", EXIT_USAGE)
     if not args.token:
-        raise JoinError(f"no join token: pass --token TOKEN or set {JOIN_TOKEN_ENV}", exit_code=2)
+        raise JoinError(f"no join token: pass --token TOKEN or set {JOIN_TOKEN_ENV}", EXIT_USAGE)
     from rich.console import Console
 
     console = Console(stderr=True)
