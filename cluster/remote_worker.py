@@ -166,13 +166,16 @@ def prepare(args: argparse.Namespace) -> dict[str, str]:
 
 
 def take_local_cluster(args: argparse.Namespace) -> None:
-    """`make worker`: the coordinator, join token and model folder of the local cluster in args.run_dir."""
+    """`make worker`: the coordinator, join token and model folder of the local cluster in args.run_dir; its
+    work folder (default) in that run folder, <run dir>/joined/<name>."""
     from cluster.join import read_cluster_env
 
     cluster = read_cluster_env(args.run_dir)
     args.coordinator, args.token = cluster["RL_COORDINATOR_URL"], cluster["RL_JOIN_TOKEN"]
     if args.model_dir is None:
         args.model_dir = Path(cluster["RL_MODEL_DIR"])
+    if args.work_dir is None:
+        args.work_dir = args.run_dir.resolve() / "joined" / args.name
 
 
 def fetch_bootstrap(coordinator_url: str, join_token: str) -> ClusterBootstrap:

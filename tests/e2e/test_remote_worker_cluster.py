@@ -78,7 +78,7 @@ def test_workers_join_a_local_cluster_by_url_and_token_and_by_cluster_env_then_l
         url = cluster.coordinator_url
         by_token = cli("worker", "--coordinator", url, "--token", cluster.join_token, "--name", "by-token")
         by_token += ["--work-dir", str(tmp_path / "by-token"), "--run-dir", str(tmp_path / "none")]
-        by_env = cli("worker", "--name", "by-env", "--run-dir", str(cluster.run_dir))
+        by_env = cli("worker", "--name", "by-env", "--run-dir", str(cluster.run_dir))  # its work folder: in there
         for name, command in (("by-token", by_token), ("by-env", by_env)):
             with (tmp_path / f"{name}.log").open("w") as log:
                 processes[name] = subprocess.Popen(command, cwd=repo_root, env=env, stdout=log, stderr=log)
@@ -91,6 +91,7 @@ def test_workers_join_a_local_cluster_by_url_and_token_and_by_cluster_env_then_l
         )
         assert shown.returncode == 0 and "2 active" in shown.stdout, shown.stdout + shown.stderr
         assert "by-token" in shown.stdout and "by-env" in shown.stdout
+        assert (cluster.run_dir / "joined" / "by-env" / "run.toml").read_text() == config.read_text()
 
         drained = subprocess.run(
             cli("drain", "by-token", "--run-dir", str(cluster.run_dir)), cwd=repo_root, env=env, capture_output=True
