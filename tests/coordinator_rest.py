@@ -75,7 +75,7 @@ def served_coordinator(
     wall clock of the leases (registration, heartbeats, expiry, the sweeper), `control_clock` that of the
     control loop (billing, dwell); both are set before the app serves anything or runs a pass. `access`:
     how workers get Redis access (default: ACLs off). `bootstrap`: what GET /v1/cluster/bootstrap answers
-    (default: 503). The app requires JOIN_TOKEN to register; the client
+    (default: 404). The app requires JOIN_TOKEN to register; the client
     sends it with every request (JOIN_HEADERS)."""
     app = create_app(run, redis_client, ADMIN_TOKEN, JOIN_TOKEN, access=access, bootstrap=bootstrap)
     if lease_clock is not None:

@@ -108,7 +108,7 @@ def cluster_bootstrap(settings: CoordinatorSettings, run: RunConfig) -> ClusterB
     from shared.redis_urls import without_credentials
 
     if settings.weights_public_key is None:
-        log.warning("RL_WEIGHTS_PUBLIC_KEY is not set: GET /v1/cluster/bootstrap answers 503 (no `relay-rl worker`)")
+        log.warning("RL_WEIGHTS_PUBLIC_KEY is not set: GET /v1/cluster/bootstrap answers 404 (no `relay-rl worker`)")
         return None
     return ClusterBootstrap(
         run_id=run.run_id,

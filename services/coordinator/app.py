@@ -73,7 +73,7 @@ def create_app(
     must send to register (header X-RL-Join-Token); None opens registration to anyone (dev and tests
     only: CoordinatorSettings requires RL_JOIN_TOKEN unless RL_OPEN_REGISTRATION is set). `access`: how
     workers get Redis access (default: no ACL users, only rollout keys; services/coordinator/redis_access.py).
-    `bootstrap`: what GET /v1/cluster/bootstrap hands a joining worker (None: 503 there)."""
+    `bootstrap`: what GET /v1/cluster/bootstrap hands a joining worker (None: 404 there)."""
     if not admin_token:
         raise ValueError("admin_token must not be empty")
     if join_token is not None and not join_token:

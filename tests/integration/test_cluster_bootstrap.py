@@ -134,11 +134,11 @@ def test_relay_rl_worker_says_why_it_cannot_join(served_bootstrap: str, tmp_path
     assert no_coordinator.returncode == 2 and "--coordinator" in no_coordinator.stderr
 
 
-def test_a_coordinator_without_a_public_key_answers_503_and_the_worker_says_so(
+def test_a_coordinator_without_a_public_key_answers_404_and_the_worker_says_so(
     keys: RunKeys, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     with served_coordinator(RunConfig(run_id=keys.run_id), redis_client) as served:
         answer = served.client.get(BOOTSTRAP_PATH)  # with the join token
-        assert answer.status_code == 503 and "RL_WEIGHTS_PUBLIC_KEY" in answer.json()["detail"]
+        assert answer.status_code == 404 and "RL_WEIGHTS_PUBLIC_KEY" in answer.json()["detail"]
         result = relay_rl_worker("--coordinator", served.url, "--token", JOIN_TOKEN, tmp_path=tmp_path)
-    assert result.returncode == 1 and "HTTP 503" in result.stderr and "RL_WEIGHTS_PUBLIC_KEY" in result.stderr
+    assert result.returncode == 1 and "HTTP 404" in result.stderr and "RL_WEIGHTS_PUBLIC_KEY" in result.stderr

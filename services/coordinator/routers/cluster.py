@@ -7,20 +7,21 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, status
 
 from services.coordinator.deps import CoordinatorDep, JoinTokenDep
+from services.coordinator.errors import error_docs
 from services.coordinator.join import check_join_token
 from shared.api import BOOTSTRAP_PATH, ClusterBootstrap
 
 router = APIRouter(tags=["workers"])
 
 
-@router.get(BOOTSTRAP_PATH)
+@router.get(BOOTSTRAP_PATH, responses=error_docs(401, 404))
 def bootstrap(coordinator: CoordinatorDep, join_token: JoinTokenDep = None) -> ClusterBootstrap:
-    """401 without the cluster's join token or with a wrong one; 503 when this coordinator was started
+    """401 without the cluster's join token or with a wrong one; 404 when this coordinator was started
     without RL_WEIGHTS_PUBLIC_KEY (it has nothing to hand out: workers must be configured by hand)."""
     check_join_token(join_token, coordinator.join_token_sha256, "the cluster bootstrap")
     if coordinator.bootstrap is None:
         raise HTTPException(
-            status.HTTP_503_SERVICE_UNAVAILABLE,
+            status.HTTP_404_NOT_FOUND,
             detail="this coordinator has no RL_WEIGHTS_PUBLIC_KEY: it cannot bootstrap workers "
             "(start it with RL_WEIGHTS_PUBLIC_KEY, or configure the worker with RL_* variables)",
         )
