@@ -45,6 +45,8 @@ def test_every_help_answers_without_importing_a_heavy_module(args: list[str], re
     }
     assert imported, "no -X importtime output"
     assert not HEAVY_MODULES & imported, HEAVY_MODULES & imported
+    if args == ["demo"]:  # everything after `demo` is cluster.local's: its own flags answer
+        assert "--workers" in result.stdout and "--model-dir" in result.stdout
 
 
 def test_the_console_script_is_relay_rl_and_runs_cluster_cli_main(repo_root: Path) -> None:
