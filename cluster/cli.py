@@ -21,8 +21,6 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RUN_DIR = REPO_ROOT / "runs" / "latest"  # = cluster.join.DEFAULT_RUN_DIR (not imported: --help stays fast)
-# commands whose arguments all belong to another module's parser: handed over as they are
-PASS_THROUGH = {"demo": "cluster.local"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in PASS_THROUGH:
-        run_pass_through(argv[0], argv[1:])
+    if argv[:1] == ["demo"]:  # every argument after it is cluster.local's, handed over as it is
+        run_demo(argv[1:])
         return
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -100,9 +98,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(signing_main(["generate"]))
 
 
-def run_pass_through(command: str, args: list[str]) -> None:
+def run_demo(args: list[str]) -> None:
     """`relay-rl demo ...` is `python -m cluster.local ...` (with a progress bar on a terminal)."""
-    assert command == "demo", command
     from cluster import local
     from cluster.demo_progress import demo_progress_bar
 
