@@ -73,6 +73,8 @@ class ClusterOptions:
     liars: dict[str, str] = field(default_factory=dict)
     # worker service name -> extra environment (e.g. RL_WORKER_BANDWIDTH_MBPS, to put it first in the relay plan)
     worker_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    # processes of the learner: > 1 runs it sharded under torchrun (docs/distributed_learner.md)
+    learner_procs: int = 1
 
     def restart_policy(self, mode: RestartMode) -> RestartPolicy:
         return RestartPolicy(
@@ -253,7 +255,7 @@ class LocalCluster:
             "RL_REDIS_URL": self.redis_url_for("learner"),
             SIGNING_KEY_ENV: self.weights_keys.signing_key_hex,
         }
-        self.launch("learner", "services.learner", env)
+        self.launch("learner", "services.learner", env, launcher=learner_launcher(self.options.learner_procs))
 
     def start_worker(self, index: int) -> None:
         name = f"worker-{index}"
@@ -295,8 +297,8 @@ class LocalCluster:
         os.chmod(path, 0o600)
         return path
 
-    def launch(self, name: str, module: str, env: dict[str, str]) -> None:
-        """Start `python -m module` under supervision; a restart reuses this environment (ports included)."""
+    def launch(self, name: str, module: str, env: dict[str, str], launcher: list[str] | None = None) -> None:
+        """Start `python [launcher] -m module` under supervision; a restart reuses this environment (ports included)."""
         if name != "coordinator":  # the coordinator serves /metrics on its own port
             port = free_port()
             env = {"RL_METRICS_PORT": str(port), **env}
@@ -304,7 +306,7 @@ class LocalCluster:
         full_env = {**self.common_env(), **env}
 
         def start() -> ServiceProcess:
-            return start_service(name, module, full_env, self.run_dir / "logs", REPO_ROOT)
+            return start_service(name, module, full_env, self.run_dir / "logs", REPO_ROOT, launcher or [])
 
         # exit 0 is deliberate for these two: the learner's run is complete, a worker was drained
         deliberate_exit = name == "learner" or name.startswith("worker")
@@ -379,6 +381,17 @@ def restarts_text(supervision: SupervisionRecord) -> str:
     return text + (f" | gave up on {', '.join(gave_up)}" if gave_up else "")
 
 
+def learner_launcher(num_procs: int) -> list[str]:
+    """What goes between `python` and `-m services.learner`: nothing for one process, else torchrun on this
+    machine (--standalone: its own rendezvous on a free port). Rank 0 alone binds the chunk server and
+    metrics ports it is given."""
+    if num_procs < 1:
+        raise ValueError(f"--learner-procs must be at least 1, got {num_procs}")
+    if num_procs == 1:
+        return []
+    return ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={num_procs}"]
+
+
 def raise_keyboard_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -413,6 +426,12 @@ def main() -> None:
         help="restarts of one service within --restart-window-s before the runner gives up on it",
     )
     parser.add_argument("--restart-window-s", type=float, default=defaults.restart_window_s)
+    parser.add_argument(
+        "--learner-procs",
+        type=int,
+        default=1,
+        help="learner processes: > 1 shards it with FSDP2 under torchrun (gloo on CPU, nccl on GPUs)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per status poll otherwise
@@ -428,6 +447,7 @@ def main() -> None:
             restart_max_delay_s=args.restart_max_delay_s,
             max_restarts=args.max_restarts,
             restart_window_s=args.restart_window_s,
+            learner_procs=args.learner_procs,
         )
     )
     # Explicit handlers: a runner started in the background inherits SIGINT ignored, and `kill <pid>`

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,8 +58,12 @@ class ServiceProcess:
             return ""
 
 
-def start_service(name: str, module: str, env: dict[str, str], log_dir: Path, cwd: Path) -> ServiceProcess:
-    """`python -m <module>` with `env` added to this process's environment, output to <log_dir>/<name>.log.
+def start_service(
+    name: str, module: str, env: dict[str, str], log_dir: Path, cwd: Path, launcher: Sequence[str] = ()
+) -> ServiceProcess:
+    """`python [launcher...] -m <module>` with `env` added to this process's environment, output to
+    <log_dir>/<name>.log. `launcher`: e.g. torchrun's `-m torch.distributed.run --standalone --nproc-per-node=2`
+    (the process is then torchrun: it passes SIGTERM to its ranks, and they exit when it is killed).
     A weight-signing key in this process's environment is not passed on: a child gets one only in `env`
     (the learner), so a worker never inherits one from the shell that started the cluster."""
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -67,7 +72,7 @@ def start_service(name: str, module: str, env: dict[str, str], log_dir: Path, cw
     child_env = {**inherited, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **env}
     with open(log_path, "ab") as log_file:
         popen = subprocess.Popen(
-            [sys.executable, "-m", module],
+            [sys.executable, *launcher, "-m", module],
             env=child_env,
             cwd=cwd,
             stdout=log_file,

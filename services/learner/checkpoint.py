@@ -6,6 +6,12 @@ never a torn one. Stream positions need no saving: the consumer group keeps them
 trained on since this checkpoint is still pending for the learner's consumer (acked only after the
 checkpoint covering it is on disk). The checkpoint lists the ids it covers, so a crash between saving
 and acking does not train on them twice.
+
+Model and optimizer state are full tensors keyed by parameter name (torch.distributed.checkpoint's
+state_dict API, policy.py), whatever the learner's world size: a checkpoint written by 2 ranks resumes on
+1 and the other way round. Sharded, rank 0 writes it (the whole model and the optimizer's state gathered
+to its CPU: 3x the parameters' bytes with AdamW). The RNG state is rank 0's; a learner step draws no
+random numbers (dropout is off, the minibatch shuffle is seeded by the version).
 """
 
 from __future__ import annotations
@@ -18,14 +24,14 @@ from typing import Any
 
 import torch
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2  # 2: optimizer state keyed by parameter name (1: by position)
 
 
 @dataclass
 class Checkpoint:
     policy_version: int
     model_state: dict[str, torch.Tensor]
-    optimizer_state: dict[str, Any]
+    optimizer_state: dict[str, Any]  # get_optimizer_state_dict(full_state_dict=True): keyed by parameter name
     counters: dict[str, Any]  # RunTotals.model_dump(): cumulative metrics, drop counts, eval history
     covered_message_ids: list[str]  # scored entries trained on since the previous checkpoint
     torch_rng_state: torch.Tensor
@@ -37,16 +43,17 @@ def checkpoint_path(run_dir: Path) -> Path:
 
 
 def capture(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    model_state: dict[str, torch.Tensor],
+    optimizer_state: dict[str, Any],
     policy_version: int,
     counters: dict[str, Any],
     covered_message_ids: list[str],
 ) -> Checkpoint:
+    """`model_state` and `optimizer_state` from Policy.checkpoint_state()."""
     return Checkpoint(
         policy_version=policy_version,
-        model_state=model.state_dict(),
-        optimizer_state=optimizer.state_dict(),
+        model_state=model_state,
+        optimizer_state=optimizer_state,
         counters=counters,
         covered_message_ids=list(covered_message_ids),
         torch_rng_state=torch.get_rng_state(),
@@ -81,9 +88,7 @@ def load_checkpoint(path: Path) -> Checkpoint | None:
     return Checkpoint(**payload)
 
 
-def restore(checkpoint: Checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Put model, optimizer and RNG state back exactly as they were when `checkpoint` was captured."""
-    model.load_state_dict(checkpoint.model_state)
-    optimizer.load_state_dict(checkpoint.optimizer_state)
+def restore_rng(checkpoint: Checkpoint) -> None:
+    """Put the RNG state back as it was when `checkpoint` was captured (the weights: Policy.restore)."""
     torch.set_rng_state(checkpoint.torch_rng_state)
     random.setstate(checkpoint.python_rng_state)

@@ -23,6 +23,9 @@ Totals across a restart: what the retaken steps redo (steps, groups trained, tra
 staleness histogram) continues from the checkpoint, so each trained group counts once; what is final
 when decided (drops, dead letters: counted in Redis with their ack) and the run's clock (the last
 LearnerState's wall_s) continue from where the killed process left them.
+
+Under torchrun with G > 1 processes this object lives on rank 0 only; every operation on the weights
+goes through `self.policy` (policy.py), which brings the other ranks along (distributed.py).
 """
 
 from __future__ import annotations
@@ -38,11 +41,13 @@ from pathlib import Path
 
 from services.learner import trainer
 from services.learner.batch import BatchCollector, CollectedBatch, TrainBatch, tensorize
-from services.learner.checkpoint import capture, checkpoint_path, load_checkpoint, restore, save_checkpoint
+from services.learner.checkpoint import capture, checkpoint_path, load_checkpoint, restore_rng, save_checkpoint
+from services.learner.distributed import RankGroup
 from services.learner.evaluator import Evaluator
 from services.learner.metrics import MetricsLog, write_summary
 from services.learner.mismatch import engine_mismatch
 from services.learner.model_init import build_initial_policy
+from services.learner.policy import Policy
 from services.learner.publish import WeightPublisher
 from services.learner.settings import LearnerSettings
 from services.learner.trust_monitor import TrustMonitor
@@ -70,9 +75,11 @@ class TrainedStep:
 
 
 class Learner:
-    """One learner process: owns the policy, the optimizer, the `scored` consumer and the chunk server."""
+    """The learner (its rank 0 when sharded): owns the policy, the `scored` consumer and the chunk server."""
 
-    def __init__(self, run: RunConfig, settings: LearnerSettings, bus: StreamBus) -> None:
+    def __init__(
+        self, run: RunConfig, settings: LearnerSettings, bus: StreamBus, ranks: RankGroup | None = None
+    ) -> None:
         self.config = run
         self.settings = settings
         self.bus = bus
@@ -81,11 +88,13 @@ class Learner:
         self.task = build_task(run.task)
 
         self.model_dir = self.ensure_initial_policy()
-        self.model, self.tokenizer = trainer.load_policy(self.model_dir, run.learner)
+        ranks = ranks or RankGroup()
+        ranks.send_path(self.model_dir)  # the other ranks load it once it exists
+        self.policy = Policy(self.model_dir, run, ranks)
+        self.tokenizer = self.policy.tokenizer
         # One pad id with the workers (shared.tokenization): a tokenizer without a pad token pads with EOS.
         # (Evaluation stops where sampling does: it decodes with the workers' engine, see evaluator.py.)
         self.pad_token_id = pad_token_id(self.tokenizer)
-        self.optimizer = trainer.make_optimizer(self.model, run.grpo)
         self.version = 0
         self.totals = RunTotals()
         self.uncheckpointed_ids: list[str] = []  # admitted groups trained on since the last checkpoint
@@ -102,8 +111,8 @@ class Learner:
             self.keys,
             staleness_bound=run.schedule.staleness_bound,
             groups_per_step=run.grpo.groups_per_step,
-            vocab_size=self.model.config.vocab_size,
-            max_positions=self.model.config.max_position_embeddings,
+            vocab_size=self.policy.config.vocab_size,
+            max_positions=self.policy.config.max_position_embeddings,
             poll_block_ms=settings.poll_block_ms,
         )
         # the versions it serves live in files under the run folder (page cache), not in the learner's memory
@@ -125,7 +134,7 @@ class Learner:
         )
         self._started_s = time.monotonic()
         self._wall_offset_s = 0.0  # run time before this process (restored from the checkpoint)
-        self.trust = TrustMonitor(run.trust, self.model, bus, self.run_dir / "trust.jsonl")
+        self.trust = TrustMonitor(run.trust, self.policy.weights(), bus, self.run_dir / "trust.jsonl")
         device, dtype = trainer.resolve_device_dtype(run.learner)
         self.evaluator = Evaluator.for_model_folder(  # the workers' engine, on the learner's device and dtype
             self.model_dir,
@@ -145,7 +154,9 @@ class Learner:
         log.info("chunk server on %s, announced as %s", self.server.url, self.publisher.public_url)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:  # sharded: the other ranks return (after an error torchrun stops them: a stop
+            self.policy.close()  # sent after a failed collective would wait forever)
         self.evaluator.close()
         self.server.stop()
         self.publisher.close()
@@ -182,7 +193,8 @@ class Learner:
             log.info("no checkpoint in %s: starting at version 0", self.run_dir)
             self.metrics.truncate_after(-1)  # lines of an attempt that never checkpointed describe nothing
         else:
-            restore(checkpoint, self.model, self.optimizer)
+            self.policy.restore(checkpoint.model_state, checkpoint.optimizer_state)
+            restore_rng(checkpoint)
             self.version = self.checkpointed_version = checkpoint.policy_version
             self.totals = RunTotals.model_validate(checkpoint.counters)
             self.totals.num_restarts += 1
@@ -199,8 +211,11 @@ class Learner:
         log.info("%d scored groups admitted before a restart and never acked: decided again first", num_pending)
 
     def publish_weights(self) -> float:
-        publish_s = self.publisher.publish(self.model, self.version).publish_s
-        self.trust.on_publish(self.version, self.model)
+        started_s = time.perf_counter()
+        weights = self.policy.weights()  # sharded: gathered to rank 0 here, a parameter at a time
+        gather_s = time.perf_counter() - started_s
+        publish_s = gather_s + self.publisher.publish(weights, self.version).publish_s
+        self.trust.on_publish(self.version, weights)
         return publish_s
 
     def collect_batch(self) -> CollectedBatch | None:
@@ -225,12 +240,8 @@ class Learner:
     def train_step(self, batch: CollectedBatch) -> TrainedStep:
         groups = [admitted.group for admitted in batch.groups]
         tensors = tensorize(groups, self.pad_token_id, self.config.grpo.normalize_advantage_by_std)
-        result = trainer.train_step(
-            self.model,
-            self.optimizer,
+        result = self.policy.train_step(
             tensors,
-            self.config.grpo,
-            self.config.learner,
             group_sizes=[group.rollout.num_samples for group in groups],
             shuffle_seed=self.version,  # a step retaken after a restart deals its minibatches the same way
         )
@@ -307,7 +318,7 @@ class Learner:
         and the totals at the next sync_totals. With `wait`, the previous eval and this one are waited
         for however long they take (the final eval: "after" must be the final weights' accuracy)."""
         max_wait_s = None if wait else self.config.learner.eval_max_stall_s
-        handoff = self.evaluator.submit(self.model, self.version, max_wait_s=max_wait_s)
+        handoff = self.evaluator.submit(self.policy.weights(), self.version, max_wait_s=max_wait_s)
         self.totals.eval_stall_s += handoff.stall_s
         if not handoff.accepted:
             self.totals.num_evals_skipped += 1
@@ -332,7 +343,10 @@ class Learner:
         """Save, then ack the groups the checkpoint covers (never before: they would be lost in a crash)."""
         started_s = time.perf_counter()
         self.sync_totals()
-        snapshot = capture(self.model, self.optimizer, self.version, self.totals.model_dump(), self.uncheckpointed_ids)
+        model_state, optimizer_state = self.policy.checkpoint_state()
+        snapshot = capture(
+            model_state, optimizer_state, self.version, self.totals.model_dump(), self.uncheckpointed_ids
+        )
         save_checkpoint(checkpoint_path(self.run_dir), snapshot)
         self.ack(self.uncheckpointed_ids)
         self.collector.release(self.uncheckpointed_ids)
@@ -417,7 +431,7 @@ class Learner:
         out_dir = self.run_dir / "model_final"
         if out_dir.exists():
             shutil.rmtree(out_dir)
-        self.model.save_pretrained(out_dir, safe_serialization=True)
+        self.policy.weights().save_pretrained(out_dir, safe_serialization=True)
         self.tokenizer.save_pretrained(out_dir)
         return out_dir
 

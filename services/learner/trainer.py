@@ -11,6 +11,11 @@ for each of ppo_epochs epochs:
             backward                                      # gradients add up to the minibatch's
         clip the gradient norm, AdamW step                # pi_theta moves: later minibatches' ratios leave 1
 the policy version advances by one (learner.py), however many updates the step took
+
+Sharded over G ranks (distributed.py), every rank runs this same step on the same batch: each forward and
+backward covers only the rank's share of the rows, the token count the loss divides by is the whole
+minibatch's, the gradients are summed over the ranks, and the log-probs and loss statistics are gathered
+and summed, so the result is the single process's (up to float rounding).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from services.learner.batch import TrainBatch
+from services.learner.distributed import RankGroup
 from services.learner.grpo import ImportanceStats, LossStats, importance_stats, policy_loss, token_logprobs
 from shared.config import GRPOConfig, LearnerConfig
 
@@ -108,6 +114,7 @@ def train_step(
     *,
     group_sizes: list[int] | None = None,
     shuffle_seed: int = 0,
+    ranks: RankGroup | None = None,
 ) -> StepResult:
     """One learner step on `batch`: `grpo.num_updates` optimizer updates, after which the learner's
     version advances by one (however many updates it took).
@@ -116,8 +123,11 @@ def train_step(
     None: groups of grpo.group_size. Minibatches hold whole groups, so each keeps its group baselines.
     shuffle_seed: seeds the groups' shuffle into minibatches (the learner passes its version, so a
     step taken again after a restart splits the same way).
+    ranks: this process's place among the learner's ranks (None: the only one); every rank calls this
+    with the same batch.
     """
     learner = learner or LearnerConfig()
+    ranks = ranks or RankGroup()
     started_s = time.perf_counter()
     disable_dropout(model)
     batch = batch.to(next(model.parameters()).device)
@@ -125,9 +135,9 @@ def train_step(
     # pi_prox is the weights at the step's start. A single update's own forward sees those weights, so
     # its detached log-probs are pi_prox; with more updates the later ones see moved weights, so pi_prox
     # is computed once up front, without gradient, and every update's ratio is taken against it.
-    proximal = proximal_logprobs(model, batch, learner) if len(plan) > 1 else None
+    proximal = proximal_logprobs(model, batch, learner, ranks) if len(plan) > 1 else None
 
-    updates = [update_minibatch(model, optimizer, batch, rows, proximal, grpo, learner) for rows in plan]
+    updates = [update_minibatch(model, optimizer, batch, rows, proximal, grpo, learner, ranks) for rows in plan]
     if proximal is None:
         (update,) = updates
         proximal = update.logprobs  # rows in order: the plan's only minibatch is the whole batch
@@ -191,19 +201,47 @@ def group_rows(num_rows: int, group_sizes: list[int] | None, default_group_size:
     return [torch.arange(start, end) for start, end in itertools.pairwise(bounds)]
 
 
-def proximal_logprobs(model: PreTrainedModel, batch: TrainBatch, learner: LearnerConfig) -> torch.Tensor:
-    """(B, T - 1) log-probs of the batch under the current weights, without gradient, micro-batch by micro-batch."""
-    logprobs = torch.zeros_like(batch.behaviour_logprobs)
+def proximal_logprobs(
+    model: PreTrainedModel, batch: TrainBatch, learner: LearnerConfig, ranks: RankGroup | None = None
+) -> torch.Tensor:
+    """(B, T - 1) log-probs of the batch under the current weights, without gradient, micro-batch by
+    micro-batch (sharded: each rank its share of the rows, then gathered on every rank)."""
+    ranks = ranks or RankGroup()
+    local = rows_of_rank(batch, ranks)
+    logprobs = torch.zeros_like(local.batch.behaviour_logprobs)
     with torch.no_grad():
-        for rows in micro_batches(batch.num_samples, learner.micro_batch_size):
+        for rows in micro_batches(local.batch.num_samples, learner.micro_batch_size):
             logprobs[rows] = token_logprobs(
                 model,
-                batch.input_ids[rows],
-                batch.attention_mask[rows],
-                batch.temperatures[rows],
+                local.batch.input_ids[rows],
+                local.batch.attention_mask[rows],
+                local.batch.temperatures[rows],
                 chunk_tokens=learner.logprob_chunk_tokens,
             )
-    return logprobs
+    return ranks.gather_rows(logprobs, local.num_real, batch.num_samples)
+
+
+@dataclass(frozen=True)
+class LocalRows:
+    """A rank's share of a batch's rows: the first num_real rows of `batch` are real, the rest (padding
+    that keeps every rank's micro-batch count equal) have no completion token, so they weigh nothing."""
+
+    batch: TrainBatch
+    indices: torch.Tensor  # (m,) rows of the whole batch
+    num_real: int
+
+
+def rows_of_rank(batch: TrainBatch, ranks: RankGroup) -> LocalRows:
+    indices, num_real = ranks.share(batch.num_samples)
+    if not ranks.is_sharded:
+        return LocalRows(batch, indices, num_real)
+    local = take_rows(batch, indices.to(batch.input_ids.device))
+    local.completion_mask[num_real:] = False  # a copy (advanced indexing): the batch is untouched
+    return LocalRows(local, indices, num_real)
+
+
+def take_rows(batch: TrainBatch, rows: torch.Tensor) -> TrainBatch:
+    return TrainBatch(**{field.name: getattr(batch, field.name)[rows] for field in fields(batch)})
 
 
 def update_minibatch(
@@ -214,12 +252,17 @@ def update_minibatch(
     proximal: torch.Tensor | None,
     grpo: GRPOConfig,
     learner: LearnerConfig,
+    ranks: RankGroup | None = None,
 ) -> UpdateResult:
     """One optimizer update on the batch's `rows` (b,). proximal: (B, T - 1) pi_prox of the whole batch;
-    None: this is the step's only update, and its own forward (detached) is pi_prox."""
-    minibatch = TrainBatch(**{field.name: getattr(batch, field.name)[rows] for field in fields(batch)})
-    minibatch_proximal = None if proximal is None else proximal[rows]  # (b, T - 1)
-    num_tokens = minibatch.num_tokens
+    None: this is the step's only update, and its own forward (detached) is pi_prox. Sharded: this rank
+    runs its share of the rows; the result is the whole minibatch's on every rank."""
+    ranks = ranks or RankGroup()
+    whole = take_rows(batch, rows)
+    num_tokens = whole.num_tokens  # the whole minibatch's, on every rank: the ranks' losses add up to its token mean
+    local = rows_of_rank(whole, ranks)
+    minibatch = local.batch
+    minibatch_proximal = None if proximal is None else proximal[rows][local.indices.to(rows.device)]  # (b, T - 1)
     logprobs = torch.zeros_like(minibatch.behaviour_logprobs)  # (b, T - 1) detached, for the result
     loss_sum, num_clipped = 0.0, 0.0
 
@@ -246,15 +289,26 @@ def update_minibatch(
             max_importance_weight=grpo.max_importance_weight,
             loss_num_tokens=num_tokens,  # so the micro-batch gradients sum to the minibatch's token mean
         )
-        micro_loss.backward()
+        # Sharded: FSDP averages the ranks' gradients, and the sum is wanted (each rank's loss is its share
+        # of the global token mean): scaled by the world size, a power of two in practice, so exact.
+        (micro_loss * ranks.world_size if ranks.is_sharded else micro_loss).backward()
         logprobs[micro] = micro_logprobs.detach()
         loss_sum += micro_stats.loss
         num_clipped += micro_stats.clip_fraction * micro_stats.num_tokens
 
     # Clipping keeps one unlucky batch (a few huge-advantage tokens) from undoing earlier progress.
+    # (Sharded: the gradients are DTensors and the norm is over all of them, every rank's shard.)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grpo.max_grad_norm)
     optimizer.step()
-    return UpdateResult(loss_sum, num_tokens, round(num_clipped), float(grad_norm), logprobs)
+    loss_sum, num_clipped = ranks.sum(loss_sum, num_clipped)
+    logprobs = ranks.gather_rows(logprobs, local.num_real, whole.num_samples)
+    return UpdateResult(loss_sum, num_tokens, round(num_clipped), full_value(grad_norm), logprobs)
+
+
+def full_value(norm: torch.Tensor) -> float:
+    """A scalar that may be a DTensor (the norm of sharded gradients) as a float."""
+    full_tensor = getattr(norm, "full_tensor", None)
+    return float(full_tensor() if full_tensor is not None else norm)
 
 
 def micro_batches(num_rows: int, micro_batch_size: int) -> list[slice]:

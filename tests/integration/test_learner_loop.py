@@ -215,7 +215,7 @@ def test_the_loop_trains_publishes_and_never_trains_on_what_the_bound_forbids(
     assert (state.status, state.learner_version, state.published_version) == ("done", 6, 6)
     assert state.num_dropped == summary.num_dropped
     final, _ = load_policy(tmp_path / "model_final")
-    assert torch.equal(final.get_input_embeddings().weight, learner.model.get_input_embeddings().weight)
+    assert torch.equal(final.get_input_embeddings().weight, learner.policy.weights().get_input_embeddings().weight)
     # The stand-in samples its lag-0 groups with the learner's own weights and code: no engine mismatch.
     assert all(set(s["mismatch_by_worker"]) == {"stand-in"} for s in steps)
     assert all(m["logprob_abs_diff_mean"] < 1e-3 for s in steps for m in s["mismatch_by_worker"].values())

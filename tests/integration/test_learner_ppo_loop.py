@@ -40,7 +40,7 @@ def test_the_version_advances_by_one_per_batch_whatever_the_number_of_updates(
     steps, _ = read_metrics(tmp_path / "metrics.jsonl")
     assert [(s.step, s.policy_version, s.num_updates) for s in steps] == [(1, 1, 4), (2, 2, 4), (3, 3, 4)]
     assert all(0.0 < s.ess_fraction <= 1.0 and s.is_weight_max >= s.is_weight_mean > 0.0 for s in steps)
-    assert {int(state["step"]) for state in learner.optimizer.state.values()} == {12}  # 3 batches x 4 updates
+    assert {int(state["step"]) for state in learner.policy.optimizer.state.values()} == {12}  # 3 batches x 4 updates
     assert worker.versions_seen == [0, 1, 2, 3]  # one published version per batch
     assert summary.policy_version == 3
     state = bus.get_state(LEARNER_STATE)

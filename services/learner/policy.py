@@ -1,0 +1,118 @@
+"""The policy being trained and every operation the learner's loop runs on it, on one process or sharded
+over the ranks of a torchrun job (distributed.py: rank 0 leads, the others follow).
+
+    train_step(batch)    one learner step (trainer.py); sharded: every rank on its rows of the same batch
+    weights()            a model with the full weights of the current version, to publish, evaluate,
+                         audit and save: the policy itself on one process; rank 0's plain CPU replica
+                         when sharded, refreshed by one gather per version (a parameter at a time)
+    checkpoint_state()   (model, optimizer) state dicts, full tensors keyed by name: any world size resumes them
+    restore(...)         put them back (sharded: rank 0 reads them, every rank gets them)
+    close()              sharded: the followers' loop returns
+
+On rank 0 each sharded operation first sends its Command, so the followers (`follow`) run the same
+collective at the same point.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from services.learner import trainer
+from services.learner.batch import TrainBatch
+from services.learner.distributed import (
+    Command,
+    RankGroup,
+    full_state_dicts,
+    gather_full_weights,
+    load_full_state_dicts,
+    shard_model,
+)
+from shared.config import RunConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+log = logging.getLogger(__name__)
+
+
+class Policy:
+    def __init__(self, model_dir: Path, run: RunConfig, ranks: RankGroup | None = None) -> None:
+        self.run = run
+        self.ranks = ranks or RankGroup()
+        self.model, self.tokenizer = trainer.load_policy(model_dir, run.learner)
+        self.replica: PreTrainedModel | None = None  # rank 0 of a sharded policy: the full weights, on CPU
+        if self.ranks.is_sharded:
+            if self.ranks.is_leader:
+                self.replica = copy.deepcopy(self.model).requires_grad_(False)
+                torch.nn.Module.to(self.replica, "cpu")
+            shard_model(self.model, self.ranks)
+            log.info("policy sharded over %d ranks (FSDP2: each decoder layer, then the root)", self.ranks.world_size)
+        self.optimizer = trainer.make_optimizer(self.model, run.grpo)
+        self._replica_fresh = True  # the replica holds the current weights (both start from the folder)
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    def train_step(self, batch: TrainBatch, group_sizes: list[int], shuffle_seed: int) -> trainer.StepResult:
+        self.ranks.send(Command.TRAIN, (batch, group_sizes, shuffle_seed))
+        return self._train_step(batch, group_sizes, shuffle_seed)
+
+    def weights(self) -> PreTrainedModel:
+        """The full weights of the current version (rank 0 only, when sharded)."""
+        if self.replica is None:
+            return self.model
+        if not self._replica_fresh:
+            self.ranks.send(Command.GATHER)
+            gather_full_weights(self.model, self.replica)
+            self._replica_fresh = True
+        return self.replica
+
+    def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        self.ranks.send(Command.CHECKPOINT)
+        return full_state_dicts(self.model, self.optimizer)
+
+    def restore(self, model_state: dict[str, torch.Tensor], optimizer_state: dict[str, Any]) -> None:
+        self.ranks.send(Command.RESTORE)
+        load_full_state_dicts(self.model, self.optimizer, model_state, optimizer_state, self.ranks)
+        self._replica_fresh = self.replica is None
+
+    def close(self) -> None:
+        """Rank 0: release the followers (they return from `follow`)."""
+        self.ranks.send(Command.STOP)
+
+    def follow(self) -> None:
+        """A follower rank: run the collectives rank 0 announces until it says STOP."""
+        while True:
+            command, payload = self.ranks.receive()
+            if command is Command.STOP:
+                return
+            if command is Command.TRAIN:
+                self._train_step(*payload)
+            elif command is Command.GATHER:
+                gather_full_weights(self.model, None)
+            elif command is Command.CHECKPOINT:
+                full_state_dicts(self.model, self.optimizer)
+            elif command is Command.RESTORE:
+                load_full_state_dicts(self.model, self.optimizer, {}, {}, self.ranks)
+            else:
+                raise AssertionError(f"unknown command {command}")
+
+    def _train_step(self, batch: TrainBatch, group_sizes: list[int], shuffle_seed: int) -> trainer.StepResult:
+        result = trainer.train_step(
+            self.model,
+            self.optimizer,
+            batch,
+            self.run.grpo,
+            self.run.learner,
+            group_sizes=group_sizes,
+            shuffle_seed=shuffle_seed,
+            ranks=self.ranks,
+        )
+        self._replica_fresh = self.replica is None
+        return result
