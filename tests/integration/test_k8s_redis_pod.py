@@ -1,0 +1,82 @@
+"""The chart's Redis pod run here as processes (no cluster): its init container's script, as rendered,
+writes the ACL file from the passwords Secret onto the volume; redis-server loads it; the coordinator's
+code, logged in with the chart's RL_REDIS_URL, issues a worker its user. After a pod restart (the init
+script again, with a rotated password, then a new redis-server on the same volume) the worker's user
+still logs in, the trusted users have the Secret's passwords, and the default user is still off."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+
+from cluster.redis_server import RedisServer
+from services.coordinator.redis_access import RedisAccess
+from shared.bus import connect
+from shared.keys import RunKeys
+from tests.helm_chart import REPO_ROOT, VALUES, Container, containers, find, render, resolved_env, secret_values
+
+pytestmark = pytest.mark.integration
+
+
+def run_init_script(init: Container, env: dict[str, str], data_dir: Path, scratch: Path) -> None:
+    """The init container's shell script with its volume at `data_dir` (and its /tmp at `scratch`)."""
+    script = init.command[-1].replace("/tmp/worker-users.acl", f"{scratch}/worker-users.acl")
+    script = script.replace("/data/users.acl", f"{data_dir}/users.acl")
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # `python` is this environment's
+    subprocess.run(["sh", "-c", script], env={**env, "PATH": path}, cwd=REPO_ROOT, check=True, timeout=60)
+
+
+def local_url(url: str, port: int) -> str:
+    """The chart's in-cluster Redis URL pointed at this test's server (same user and password)."""
+    parts = urlsplit(url)
+    return parts._replace(netloc=f"{parts.username}:{parts.password}@127.0.0.1:{port}").geturl()
+
+
+def test_worker_users_survive_a_redis_pod_restart_and_trusted_passwords_follow_the_secret(tmp_path: Path) -> None:
+    objects = render([VALUES / "cpu-demo.yaml", secret_values(tmp_path)], REPO_ROOT / "configs/demo.toml")
+    (init,) = [c for c in containers([find(objects, "StatefulSet", "-redis")]) if c.init]
+    init_env = resolved_env(init, objects)
+    run_id = init_env["RL_RUN_ID"]
+    coordinator = next(c for c in containers([find(objects, "Deployment", "-coordinator")]) if not c.init)
+    coordinator_url = resolved_env(coordinator, objects)["RL_REDIS_URL"]
+    data_dir, scratch = tmp_path / "data", tmp_path / "scratch"
+    data_dir.mkdir()
+    scratch.mkdir()
+
+    run_init_script(init, init_env, data_dir, scratch)
+    operator = ("operator", init_env["RL_REDIS_PASSWORD_OPERATOR"])
+    server = RedisServer(data_dir, acl_file=data_dir / "users.acl", probe_user=operator).start()
+    try:
+        client = connect(local_url(coordinator_url, server.port))
+        access = RedisAccess(client, RunKeys(run_id), acl=True).grant("w-1")  # what registration does
+        client.close()
+        assert access.redis_username is not None and access.redis_password is not None
+    finally:
+        server.stop()
+
+    rotated = {**init_env, "RL_REDIS_PASSWORD_LEARNER": "rotated-learner-password"}
+    run_init_script(init, rotated, data_dir, scratch)  # the pod's next start
+    server = RedisServer(data_dir, acl_file=data_dir / "users.acl", probe_user=operator).start()
+    try:
+        worker = redis.Redis(port=server.port, username=access.redis_username, password=access.redis_password)
+        assert worker.ping()
+        worker.close()
+        for user in ("coordinator", "reward", "learner"):
+            password = rotated[f"RL_REDIS_PASSWORD_{user.upper()}"]
+            trusted = redis.Redis(port=server.port, username=user, password=password)
+            assert trusted.ping(), user
+            trusted.close()
+        stale = redis.Redis(port=server.port, username="learner", password=init_env["RL_REDIS_PASSWORD_LEARNER"])
+        with pytest.raises(redis.AuthenticationError):
+            stale.ping()
+        anonymous = redis.Redis(port=server.port)
+        with pytest.raises(redis.AuthenticationError):
+            anonymous.ping()
+    finally:
+        server.stop()
