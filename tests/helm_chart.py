@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import shutil
 import subprocess
 import sys
@@ -21,8 +20,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from shared.signing import generate_key_pair
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CHART = REPO_ROOT / "deploy" / "relay-rl"
@@ -44,21 +41,11 @@ def helm_binary() -> str:
 
 
 def secret_values(tmp_path: Path) -> Path:
-    """A values file with every secret, fresh and well-formed (what a user's private values file holds)."""
-    pair = generate_key_pair()
-    values = {
-        "secrets": {
-            "joinToken": secrets.token_urlsafe(24),
-            "adminToken": secrets.token_urlsafe(24),
-            "weightsPublicKey": pair.public_key_hex,
-            "signingKey": pair.signing_key_hex,
-            "redisPasswords": {
-                user: secrets.token_urlsafe(24) for user in ("coordinator", "reward", "learner", "operator")
-            },
-        }
-    }
+    """A values file with every secret, fresh, from the script a user runs (deploy/make_secrets.py)."""
     path = tmp_path / "secrets.yaml"
-    path.write_text(yaml.safe_dump(values))
+    subprocess.run(
+        [sys.executable, str(REPO_ROOT / "deploy" / "make_secrets.py"), "--out", str(path)], check=True, timeout=60
+    )
     return path
 
 
