@@ -1,0 +1,114 @@
+"""The CPU demo chart, run here as processes (no cluster here; tests/k8s_pods.py says what is made local):
+Redis from its init script's ACL file, then the coordinator, reward service, learner and one worker, each
+with its init containers, command, environment and probes as rendered. Every probe passes and the learner
+trains on the worker's rollouts: the chart's wiring (Service names, ports, Redis users and passwords, the
+run file, the model folders) holds together."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cluster.processes import ServiceProcess
+from cluster.redis_server import RedisServer
+from shared.api import StatusResponse
+from tests.helm_chart import REPO_ROOT, VALUES, Container, containers, find, render, secret_values
+from tests.k8s_pods import LocalPods, executable, installed
+from tests.polling import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def pod_containers(objects: list[dict], kind: str, suffix: str) -> tuple[list[Container], Container]:
+    """(init containers, the main container) of one rendered pod template."""
+    found = list(containers([find(objects, kind, suffix)]))
+    (main,) = [c for c in found if not c.init]
+    return [c for c in found if c.init], main
+
+
+def worker_command(pods: LocalPods, worker: Container, coordinator: Container) -> tuple[list[str], dict[str, str]]:
+    """The worker's own command where `relay-rl` is installed. Before it is (the CLI lands with its own
+    change), `python -m services.rollout` with the command's options as the CLI's environment fallbacks
+    and what registration would hand over (the run file, run id and credential-free Redis URL)."""
+    if installed("relay-rl"):
+        return pods.command(worker), {}
+    command = [pods.localize(worker, arg) for arg in worker.command]
+    option = dict(zip(command[2::2], command[3::2], strict=True))
+    coordinator_env = pods.env(coordinator)
+    env = {
+        "RL_COORDINATOR_URL": option["--coordinator"],
+        "RL_JOIN_TOKEN": pods.env(worker)["RL_JOIN_TOKEN"],
+        "RL_WORKER_NAME": "worker-0",
+        "RL_WORKER_PRICE_PER_HOUR": option["--price"],
+        "RL_WORKER_ENGINE": option["--engine"],
+        "RL_MODEL_DIR": option["--model-dir"],
+        "RL_RUN_CONFIG": pods.localize(worker, "/etc/relay-rl/run.toml"),
+        "RL_RUN_ID": coordinator_env["RL_RUN_ID"],
+        "RL_REDIS_URL": coordinator_env["RL_WORKER_REDIS_URL"],
+    }
+    return [executable("python"), "-m", "services.rollout"], env
+
+
+def test_the_cpu_demo_chart_runs_as_processes_and_the_learner_trains(tmp_path: Path) -> None:
+    objects = render(
+        [VALUES / "cpu-demo.yaml", secret_values(tmp_path)],
+        REPO_ROOT / "configs/demo.toml",
+        ["--set=workers.replicas=1"],
+    )
+    pods = LocalPods(objects, tmp_path / "pods")
+    (redis_init,), redis_main = pod_containers(objects, "StatefulSet", "-redis")
+    pods.run(redis_init)
+    data_dir = pods.volume_dir(redis_main, "data")
+    server = RedisServer(
+        data_dir,
+        port=pods.local_port(redis_main.owner["metadata"]["name"], 6379),
+        acl_file=data_dir / "users.acl",
+        probe_user=("operator", pods.env(redis_main)["RL_REDIS_PASSWORD_OPERATOR"]),
+    ).start()
+    started: dict[str, tuple[Container, ServiceProcess]] = {}
+    try:
+        _, coordinator = pod_containers(objects, "Deployment", "-coordinator")
+        started["coordinator"] = (coordinator, pods.start(coordinator))
+        wait_for(lambda: pods.probe_passes(coordinator, "readinessProbe"), "the coordinator's readiness probe")
+        for kind, suffix in (("Deployment", "-reward"), ("Job", "-learner"), ("Deployment", "-worker")):
+            init_containers, main = pod_containers(objects, kind, suffix)
+            for init in init_containers:  # model-init (the tiny policy), wait-for-coordinator
+                pods.run(init)
+            if suffix == "-worker":
+                command, env = worker_command(pods, main, coordinator)
+                started[suffix] = (main, pods.start(main, env=env, command=command))
+            else:
+                started[suffix] = (main, pods.start(main))
+        for name, (container, process) in started.items():
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                if probe in container.spec:
+                    wait_for(
+                        lambda c=container, p=probe, s=process: pods.probe_passes(c, p) or not s.alive(),
+                        f"{name} {probe}",
+                        timeout_s=180,
+                        interval_s=0.5,
+                    )
+                    assert process.alive(), f"{name} exited:\n{process.log_tail()}"
+
+        base = f"http://127.0.0.1:{pods.env(coordinator)['RL_COORDINATOR_PORT']}"
+
+        def learner_version() -> int:
+            status = StatusResponse.model_validate_json(httpx.get(f"{base}/v1/status").content)
+            return status.learner.learner_version if status.learner is not None else 0
+
+        wait_for(
+            lambda: learner_version() >= 2,
+            "two learner steps on the worker's rollouts",
+            timeout_s=180,
+            interval_s=0.5,
+            explain=lambda: "\n".join(p.log_tail() for _, p in started.values()),
+        )
+        annotations = coordinator.owner["spec"]["template"]["metadata"]["annotations"]
+        metrics = httpx.get(f"{base}{annotations['prometheus.io/path']}")
+        assert metrics.status_code == 200 and "relayrl_learner_version" in metrics.text
+    finally:
+        exit_codes = {name: process.stop() for name, (_, process) in reversed(started.items())}
+        server.stop()
+    assert exit_codes["-learner"] == 0  # SIGTERM: the step in hand finished, a checkpoint, exit 0
