@@ -49,10 +49,10 @@ def secret_values(tmp_path: Path) -> Path:
     return path
 
 
-def helm_template(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [helm_binary(), "template", RELEASE, str(CHART), *args], capture_output=True, text=True, timeout=120
-    )
+def helm_template(args: Sequence[str], command: str = "template") -> subprocess.CompletedProcess[str]:
+    """`helm template rl deploy/relay-rl ARGS` (or `helm lint deploy/relay-rl ARGS`)."""
+    target = [RELEASE, str(CHART)] if command == "template" else [str(CHART)]
+    return subprocess.run([helm_binary(), command, *target, *args], capture_output=True, text=True, timeout=120)
 
 
 def render(values_files: Sequence[Path], run_config: Path, extra: Sequence[str] = ()) -> list[dict]:

@@ -101,6 +101,13 @@ def test_every_rendered_object_validates_against_the_kubernetes_schemas(objects:
     assert {"Secret", "ConfigMap", "Service", "Deployment", "Job", "PersistentVolumeClaim"} <= kinds
 
 
+def test_helm_lint_finds_nothing_in_strict_mode(value_set: str, secrets_file: Path) -> None:
+    files, run_config, extra = VALUE_SETS[value_set]
+    args = [arg for path in [*files, secrets_file] for arg in ("-f", str(path))]
+    result = helm_template([*args, "--set-file", f"runConfig={REPO_ROOT / run_config}", *extra, "--strict"], "lint")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_every_service_gets_the_environment_its_settings_class_requires(
     objects: list[dict], monkeypatch: pytest.MonkeyPatch
 ) -> None:
