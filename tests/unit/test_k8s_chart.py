@@ -334,3 +334,28 @@ def test_python_commands_run_modules_that_exist(objects: list[dict]) -> None:
                 assert spec is not None, f"{container.name} runs missing module {module}"
                 if spec.submodule_search_locations:  # a package: `python -m` runs its __main__
                     assert importlib.util.find_spec(module + ".__main__") is not None, module
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ("workers.engine=tensorrt", "workers.engine"),
+        ("secrets.joinToken=short", "secrets.joinToken"),
+        ("redis.external.url=redis://user:password@redis:6379/0", "redis.external.url"),  # credentials: per service
+        ("redis.external.url=", None),  # empty: the chart's own Redis
+        ("learner.processesPerNode=0", "learner.processesPerNode"),
+        ("model.source=volume", "model"),  # a volume source needs its volume
+    ],
+)
+def test_values_outside_the_schema_are_refused_with_their_name(
+    setting: str, named: str | None, secrets_file: Path
+) -> None:
+    """deploy/relay-rl/values.schema.json: helm checks a user's values before rendering anything."""
+    result = helm_template(
+        ["-f", str(VALUES / "cpu-demo.yaml"), "-f", str(secrets_file), "--set", setting]
+        + ["--set-file", f"runConfig={REPO_ROOT / 'configs/demo.toml'}"]
+    )
+    if named is None:
+        assert result.returncode == 0, result.stderr
+    else:
+        assert result.returncode != 0 and f"- {named}:" in result.stderr, result.stderr
