@@ -6,6 +6,7 @@ run file, the model folders) holds together."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -19,6 +20,7 @@ from tests.k8s_pods import LocalPods, executable, installed
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
+POD_ORDER = (("Deployment", "-reward"), ("Job", "-learner"), ("Deployment", "-worker"))
 
 
 def pod_containers(objects: list[dict], kind: str, suffix: str) -> tuple[list[Container], Container]:
@@ -71,16 +73,20 @@ def test_the_cpu_demo_chart_runs_as_processes_and_the_learner_trains(tmp_path: P
     try:
         _, coordinator = pod_containers(objects, "Deployment", "-coordinator")
         started["coordinator"] = (coordinator, pods.start(coordinator))
-        wait_for(lambda: pods.probe_passes(coordinator, "readinessProbe"), "the coordinator's readiness probe")
-        for kind, suffix in (("Deployment", "-reward"), ("Job", "-learner"), ("Deployment", "-worker")):
+
+        def start_pod(kind: str, suffix: str) -> None:
+            """Its init containers in order (model-init: the tiny policy; wait-for-coordinator), then its main."""
             init_containers, main = pod_containers(objects, kind, suffix)
-            for init in init_containers:  # model-init (the tiny policy), wait-for-coordinator
+            for init in init_containers:
                 pods.run(init)
-            if suffix == "-worker":
-                command, env = worker_command(pods, main, coordinator)
-                started[suffix] = (main, pods.start(main, env=env, command=command))
-            else:
-                started[suffix] = (main, pods.start(main))
+            command, env = worker_command(pods, main, coordinator) if suffix == "-worker" else (None, None)
+            started[suffix] = (main, pods.start(main, env=env, command=command))
+
+        # the three pods start side by side, as a cluster would start them
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            pod_starts = [pool.submit(start_pod, *pod) for pod in POD_ORDER]
+            for pod_start in pod_starts:
+                pod_start.result()  # an init container that failed raises here
         for name, (container, process) in started.items():
             for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                 if probe in container.spec:

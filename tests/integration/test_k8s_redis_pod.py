@@ -14,6 +14,8 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from cluster.redis_server import RedisServer
 from services.coordinator.redis_access import RedisAccess
@@ -72,10 +74,14 @@ def test_worker_users_survive_a_redis_pod_restart_and_trusted_passwords_follow_t
             trusted = redis.Redis(port=server.port, username=user, password=password)
             assert trusted.ping(), user
             trusted.close()
-        stale = redis.Redis(port=server.port, username="learner", password=init_env["RL_REDIS_PASSWORD_LEARNER"])
+        # no retries: redis-py retries a refused login with backoff (~3 s each) by default
+        no_retry = Retry(NoBackoff(), 0)
+        stale = redis.Redis(
+            port=server.port, username="learner", password=init_env["RL_REDIS_PASSWORD_LEARNER"], retry=no_retry
+        )
         with pytest.raises(redis.AuthenticationError):
             stale.ping()
-        anonymous = redis.Redis(port=server.port)
+        anonymous = redis.Redis(port=server.port, retry=no_retry)
         with pytest.raises(redis.AuthenticationError):
             anonymous.ping()
     finally:
