@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
+import platform
 import subprocess
 import sys
 import tarfile
@@ -75,9 +76,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python deploy/install_helm.py", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="where to put the helm binary (e.g. .venv/bin/helm)")
     args = parser.parse_args(argv)
-    if sys.platform != "linux":
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         raise SystemExit(
-            f"the pinned helm {HELM_VERSION} binary is linux-amd64; install helm yourself on {sys.platform}"
+            f"the pinned helm {HELM_VERSION} binary is linux-amd64; install helm yourself on this "
+            f"{sys.platform}/{platform.machine()} machine"
         )
     print(f"installed helm {HELM_VERSION} at {install(args.out)}")
 
