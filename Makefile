@@ -47,7 +47,7 @@ help:
 	@echo "make bench-reward  scoring a group in the verifier's child process vs in-process, and decoding its ids"
 	@echo "make bench-load 1000 simulated workers heartbeating once a second against one coordinator"
 	@echo "make k8s-render  render the Helm chart (deploy/relay-rl) to runs/k8s/$(K8S_VALUES).yaml: K8S_VALUES=cpu-demo|gpu, RUN_CONFIG=<run file>; Secrets left out"
-	@echo "make k8s-validate render the chart for every values set and validate each object offline against the Kubernetes schemas"
+	@echo "make k8s-validate render the chart for every values set, validate each object offline against the Kubernetes schemas, run its containers as processes (~1 min)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -187,6 +187,8 @@ k8s-render: $(HELM)
 	  --set-file runConfig=$(RUN_CONFIG) > runs/k8s/$(K8S_VALUES).yaml
 	@echo "wrote runs/k8s/$(K8S_VALUES).yaml (without Secrets: secrets.create=false)"
 
-# RL_REQUIRE_K8S_RENDER=1: a missing helm fails the chart tests instead of skipping them
+# RL_REQUIRE_K8S_RENDER=1: a missing helm fails the chart tests instead of skipping them; -m "": the rendered
+# containers run as processes too (marked slow, so `make test` leaves it out)
 k8s-validate: $(STAMP) $(HELM)
-	RL_REQUIRE_K8S_RENDER=1 $(PY) -m pytest -q tests/unit/test_k8s_chart.py
+	RL_REQUIRE_K8S_RENDER=1 $(PY) -m pytest -q -m "" tests/unit/test_k8s_chart.py tests/unit/test_dockerfile.py \
+	  tests/integration/test_k8s_redis_pod.py tests/integration/test_k8s_pods_as_processes.py

@@ -19,7 +19,8 @@ from tests.helm_chart import REPO_ROOT, VALUES, Container, containers, find, ren
 from tests.k8s_pods import LocalPods, executable, installed
 from tests.polling import wait_for
 
-pytestmark = pytest.mark.integration
+# slow: ~27 s of CPU (four processes import torch), 27-53 s on 2 shared cores; `make k8s-validate` (CI) runs it
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 POD_ORDER = (("Deployment", "-reward"), ("Job", "-learner"), ("Deployment", "-worker"))
 
 
