@@ -1,7 +1,8 @@
 """Run the rendered chart's containers on this machine as processes, where no cluster can: each container
 keeps its command, environment and probes as rendered, with three things a cluster would provide made
-local: a Service `name:port` becomes 127.0.0.1 and a free port per container port, a volume becomes a
-folder (a ConfigMap volume holds its files), and 0.0.0.0 and the pod's IP become 127.0.0.1.
+local: a Service `name:port` becomes 127.0.0.1 and a free port per container port (wherever the port
+appears: a URL, an RL_*_PORT variable, a command's argument), a volume becomes a folder (a ConfigMap
+volume holds its files), and 0.0.0.0 and the pod's IP become 127.0.0.1.
 
 Everything else (which user logs in to Redis with which password, where the run file and the model are
 looked up, which port a probe asks) is what the chart says, unchanged.
@@ -21,7 +22,7 @@ import httpx
 
 from cluster.processes import ServiceProcess
 from cluster.redis_server import free_port
-from tests.helm_chart import FIELD_REFS, REPO_ROOT, Container, containers, resolved_env
+from tests.helm_chart import FIELD_REFS, REPO_ROOT, Container, containers, expand, resolved_env
 
 _LOCAL_HOST_PORT = re.compile(r"127\.0\.0\.1:(\d+)\b")
 
@@ -106,8 +107,14 @@ class LocalPods:
         return env
 
     def command(self, container: Container) -> list[str]:
-        command = [self.localize(container, arg) for arg in container.command]
-        return [executable(command[0]), *command[1:]]
+        """The container's command, `$(VAR)` expanded with its environment (as the kubelet does)."""
+        env = self.env(container)
+        command = [expand(self.localize(container, arg), env) for arg in container.command]
+        owner = container.owner["metadata"]["name"]
+        exposed = {str(port["containerPort"]) for port in container.spec.get("ports", [])}
+        # a flag's value that is one of the container's ports (relay-rl worker --port 8200): the local one
+        command = [str(self.local_port(owner, int(arg))) if arg in exposed else arg for arg in command]
+        return [*program(command[0]), *command[1:]]
 
     def run(self, container: Container, timeout_s: float = 120.0) -> None:
         """A container that runs to completion (an init container)."""
@@ -119,17 +126,14 @@ class LocalPods:
             timeout=timeout_s,
         )
 
-    def start(
-        self, container: Container, env: dict[str, str] | None = None, command: list[str] | None = None
-    ) -> ServiceProcess:
-        """A long-running container as a child process, its output in <root>/logs/<name>.log (`env` added to
-        the container's, `command` instead of its own)."""
+    def start(self, container: Container) -> ServiceProcess:
+        """A long-running container as a child process, its output in <root>/logs/<owner>.log."""
         log_path = self.root / "logs" / f"{container.owner['metadata']['name']}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log_file:
             popen = subprocess.Popen(
-                command or self.command(container),
-                env={**image_env(), **self.env(container), **(env or {})},
+                self.command(container),
+                env={**image_env(), **self.env(container)},
                 cwd=REPO_ROOT,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
@@ -152,7 +156,7 @@ class LocalPods:
             return 200 <= response.status_code < 400
         command = [self.localize(container, arg) for arg in probe["exec"]["command"]]
         result = subprocess.run(
-            [executable(command[0]), *command[1:]],
+            [*program(command[0]), *command[1:]],
             env={**image_env(), **self.env(container)},
             capture_output=True,
             timeout=30,
@@ -172,14 +176,14 @@ def image_env() -> dict[str, str]:
     return {**inherited, "PATH": path, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 
-def executable(name: str) -> str:
-    """`python` is this test's interpreter; anything else (sh, relay-rl) is looked up beside it, then on PATH."""
+def program(name: str) -> list[str]:
+    """How to start the image's `name` here: `python` is this test's interpreter; `relay-rl` is the console
+    script's target (pyproject: cluster.cli:main) from this checkout, whatever an environment has installed;
+    anything else (sh) from PATH."""
     if name == "python":
-        return sys.executable
-    found = installed(name)
+        return [sys.executable]
+    if name == "relay-rl":
+        return [sys.executable, "-c", "from cluster.cli import main; main()"]
+    found = shutil.which(name)
     assert found is not None, f"{name} is not installed"
-    return found
-
-
-def installed(name: str) -> str | None:
-    return shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
+    return [found]

@@ -1,6 +1,7 @@
 """The CPU demo chart, run here as processes (no cluster here; tests/k8s_pods.py says what is made local):
-Redis from its init script's ACL file, then the coordinator, reward service, learner and one worker, each
-with its init containers, command, environment and probes as rendered. Every probe passes and the learner
+Redis from its init script's ACL file, then the coordinator, reward service, learner and one worker (its own
+`relay-rl worker` command: the settings from the coordinator's bootstrap), each with its init containers,
+command, environment and probes as rendered. Every probe passes and the learner
 trains on the worker's rollouts: the chart's wiring (Service names, ports, Redis users and passwords, the
 run file, the model folders) holds together."""
 
@@ -16,10 +17,10 @@ from cluster.processes import ServiceProcess
 from cluster.redis_server import RedisServer
 from shared.api import StatusResponse
 from tests.helm_chart import REPO_ROOT, VALUES, Container, containers, find, render, secret_values
-from tests.k8s_pods import LocalPods, executable, installed
+from tests.k8s_pods import LocalPods
 from tests.polling import wait_for
 
-# slow: ~27 s of CPU (four processes import torch), 27-53 s on 2 shared cores; `make k8s-validate` (CI) runs it
+# slow: 23 s on 2 quiet cores, up to 53 s on busy ones (four processes import torch); `make k8s-validate` (CI) runs it
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 POD_ORDER = (("Deployment", "-reward"), ("Job", "-learner"), ("Deployment", "-worker"))
 
@@ -29,29 +30,6 @@ def pod_containers(objects: list[dict], kind: str, suffix: str) -> tuple[list[Co
     found = list(containers([find(objects, kind, suffix)]))
     (main,) = [c for c in found if not c.init]
     return [c for c in found if c.init], main
-
-
-def worker_command(pods: LocalPods, worker: Container, coordinator: Container) -> tuple[list[str], dict[str, str]]:
-    """The worker's own command where `relay-rl` is installed. Before it is (the CLI lands with its own
-    change), `python -m services.rollout` with the command's options as the CLI's environment fallbacks
-    and what registration would hand over (the run file, run id and credential-free Redis URL)."""
-    if installed("relay-rl"):
-        return pods.command(worker), {}
-    command = [pods.localize(worker, arg) for arg in worker.command]
-    option = dict(zip(command[2::2], command[3::2], strict=True))
-    coordinator_env = pods.env(coordinator)
-    env = {
-        "RL_COORDINATOR_URL": option["--coordinator"],
-        "RL_JOIN_TOKEN": pods.env(worker)["RL_JOIN_TOKEN"],
-        "RL_WORKER_NAME": "worker-0",
-        "RL_WORKER_PRICE_PER_HOUR": option["--price"],
-        "RL_WORKER_ENGINE": option["--engine"],
-        "RL_MODEL_DIR": option["--model-dir"],
-        "RL_RUN_CONFIG": pods.localize(worker, "/etc/relay-rl/run.toml"),
-        "RL_RUN_ID": coordinator_env["RL_RUN_ID"],
-        "RL_REDIS_URL": coordinator_env["RL_WORKER_REDIS_URL"],
-    }
-    return [executable("python"), "-m", "services.rollout"], env
 
 
 def test_the_cpu_demo_chart_runs_as_processes_and_the_learner_trains(tmp_path: Path) -> None:
@@ -80,8 +58,7 @@ def test_the_cpu_demo_chart_runs_as_processes_and_the_learner_trains(tmp_path: P
             init_containers, main = pod_containers(objects, kind, suffix)
             for init in init_containers:
                 pods.run(init)
-            command, env = worker_command(pods, main, coordinator) if suffix == "-worker" else (None, None)
-            started[suffix] = (main, pods.start(main, env=env, command=command))
+            started[suffix] = (main, pods.start(main))
 
         # the three pods start side by side, as a cluster would start them
         with ThreadPoolExecutor(max_workers=3) as pool:

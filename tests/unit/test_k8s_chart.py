@@ -5,9 +5,11 @@ ports the container exposes, every Secret key referenced is rendered, and only t
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import tempfile
+import tomllib
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -15,6 +17,7 @@ import kubernetes_validate
 import pytest
 from pydantic_settings import BaseSettings
 
+from cluster.cli import build_parser
 from cluster.redis_acl import OPERATOR, TRUSTED_SERVICES
 from services.coordinator.settings import CoordinatorSettings
 from services.learner.settings import LearnerSettings
@@ -22,6 +25,7 @@ from services.reward.settings import RewardSettings
 from services.rollout.settings import RolloutSettings
 from shared.config import RunConfig, load_run_config
 from tests.helm_chart import (
+    FIELD_REFS,
     REPO_ROOT,
     VALUES,
     Container,
@@ -46,8 +50,9 @@ SETTINGS: dict[str, type[BaseSettings]] = {
     "services.coordinator": CoordinatorSettings,
     "services.learner": LearnerSettings,
     "services.reward": RewardSettings,
-    "worker": RolloutSettings,  # relay-rl worker
 }
+# relay-rl worker sets its RolloutSettings itself, from its flags and the coordinator's bootstrap
+WORKER_SETTINGS = RolloutSettings
 # read by `python -m cluster.redis_acl` (the Redis pod's init container) and the Redis readiness probe
 REDIS_PASSWORD_VARIABLES = {f"RL_REDIS_PASSWORD_{name.upper()}" for name in (*TRUSTED_SERVICES, OPERATOR)}
 
@@ -58,7 +63,7 @@ def env_variable(name: str, settings: type[BaseSettings]) -> str:
 
 
 KNOWN_VARIABLES = {
-    env_variable(name, s) for s in SETTINGS.values() for name in s.model_fields
+    env_variable(name, s) for s in [*SETTINGS.values(), WORKER_SETTINGS] for name in s.model_fields
 } | REDIS_PASSWORD_VARIABLES
 
 
@@ -71,6 +76,14 @@ def service_of(container: Container) -> str | None:
         command[i + 1] for i, arg in enumerate(command[:-1]) if arg == "-m" and command[i + 1].startswith("services.")
     ]
     return modules[-1] if modules and modules[-1] in SETTINGS else None
+
+
+def worker_args(container: Container, objects: list[dict]) -> argparse.Namespace:
+    """The worker's command line as `relay-rl` (cluster.cli) parses it, `$(VAR)` expanded as the kubelet does."""
+    env = resolved_env(container, objects)
+    command = [expand(arg, env) for arg in container.command]
+    assert command[0] == "relay-rl"
+    return build_parser().parse_args(command[1:])  # an unknown flag or a bad value exits here
 
 
 def option(command: list[str], flag: str) -> str:
@@ -122,9 +135,8 @@ def test_every_service_gets_the_environment_its_settings_class_requires(
         if service is None:
             continue
         services.add(service)
-        if service == "worker":  # relay-rl worker --coordinator URL --token T: the CLI's env fallbacks
-            env["RL_COORDINATOR_URL"] = option(container.command, "--coordinator")
-            env["RL_JOIN_TOKEN"] = expand(option(container.command, "--token"), env)
+        if service == "worker":  # test_the_worker_command_is_one_the_cli_accepts_and_fits_its_pod
+            continue
         settings_type = SETTINGS[service]
         required = {
             env_variable(name, settings_type) for name, f in settings_type.model_fields.items() if f.is_required()
@@ -136,7 +148,7 @@ def test_every_service_gets_the_environment_its_settings_class_requires(
             for name, value in env.items():
                 patch.setenv(name, value)
             settings_type()  # raises ValidationError on a missing or malformed value
-    assert services == set(SETTINGS)
+    assert services == {*SETTINGS, "worker"}
 
 
 def test_the_run_file_the_model_and_the_run_folder_are_mounted_where_the_services_look(objects: list[dict]) -> None:
@@ -153,8 +165,6 @@ def test_the_run_file_the_model_and_the_run_folder_are_mounted_where_the_service
                 assert container.mount_for(env[variable]) is not None, (
                     f"{container.name}: {variable} is not on a volume"
                 )
-        if service_of(container) == "worker":
-            assert container.mount_for(option(container.command, "--model-dir")) is not None
     (config_map,) = config_maps.values()
     run_toml = config_map["data"]["run.toml"]
     assert load_run_config_text(run_toml).run_id  # the ConfigMap holds a run file that validates
@@ -250,8 +260,28 @@ def test_workers_join_with_the_one_command_and_scale_by_replicas(secrets_file: P
         option(command, "--coordinator")
         == f"http://{coordinator['metadata']['name']}:{coordinator['spec']['ports'][0]['port']}"
     )
-    env = resolved_env(container, objects)
-    assert env["RL_WORKER_PUBLIC_URL"] == f"http://10.244.1.7:{env['RL_WORKER_PORT']}"  # its own pod's IP
+
+
+def test_the_worker_command_is_one_the_cli_accepts_and_fits_its_pod(objects: list[dict], repo_root: Path) -> None:
+    scripts = tomllib.loads((repo_root / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["relay-rl"] == "cluster.cli:main"  # the parser below is the installed command's
+    workers = find(objects, "Deployment", "-worker")
+    (container,) = [c for c in containers([workers]) if not c.init]
+    args = worker_args(container, objects)
+    cluster_secret = {key: value for (name, key), value in secret_data(objects).items() if name.endswith("-cluster")}
+    coordinator = find(objects, "Service", "-coordinator")
+    assert args.command == "worker"
+    assert args.coordinator == f"http://{coordinator['metadata']['name']}:{coordinator['spec']['ports'][0]['port']}"
+    assert (args.token, args.public_key) == (cluster_secret["join-token"], cluster_secret["weights-public-key"])
+    assert args.name == FIELD_REFS["metadata.name"]  # registered under its pod's name
+    ports = {port["name"]: port["containerPort"] for port in container.spec["ports"]}
+    assert (args.host, args.port) == ("0.0.0.0", ports["chunks"])  # what its probes and other workers reach
+    assert args.public_url == f"http://{FIELD_REFS['status.podIP']}:{ports['chunks']}"  # its own pod's IP
+    annotations = workers["spec"]["template"]["metadata"]["annotations"]
+    assert args.metrics_port == ports["metrics"] == int(annotations["prometheus.io/port"])
+    assert container.mount_for(str(args.work_dir)) is not None  # the run file and a built model live there
+    if args.model_dir is not None:  # a real checkpoint, on the model volume; else built from the run file
+        assert container.mount_for(str(args.model_dir)) == container.mount_for("/models")
 
 
 def test_the_cpu_demo_builds_the_tiny_model_and_asks_for_no_gpu(secrets_file: Path) -> None:
@@ -259,9 +289,10 @@ def test_the_cpu_demo_builds_the_tiny_model_and_asks_for_no_gpu(secrets_file: Pa
     assert "nvidia.com/gpu" not in str(objects)
     learner = find(objects, "Job", "-learner")
     assert learner["spec"]["template"]["spec"]["containers"][0]["command"] == ["python", "-m", "services.learner"]
-    for kind, suffix in (("Deployment", "-worker"), ("Deployment", "-reward")):
-        init = find(objects, kind, suffix)["spec"]["template"]["spec"]["initContainers"]
-        assert init[0]["command"][:3] == ["python", "-m", "services.learner.model_init"], suffix
+    init = find(objects, "Deployment", "-reward")["spec"]["template"]["spec"]["initContainers"]
+    assert init[0]["command"][:3] == ["python", "-m", "services.learner.model_init"]  # the tokenizer it decodes with
+    (worker,) = [c for c in containers([find(objects, "Deployment", "-worker")]) if not c.init]
+    assert "--model-dir" not in worker.command  # relay-rl worker builds the tiny-random policy itself
     run = load_run_config_text(find(objects, "ConfigMap", "-run-config")["data"]["run.toml"])
     assert run.model.init == "tiny-random" and run.rollout.engine == "torch"
 
@@ -287,6 +318,7 @@ def test_the_gpu_values_run_the_learner_under_torchrun_on_its_gpus_and_vllm_work
     assert resolved_env(learner, objects)["RL_MODEL_DIR"] == "/models/Qwen3-0.6B"
     (worker,) = [c for c in containers([find(objects, "Deployment", "-worker")]) if not c.init]
     assert option(worker.command, "--engine") == "vllm" and worker.spec["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert option(worker.command, "--model-dir") == "/models/Qwen3-0.6B"
 
 
 def test_redis_keeps_an_append_only_file_and_acl_users_on_its_volume_or_is_external(secrets_file: Path) -> None:
