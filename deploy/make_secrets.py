@@ -28,12 +28,13 @@ def new_secrets() -> dict[str, object]:
     return {
         "secrets": {
             "create": True,
-            "joinToken": secrets.token_urlsafe(24),
-            "adminToken": secrets.token_urlsafe(24),
+            # hex: never begins with "-" (which a command line would take for a flag) and needs no quoting
+            "joinToken": secrets.token_hex(24),
+            "adminToken": secrets.token_hex(24),
             "weightsPublicKey": pair.public_key_hex,
             "signingKey": pair.signing_key_hex,
-            # URL-safe: each goes into its service's redis://user:password@host URL as it is
-            "redisPasswords": {user: secrets.token_urlsafe(24) for user in REDIS_USERS},
+            # hex is URL-safe: each goes into its service's redis://user:password@host URL as it is
+            "redisPasswords": {user: secrets.token_hex(24) for user in REDIS_USERS},
         }
     }
 

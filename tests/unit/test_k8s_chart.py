@@ -87,7 +87,13 @@ def worker_args(container: Container, objects: list[dict]) -> argparse.Namespace
 
 
 def option(command: list[str], flag: str) -> str:
-    return command[command.index(flag) + 1]
+    """The value of `--flag value` or `--flag=value`."""
+    for i, arg in enumerate(command):
+        if arg == flag:
+            return command[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.removeprefix(flag + "=")
+    raise AssertionError(f"no {flag} in {command}")
 
 
 @pytest.fixture(scope="module", params=sorted(VALUE_SETS))
@@ -391,3 +397,14 @@ def test_values_outside_the_schema_are_refused_with_their_name(
         assert result.returncode == 0, result.stderr
     else:
         assert result.returncode != 0 and f"- {named}:" in result.stderr, result.stderr
+
+
+def test_a_join_token_that_begins_with_a_dash_reaches_the_worker(tmp_path: Path) -> None:
+    """Regression: `--token -abc...` is an argparse error (the value looks like a flag); the chart passes
+    `--token=...`. token_urlsafe() begins with "-" one time in 64."""
+    values = tmp_path / "dash.yaml"
+    values.write_text("secrets: {joinToken: -starts-with-a-dash-0123}\n")
+    secrets_values = secret_values(tmp_path)
+    objects = render([VALUES / "cpu-demo.yaml", secrets_values, values], REPO_ROOT / "configs/demo.toml")
+    (container,) = [c for c in containers([find(objects, "Deployment", "-worker")]) if not c.init]
+    assert worker_args(container, objects).token == "-starts-with-a-dash-0123"
