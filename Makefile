@@ -47,7 +47,7 @@ help:
 	@echo "make bench-reward  scoring a group in the verifier's child process vs in-process, and decoding its ids"
 	@echo "make bench-load 1000 simulated workers heartbeating once a second against one coordinator"
 	@echo "make k8s-render  render the Helm chart (deploy/relay-rl) to runs/k8s/$(K8S_VALUES).yaml: K8S_VALUES=cpu-demo|gpu, RUN_CONFIG=<run file>; Secrets left out"
-	@echo "make k8s-validate render the chart for every values set, validate each object offline against the Kubernetes schemas, run its containers as processes (~1 min)"
+	@echo "make k8s-validate render the chart for every values set, validate each object offline against the Kubernetes schemas, run its containers as processes (~2 min)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
