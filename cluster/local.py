@@ -96,9 +96,9 @@ class LocalCluster:
     redis_users: RedisUsers = field(init=False)  # Redis ACL users of the trusted services (cluster/redis_acl.py)
     supervisor: Supervisor = field(default_factory=Supervisor)
     coordinator_url: str = ""
-    admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    admin_token: str = field(default_factory=lambda: secrets.token_hex(24))
     weights_keys: KeyPair = field(default_factory=generate_key_pair)  # signing half: the learner's env only
-    join_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # workers register with it
+    join_token: str = field(default_factory=lambda: secrets.token_hex(24))  # workers register with it (hex: never a leading "-")
     metrics_urls: dict[str, str] = field(default_factory=dict)  # service name -> its Prometheus /metrics
 
     def __post_init__(self) -> None:

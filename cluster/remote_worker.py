@@ -1,6 +1,6 @@
 """`relay-rl worker`: one command starts a rollout worker on any machine and joins a running cluster.
 
-    relay-rl worker --coordinator http://coord.example:8000 --token $RL_JOIN_TOKEN --name gpu-a --price 0.4
+    relay-rl worker --coordinator http://coord.example:8000 --token=$RL_JOIN_TOKEN --name gpu-a --price 0.4
 
     1. fetch     GET /v1/cluster/bootstrap with the join token (header X-RL-Join-Token): the run id, the
                  run file, the learner's public key, the workers' Redis URL and the model (shared/api.py
@@ -68,7 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the coordinator's base URL, reachable from here (default ${COORDINATOR_ENV})",
     )
     parser.add_argument(
-        "--token", default=os.environ.get(JOIN_TOKEN_ENV), help=f"the cluster's join token (default ${JOIN_TOKEN_ENV})"
+        "--token",
+        default=os.environ.get(JOIN_TOKEN_ENV),
+        help=f"the cluster's join token (default ${JOIN_TOKEN_ENV}; write --token=VALUE if it begins with -)",
     )
     parser.add_argument(
         "--public-key",

@@ -436,6 +436,9 @@ class ServiceSettings(BaseSettings):
     coordinator_url: str = Field("http://127.0.0.1:8000", description="the coordinator's base URL")
     log_level: str = Field("INFO", description="logging level")
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics port of this service (0: off)")
+    metrics_host: str = Field(
+        "127.0.0.1", description="the /metrics server's bind address (0.0.0.0 where a scraper runs elsewhere)"
+    )
 
     def load_run(self) -> RunConfig:
         overrides: dict[str, object] = {"run_id": self.run_id} if self.run_id else {}

@@ -2,7 +2,7 @@
 
 Environment: RL_REDIS_URL, RL_RUN_CONFIG, RL_RUN_ID, RL_CONSUMER_NAME, RL_POLL_BLOCK_MS,
 RL_CLAIM_IDLE_MS, RL_REFERENCE_TTL_S, RL_MODEL_DIR (the policy folder: its tokenizer.json decodes the
-token ids), RL_LOG_LEVEL, RL_METRICS_PORT (Prometheus /metrics; 0: off).
+token ids), RL_LOG_LEVEL, RL_METRICS_PORT (Prometheus /metrics; 0: off), RL_METRICS_HOST (its bind address, default 127.0.0.1).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 *stream_depth_families(bus),
             ]
         ),
+        host=settings.metrics_host,
     )
     on_stop_signal(service.stop_event.set)
     service.run_forever()

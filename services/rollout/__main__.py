@@ -55,6 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start_metrics_server(
         settings.metrics_port,
         CallbackCollector(lambda: rollout_families(settings.worker_name, worker.report(), worker.swap_pauses)),
+        host=settings.metrics_host,
     )
     worker.run()
     return 0
