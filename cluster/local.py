@@ -98,7 +98,9 @@ class LocalCluster:
     coordinator_url: str = ""
     admin_token: str = field(default_factory=lambda: secrets.token_hex(24))
     weights_keys: KeyPair = field(default_factory=generate_key_pair)  # signing half: the learner's env only
-    join_token: str = field(default_factory=lambda: secrets.token_hex(24))  # workers register with it (hex: never a leading "-")
+    join_token: str = field(
+        default_factory=lambda: secrets.token_hex(24)
+    )  # workers register with it (hex: never a leading "-")
     metrics_urls: dict[str, str] = field(default_factory=dict)  # service name -> its Prometheus /metrics
 
     def __post_init__(self) -> None:
