@@ -98,9 +98,8 @@ class LocalCluster:
     coordinator_url: str = ""
     admin_token: str = field(default_factory=lambda: secrets.token_hex(24))
     weights_keys: KeyPair = field(default_factory=generate_key_pair)  # signing half: the learner's env only
-    join_token: str = field(
-        default_factory=lambda: secrets.token_hex(24)
-    )  # workers register with it (hex: never a leading "-")
+    # workers register with it; hex never begins with "-", which a --token flag would take for a flag
+    join_token: str = field(default_factory=lambda: secrets.token_hex(24))
     metrics_urls: dict[str, str] = field(default_factory=dict)  # service name -> its Prometheus /metrics
 
     def __post_init__(self) -> None:
