@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from services.learner.lora import checkpoint_state, restore_state
+
 CHECKPOINT_FORMAT = 1
 
 
@@ -45,7 +47,7 @@ def capture(
 ) -> Checkpoint:
     return Checkpoint(
         policy_version=policy_version,
-        model_state=model.state_dict(),
+        model_state=checkpoint_state(model),  # a LoRA run: the adapter only (the base is the model folder)
         optimizer_state=optimizer.state_dict(),
         counters=counters,
         covered_message_ids=list(covered_message_ids),
@@ -83,7 +85,7 @@ def load_checkpoint(path: Path) -> Checkpoint | None:
 
 def restore(checkpoint: Checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Put model, optimizer and RNG state back exactly as they were when `checkpoint` was captured."""
-    model.load_state_dict(checkpoint.model_state)
+    restore_state(model, checkpoint.model_state)
     optimizer.load_state_dict(checkpoint.optimizer_state)
     torch.set_rng_state(checkpoint.torch_rng_state)
     random.setstate(checkpoint.python_rng_state)

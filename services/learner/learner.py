@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.learner import trainer
+from services.learner import lora, trainer
 from services.learner.batch import BatchCollector, CollectedBatch, TrainBatch, tensorize
 from services.learner.checkpoint import capture, checkpoint_path, load_checkpoint, restore, save_checkpoint
 from services.learner.evaluator import Evaluator
@@ -82,6 +82,8 @@ class Learner:
 
         self.model_dir = self.ensure_initial_policy()
         self.model, self.tokenizer = trainer.load_policy(self.model_dir, run.learner)
+        if run.lora.enabled:  # adapters on the frozen base; versions publish the adapter only (docs/lora.md)
+            self.model = lora.apply_lora(self.model, run.lora)
         # One pad id with the workers (shared.tokenization): a tokenizer without a pad token pads with EOS.
         # (Evaluation stops where sampling does: it decodes with the workers' engine, see evaluator.py.)
         self.pad_token_id = pad_token_id(self.tokenizer)
@@ -122,6 +124,7 @@ class Learner:
             delta_zstd_level=run.broadcast.delta_zstd_level,
             journal_path=self.run_dir / "broadcast.jsonl",
             model_fingerprint=model_fingerprint(self.model_dir),
+            lora=lora.adapter_spec(run.lora, self.model_dir) if run.lora.enabled else None,
         )
         self._started_s = time.monotonic()
         self._wall_offset_s = 0.0  # run time before this process (restored from the checkpoint)
@@ -417,7 +420,8 @@ class Learner:
         out_dir = self.run_dir / "model_final"
         if out_dir.exists():
             shutil.rmtree(out_dir)
-        self.model.save_pretrained(out_dir, safe_serialization=True)
+        # a LoRA model is saved merged: model_final is a plain HF folder either way
+        self.model.save_pretrained(out_dir, state_dict=lora.merged_state(self.model), safe_serialization=True)
         self.tokenizer.save_pretrained(out_dir)
         return out_dir
 
