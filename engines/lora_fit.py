@@ -16,9 +16,7 @@ if TYPE_CHECKING:
 _ADAPTER_NAME = re.compile(r"^(?P<module>.+)\.lora_(?P<half>[AB])\.weight$")
 
 
-def adapted_linears(
-    weight_shapes: dict[str, tuple[int, ...]], adapter: LoraAdapter
-) -> dict[str, tuple[int, int]]:
+def adapted_linears(weight_shapes: dict[str, tuple[int, ...]], adapter: LoraAdapter) -> dict[str, tuple[int, int]]:
     """Module name -> (out, in) of every 2-D `<module>.weight` whose last name part is a target."""
     targets = set(adapter.target_modules)
     linears: dict[str, tuple[int, int]] = {}
@@ -37,16 +35,22 @@ def check_adapter_fits(
     """Module name -> (A, B) for every adapted linear layer (`linears`: adapted_linears of the model);
     raises WeightsLoadError unless the blob covers exactly those layers with the adapter's rank."""
     if not linears:
-        raise WeightsLoadError(f"the model has no linear layer named like the adapter's targets {adapter.target_modules}")
+        raise WeightsLoadError(
+            f"the model has no linear layer named like the adapter's targets {adapter.target_modules}"
+        )
     halves: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in tensors.items():
         match = _ADAPTER_NAME.match(name.removeprefix(PEFT_PREFIX)) if name.startswith(PEFT_PREFIX) else None
         if match is None:
-            raise WeightsLoadError(f"{name!r} is not a LoRA tensor name (peft layout: {PEFT_PREFIX}<module>.lora_A.weight)")
+            raise WeightsLoadError(
+                f"{name!r} is not a LoRA tensor name (peft layout: {PEFT_PREFIX}<module>.lora_A.weight)"
+            )
         halves.setdefault(match["module"], {})[match["half"]] = tensor
     missing, unexpected = sorted(linears.keys() - halves.keys()), sorted(halves.keys() - linears.keys())
     if missing or unexpected:
-        raise WeightsLoadError(f"the adapter does not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise WeightsLoadError(
+            f"the adapter does not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
     pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for module, (num_out, num_in) in linears.items():
         half = halves[module]

@@ -108,14 +108,19 @@ class TorchEngine(InferenceEngine):
         sampling runs the plain model (no per-token adapter cost) and a version never builds on the
         previous one's rounding. The base copy costs the adapted layers' weights once."""
         modules = dict(self.model.named_modules())
-        weight_shapes = {f"{name}.weight": tuple(module.weight.shape) for name, module in modules.items()
-                         if isinstance(module, torch.nn.Linear)}
+        weight_shapes = {
+            f"{name}.weight": tuple(module.weight.shape)
+            for name, module in modules.items()
+            if isinstance(module, torch.nn.Linear)
+        }
         pairs = check_adapter_fits(parse_blob(adapter_bytes), adapter, adapted_linears(weight_shapes, adapter))
         with torch.no_grad():
             for name, (lora_a, lora_b) in pairs.items():
                 weight = modules[name].weight
                 base = self._lora_base.setdefault(name, weight.detach().clone())
-                delta = (lora_b.to(self.device, torch.float32) @ lora_a.to(self.device, torch.float32)) * adapter.scaling
+                delta = (
+                    lora_b.to(self.device, torch.float32) @ lora_a.to(self.device, torch.float32)
+                ) * adapter.scaling
                 weight.copy_(base.float() + delta)  # (out, in), cast back to the engine's dtype
         self._policy_version = policy_version
         log.info(

@@ -166,7 +166,12 @@ class VLLMEngine(InferenceEngine):
             raise RuntimeError("vLLM refused to reset its prefix cache: old-adapter KV blocks would be reused")
         self._lora_request = LoRARequest(LORA_NAME, LORA_ID, str(folder))  # loaded: requests only name it
         self._policy_version = policy_version
-        log.info("loaded policy version %d: LoRA r=%d (%d bytes)", policy_version, adapter.rank, len(memoryview(adapter_bytes)))
+        log.info(
+            "loaded policy version %d: LoRA r=%d (%d bytes)",
+            policy_version,
+            adapter.rank,
+            len(memoryview(adapter_bytes)),
+        )
 
     def close(self) -> None:
         self._vllm_thread.shutdown()

@@ -35,7 +35,7 @@ class LoraAdapter(BaseModel):
 
     rank: int = Field(ge=1, le=256, description="r: A is (r, in), B is (out, r)")
     alpha: float = Field(gt=0, description="the adapter's output is scaled by alpha / rank")
-    target_modules: tuple[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], ...] = Field(
+    target_modules: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = Field(
         min_length=1, description="the linear layers (last name part) that carry an adapter"
     )
     base_fingerprint: str = Field(

@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TypeVar, cast
 
 import torch
 
@@ -30,9 +31,10 @@ from shared.lora import PEFT_PREFIX, LoraAdapter, base_fingerprint
 log = logging.getLogger(__name__)
 
 ADAPTER_NAME = "default"  # peft's name for the one adapter
+ModelT = TypeVar("ModelT", bound=torch.nn.Module)
 
 
-def apply_lora(model: torch.nn.Module, config: LoraConfig) -> torch.nn.Module:
+def apply_lora(model: ModelT, config: LoraConfig) -> ModelT:
     """Freeze `model` and give each target linear layer a LoRA adapter (B = 0: the policy is unchanged
     until the first step). Returns the same model object. Raises ValueError where LoRA cannot run."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -47,7 +49,7 @@ def apply_lora(model: torch.nn.Module, config: LoraConfig) -> torch.nn.Module:
     model.requires_grad_(False)
     peft_config = PeftLoraConfig(
         r=config.rank,
-        lora_alpha=config.alpha,
+        lora_alpha=config.alpha,  # type: ignore[arg-type]  # peft annotates int; it only divides by r
         lora_dropout=config.dropout,
         target_modules=list(config.target_modules),
         bias="none",
@@ -56,6 +58,18 @@ def apply_lora(model: torch.nn.Module, config: LoraConfig) -> torch.nn.Module:
         inject_adapter_in_model(peft_config, model, adapter_name=ADAPTER_NAME)
     except ValueError as exc:  # peft: "Target modules {...} not found in the base model"
         raise ValueError(f"[lora] target_modules {list(config.target_modules)} do not fit the model: {exc}") from exc
+    from peft.tuners.lora import Linear as LoraLinear
+    from peft.tuners.lora import LoraLayer
+
+    not_linear = [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, LoraLayer) and not isinstance(module, LoraLinear)
+    ]
+    if not_linear:
+        raise ValueError(
+            f"[lora] target_modules must name linear layers; {not_linear[:3]} are not (engines merge B A into a weight)"
+        )
     num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     num_total = sum(p.numel() for p in model.parameters())
     log.info(
@@ -84,7 +98,7 @@ def adapter_spec(config: LoraConfig, model_dir: Path) -> LoraAdapter:
     return LoraAdapter(
         rank=config.rank,
         alpha=config.alpha,
-        target_modules=tuple(config.target_modules),
+        target_modules=list(config.target_modules),
         base_fingerprint=base_fingerprint(model_dir),
     )
 
@@ -103,7 +117,7 @@ def merged_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     W_base + (alpha / r) B A (the base itself untouched); a model without adapters: its state dict."""
     if not is_lora(model):
         return dict(model.state_dict())
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora import Linear as LoraLinear
 
     merged: dict[str, torch.Tensor] = {}
     for name, tensor in model.state_dict().items():
@@ -112,8 +126,8 @@ def merged_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         merged[name.replace(".base_layer.", ".")] = tensor
     with torch.no_grad():
         for name, module in model.named_modules():
-            if isinstance(module, LoraLayer):
-                base_weight = module.get_base_layer().weight
+            if isinstance(module, LoraLinear):  # apply_lora made sure every adapted layer is one
+                base_weight = cast(torch.Tensor, module.get_base_layer().weight)  # (out, in)
                 merged[f"{name}.weight"] = base_weight + module.get_delta_weight(ADAPTER_NAME).to(base_weight.dtype)
     return merged
 

@@ -36,9 +36,7 @@ torch.set_num_threads(1)
 ATOL = 1e-4  # fp32 engines vs the fp32 learner
 RANK = 8
 PROMPTS = ["3+4=", "12+345=", "The quick"]
-CASES = [
-    pytest.param(kind, id=kind, marks=[pytest.mark.vllm] if kind == "vllm" else []) for kind in ("torch", "vllm")
-]
+CASES = [pytest.param(kind, id=kind, marks=[pytest.mark.vllm] if kind == "vllm" else []) for kind in ("torch", "vllm")]
 
 
 @dataclass(frozen=True)
@@ -68,14 +66,18 @@ def publish(model: Any) -> bytes:
 
 
 @pytest.fixture(scope="module", params=CASES)
-def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InferenceEngine, Learner]]:
+def case(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[InferenceEngine, Learner]]:
     kind: Literal["torch", "vllm"] = request.param
     if kind == "vllm":
         require_vllm()
     from engines.select import build_engine
     from shared.config import RolloutConfig
 
-    folder = build_folder(tmp_path_factory.mktemp("lora-folder"), head_dim=32, max_position_embeddings=256, tie_word_embeddings=False)
+    folder = build_folder(
+        tmp_path_factory.mktemp("lora-folder"), head_dim=32, max_position_embeddings=256, tie_word_embeddings=False
+    )
     engine = build_engine(
         kind, folder, RolloutConfig(engine=kind, vllm_kv_cache_bytes=64 << 20), device="cpu", max_lora_rank=RANK
     )
@@ -116,7 +118,9 @@ def test_an_adapter_applied_by_the_engine_samples_the_learners_lora_policy_and_t
     assert_engine_samples_the_learners_policy(engine, second)
 
 
-def test_an_adapter_that_does_not_fit_is_refused_and_the_old_version_stays(case: tuple[InferenceEngine, Learner]) -> None:
+def test_an_adapter_that_does_not_fit_is_refused_and_the_old_version_stays(
+    case: tuple[InferenceEngine, Learner],
+) -> None:
     engine, learner = case
     model = learner.model(seed=3)
     engine.load_adapter(publish(model), learner.spec(), policy_version=3)

@@ -24,7 +24,9 @@ TARGETS = ("q_proj", "v_proj", "down_proj")
 
 def lora_model(tied: bool = True, seed: int = 1) -> torch.nn.Module:
     """tiny_qwen2 with rank-4 adapters on TARGETS, B randomised so the adapter changes the policy."""
-    model = lora.apply_lora(tiny_qwen2(vocab_size=20, tied=tied), LoraConfig(enabled=True, rank=4, alpha=8.0, target_modules=TARGETS))
+    model = lora.apply_lora(
+        tiny_qwen2(vocab_size=20, tied=tied), LoraConfig(enabled=True, rank=4, alpha=8.0, target_modules=TARGETS)
+    )
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
