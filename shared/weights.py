@@ -223,11 +223,16 @@ class Manifest(BaseModel):
 
     def body_bytes(self) -> bytes:
         """Canonical bytes that the signature covers: every field except the signature (the key id too)."""
-        body = self.model_dump(mode="json", exclude={"signature"})
+        body = self.model_dump(mode="json", exclude={"signature", *self._absent_fields()})
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
     def to_json(self) -> bytes:
-        return self.model_dump_json().encode()
+        return self.model_dump_json(exclude=self._absent_fields()).encode()
+
+    def _absent_fields(self) -> set[str]:
+        """`lora` is left out of a full-weight manifest's bytes: they stay what they were before LoRA,
+        so receivers of either age take each other's full-weight versions."""
+        return {"lora"} if self.lora is None else set()
 
     def sha256(self) -> str:
         """sha256 of the manifest's JSON: how announcements and chunk requests pin it."""

@@ -125,3 +125,22 @@ def test_lora_refuses_a_multi_rank_learner_and_targets_the_model_lacks(monkeypat
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="WORLD_SIZE=2"):
         lora.apply_lora(tiny_qwen2(vocab_size=20), LoraConfig(enabled=True))
+
+
+def test_the_signed_manifest_names_the_adapter_and_a_full_weight_manifest_is_as_before() -> None:
+    from shared.lora import LoraAdapter
+    from shared.weights import ManifestError, build_manifest, verify_signature
+    from tests.weights_keys import PUBLIC_KEY, SIGNING_KEY
+
+    full, _ = build_manifest(b"w" * 5000, run_id="r", policy_version=1, chunk_size_bytes=1024, signing_key=SIGNING_KEY)
+    assert b"lora" not in full.to_json() and b"lora" not in full.body_bytes()  # older receivers take it
+    adapter = LoraAdapter(rank=8, alpha=16.0, target_modules=["q_proj", "v_proj"], base_fingerprint="a" * 64)
+    signed, _ = build_manifest(
+        b"w" * 5000, run_id="r", policy_version=1, chunk_size_bytes=1024, signing_key=SIGNING_KEY, lora=adapter
+    )
+    verify_signature(signed, PUBLIC_KEY)
+    assert type(signed).from_json(signed.to_json()).lora == adapter
+    other_base = adapter.model_copy(update={"base_fingerprint": "b" * 64})
+    for tampered in (signed.model_copy(update={"lora": None}), signed.model_copy(update={"lora": other_base})):
+        with pytest.raises(ManifestError, match="forged or corrupt signature"):
+            verify_signature(tampered, PUBLIC_KEY)
