@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load as safetensors_load
 
+from engines.interface import InferenceEngine
 from engines.torch_engine import TorchEngine
 from services.learner.grpo import token_logprobs
 from services.learner.lora import adapter_spec, apply_lora
@@ -44,6 +45,19 @@ def lora_policy(folder: Path, seed: int) -> torch.nn.Module:
             if ".lora_B." in name:  # as after some training: B moved away from 0
                 parameter.copy_(0.5 * torch.randn(parameter.shape, generator=generator))
     return model.eval()
+
+
+def assert_engine_samples(engine: InferenceEngine, model: torch.nn.Module) -> None:
+    """The engine's samples carry the learner's LoRA policy's log-probs (its own recomputation)."""
+    groups = engine.generate(PROMPTS, num_samples=4, max_new_tokens=2, temperature=1.0)
+    for sample in (sample for group in groups for sample in group):
+        ids = torch.tensor([sample.prompt_token_ids + sample.token_ids])
+        with torch.no_grad():
+            expected = token_logprobs(model, ids, torch.ones_like(ids), torch.tensor([1.0]))[0]
+        first = len(sample.prompt_token_ids) - 1
+        torch.testing.assert_close(
+            torch.tensor(sample.logprobs), expected[first : first + sample.num_tokens], atol=1e-4, rtol=0
+        )
 
 
 def publisher(bus: StreamBus, keys: RunKeys, server: ChunkServer, folder: Path) -> WeightPublisher:
@@ -84,15 +98,7 @@ def test_a_lora_version_is_the_adapter_only_and_a_worker_on_the_same_base_sample
             assert all(name.startswith(PEFT_PREFIX) and ".lora_" in name for name in names)
 
             assert sync.update(engine) == version
-            groups = engine.generate(PROMPTS, num_samples=4, max_new_tokens=2, temperature=1.0)
-            for sample in (sample for group in groups for sample in group):
-                ids = torch.tensor([sample.prompt_token_ids + sample.token_ids])
-                with torch.no_grad():
-                    expected = token_logprobs(model, ids, torch.ones_like(ids), torch.tensor([1.0]))[0]
-                first = len(sample.prompt_token_ids) - 1
-                torch.testing.assert_close(
-                    torch.tensor(sample.logprobs), expected[first : first + sample.num_tokens], atol=1e-4, rtol=0
-                )
+            assert_engine_samples(engine, model)
         assert [entry.manifest_url.endswith("/manifest") for entry in bus.entries(WEIGHTS)] == [True, True]  # no delta
     finally:
         sync.close()
@@ -131,3 +137,36 @@ def test_a_worker_holding_another_base_refuses_the_adapter_and_keeps_its_weights
     finally:
         sync.close()
         learner.close()
+
+
+@pytest.mark.vllm
+def test_a_vllm_worker_applies_lora_versions_in_place(
+    bus: StreamBus, keys: RunKeys, chunk_server: ChunkServer, tmp_path: Path
+) -> None:
+    from engines.select import build_engine
+    from services.learner.model_init import build_initial_policy
+    from shared.config import RolloutConfig
+    from tests.vllm_required import require_vllm
+
+    require_vllm()
+    # the demo's model with 32-wide heads: vLLM's CPU attention has no 16-wide kernel
+    folder = build_initial_policy(
+        ModelConfig(init="tiny-random", num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32),
+        TASKS["arithmetic_mod10"].alphabet,
+        tmp_path / "policy",
+    )
+    engine = build_engine(
+        "vllm", folder, RolloutConfig(engine="vllm", vllm_kv_cache_bytes=64 << 20), max_lora_rank=LORA.rank
+    )
+    learner = publisher(bus, keys, chunk_server, folder)
+    sync = WeightsSync(bus, ChunkStore(trusted_key=PUBLIC_KEY), PUBLIC_KEY, base_fingerprint=base_fingerprint(folder))
+    try:
+        for version in (0, 1):
+            model = lora_policy(folder, seed=version)
+            learner.publish(model, policy_version=version)
+            assert sync.update(engine) == version
+            assert_engine_samples(engine, model)
+    finally:
+        sync.close()
+        learner.close()
+        getattr(engine, "close")()  # noqa: B009  # VLLMEngine.close: not part of the seam
