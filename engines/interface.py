@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.lora import LoraAdapter
 from shared.messages import FinishReason  # "stop": ended with EOS; "length": hit max_new_tokens
 from shared.tokenization import PromptInput
 from shared.weights import Buffer
@@ -69,6 +70,8 @@ class InferenceEngine(ABC):
     # A folder where this engine wants received weights written as files (vLLM loads checkpoints by path):
     # the worker's chunk store writes each full version there chunk by chunk as it arrives. None: memory.
     weights_dir: Path | None = None
+    # The folder the engine loaded: the base a LoRA adapter applies to (shared.lora.base_fingerprint of it).
+    model_dir: Path | None = None
 
     @property
     def policy_version(self) -> int:
@@ -130,3 +133,10 @@ class InferenceEngine(ABC):
         embeddings may leave out `lm_head.weight`). `path`, when given, is a file holding the same
         bytes, for an engine that loads checkpoints from disk (vLLM). Raises WeightsLoadError and keeps
         the old weights and version if the blob does not fit the model."""
+
+    def load_adapter(self, adapter_bytes: Buffer, adapter: LoraAdapter, policy_version: int) -> None:
+        """Swap in `policy_version` of a LoRA run: the base this engine loaded with the adapter applied
+        (W_base + (alpha / r) B A on every target; each version onto the base, never onto the previous
+        one). `adapter_bytes`: peft's adapter_model.safetensors layout (shared/lora.py). Raises
+        WeightsLoadError and keeps the old weights and version if the adapter does not fit the model."""
+        raise WeightsLoadError(f"{type(self).__name__} cannot apply LoRA adapters")

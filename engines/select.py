@@ -42,9 +42,11 @@ def build_engine(
     *,
     num_threads: int = 1,
     device: str = "auto",
+    max_lora_rank: int = 0,
 ) -> InferenceEngine:
     """The engine on the model folder. A folder that is not a causal LM with a tokenizer raises
-    shared.tokenization.ModelFolderError."""
+    shared.tokenization.ModelFolderError. max_lora_rank > 0: a LoRA run (vLLM is built with LoRA on;
+    the torch engine needs nothing)."""
     resolved = resolve_engine_kind(kind)
     if resolved == "vllm":
         from engines.vllm_engine import VLLMEngine
@@ -54,6 +56,7 @@ def build_engine(
             kv_cache_bytes=rollout.vllm_kv_cache_bytes,
             gpu_memory_utilization=rollout.vllm_gpu_memory_utilization,
             num_threads=num_threads,
+            max_lora_rank=max_lora_rank,
         )
     import torch
     from transformers.utils import logging as transformers_logging

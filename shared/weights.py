@@ -36,6 +36,7 @@ import blake3
 from cryptography.exceptions import InvalidSignature
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
+from shared.lora import LoraAdapter
 from shared.signing import Ed25519PrivateKey, Ed25519PublicKey, key_id
 
 
@@ -144,6 +145,10 @@ class Manifest(BaseModel):
         pattern=r"^([0-9a-f]{64})?$",
         description="shared.tokenization.model_fingerprint of the learner's folder (tokenizer + architecture); empty: unknown",
     )
+    lora: LoraAdapter | None = Field(
+        None,
+        description="set: the payload is a LoRA adapter (shared/lora.py) for the base it names, not the full weights",
+    )
     created_at_s: float
     signing_key_id: str = Field(
         "",
@@ -218,11 +223,16 @@ class Manifest(BaseModel):
 
     def body_bytes(self) -> bytes:
         """Canonical bytes that the signature covers: every field except the signature (the key id too)."""
-        body = self.model_dump(mode="json", exclude={"signature"})
+        body = self.model_dump(mode="json", exclude={"signature", *self._absent_fields()})
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
     def to_json(self) -> bytes:
-        return self.model_dump_json().encode()
+        return self.model_dump_json(exclude=self._absent_fields()).encode()
+
+    def _absent_fields(self) -> set[str]:
+        """`lora` is left out of a full-weight manifest's bytes: they stay what they were before LoRA,
+        so receivers of either age take each other's full-weight versions."""
+        return {"lora"} if self.lora is None else set()
 
     def sha256(self) -> str:
         """sha256 of the manifest's JSON: how announcements and chunk requests pin it."""
@@ -281,8 +291,10 @@ def build_manifest(
     model_fingerprint: str = "",
     hash_algorithm: HashAlgorithm = DEFAULT_HASH_ALGORITHM,
     digests: list[str] | None = None,
+    lora: LoraAdapter | None = None,
 ) -> tuple[Manifest, list[memoryview]]:
-    """Describe the full weights `blob`, signed; returns the manifest and the chunks (views of `blob`).
+    """Describe the full weights `blob` (or, with `lora`, the whole adapter), signed; returns the manifest
+    and the chunks (views of `blob`).
     `digests`: the chunk digests when the caller already hashed the chunks (the learner hashes them as
     it serialises); otherwise they are computed here, in parallel."""
     chunks = chunk_views(blob, chunk_size_bytes)
@@ -300,6 +312,7 @@ def build_manifest(
         full_size_bytes=size_bytes,
         full_digest=digest,
         model_fingerprint=model_fingerprint,
+        lora=lora,
         created_at_s=time.time(),
     )
     return sign(manifest, signing_key), chunks
@@ -309,6 +322,8 @@ def build_delta_manifest(
     delta: Buffer, *, full: Manifest, base: Manifest, codec: str, signing_key: Ed25519PrivateKey
 ) -> tuple[Manifest, list[memoryview]]:
     """Chunk `delta` (which turns `base`'s full weights into `full`'s) and describe it, signed."""
+    if full.lora is not None or base.lora is not None:
+        raise ValueError("LoRA versions are published whole (an adapter is small): no deltas")
     if full.payload != "full" or base.payload != "full":
         raise ValueError(f"a delta is described by two full manifests, got {full.artifact} and {base.artifact}")
     if base.hash_algorithm != full.hash_algorithm:
@@ -346,6 +361,17 @@ def check_model_fingerprint(manifest: Manifest, own_fingerprint: str) -> None:
             f"version {manifest.artifact} was published for model fingerprint {manifest.model_fingerprint[:12]}.., "
             f"this folder's is {own_fingerprint[:12]}..: the learner and this worker use different tokenizers or "
             "architectures (point both at the same model folder)"
+        )
+
+
+def check_lora_base(manifest: Manifest, own_base_fingerprint: str) -> None:
+    """Raise ModelMismatchError if `manifest` is a LoRA adapter for another base than the receiver's
+    folder (shared.lora.base_fingerprint): applied to other base weights it would be another policy."""
+    if manifest.lora is not None and manifest.lora.base_fingerprint != own_base_fingerprint:
+        raise ModelMismatchError(
+            f"version {manifest.artifact} is a LoRA adapter for base {manifest.lora.base_fingerprint[:12]}.., "
+            f"this worker's base is {own_base_fingerprint[:12] or '(unknown)'}..: the learner and this worker hold "
+            "different base weights (point both at the same model folder)"
         )
 
 

@@ -39,6 +39,7 @@ import torch
 
 from engines.torch_engine import TorchEngine
 from services.learner.evaluate import evaluate_greedy
+from services.learner.lora import merged_state
 from shared.config import TaskConfig
 from shared.run_records import EvalRecord
 from shared.tasks import TaskAdapter
@@ -123,7 +124,8 @@ class Evaluator:
             return Handoff(accepted=False, stall_s=time.perf_counter() - started_s)
         self.raise_if_failed()
         with torch.no_grad():
-            weights = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+            # a LoRA model's adapters merged in: the engine holds plain weights (services/learner/lora.py)
+            weights = {name: tensor.detach().clone() for name, tensor in merged_state(model).items()}
         stall_s = time.perf_counter() - started_s
         self._idle.clear()
         self._jobs.put(EvalJob(policy_version, weights, stall_s))

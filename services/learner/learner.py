@@ -39,7 +39,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.learner import trainer
+from services.learner import lora, trainer
 from services.learner.batch import BatchCollector, CollectedBatch, TrainBatch, tensorize
 from services.learner.checkpoint import capture, checkpoint_path, load_checkpoint, restore_rng, save_checkpoint
 from services.learner.distributed import RankGroup
@@ -131,6 +131,7 @@ class Learner:
             delta_zstd_level=run.broadcast.delta_zstd_level,
             journal_path=self.run_dir / "broadcast.jsonl",
             model_fingerprint=model_fingerprint(self.model_dir),
+            lora=lora.adapter_spec(run.lora, self.model_dir) if run.lora.enabled else None,
         )
         self._started_s = time.monotonic()
         self._wall_offset_s = 0.0  # run time before this process (restored from the checkpoint)
@@ -431,7 +432,9 @@ class Learner:
         out_dir = self.run_dir / "model_final"
         if out_dir.exists():
             shutil.rmtree(out_dir)
-        self.policy.weights().save_pretrained(out_dir, safe_serialization=True)
+        # a LoRA model is saved merged: model_final is a plain HF folder either way
+        weights = self.policy.weights()
+        weights.save_pretrained(out_dir, state_dict=lora.merged_state(weights), safe_serialization=True)
         self.tokenizer.save_pretrained(out_dir)
         return out_dir
 

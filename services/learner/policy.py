@@ -5,7 +5,8 @@ over the ranks of a torchrun job (distributed.py: rank 0 leads, the others follo
     weights()            a model with the full weights of the current version, to publish, evaluate,
                          audit and save: the policy itself on one process; rank 0's plain CPU replica
                          when sharded, refreshed by one gather per version (a parameter at a time)
-    checkpoint_state()   (model, optimizer) state dicts, full tensors keyed by name: any world size resumes them
+    checkpoint_state()   (model, optimizer) state dicts, full tensors keyed by name: any world size resumes them;
+                         a LoRA policy (one process, lora.py): the adapter and the optimizer's own state dict
     restore(...)         put them back (sharded: rank 0 reads them, every rank gets them)
     close()              sharded: the followers' loop returns
 
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from services.learner import trainer
+from services.learner import lora, trainer
 from services.learner.batch import TrainBatch
 from services.learner.distributed import (
     Command,
@@ -45,6 +46,8 @@ class Policy:
         self.run = run
         self.ranks = ranks or RankGroup()
         self.model, self.tokenizer = trainer.load_policy(model_dir, run.learner)
+        if run.lora.enabled:  # adapters on the frozen base (lora.py: refused when sharded); versions are the adapter
+            self.model = lora.apply_lora(self.model, run.lora)
         self.replica: PreTrainedModel | None = None  # rank 0 of a sharded policy: the full weights, on CPU
         if self.ranks.is_sharded:
             if self.ranks.is_leader:
@@ -74,10 +77,16 @@ class Policy:
         return self.replica
 
     def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        if self.run.lora.enabled:  # one process: the adapter (the base is the model folder), the optimizer as is
+            return lora.checkpoint_state(self.model), self.optimizer.state_dict()
         self.ranks.send(Command.CHECKPOINT)
         return full_state_dicts(self.model, self.optimizer)
 
     def restore(self, model_state: dict[str, torch.Tensor], optimizer_state: dict[str, Any]) -> None:
+        if self.run.lora.enabled:
+            lora.restore_state(self.model, model_state)  # ValueError: not this run's adapter
+            self.optimizer.load_state_dict(optimizer_state)
+            return
         self.ranks.send(Command.RESTORE)
         load_full_state_dicts(self.model, self.optimizer, model_state, optimizer_state, self.ranks)
         self._replica_fresh = self.replica is None

@@ -23,6 +23,9 @@ previous version) fetches it instead. Every `full_every`-th version is announced
 that lost track catches up within K versions without asking. One line per version goes to
 `journal_path` (broadcast.jsonl): bytes announced as a fraction of the full size.
 
+A LoRA run (services/learner/lora.py) publishes only the adapter, always whole (it is small, see
+docs/lora.md); its signed manifest names the adapter's rank, alpha, targets and base (`lora`).
+
 A worker loads the blob with `load_weights_blob` (or its own equivalent): safetensors, HF
 state-dict names, in the learner's dtype (learner.dtype: bfloat16 halves the bytes); a model
 with tied embeddings gets lm_head back from the embedding.
@@ -39,12 +42,14 @@ from pathlib import Path
 import torch
 
 from engines.weights_fit import parse_blob
+from services.learner.lora import adapter_state, is_lora
 from services.learner.serialize import safetensors_size, write_safetensors
 from shared.bus import StreamBus
 from shared.chunk_client import manifest_path
 from shared.chunk_server import ChunkStore
 from shared.delta import encode_smallest
 from shared.keys import RunKeys
+from shared.lora import LoraAdapter
 from shared.messages import WeightsPublished
 from shared.retry import call_with_retry
 from shared.run_records import PublishRecord
@@ -69,7 +74,9 @@ TIED_HEAD = "lm_head.weight"
 def publication_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The tensors a version is made of. With tied embeddings lm_head.weight is the same tensor as
     embed_tokens.weight: sending it twice would double the bytes, so it is left out and re-tied by the
-    receiver's model."""
+    receiver's model. A LoRA model publishes its adapter only (services/learner/lora.py)."""
+    if is_lora(model):
+        return adapter_state(model)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     return {
         name: tensor.detach().contiguous()
@@ -126,6 +133,7 @@ class WeightPublisher:
         journal_path: Path | None = None,
         model_fingerprint: str = "",  # shared.tokenization.model_fingerprint of the policy folder; signed into manifests
         hash_algorithm: HashAlgorithm = DEFAULT_HASH_ALGORITHM,
+        lora: LoraAdapter | None = None,  # set: versions are this adapter (signed into manifests), never deltas
     ) -> None:
         if full_every < 1:
             raise ValueError(f"full_every must be at least 1, got {full_every}")
@@ -135,7 +143,8 @@ class WeightPublisher:
         self.public_url = public_url.rstrip("/")
         self.signing_key = signing_key
         self.chunk_size_bytes = chunk_size_bytes
-        self.full_every = full_every  # 1: every version full (no deltas)
+        self.lora = lora
+        self.full_every = 1 if lora is not None else full_every  # 1: every version full (no deltas)
         self.delta_zstd_level = delta_zstd_level
         self.journal_path = journal_path
         self.model_fingerprint = model_fingerprint
@@ -161,6 +170,7 @@ class WeightPublisher:
             model_fingerprint=self.model_fingerprint,
             hash_algorithm=self.hash_algorithm,
             digests=digests,
+            lora=self.lora,
         )
         self.store.put_version(full, blob, verified=True, file_path=file_path)  # every chunk servable now
         announced = self.make_delta(full, blob) or full
@@ -181,9 +191,10 @@ class WeightPublisher:
         published = PublishedVersion(announced, full, announcement, time.perf_counter() - started_s, serialize_s)
         self.write_journal(published)
         log.info(
-            "published v%d as %s: %d bytes (%.3f of %d full) in %d chunks (%.3fs)",
+            "published v%d as %s%s: %d bytes (%.3f of %d full) in %d chunks (%.3fs)",
             policy_version,
             announced.payload,
+            " LoRA adapter" if self.lora is not None else "",
             announced.total_size_bytes,
             published.size_fraction,
             full.total_size_bytes,

@@ -77,7 +77,9 @@ def load_policy(
 
 
 def make_optimizer(model: torch.nn.Module, grpo: GRPOConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=grpo.learning_rate, weight_decay=grpo.weight_decay)
+    # only what trains: with LoRA the frozen base has no optimizer state (services/learner/lora.py)
+    trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    return torch.optim.AdamW(trainable, lr=grpo.learning_rate, weight_decay=grpo.weight_decay)
 
 
 @dataclass(frozen=True)

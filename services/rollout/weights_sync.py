@@ -9,9 +9,9 @@ then swap between groups.
                    verify every chunk, store it (our chunk server relays it at once), route around
                    dead, stalled or corrupt holders; the learner is the last resort
         rebuild    delta -> full weights; their digest (one hashing pass) must match the signed manifest's
-        ready      the verified full weights (a view of the store's buffer: no join, no second hash; with a
+        ready      the verified full weights (a LoRA run: the verified adapter, for a base the manifest names) (a view of the store's buffer: no join, no second hash; with a
                    store that has a spill_dir, also the complete safetensors file) wait for the worker loop
-    worker loop, between groups: `update(engine)` loads the ready version (never an unverified or
+    worker loop, between groups: `update(engine)` loads the ready version (`load_adapter` for a LoRA one) (never an unverified or
         incomplete one) and notes a WeightSwapReport for the next heartbeat (the coordinator's T_bcast).
 
 Without `start()`, `update` fetches inline (tests, tools). Any failed check leaves the engine on its old
@@ -52,6 +52,7 @@ from shared.weights import (
     Manifest,
     ModelMismatchError,
     WeightsError,
+    check_lora_base,
     check_model_fingerprint,
     verify_full_weights,
 )
@@ -108,11 +109,13 @@ class WeightsSync:
         chunk_wait_s: float = 10.0,
         version_timeout_s: float = 120.0,
         model_fingerprint: str = "",
+        base_fingerprint: str = "",
         on_ready: Callable[[VerifiedVersion], None] | None = None,
     ) -> None:
         self.bus = bus
         self.on_ready = on_ready  # called on the fetching thread the moment a version is ready to load
         self.model_fingerprint = model_fingerprint  # of this worker's folder; "" checks nothing
+        self.base_fingerprint = base_fingerprint  # shared.lora.base_fingerprint of it; a LoRA version must name it
         self.keys = bus.keys
         self.store = store
         self.public_key = public_key  # the learner's: verifies manifests, cannot sign them
@@ -161,7 +164,10 @@ class WeightsSync:
             return None
         load_started_s = time.perf_counter()  # the rollout pause: the engine generates nothing until loaded
         try:
-            engine.load_weights(version.blob, version.policy_version, path=version.path)
+            if version.manifest.lora is not None:  # a LoRA run: the adapter, applied onto the engine's base
+                engine.load_adapter(version.blob, version.manifest.lora, version.policy_version)
+            else:
+                engine.load_weights(version.blob, version.policy_version, path=version.path)
         except WeightsLoadError as exc:
             self._note_failure(version.announcement, exc)
             return None
@@ -204,6 +210,7 @@ class WeightsSync:
         manifest = fetch_manifest(self._http, learner_url, version, self.public_key, payload=announced_payload)
         check_manifest_matches(announcement, manifest, self.keys.run_id)
         check_model_fingerprint(manifest, self.model_fingerprint)
+        check_lora_base(manifest, self.base_fingerprint)  # before a byte is fetched: a wrong base never loads
         resolve = self._sources(learner_url)
         base = self._base_of(manifest) if manifest.payload == "delta" else None
         full = manifest

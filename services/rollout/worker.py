@@ -40,6 +40,7 @@ from shared.bus import Delivery, StreamBus
 from shared.chunk_server import ChunkServer
 from shared.config import RunConfig
 from shared.keys import RunKeys
+from shared.lora import base_fingerprint
 from shared.messages import RolloutGroup, TaskGroup
 from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
 from shared.rollout_mac import sign_rollout
@@ -119,6 +120,8 @@ class RolloutWorker:
             chunk_wait_s=run.broadcast.chunk_wait_s,
             version_timeout_s=run.broadcast.version_timeout_s,
             model_fingerprint=engine.model_fingerprint,
+            # a LoRA run: adapters apply only onto the learner's base (hashing the base's files once)
+            base_fingerprint=base_fingerprint(engine.model_dir) if run.lora.enabled and engine.model_dir else "",
         )
         self.coordinator = CoordinatorClient(settings.coordinator_url)
         self.membership = Membership(
@@ -426,4 +429,10 @@ def build_engine(settings: RolloutSettings, run: RunConfig) -> InferenceEngine:
     from engines.select import build_engine as build
 
     kind = settings.worker_engine or run.rollout.engine
-    return build(kind, settings.resolved_model_dir(run.model), run.rollout, num_threads=settings.worker_num_threads)
+    return build(
+        kind,
+        settings.resolved_model_dir(run.model),
+        run.rollout,
+        num_threads=settings.worker_num_threads,
+        max_lora_rank=run.lora.rank if run.lora.enabled else 0,
+    )
