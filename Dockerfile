@@ -2,7 +2,7 @@
 #   docker build -t relay-rl:0.1.0 .                              CPU: torch's CPU wheel (the demo, CPU workers)
 #   docker build --build-arg VARIANT=gpu -t relay-rl:0.1.0-gpu .  GPU: vllm==0.33.0 and the CUDA torch it pins
 # docker-compose.yml and the Helm chart (deploy/relay-rl) pick the command; a worker on another machine:
-#   docker run --rm relay-rl:0.1.0 relay-rl worker --coordinator http://<host>:8000 --token <join token>
+#   docker run --rm relay-rl:0.1.0 relay-rl worker --coordinator http://<host>:8000 --token=<join token>
 # (add --gpus all and the -gpu tag for --engine vllm). Not built here: this machine has no Docker engine.
 FROM python:3.11-slim
 ARG VARIANT=cpu
