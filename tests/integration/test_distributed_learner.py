@@ -27,6 +27,7 @@ from shared.run_records import LearnerSummary
 from shared.streams import LEARNER_STATE
 from tests import sharded_step
 from tests.integration.test_learner_loop import (
+    RESUME_RUN_TOML,
     StandInWorker,
     metric_steps,
     pending_count,
@@ -138,11 +139,7 @@ def test_a_sharded_learner_killed_resumes_at_its_checkpoint_stops_on_sigterm_and
 ) -> None:
     run = small_run(keys.run_id, num_steps=6)
     run_config = tmp_path / "run.toml"
-    run_config.write_text(
-        "[grpo]\ngroup_size = 4\ngroups_per_step = 4\n"
-        "[schedule]\nstaleness_bound = 1\nnum_steps = 6\ncheckpoint_every = 2\neval_every = 3\nmax_wall_s = 120\n"
-        "[broadcast]\nchunk_size_bytes = 65536\ndelta = false\n"  # the stand-in loads full payloads only
-    )
+    run_config.write_text(RESUME_RUN_TOML)
     worker = StandInWorker(bus, run, tiny_policy_dir)
     worker.produce_below_version = 3  # the learner can take steps 1-3, then starves at version 3
     worker.start()

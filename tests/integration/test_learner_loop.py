@@ -271,6 +271,14 @@ def test_a_slow_evaluation_stalls_training_at_most_the_budget_and_the_final_eval
     assert summary.eval_accuracy_after == evals[-1]["eval_accuracy"] and summary.totals.eval_step_last == 6
 
 
+# the kill-and-resume tests' run file: checkpoints every 2 steps, 6 steps in all
+RESUME_RUN_TOML = (
+    "[grpo]\ngroup_size = 4\ngroups_per_step = 4\n"
+    "[schedule]\nstaleness_bound = 1\nnum_steps = 6\ncheckpoint_every = 2\neval_every = 3\nmax_wall_s = 120\n"
+    "[broadcast]\nchunk_size_bytes = 65536\ndelta = false\n"  # the stand-in loads full payloads only
+)
+
+
 def start_learner_process(
     run_config: Path, run_dir: Path, policy_dir: Path, redis_url: str, run_id: str, repo_root: Path
 ) -> subprocess.Popen:
@@ -314,11 +322,7 @@ def test_killed_learner_resumes_at_its_checkpoint_and_retrains_the_unacked_group
 ) -> None:
     run = small_run(keys.run_id, num_steps=6)
     run_config = tmp_path / "run.toml"
-    run_config.write_text(
-        "[grpo]\ngroup_size = 4\ngroups_per_step = 4\n"
-        "[schedule]\nstaleness_bound = 1\nnum_steps = 6\ncheckpoint_every = 2\neval_every = 3\nmax_wall_s = 120\n"
-        "[broadcast]\nchunk_size_bytes = 65536\ndelta = false\n"  # the stand-in loads full payloads only
-    )
+    run_config.write_text(RESUME_RUN_TOML)
     worker = StandInWorker(bus, run, tiny_policy_dir)
     worker.produce_below_version = 3  # the learner can take steps 1-3, then starves at version 3
     worker.start()
