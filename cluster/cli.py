@@ -19,13 +19,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_RUN_DIR = REPO_ROOT / "runs" / "latest"  # = cluster.join.DEFAULT_RUN_DIR (not imported: --help stays fast)
+# standard library only at module level (each defers its heavy imports to when it runs): --help stays instant
+from cluster import bench_catalog, remote_worker, status_view
+from cluster.join import DEFAULT_RUN_DIR, REPO_ROOT
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from cluster import bench_catalog, remote_worker, status_view
-
     parser = argparse.ArgumentParser(
         prog="relay-rl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -74,20 +73,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if extra and args.command != "bench":  # only a benchmark takes arguments of its own
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "worker":
-        from cluster import remote_worker
-
         remote_worker.main(args)
     elif args.command == "drain":
         from cluster.drain import main as drain_main
 
         drain_main([args.worker, "--run-dir", str(args.run_dir)])
     elif args.command == "status":
-        from cluster import status_view
-
         status_view.main(args)
     elif args.command == "bench":
-        from cluster import bench_catalog
-
         if args.list or args.name is None:
             print(bench_catalog.list_text())
             return

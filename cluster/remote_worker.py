@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cluster.join import DEFAULT_RUN_DIR, read_cluster_env
 from cluster.worker_process import add_identity_arguments, exec_rollout_worker, identity_environment
 
 if TYPE_CHECKING:
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 COORDINATOR_ENV = "RL_COORDINATOR_URL"
 JOIN_TOKEN_ENV = "RL_JOIN_TOKEN"
 PUBLIC_KEY_ENV = "RL_WEIGHTS_PUBLIC_KEY"  # = shared.signing.PUBLIC_KEY_ENV (not imported: --help stays instant)
-LOCAL_RUN_DIR = Path(__file__).resolve().parent.parent / "runs" / "latest"  # = cluster.join.DEFAULT_RUN_DIR
 DEFAULT_WORK_ROOT = Path.home() / ".cache" / "relay-rl"
 BOOTSTRAP_TIMEOUT_S = 10.0
 
@@ -104,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--run-dir",
         type=Path,
-        default=LOCAL_RUN_DIR,
+        default=DEFAULT_RUN_DIR,
         help="a local cluster's run folder: with neither --coordinator nor --token, both (and --model-dir) come "
         "from its cluster.env (make worker; default runs/latest)",
     )
@@ -170,8 +170,6 @@ def prepare(args: argparse.Namespace) -> dict[str, str]:
 def take_local_cluster(args: argparse.Namespace) -> None:
     """`make worker`: the coordinator, join token and model folder of the local cluster in args.run_dir; its
     work folder (default) in that run folder, <run dir>/joined/<name>."""
-    from cluster.join import read_cluster_env
-
     cluster = read_cluster_env(args.run_dir)
     args.coordinator, args.token = cluster["RL_COORDINATOR_URL"], cluster["RL_JOIN_TOKEN"]
     if args.model_dir is None:

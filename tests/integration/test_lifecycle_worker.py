@@ -5,6 +5,7 @@ the real coordinator app under uvicorn, weights published by the learner's own W
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -101,6 +102,29 @@ def publish_tasks(bus: StreamBus, keys: RunKeys, prefix: str, count: int, num_sa
     return task_ids
 
 
+@contextlib.contextmanager
+def tasks_fed(bus: StreamBus, keys: RunKeys, *, num_samples: int) -> Iterator[list[str]]:
+    """Like the reward service: keep a shallow backlog of TASKS (8 groups at a time) while the block runs.
+    Yields the ids published so far (the list grows); on exit no more are published."""
+    task_ids: list[str] = []
+    feeding = threading.Event()
+    feeding.set()
+
+    def feed() -> None:
+        while feeding.is_set():
+            if bus.backlog(TASKS) < 16:
+                task_ids.extend(publish_tasks(bus, keys, f"t{len(task_ids)}", 8, num_samples=num_samples))
+            time.sleep(0.01)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    try:
+        yield task_ids
+    finally:
+        feeding.clear()
+        feeder.join(timeout=5)
+
+
 def rollout_task_ids(bus: StreamBus, keys: RunKeys) -> list[str]:
     return [group.task_id for group in bus.entries(ROLLOUTS)]
 
@@ -128,61 +152,47 @@ def test_a_drained_worker_process_finishes_its_batch_loses_no_task_and_leaves(
     run_file = tmp_path / "run.toml"
     run_file.write_text(f'run_id = "{keys.run_id}"\n[rollout]\nheartbeat_interval_s = 0.2\nclaim_idle_ms = 60000\n')
     bus.ensure_group(TASKS)
-    task_ids: list[str] = []
-    feeding = threading.Event()
-    feeding.set()
+    with tasks_fed(bus, keys, num_samples=64) as task_ids:
+        env = {
+            **os.environ,
+            "RL_WEIGHTS_PUBLIC_KEY": PUBLIC_KEY_HEX,
+            "RL_JOIN_TOKEN": JOIN_TOKEN,
+            "RL_COORDINATOR_URL": coordinator_url,
+            "RL_REDIS_URL": redis_server.url,
+            "RL_RUN_CONFIG": str(run_file),
+            "RL_MODEL_DIR": str(model_dir),
+            "RL_WORKER_NAME": "to-drain",
+            "RL_WORKER_MAX_GROUPS_PER_BATCH": "4",
+        }
+        process = subprocess.Popen([sys.executable, "-m", "services.rollout"], cwd=repo_root, env=env)
+        try:
+            wait_for(lambda: len(rollout_task_ids(bus, keys)) >= 8, "the worker process publishes groups", timeout_s=60)
+            [worker] = workers_named(coordinator_url, "to-drain")
+            other = httpx.post(f"{coordinator_url}/v1/workers", json={"name": "other"}, headers=JOIN_HEADERS).json()
 
-    def feed() -> None:  # like the reward service: keep a shallow backlog while the worker runs
-        while feeding.is_set():
-            if bus.backlog(TASKS) < 16:
-                task_ids.extend(publish_tasks(bus, keys, f"t{len(task_ids)}", 8, num_samples=64))
-            time.sleep(0.01)
+            refused = httpx.post(
+                f"{coordinator_url}/v1/workers/{worker['worker_id']}/drain",
+                headers={"Authorization": f"Bearer {other['token']}"},
+            )
+            assert refused.status_code == 403
+            refused_at_beat_s = workers_named(coordinator_url, "to-drain")[0]["last_heartbeat_s"]
+            wait_for(  # had the refusal drained it, this heartbeat's answer would have told the worker
+                lambda: workers_named(coordinator_url, "to-drain")[0]["last_heartbeat_s"] > refused_at_beat_s,
+                "a heartbeat after the refused drain",
+            )
+            assert process.poll() is None and workers_named(coordinator_url, "to-drain")[0]["state"] == "active"
 
-    feeder = threading.Thread(target=feed, daemon=True)
-    feeder.start()
-    env = {
-        **os.environ,
-        "RL_WEIGHTS_PUBLIC_KEY": PUBLIC_KEY_HEX,
-        "RL_JOIN_TOKEN": JOIN_TOKEN,
-        "RL_COORDINATOR_URL": coordinator_url,
-        "RL_REDIS_URL": redis_server.url,
-        "RL_RUN_CONFIG": str(run_file),
-        "RL_MODEL_DIR": str(model_dir),
-        "RL_WORKER_NAME": "to-drain",
-        "RL_WORKER_MAX_GROUPS_PER_BATCH": "4",
-    }
-    process = subprocess.Popen([sys.executable, "-m", "services.rollout"], cwd=repo_root, env=env)
-    try:
-        wait_for(lambda: len(rollout_task_ids(bus, keys)) >= 8, "the worker process publishes groups", timeout_s=60)
-        [worker] = workers_named(coordinator_url, "to-drain")
-        other = httpx.post(f"{coordinator_url}/v1/workers", json={"name": "other"}, headers=JOIN_HEADERS).json()
-
-        refused = httpx.post(
-            f"{coordinator_url}/v1/workers/{worker['worker_id']}/drain",
-            headers={"Authorization": f"Bearer {other['token']}"},
-        )
-        assert refused.status_code == 403
-        refused_at_beat_s = workers_named(coordinator_url, "to-drain")[0]["last_heartbeat_s"]
-        wait_for(  # had the refusal drained it, this heartbeat's answer would have told the worker
-            lambda: workers_named(coordinator_url, "to-drain")[0]["last_heartbeat_s"] > refused_at_beat_s,
-            "a heartbeat after the refused drain",
-        )
-        assert process.poll() is None and workers_named(coordinator_url, "to-drain")[0]["state"] == "active"
-
-        drained = httpx.post(
-            f"{coordinator_url}/v1/workers/{worker['worker_id']}/drain",
-            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-        )
-        assert drained.status_code == 200 and drained.json()["state"] == "draining"
-        # tasks keep coming until it has left: a worker that ignored the drain would never run out of work
-        assert process.wait(timeout=30) == 0
-        feeding.clear()
-        feeder.join(timeout=5)
-    finally:
-        feeding.clear()
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+            drained = httpx.post(
+                f"{coordinator_url}/v1/workers/{worker['worker_id']}/drain",
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+            )
+            assert drained.status_code == 200 and drained.json()["state"] == "draining"
+            # tasks keep coming until it has left: a worker that ignored the drain would never run out of work
+            assert process.wait(timeout=30) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
 
     assert workers_named(coordinator_url, "to-drain") == []  # it deregistered
     done = rollout_task_ids(bus, keys)

@@ -12,8 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
-import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +31,7 @@ from shared.keys import RunKeys
 from shared.streams import TASKS
 from shared.tokenization import model_fingerprint
 from tests.coordinator_rest import JOIN_TOKEN, served_coordinator
-from tests.integration.test_lifecycle_worker import publish_tasks, rollout_task_ids, set_learner, workers_named
+from tests.integration.test_lifecycle_worker import rollout_task_ids, set_learner, tasks_fed, workers_named
 from tests.polling import wait_for
 from tests.weights_keys import PUBLIC_KEY_HEX, SIGNING_KEY
 
@@ -120,45 +118,32 @@ def test_relay_rl_worker_joins_with_the_url_and_token_alone_samples_and_drains_o
     url = bootstrapped_coordinator
     learner_in_relay_plan(url)
     bus.ensure_group(TASKS)
-    task_ids: list[str] = []
-    feeding = threading.Event()
-    feeding.set()
-
-    def feed() -> None:  # like the reward service: keep a shallow backlog while the worker runs
-        while feeding.is_set():
-            if bus.backlog(TASKS) < 16:
-                task_ids.extend(publish_tasks(bus, keys, f"t{len(task_ids)}", 8, num_samples=8))
-            time.sleep(0.01)
-
-    feeder = threading.Thread(target=feed, daemon=True)
-    feeder.start()
     work_dir = tmp_path / "worker"
     command = [sys.executable, "-m", "cluster.cli", "worker", "--coordinator", url, "--token", JOIN_TOKEN]
     command += ["--work-dir", str(work_dir), "--name", "joined", "--public-key", PUBLIC_KEY_HEX]
     log_path = tmp_path / "worker.log"
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, cwd=repo_root, env=clean_environment(), stdout=log, stderr=log)
-    try:
-        wait_for(
-            lambda: any(w["num_groups_done"] > 0 for w in workers_named(url, "joined")),
-            "the joined worker publishes groups",
-            timeout_s=120,
-            explain=lambda: log_path.read_text()[-3000:],
-        )
-        assert len(rollout_task_ids(bus, keys)) > 0
-        # it built the run's tiny policy itself, and it is the learner's (same tokenizer and architecture)
-        assert model_fingerprint(work_dir / "model") == model_fingerprint(model_dir)
-        assert (work_dir / "run.toml").read_text() == run_file_text(keys.run_id)
-        assert "same model fingerprint as the learner's version 0" in log_path.read_text()
+    with tasks_fed(bus, keys, num_samples=8):
+        with log_path.open("w") as log:
+            process = subprocess.Popen(command, cwd=repo_root, env=clean_environment(), stdout=log, stderr=log)
+        try:
+            wait_for(
+                lambda: any(w["num_groups_done"] > 0 for w in workers_named(url, "joined")),
+                "the joined worker publishes groups",
+                timeout_s=120,
+                explain=lambda: log_path.read_text()[-3000:],
+            )
+            assert len(rollout_task_ids(bus, keys)) > 0
+            # it built the run's tiny policy itself, and it is the learner's (same tokenizer and architecture)
+            assert model_fingerprint(work_dir / "model") == model_fingerprint(model_dir)
+            assert (work_dir / "run.toml").read_text() == run_file_text(keys.run_id)
+            assert "same model fingerprint as the learner's version 0" in log_path.read_text()
 
-        process.send_signal(signal.SIGINT)  # Ctrl-C: finish the batch, deregister, exit 0
-        assert process.wait(timeout=60) == 0, log_path.read_text()[-3000:]
-    finally:
-        feeding.clear()
-        feeder.join(timeout=5)
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+            process.send_signal(signal.SIGINT)  # Ctrl-C: finish the batch, deregister, exit 0
+            assert process.wait(timeout=60) == 0, log_path.read_text()[-3000:]
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     assert workers_named(url, "joined") == []  # it deregistered
     assert bus.redis.xpending(keys.name_of(TASKS), TASKS.group)["pending"] == 0  # its last batch was acked
 

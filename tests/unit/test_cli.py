@@ -6,8 +6,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import re
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from cluster.cli import main
 from services.coordinator.__main__ import cluster_bootstrap
 from services.coordinator.settings import CoordinatorSettings
 from shared.config import load_run_config
+from tests.help_imports import help_and_imports
 from tests.weights_keys import PUBLIC_KEY_HEX
 
 HEAVY_MODULES = {"torch", "transformers", "vllm", "fastapi", "uvicorn"}
@@ -29,24 +28,11 @@ HEAVY_MODULES = {"torch", "transformers", "vllm", "fastapi", "uvicorn"}
     ids=lambda args: " ".join(args) or "relay-rl",
 )
 def test_every_help_answers_without_importing_a_heavy_module(args: list[str], repo_root: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "cluster.cli", *args, "--help"],
-        cwd=repo_root,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "usage" in result.stdout.lower()
-    imported = {
-        line.split("|")[-1].strip().split(".")[0]
-        for line in result.stderr.splitlines()
-        if line.startswith("import time:")
-    }
+    shown, imported = help_and_imports(["cluster.cli", *args], repo_root)
     assert imported, "no -X importtime output"
     assert not HEAVY_MODULES & imported, HEAVY_MODULES & imported
     if args == ["demo"]:  # everything after `demo` is cluster.local's: its own flags answer
-        assert "--workers" in result.stdout and "--model-dir" in result.stdout
+        assert "--workers" in shown and "--model-dir" in shown
 
 
 def test_the_console_script_is_relay_rl_and_runs_cluster_cli_main(repo_root: Path) -> None:

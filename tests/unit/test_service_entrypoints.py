@@ -8,25 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.help_imports import help_and_imports
+
 
 @pytest.mark.parametrize(
     "module", ["services.coordinator", "services.reward", "services.rollout", "services.learner", "cluster.local"]
 )
 def test_help_answers_without_importing_torch(module: str, repo_root: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", module, "--help"],
-        cwd=repo_root,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "usage" in result.stdout.lower()
-    imported = {
-        line.split("|")[-1].strip().split(".")[0]
-        for line in result.stderr.splitlines()
-        if line.startswith("import time:")
-    }
+    _, imported = help_and_imports([module], repo_root)
     assert "torch" not in imported and "transformers" not in imported and "vllm" not in imported
 
 
