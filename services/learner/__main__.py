@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from services.learner.settings import LearnerSettings
     from shared.config import RunConfig
 
+COLLECTIVE_SLACK_S = 600.0  # a follower's collective timeout beyond the run's wall budget
+
 
 def main(argv: Sequence[str] | None = None) -> None:
     parse_cli("python -m services.learner", __doc__, argv)
@@ -48,9 +50,6 @@ def main(argv: Sequence[str] | None = None) -> None:
             follow(run, ranks)
     finally:
         teardown(ranks)
-
-
-COLLECTIVE_SLACK_S = 600.0
 
 
 def lead(settings: LearnerSettings, run: RunConfig, ranks: RankGroup) -> None:

@@ -264,7 +264,7 @@ def update_minibatch(
     num_tokens = whole.num_tokens  # the whole minibatch's, on every rank: the ranks' losses add up to its token mean
     local = rows_of_rank(whole, ranks)
     minibatch = local.batch
-    minibatch_proximal = None if proximal is None else proximal[rows][local.indices.to(rows.device)]  # (b, T - 1)
+    minibatch_proximal = None if proximal is None else proximal[rows[local.indices]]  # (b, T - 1)
     logprobs = torch.zeros_like(minibatch.behaviour_logprobs)  # (b, T - 1) detached, for the result
     loss_sum, num_clipped = 0.0, 0.0
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from cluster.local import learner_launcher
 from cluster.redis_server import RedisServer
 from services.learner.checkpoint import checkpoint_path, load_checkpoint
 from services.learner.distributed import RankGroup
@@ -33,28 +34,24 @@ from tests.integration.test_learner_loop import (
     pending_count,
     read_metrics,
     small_run,
+    start_learner_process,
     wait_for_learner,
 )
 from tests.polling import wait_for
-from tests.weights_keys import SIGNING_KEY_HEX
 
 pytestmark = pytest.mark.integration
 torch.set_num_threads(1)
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 MAX_WEIGHT_DIFF = 1e-5  # fp32 after 2 steps of 2 AdamW updates at lr 1e-3: the sums differ in rounding only
-
-
-def torchrun_env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def test_two_ranks_take_the_same_steps_as_one_process_and_their_checkpoint_resumes_on_one(
     tiny_policy_dir: Path, tmp_path: Path, repo_root: Path
 ) -> None:
     sharded_dir, single_dir = tmp_path / "two_ranks", tmp_path / "one_process"
-    command = [*TORCHRUN, "--nproc-per-node=2", "-m", "tests.sharded_step", str(tiny_policy_dir), str(sharded_dir)]
-    done = subprocess.run(command, cwd=repo_root, env=torchrun_env(), capture_output=True, text=True, timeout=300)
+    command = [sys.executable, *learner_launcher(2), "-m", "tests.sharded_step", str(tiny_policy_dir), str(sharded_dir)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run(command, cwd=repo_root, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     sharded_step.run_steps(tiny_policy_dir, single_dir, RankGroup())
 
@@ -91,33 +88,6 @@ def test_two_ranks_take_the_same_steps_as_one_process_and_their_checkpoint_resum
     assert steps_taken == {sharded_step.NUM_STEPS * sharded_step.RUN.grpo.num_minibatches}
 
 
-def start_sharded_learner(
-    num_procs: int, run_config: Path, run_dir: Path, policy_dir: Path, redis_url: str, run_id: str, repo_root: Path
-) -> subprocess.Popen:
-    """The learner service under torchrun (num_procs > 1) or alone, in its own process group."""
-    env = {
-        **torchrun_env(),
-        "RL_REDIS_URL": redis_url,
-        "RL_RUN_CONFIG": str(run_config),
-        "RL_RUN_ID": run_id,
-        "RL_RUN_DIR": str(run_dir),
-        "RL_MODEL_DIR": str(policy_dir),
-        "RL_SIGNING_KEY": SIGNING_KEY_HEX,
-        "RL_LEARNER_PORT": "0",
-        "RL_POLL_BLOCK_MS": "50",
-    }
-    launcher = [*TORCHRUN, f"--nproc-per-node={num_procs}"] if num_procs > 1 else [sys.executable]
-    log_file = open(run_dir / "learner.log", "ab")  # noqa: SIM115 (closed with the test's tmp dir)
-    return subprocess.Popen(
-        [*launcher, "-m", "services.learner"],
-        env=env,
-        cwd=repo_root,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # kill -9 of the whole group: torchrun and its ranks, as a machine crash would
-    )
-
-
 def kill_group(process: subprocess.Popen) -> None:
     """kill -9 of the launcher's process group; the ranks (torchrun gives each a session of its own) exit
     when they see their launcher gone (distributed.exit_with_launcher): waited for here."""
@@ -145,8 +115,9 @@ def test_a_sharded_learner_killed_resumes_at_its_checkpoint_stops_on_sigterm_and
     worker.start()
 
     def start(num_procs: int) -> subprocess.Popen:
+        """The learner service under torchrun (num_procs > 1) or alone, in a process group of its own."""
         args = (run_config, tmp_path, tiny_policy_dir, redis_server.url, keys.run_id, repo_root)
-        return start_sharded_learner(num_procs, *args)
+        return start_learner_process(*args, launcher=learner_launcher(num_procs), start_new_session=True)
 
     learner = start(2)
     try:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -280,8 +281,17 @@ RESUME_RUN_TOML = (
 
 
 def start_learner_process(
-    run_config: Path, run_dir: Path, policy_dir: Path, redis_url: str, run_id: str, repo_root: Path
+    run_config: Path,
+    run_dir: Path,
+    policy_dir: Path,
+    redis_url: str,
+    run_id: str,
+    repo_root: Path,
+    launcher: Sequence[str] = (),
+    start_new_session: bool = False,
 ) -> subprocess.Popen:
+    """`python [launcher...] -m services.learner` (cluster.local.learner_launcher: torchrun), output to
+    <run_dir>/learner.log; `start_new_session`: in a process group of its own, for a kill -9 of all of it."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -297,7 +307,12 @@ def start_learner_process(
     }
     log_file = open(run_dir / "learner.log", "ab")  # noqa: SIM115 (closed with the test's tmp dir)
     return subprocess.Popen(
-        [sys.executable, "-m", "services.learner"], env=env, cwd=repo_root, stdout=log_file, stderr=subprocess.STDOUT
+        [sys.executable, *launcher, "-m", "services.learner"],
+        env=env,
+        cwd=repo_root,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=start_new_session,
     )
 
 
