@@ -45,6 +45,7 @@ JOIN_TOKEN_ENV = "RL_JOIN_TOKEN"
 PUBLIC_KEY_ENV = "RL_WEIGHTS_PUBLIC_KEY"  # = shared.signing.PUBLIC_KEY_ENV (not imported: --help stays instant)
 DEFAULT_WORK_ROOT = Path.home() / ".cache" / "relay-rl"
 BOOTSTRAP_TIMEOUT_S = 10.0
+NOTHING_PUBLISHED = "no version published yet: the fingerprint is checked at the first weights"
 
 # exit codes besides 0 (drained or stopped)
 EXIT_FAILED = 1  # anything else: the coordinator has no bootstrap, a model folder is unusable, ...
@@ -265,10 +266,10 @@ def check_against_learner(coordinator_url: str, public_key_hex: str, model_dir: 
         plan = httpx.get(coordinator_url.rstrip("/") + "/v1/broadcast/plan", timeout=BOOTSTRAP_TIMEOUT_S)
         learner_url = RelayPlanResponse.model_validate_json(plan.raise_for_status().content).learner_url
         if not learner_url:
-            return "no version published yet: the fingerprint is checked at the first weights"
+            return NOTHING_PUBLISHED
         latest = httpx.get(learner_url.rstrip("/") + "/v1/weights/latest", timeout=BOOTSTRAP_TIMEOUT_S)
         if latest.status_code == 404:
-            return "no version published yet: the fingerprint is checked at the first weights"
+            return NOTHING_PUBLISHED
         manifest = Manifest.model_validate_json(latest.raise_for_status().content)
     except (httpx.HTTPError, ValidationError) as exc:  # its chunk server may be reachable only through relays
         return f"the learner is out of reach ({exc}): the fingerprint is checked at the first weights"
