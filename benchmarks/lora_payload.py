@@ -37,7 +37,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shared.config import LoraConfig
 
 RESULTS = Path("benchmarks/results/lora_payload.json")
 MODELS = ("demo", "demo-32d-heads", "qwen2-25m")
@@ -45,7 +51,8 @@ NUM_SWAPS = 5
 NUM_PROMPTS, NUM_SAMPLES, MAX_NEW_TOKENS = 16, 8, 32
 
 
-def lora_config():  # type: ignore[no-untyped-def]  # shared.config.LoraConfig of the demo's LoRA run file
+def lora_config() -> LoraConfig:
+    """The [lora] of the demo's LoRA run file."""
     from shared.config import load_run_config
 
     return load_run_config(Path("configs/demo_lora.toml")).lora
@@ -92,9 +99,10 @@ def measure(kind: str, model_dir: Path) -> dict[str, object]:
     max_positions = int(json.loads((model_dir / "config.json").read_text())["max_position_embeddings"])
     max_new_tokens = min(MAX_NEW_TOKENS, max_positions - 8)  # the demo's context is 32 tokens
 
-    def swap(load: object, policy_version: int) -> tuple[float, float]:
+    def swap(load: Callable[[], None]) -> tuple[float, float]:
+        """(load, load + first token) seconds: from the blob in memory to one token with the new weights."""
         t0 = time.perf_counter()
-        load()  # type: ignore[operator]
+        load()
         loaded_s = time.perf_counter() - t0
         engine.generate(prompts[:1], 1, 1, 1.0)
         return loaded_s, time.perf_counter() - t0
@@ -106,11 +114,10 @@ def measure(kind: str, model_dir: Path) -> dict[str, object]:
 
     engine.load_adapter(versions[0][0], spec, 0)  # warm-up (the torch engine keeps its base copy here)
     lora_swaps = [
-        swap(lambda a=adapter, v=v: engine.load_adapter(a, spec, v), v)
-        for v, (adapter, _) in enumerate(versions[1:], 1)
+        swap(partial(engine.load_adapter, adapter, spec, v)) for v, (adapter, _) in enumerate(versions[1:], 1)
     ]
     lora_tokens_per_s = [tokens_per_s() for _ in range(2)]
-    full_swaps = [swap(lambda f=full, v=v: engine.load_weights(f, v), v) for v, (_, full) in enumerate(versions[1:], 1)]
+    full_swaps = [swap(partial(engine.load_weights, full, v)) for v, (_, full) in enumerate(versions[1:], 1)]
     full_tokens_per_s = [tokens_per_s() for _ in range(3)]
     engine.load_adapter(versions[1][0], spec, 99)  # and the adapter again: the machine's load moves in between
     lora_tokens_per_s += [tokens_per_s() for _ in range(2)]

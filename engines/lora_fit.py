@@ -8,7 +8,9 @@ import re
 from typing import TYPE_CHECKING
 
 from engines.interface import WeightsLoadError
+from engines.weights_fit import parse_blob
 from shared.lora import PEFT_PREFIX, LoraAdapter
+from shared.weights import Buffer
 
 if TYPE_CHECKING:
     import torch
@@ -16,7 +18,7 @@ if TYPE_CHECKING:
 _ADAPTER_NAME = re.compile(r"^(?P<module>.+)\.lora_(?P<half>[AB])\.weight$")
 
 
-def adapted_linears(weight_shapes: dict[str, tuple[int, ...]], adapter: LoraAdapter) -> dict[str, tuple[int, int]]:
+def _adapted_linears(weight_shapes: dict[str, tuple[int, ...]], adapter: LoraAdapter) -> dict[str, tuple[int, int]]:
     """Module name -> (out, in) of every 2-D `<module>.weight` whose last name part is a target."""
     targets = set(adapter.target_modules)
     linears: dict[str, tuple[int, int]] = {}
@@ -30,10 +32,13 @@ def adapted_linears(weight_shapes: dict[str, tuple[int, ...]], adapter: LoraAdap
 
 
 def check_adapter_fits(
-    tensors: dict[str, torch.Tensor], adapter: LoraAdapter, linears: dict[str, tuple[int, int]]
+    adapter_bytes: Buffer, adapter: LoraAdapter, weight_shapes: dict[str, tuple[int, ...]]
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Module name -> (A, B) for every adapted linear layer (`linears`: adapted_linears of the model);
-    raises WeightsLoadError unless the blob covers exactly those layers with the adapter's rank."""
+    """Module name -> (A, B) (views of the blob) for every adapted linear layer of the model whose
+    tensor names and shapes are `weight_shapes`; raises WeightsLoadError unless the blob is safetensors
+    covering exactly those layers with the adapter's rank."""
+    tensors = parse_blob(adapter_bytes)
+    linears = _adapted_linears(weight_shapes, adapter)
     if not linears:
         raise WeightsLoadError(
             f"the model has no linear layer named like the adapter's targets {adapter.target_modules}"

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from engines.interface import InferenceEngine, Sample
-from engines.lora_fit import adapted_linears, check_adapter_fits
+from engines.lora_fit import check_adapter_fits
 from engines.prompts import check_prompt_ids, check_sampling_args, encode_checked_observation, encode_checked_prompts
 from engines.weights_fit import check_state_fits, parse_blob
 from shared.lora import LoraAdapter
@@ -113,7 +113,7 @@ class TorchEngine(InferenceEngine):
             for name, module in modules.items()
             if isinstance(module, torch.nn.Linear)
         }
-        pairs = check_adapter_fits(parse_blob(adapter_bytes), adapter, adapted_linears(weight_shapes, adapter))
+        pairs = check_adapter_fits(adapter_bytes, adapter, weight_shapes)
         with torch.no_grad():
             for name, (lora_a, lora_b) in pairs.items():
                 weight = modules[name].weight

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.interface import InferenceEngine, Sample, WeightsLoadError
-from engines.lora_fit import adapted_linears, check_adapter_fits
+from engines.lora_fit import check_adapter_fits
 from engines.prompts import check_prompt_ids, check_sampling_args, encode_checked_observation, encode_checked_prompts
 from engines.select import EngineUnavailableError
 from engines.weights_fit import TIED_OUTPUT_KEY, check_state_fits, parse_blob
@@ -153,8 +153,8 @@ class VLLMEngine(InferenceEngine):
                 f"a rank-{adapter.rank} adapter, but this vLLM engine was built for LoRA up to rank {self.max_lora_rank} "
                 "(the worker's run file must have the learner's [lora])"
             )
-        check_adapter_fits(parse_blob(adapter_bytes), adapter, adapted_linears(self.expected_shapes, adapter))
-        folder = self.weights_dir / "adapter"  # type: ignore[operator]  # set in __init__
+        check_adapter_fits(adapter_bytes, adapter, self.expected_shapes)
+        folder = Path(self._weights_dir.name) / "adapter"
         folder.mkdir(exist_ok=True)
         (folder / ADAPTER_CONFIG_FILE).write_text(json.dumps(adapter.peft_config_json()))
         with (folder / ADAPTER_FILE).open("wb") as out:
@@ -170,7 +170,7 @@ class VLLMEngine(InferenceEngine):
             "loaded policy version %d: LoRA r=%d (%d bytes)",
             policy_version,
             adapter.rank,
-            len(memoryview(adapter_bytes)),
+            memoryview(adapter_bytes).nbytes,
         )
 
     def close(self) -> None:

@@ -9,10 +9,12 @@ then swap between groups.
                    verify every chunk, store it (our chunk server relays it at once), route around
                    dead, stalled or corrupt holders; the learner is the last resort
         rebuild    delta -> full weights; their digest (one hashing pass) must match the signed manifest's
-        ready      the verified full weights (a LoRA run: the verified adapter, for a base the manifest names) (a view of the store's buffer: no join, no second hash; with a
-                   store that has a spill_dir, also the complete safetensors file) wait for the worker loop
-    worker loop, between groups: `update(engine)` loads the ready version (`load_adapter` for a LoRA one) (never an unverified or
-        incomplete one) and notes a WeightSwapReport for the next heartbeat (the coordinator's T_bcast).
+        ready      the verified full weights, or in a LoRA run the verified adapter for the base the
+                   manifest names (a view of the store's buffer: no join, no second hash; with a store
+                   that has a spill_dir, also the complete safetensors file) wait for the worker loop
+    worker loop, between groups: `update(engine)` loads the ready version (`load_adapter` for a LoRA
+        one; never an unverified or incomplete one) and notes a WeightSwapReport for the next heartbeat
+        (the coordinator's T_bcast).
 
 Without `start()`, `update` fetches inline (tests, tools). Any failed check leaves the engine on its old
 weights; that announcement is retried after `retry_failed_after_s`.

@@ -22,13 +22,12 @@ import pytest
 import torch
 from safetensors.torch import save as safetensors_save
 
-from engines.interface import InferenceEngine, Sample, WeightsLoadError
-from services.learner.grpo import token_logprobs
-from services.learner.lora import adapter_spec, adapter_state, apply_lora
-from services.learner.trainer import load_policy
+from engines.interface import InferenceEngine, WeightsLoadError
+from services.learner.lora import adapter_spec, adapter_state
 from shared.config import LoraConfig
 from shared.lora import LoraAdapter
 from tests.hf_folders import build_folder
+from tests.lora_policies import learner_logprobs, lora_policy
 from tests.vllm_required import require_vllm
 
 torch.set_num_threads(1)
@@ -48,14 +47,7 @@ class Learner:
 
     def model(self, seed: int) -> Any:
         """A LoRA policy on the folder's base whose adapter differs per seed (A and B both random)."""
-        model, _ = load_policy(self.folder)
-        apply_lora(model, self.config)
-        generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, parameter in model.named_parameters():
-                if ".lora_" in name:
-                    parameter.copy_(0.3 * torch.randn(parameter.shape, generator=generator))
-        return model.eval()
+        return lora_policy(self.folder, self.config, seed, scale=0.3, marker=".lora_")
 
     def spec(self) -> LoraAdapter:
         return adapter_spec(self.config, self.folder)
@@ -85,15 +77,6 @@ def case(
     close = getattr(engine, "close", None)
     if close is not None:
         close()
-
-
-def learner_logprobs(model: Any, sample: Sample, temperature: float) -> torch.Tensor:
-    """The learner's recomputation of the sample's completion log-probs (its own chunked path)."""
-    ids = torch.tensor([sample.prompt_token_ids + sample.token_ids])
-    with torch.no_grad():
-        logprobs = token_logprobs(model, ids, torch.ones_like(ids), torch.tensor([temperature]))[0]  # (T - 1,)
-    first = len(sample.prompt_token_ids) - 1
-    return logprobs[first : first + sample.num_tokens]
 
 
 def assert_engine_samples_the_learners_policy(engine: InferenceEngine, model: Any) -> None:

@@ -14,8 +14,7 @@ from safetensors.torch import load as safetensors_load
 
 from engines.interface import InferenceEngine
 from engines.torch_engine import TorchEngine
-from services.learner.grpo import token_logprobs
-from services.learner.lora import adapter_spec, apply_lora
+from services.learner.lora import adapter_spec
 from services.learner.publish import WeightPublisher, serialize_weights
 from services.learner.trainer import load_policy
 from services.rollout.weights_sync import WeightsSync
@@ -27,6 +26,7 @@ from shared.keys import RunKeys
 from shared.lora import PEFT_PREFIX, base_fingerprint
 from shared.streams import WEIGHTS
 from shared.tasks import TASKS
+from tests.lora_policies import learner_logprobs, lora_policy
 from tests.weights_keys import PUBLIC_KEY, SIGNING_KEY
 
 pytestmark = pytest.mark.integration
@@ -36,27 +36,16 @@ LORA = LoraConfig(enabled=True, rank=4, alpha=8.0)
 PROMPTS = ["3+4=", "1+2=", "9+9="]
 
 
-def lora_policy(folder: Path, seed: int) -> torch.nn.Module:
-    model, _ = load_policy(folder)
-    apply_lora(model, LORA)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if ".lora_B." in name:  # as after some training: B moved away from 0
-                parameter.copy_(0.5 * torch.randn(parameter.shape, generator=generator))
-    return model.eval()
+def lora_model(folder: Path, seed: int) -> torch.nn.Module:
+    return lora_policy(folder, LORA, seed, scale=0.5)  # as after some training: B moved away from 0
 
 
 def assert_engine_samples(engine: InferenceEngine, model: torch.nn.Module) -> None:
     """The engine's samples carry the learner's LoRA policy's log-probs (its own recomputation)."""
     groups = engine.generate(PROMPTS, num_samples=4, max_new_tokens=2, temperature=1.0)
     for sample in (sample for group in groups for sample in group):
-        ids = torch.tensor([sample.prompt_token_ids + sample.token_ids])
-        with torch.no_grad():
-            expected = token_logprobs(model, ids, torch.ones_like(ids), torch.tensor([1.0]))[0]
-        first = len(sample.prompt_token_ids) - 1
         torch.testing.assert_close(
-            torch.tensor(sample.logprobs), expected[first : first + sample.num_tokens], atol=1e-4, rtol=0
+            torch.tensor(sample.logprobs), learner_logprobs(model, sample, 1.0), atol=1e-4, rtol=0
         )
 
 
@@ -84,7 +73,7 @@ def test_a_lora_version_is_the_adapter_only_and_a_worker_on_the_same_base_sample
     engine = TorchEngine(tiny_policy_dir)
     try:
         for version in (0, 1):
-            model = lora_policy(tiny_policy_dir, seed=version)
+            model = lora_model(tiny_policy_dir, seed=version)
             published = learner.publish(model, policy_version=version)
             manifest = published.manifest
             assert manifest.payload == "full" and manifest.lora == adapter_spec(LORA, tiny_policy_dir)
@@ -128,7 +117,7 @@ def test_a_worker_holding_another_base_refuses_the_adapter_and_keeps_its_weights
     )
     engine = TorchEngine(other_base)
     try:
-        learner.publish(lora_policy(tiny_policy_dir, seed=0), policy_version=0)
+        learner.publish(lora_model(tiny_policy_dir, seed=0), policy_version=0)
         with caplog.at_level(logging.ERROR, logger="services.rollout.weights_sync"):
             assert sync.update(engine) is None
             assert sync.update(engine) is None  # permanent: not retried
@@ -162,7 +151,7 @@ def test_a_vllm_worker_applies_lora_versions_in_place(
     sync = WeightsSync(bus, ChunkStore(trusted_key=PUBLIC_KEY), PUBLIC_KEY, base_fingerprint=base_fingerprint(folder))
     try:
         for version in (0, 1):
-            model = lora_policy(folder, seed=version)
+            model = lora_model(folder, seed=version)
             learner.publish(model, policy_version=version)
             assert sync.update(engine) == version
             assert_engine_samples(engine, model)

@@ -17,6 +17,7 @@ from services.learner.trainer import make_optimizer
 from shared.config import GRPOConfig, LoraConfig, RunConfig
 from shared.lora import PEFT_PREFIX
 from tests.hf_folders import build_char_folder
+from tests.lora_policies import randomise_adapter
 from tests.tiny_models import tiny_qwen2
 
 torch.set_num_threads(1)
@@ -29,11 +30,7 @@ def lora_model(tied: bool = True, seed: int = 1) -> torch.nn.Module:
     model = lora.apply_lora(
         tiny_qwen2(vocab_size=20, tied=tied), LoraConfig(enabled=True, rank=4, alpha=8.0, target_modules=TARGETS)
     )
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.copy_(0.2 * torch.randn(parameter.shape, generator=generator))
+    randomise_adapter(model, seed, scale=0.2)
     return model
 
 
