@@ -133,6 +133,7 @@ class VLLMEngine(InferenceEngine):
                 file_path.unlink(missing_ok=True)
         if not self.call_on_engine_thread(self.llm.reset_prefix_cache):
             raise RuntimeError("vLLM refused to reset its prefix cache: old-weight KV blocks would be reused")
+        self._lora_request = None  # full weights are the whole policy: no adapter applies on top of them
         self._policy_version = policy_version
         log.info(
             "loaded policy version %d (%d tensors, %d bytes)",

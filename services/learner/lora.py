@@ -5,8 +5,8 @@
     adapter_state        the adapter tensors in peft's file layout: what a version publishes (shared/lora.py)
     merged_state         the base's state dict with every adapter merged in (W + (alpha / r) B A): what the
                          evaluator's engine and model_final take
-    checkpoint_state     what a checkpoint holds: the adapter (the base is the model folder), or the whole
-                         state dict for a full-weight run; restore_state puts it back
+    restore_adapter      put a checkpoint's adapter back (a checkpoint holds `adapter_state`: the base is
+                         the model folder)
 
 Why in place rather than peft's PeftModel wrapper: PeftModel forwards attribute lookups through two
 levels (`model.base_model` would be peft's LoraModel, not the decoder body), and the learner's chunked
@@ -132,17 +132,8 @@ def merged_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return merged
 
 
-def checkpoint_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """What a checkpoint saves of the model: the adapter only for a LoRA model (the base is the model
-    folder, loaded again at start), else the whole state dict."""
-    return adapter_state(model) if is_lora(model) else dict(model.state_dict())
-
-
-def restore_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Put `checkpoint_state` back; raises ValueError if it is not this model's (adapter or full)."""
-    if not is_lora(model):
-        model.load_state_dict(state)
-        return
+def restore_adapter(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Put a checkpoint's `adapter_state` back; raises ValueError if it is not this run's adapter."""
     from peft import set_peft_model_state_dict
 
     expected = adapter_state(model)

@@ -78,13 +78,13 @@ class Policy:
 
     def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         if self.run.lora.enabled:  # one process: the adapter (the base is the model folder), the optimizer as is
-            return lora.checkpoint_state(self.model), self.optimizer.state_dict()
+            return lora.adapter_state(self.model), self.optimizer.state_dict()
         self.ranks.send(Command.CHECKPOINT)
         return full_state_dicts(self.model, self.optimizer)
 
     def restore(self, model_state: dict[str, torch.Tensor], optimizer_state: dict[str, Any]) -> None:
         if self.run.lora.enabled:
-            lora.restore_state(self.model, model_state)  # ValueError: not this run's adapter
+            lora.restore_adapter(self.model, model_state)  # ValueError: not this run's adapter
             self.optimizer.load_state_dict(optimizer_state)
             return
         self.ranks.send(Command.RESTORE)

@@ -6,7 +6,8 @@ the learner's LoRA policy:
   (grpo.token_logprobs on the peft model, the learner's own code path) within 1e-4;
 - a second adapter applies onto the base, not onto the first version (its log-probs match the
   learner's second model, which never held the first adapter);
-- an adapter that does not fit (another rank, a layer missing) is refused and the old version stays.
+- an adapter that does not fit (another rank, a layer missing) is refused and the old version stays;
+- full weights loaded after an adapter are the whole policy: the adapter no longer applies.
 
 One engine per (engine, folder), shared by the module's tests. vLLM's CPU attention needs head_dim >= 32.
 """
@@ -120,3 +121,15 @@ def test_an_adapter_that_does_not_fit_is_refused_and_the_old_version_stays(
 
     assert engine.policy_version == 3
     assert_engine_samples_the_learners_policy(engine, model)
+
+
+def test_full_weights_after_an_adapter_are_the_whole_policy(case: tuple[InferenceEngine, Learner]) -> None:
+    from services.learner.lora import merged_state
+
+    engine, learner = case
+    model = learner.model(seed=4)
+    engine.load_adapter(publish(model), learner.spec(), policy_version=5)
+    merged = {name: tensor.contiguous() for name, tensor in merged_state(model).items()}
+    engine.load_weights(safetensors_save(merged), policy_version=6)  # the same policy as plain weights
+    assert engine.policy_version == 6
+    assert_engine_samples_the_learners_policy(engine, model)  # an adapter still applied would move it
