@@ -1,6 +1,6 @@
 """Learner steps through `Policy` on fixed batches, on one process or as one rank of a torchrun job:
 
-    python -m torch.distributed.run --standalone --nproc-per-node=2 -m tests.sharded_step MODEL_DIR OUT_DIR
+    python -m torch.distributed.run --standalone --nproc-per-node=2 -m tests.sharded_step MODEL_DIR OUT_DIR [--precision mixed]
 
 Rank 0 writes OUT_DIR/result.json (per step: loss, grad norm, clip fraction, the pi_prox sum), the
 published version's bytes (weights.safetensors: serialize_weights of Policy.weights()) and the
@@ -29,7 +29,7 @@ GROUP_SIZES = [2, 2, 3]
 RUN = RunConfig(
     run_id="sharded-step",
     grpo=GRPOConfig(group_size=2, groups_per_step=3, num_minibatches=2, learning_rate=1e-3),
-    learner=LearnerConfig(device="cpu", dtype="float32", micro_batch_size=2, logprob_chunk_tokens=16),
+    learner=LearnerConfig(device="cpu", precision="fp32", micro_batch_size=2, logprob_chunk_tokens=16),
 )
 NUM_STEPS = 2
 
@@ -56,8 +56,12 @@ def fixed_batch(vocab_size: int, seed: int, num_positions: int = 12) -> TrainBat
     )
 
 
-def run_steps(model_dir: Path, out_dir: Path, ranks: RankGroup) -> None:
-    policy = Policy(model_dir, RUN, ranks)
+def run_in_precision(precision: str) -> RunConfig:
+    return RUN.model_copy(update={"learner": RUN.learner.model_copy(update={"precision": precision})})
+
+
+def run_steps(model_dir: Path, out_dir: Path, ranks: RankGroup, precision: str = "fp32") -> None:
+    policy = Policy(model_dir, run_in_precision(precision), ranks)
     if not ranks.is_leader:
         policy.follow()
         return
@@ -74,8 +78,11 @@ def run_steps(model_dir: Path, out_dir: Path, ranks: RankGroup) -> None:
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "weights.safetensors").write_bytes(serialize_weights(policy.weights()))
-    torch.save(policy.checkpoint_state(), out_dir / "checkpoint.pt")
-    (out_dir / "result.json").write_text(json.dumps({"world_size": ranks.world_size, "steps": steps}))
+    model_state, optimizer_state = policy.checkpoint_state()
+    torch.save((model_state, optimizer_state), out_dir / "checkpoint.pt")
+    master_dtypes = sorted({str(tensor.dtype) for tensor in model_state.values()})
+    result = {"world_size": ranks.world_size, "steps": steps, "master_dtypes": master_dtypes}
+    (out_dir / "result.json").write_text(json.dumps(result))
     policy.close()
 
 
@@ -83,11 +90,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "mixed", "bf16"])
     args = parser.parse_args()
     torch.set_num_threads(1)
     ranks = init_ranks("cpu")
     try:
-        run_steps(args.model_dir, args.out_dir, ranks)
+        run_steps(args.model_dir, args.out_dir, ranks, args.precision)
     finally:
         teardown(ranks)
 

@@ -16,10 +16,13 @@ after a learner restart, a version number the old process published may name oth
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 import time
 from collections import OrderedDict
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -70,8 +73,15 @@ class VersionCache:
 class Auditor:
     """Decides which groups get an exact comparison and computes it."""
 
-    def __init__(self, model: torch.nn.Module, config: TrustConfig, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: TrustConfig,
+        seed: int | None = None,
+        compute: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+    ) -> None:
         self.config = config
+        self.compute = compute  # the learner's precision (autocast under mixed): pi_v computed as pi_prox is
         self.cache = VersionCache(config.audit_keep_versions if config.audit_fraction > 0 else 0)
         self.policy = model
         self._audit_model: torch.nn.Module | None = None  # a copy of the policy, built at the first audit
@@ -110,7 +120,7 @@ class Auditor:
         model = self.model_at(version)
         rows = torch.cat([torch.arange(s.first_row, s.first_row + s.num_samples) for s in statistics])
         device = next(model.parameters()).device
-        with torch.no_grad():
+        with torch.no_grad(), self.compute():
             logprobs = token_logprobs(
                 model,  # type: ignore[arg-type]
                 tensors.input_ids[rows].to(device),

@@ -38,10 +38,13 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from services.learner.precision import Precision
 
 log = logging.getLogger(__name__)
 
@@ -167,16 +170,21 @@ def teardown(ranks: RankGroup) -> None:
         dist.destroy_process_group()
 
 
-def shard_model(model: torch.nn.Module, ranks: RankGroup) -> None:
+def shard_model(model: torch.nn.Module, ranks: RankGroup, precision: Precision | None = None) -> None:
     """FSDP2 in place: each decoder layer its own unit, then the root (whatever is left: embeddings, final
-    norm, LM head, tied or not), and the log-prob forward registered as a root forward."""
-    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+    norm, LM head, tied or not), and the log-prob forward registered as a root forward. Mixed precision:
+    the shards stay float32 (the masters the optimizer steps), each unit's parameters are gathered in
+    the compute dtype, and gradients are reduced in float32 (MixedPrecisionPolicy)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
     from services.learner.grpo import SHARDED_LOGPROBS
 
+    mp_policy = MixedPrecisionPolicy()  # every dtype as the parameters'
+    if precision is not None and precision.autocasts:
+        mp_policy = MixedPrecisionPolicy(param_dtype=precision.compute_dtype, reduce_dtype=precision.param_dtype)
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=ranks.mesh)
-    fully_shard(model, mesh=ranks.mesh)
+        fully_shard(layer, mesh=ranks.mesh, mp_policy=mp_policy)
+    fully_shard(model, mesh=ranks.mesh, mp_policy=mp_policy)
     # The log-probs are computed from the decoder body and the LM head weight, not through HF's forward,
     # so FSDP must know that this is a forward of the root: an instance attribute it wraps with the root's
     # pre/post-forward (gather the root's parameters, register the backward hooks).

@@ -125,9 +125,10 @@ class ChunkedChosenLogprobs(torch.autograd.Function):
         d logprob_i / d z_i = onehot(target_i) - softmax(z_i)
         d z_i / d h_i = W / temperature_i,   d z_i / d W = h_i / temperature_i
 
-    so the peak is one (chunk, V) float32 tensor (every step on it is in place). Logits, logsumexp and softmax are float32 whatever the
-    model's dtype (a bf16 logsumexp over 150k entries loses the small probabilities); the gradients are
-    cast back to the dtype of h and W, with W's accumulated over the chunks in float32.
+    so the peak is one (chunk, V) float32 tensor (every step on it is in place). The matmuls run in the
+    compute dtype (the model's, or autocast's under mixed precision); logits, logsumexp and softmax are
+    float32 whatever it is (a bf16 logsumexp over 150k entries loses the small probabilities); the
+    gradients are cast back to the dtype of h and W, with W's accumulated over the chunks in float32.
     """
 
     @staticmethod
@@ -139,9 +140,16 @@ class ChunkedChosenLogprobs(torch.autograd.Function):
         temperatures: torch.Tensor,  # (N,) float32
         chunk: int,
     ) -> torch.Tensor:
+        # Under autocast (mixed precision) the LM head's matmuls run in the autocast dtype, forward and
+        # backward alike: the backward may run where autocast is off (CUDA's autograd thread), so the
+        # dtype is decided here, once, and kept.
+        device_type = hidden.device.type
+        autocast = torch.is_autocast_enabled(device_type)
+        ctx.compute_dtype = torch.get_autocast_dtype(device_type) if autocast else weight.dtype
+        compute_weight = weight.to(ctx.compute_dtype)  # (V, H); the same tensor when no cast is needed
         logprobs = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)  # (N,)
         for span in _spans(hidden.shape[0], chunk):
-            logits = _scaled_logits(hidden[span], weight, temperatures[span])  # (n, V)
+            logits = _scaled_logits(hidden[span].to(ctx.compute_dtype), compute_weight, temperatures[span])  # (n, V)
             chosen = logits.gather(-1, targets[span, None]).squeeze(-1)  # (n,)
             row_max, exp_sum = _exp_in_place(logits)
             logprobs[span] = chosen - row_max - exp_sum.log()  # chosen - logsumexp
@@ -155,19 +163,25 @@ class ChunkedChosenLogprobs(torch.autograd.Function):
         ctx: Any, grad_logprobs: torch.Tensor
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
         hidden, weight, targets, temperatures = ctx.saved_tensors
+        compute_weight = weight.to(ctx.compute_dtype)  # (V, H)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
         for span in _spans(hidden.shape[0], ctx.chunk):
-            logits = _scaled_logits(hidden[span], weight, temperatures[span])  # (n, V)
+            compute_hidden = hidden[span].to(ctx.compute_dtype)  # (n, H)
+            logits = _scaled_logits(compute_hidden, compute_weight, temperatures[span])  # (n, V)
             _, exp_sum = _exp_in_place(logits)
             grad_logits = logits.div_(exp_sum[:, None])  # softmax, in place
             grad_logits.neg_().scatter_add_(-1, targets[span, None], torch.ones_like(grad_logits[:, :1]))
             # onehot - softmax, times the incoming gradient, times d z / d (W h) = 1 / temperature
             grad_logits.mul_((grad_logprobs[span].float() / temperatures[span])[:, None])
             if grad_hidden is not None:
-                grad_hidden[span] = grad_logits.to(weight.dtype) @ weight
-            if grad_weight is not None:
+                grad_hidden[span] = grad_logits.to(ctx.compute_dtype) @ compute_weight
+            if grad_weight is None:
+                pass
+            elif ctx.compute_dtype == torch.float32:
                 grad_weight.addmm_(grad_logits.T, hidden[span].float())
+            else:  # the (V, H) product in the compute dtype, accumulated over the chunks in float32
+                grad_weight += (grad_logits.T.to(ctx.compute_dtype) @ compute_hidden).float()
             del logits, grad_logits  # before the next chunk's exist
         return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None
 

@@ -34,9 +34,11 @@ ADAPTER_NAME = "default"  # peft's name for the one adapter
 ModelT = TypeVar("ModelT", bound=torch.nn.Module)
 
 
-def apply_lora(model: ModelT, config: LoraConfig) -> ModelT:
+def apply_lora(model: ModelT, config: LoraConfig, adapter_dtype: torch.dtype | None = None) -> ModelT:
     """Freeze `model` and give each target linear layer a LoRA adapter (B = 0: the policy is unchanged
-    until the first step). Returns the same model object. Raises ValueError where LoRA cannot run."""
+    until the first step), its weights in `adapter_dtype` (None: the base's; mixed precision passes
+    float32 on a bf16 base: the adapters are the masters the optimizer steps). Returns the same model
+    object. Raises ValueError where LoRA cannot run."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size > 1:
         raise ValueError(
@@ -70,6 +72,10 @@ def apply_lora(model: ModelT, config: LoraConfig) -> ModelT:
         raise ValueError(
             f"[lora] target_modules must name linear layers; {not_linear[:3]} are not (engines merge B A into a weight)"
         )
+    if adapter_dtype is not None:
+        for parameter in model.parameters():
+            if parameter.requires_grad:  # the adapters: peft made them in the base layer's dtype
+                parameter.data = parameter.data.to(adapter_dtype)
     num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     num_total = sum(p.numel() for p in model.parameters())
     log.info(

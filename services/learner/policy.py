@@ -1,7 +1,9 @@
 """The policy being trained and every operation the learner's loop runs on it, on one process or sharded
 over the ranks of a torchrun job (distributed.py: rank 0 leads, the others follow).
 
-    train_step(batch)    one learner step (trainer.py); sharded: every rank on its rows of the same batch
+    train_step(batch)    one learner step (trainer.py) in the run's precision (precision.py: by default
+                         float32 masters and optimizer state, bf16 compute); sharded: every rank on its
+                         rows of the same batch
     weights()            a model with the full weights of the current version, to publish, evaluate,
                          audit and save: the policy itself on one process; rank 0's plain CPU replica
                          when sharded, refreshed by one gather per version (a parameter at a time)
@@ -33,6 +35,7 @@ from services.learner.distributed import (
     load_full_state_dicts,
     shard_model,
 )
+from services.learner.precision import resolve_precision, warn_if_updates_are_lost
 from shared.config import RunConfig
 
 if TYPE_CHECKING:
@@ -45,17 +48,22 @@ class Policy:
     def __init__(self, model_dir: Path, run: RunConfig, ranks: RankGroup | None = None) -> None:
         self.run = run
         self.ranks = ranks or RankGroup()
-        self.model, self.tokenizer = trainer.load_policy(model_dir, run.learner)
+        self.precision = resolve_precision(run.learner, model_dir)
+        # LoRA: the frozen base needs no master copy, so mixed precision holds it in the compute dtype and
+        # only the adapters (the trained parameters) in float32 (lora.py)
+        base_dtype = self.precision.compute_dtype if run.lora.enabled else self.precision.param_dtype
+        self.model, self.tokenizer = trainer.load_policy(model_dir, run.learner, dtype=base_dtype)
         if run.lora.enabled:  # adapters on the frozen base (lora.py: refused when sharded); versions are the adapter
-            self.model = lora.apply_lora(self.model, run.lora)
+            self.model = lora.apply_lora(self.model, run.lora, adapter_dtype=self.precision.param_dtype)
         self.replica: PreTrainedModel | None = None  # rank 0 of a sharded policy: the full weights, on CPU
         if self.ranks.is_sharded:
             if self.ranks.is_leader:
                 self.replica = copy.deepcopy(self.model).requires_grad_(False)
                 torch.nn.Module.to(self.replica, "cpu")
-            shard_model(self.model, self.ranks)
+            shard_model(self.model, self.ranks, self.precision)
             log.info("policy sharded over %d ranks (FSDP2: each decoder layer, then the root)", self.ranks.world_size)
         self.optimizer = trainer.make_optimizer(self.model, run.grpo)
+        warn_if_updates_are_lost(self.precision, self.model, run.grpo.learning_rate)
         self._replica_fresh = True  # the replica holds the current weights (both start from the folder)
 
     @property
@@ -113,15 +121,16 @@ class Policy:
                 raise AssertionError(f"unknown command {command}")
 
     def _train_step(self, batch: TrainBatch, group_sizes: list[int], shuffle_seed: int) -> trainer.StepResult:
-        result = trainer.train_step(
-            self.model,
-            self.optimizer,
-            batch,
-            self.run.grpo,
-            self.run.learner,
-            group_sizes=group_sizes,
-            shuffle_seed=shuffle_seed,
-            ranks=self.ranks,
-        )
+        with self.precision.compute():  # mixed: bf16 matmuls on the float32 masters
+            result = trainer.train_step(
+                self.model,
+                self.optimizer,
+                batch,
+                self.run.grpo,
+                self.run.learner,
+                group_sizes=group_sizes,
+                shuffle_seed=shuffle_seed,
+                ranks=self.ranks,
+            )
         self._replica_fresh = self.replica is None
         return result

@@ -27,7 +27,7 @@ A LoRA run (services/learner/lora.py) publishes only the adapter, always whole (
 docs/lora.md); its signed manifest names the adapter's rank, alpha, targets and base (`lora`).
 
 A worker loads the blob with `load_weights_blob` (or its own equivalent): safetensors, HF
-state-dict names, in the learner's dtype (learner.dtype: bfloat16 halves the bytes); a model
+state-dict names, in the checkpoint's dtype (precision.py: bfloat16 halves the bytes); a model
 with tied embeddings gets lm_head back from the embedding.
 """
 
@@ -71,23 +71,29 @@ log = logging.getLogger(__name__)
 TIED_HEAD = "lm_head.weight"
 
 
-def publication_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The tensors a version is made of. With tied embeddings lm_head.weight is the same tensor as
-    embed_tokens.weight: sending it twice would double the bytes, so it is left out and re-tied by the
-    receiver's model. A LoRA model publishes its adapter only (services/learner/lora.py)."""
+def publication_state(model: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The tensors a version is made of, floating ones in `dtype` (None: as the model holds them; a
+    mixed-precision learner publishes its float32 masters rounded to the checkpoint's dtype, what the
+    engines run). With tied embeddings lm_head.weight is the same tensor as embed_tokens.weight: sending
+    it twice would double the bytes, so it is left out and re-tied by the receiver's model. A LoRA model
+    publishes its adapter only (services/learner/lora.py)."""
     if is_lora(model):
-        return adapter_state(model)
-    tied = bool(getattr(model.config, "tie_word_embeddings", False))
-    return {
-        name: tensor.detach().contiguous()
-        for name, tensor in model.state_dict().items()
-        if not (tied and name == TIED_HEAD)
-    }
+        state = adapter_state(model)
+    else:
+        tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        state = {
+            name: tensor.detach().contiguous()
+            for name, tensor in model.state_dict().items()
+            if not (tied and name == TIED_HEAD)
+        }
+    if dtype is None:
+        return state
+    return {name: tensor.to(dtype) if tensor.is_floating_point() else tensor for name, tensor in state.items()}
 
 
-def serialize_weights(model: torch.nn.Module) -> bytes:
+def serialize_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -> bytes:
     """safetensors bytes of the model's state dict (the tied head left out, see publication_state)."""
-    tensors = publication_state(model)
+    tensors = publication_state(model, dtype)
     buffer = bytearray(safetensors_size(tensors))
     write_safetensors(tensors, memoryview(buffer))
     return bytes(buffer)
@@ -134,6 +140,7 @@ class WeightPublisher:
         model_fingerprint: str = "",  # shared.tokenization.model_fingerprint of the policy folder; signed into manifests
         hash_algorithm: HashAlgorithm = DEFAULT_HASH_ALGORITHM,
         lora: LoraAdapter | None = None,  # set: versions are this adapter (signed into manifests), never deltas
+        dtype: torch.dtype | None = None,  # floating tensors published in this dtype (None: the model's own)
     ) -> None:
         if full_every < 1:
             raise ValueError(f"full_every must be at least 1, got {full_every}")
@@ -144,6 +151,7 @@ class WeightPublisher:
         self.signing_key = signing_key
         self.chunk_size_bytes = chunk_size_bytes
         self.lora = lora
+        self.dtype = dtype
         self.full_every = 1 if lora is not None else full_every  # 1: every version full (no deltas)
         self.delta_zstd_level = delta_zstd_level
         self.journal_path = journal_path
@@ -206,7 +214,7 @@ class WeightPublisher:
     def serialize(self, model: torch.nn.Module, policy_version: int) -> tuple[memoryview, list[str], Path | None]:
         """The version's safetensors bytes in their own buffer (a new file in the store's spill folder,
         else memory), with every chunk's digest computed alongside the copy: (blob, digests, file)."""
-        tensors = publication_state(model)
+        tensors = publication_state(model, self.dtype)
         buffer, file_path = self.store.take_buffer(safetensors_size(tensors), policy_version)  # faulted in already
         pending: list[Future[str]] = []
 

