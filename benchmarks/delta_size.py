@@ -1,22 +1,24 @@
-"""Delta size of a policy version at real learning rates: every codec of shared/delta.py, and the pick.
+"""Delta size of a policy version at real learning rates per learner precision, every codec of
+shared/delta.py and the pick; with each precision's step time and learner bytes per parameter.
 
     python -m benchmarks.delta_size          # make bench-delta; writes benchmarks/results/delta_size.json
 
 A Qwen3-style causal LM of ~128M parameters (hidden 768, 12 layers, vocab 32k, tied embeddings,
 random init from a fixed seed, no download) takes real AdamW steps (the learner's settings:
 services/learner/trainer.make_optimizer, weight decay 0.0, gradients clipped to norm 1.0) on next-token
-cross entropy over random token batches (2 x 128), at each learning rate, in two precision set-ups:
+cross entropy over random token batches (2 x 128), at each learning rate, in each `[learner] precision`
+(services/learner/precision.py):
 
-    (a) bf16      the learner today: parameters in bf16, AdamW (and its moments) in bf16
-    (b) fp32      fp32 master weights and AdamW; the published weights are their bf16 cast
+    mixed   float32 master weights and AdamW state, bf16 compute (autocast): the default for real models
+    bf16    parameters, gradients and AdamW moments in bf16 (precision = "bf16")
+    fp32    float32 throughout
 
-After `--warmup-steps`, the published weights are serialised exactly like the learner
+Every precision publishes the bf16 rounding of its weights (a bf16 checkpoint's dtype). After
+`--warmup-steps`, the published weights are serialised exactly like the learner
 (services/learner/publish.serialize_weights) after each of `--steps` steps, and every consecutive pair
 of versions is encoded with every codec (size, encode and decode seconds) and with encode_smallest.
-
-On this CPU a bf16 matmul is ~30x slower than fp32 (no bf16 units), so in set-up (a) the gradient is
-computed by an fp32 copy of the bf16 weights (exact: bf16 -> fp32 is lossless) and cast to bf16; the
-update itself, which decides which bf16 words change, is the learner's: AdamW on bf16 parameters.
+Step time: forward, backward, clipping and the AdamW step of one batch (no publication), the mean over
+the measured steps; bytes per parameter: the parameters, their gradients and the optimizer state.
 """
 
 from __future__ import annotations
@@ -54,38 +56,40 @@ MAX_GRAD_NORM = 1.0  # GRPOConfig.max_grad_norm
 
 
 class Trainer:
-    """An fp32 model that computes gradients and a bf16 model that is published, for one (set-up, lr)."""
+    """One (precision, lr): the trained model, its optimizer, and the bf16 model it publishes."""
 
-    def __init__(self, setup: str, lr: float, compute: torch.nn.Module, published: torch.nn.Module, init: dict) -> None:
-        self.setup, self.compute, self.published = setup, compute, published
-        compute.load_state_dict(init)
-        published.load_state_dict(init)  # cast to bf16
-        trained = published if setup == "bf16" else compute  # whose parameters AdamW owns
-        self.optimizer = torch.optim.AdamW(trained.parameters(), lr=lr, weight_decay=WEIGHT_DECAY)
+    def __init__(self, precision: str, lr: float, config: Qwen3Config, init: dict) -> None:
+        self.precision = precision
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        self.model = AutoModelForCausalLM.from_config(config).to(dtype)
+        self.model.load_state_dict(init)  # cast to the precision's dtype
+        self.published = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=WEIGHT_DECAY)
+        self.step_s: list[float] = []
 
     def step(self, step_index: int, batch_size: int, seq_len: int) -> float:
-        generator = torch.Generator().manual_seed(step_index)  # the same batches for every set-up and lr
+        generator = torch.Generator().manual_seed(step_index)  # the same batches for every precision and lr
         input_ids = torch.randint(0, MODEL_CONFIG["vocab_size"], (batch_size, seq_len), generator=generator)
-        if self.setup == "bf16":
-            with torch.no_grad():  # the fp32 compute copy of the bf16 weights (lossless)
-                for full, half in zip(self.compute.parameters(), self.published.parameters(), strict=True):
-                    full.copy_(half)
-        self.compute.zero_grad(set_to_none=True)
-        loss = self.compute(input_ids=input_ids, labels=input_ids).loss
-        loss.backward()
-        if self.setup == "bf16":
-            for full, half in zip(self.compute.parameters(), self.published.parameters(), strict=True):
-                half.grad = full.grad.to(torch.bfloat16) if full.grad is not None else None
-            torch.nn.utils.clip_grad_norm_(self.published.parameters(), MAX_GRAD_NORM)
-        else:
-            torch.nn.utils.clip_grad_norm_(self.compute.parameters(), MAX_GRAD_NORM)
-        self.optimizer.step()
+        started_s = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.setup == "fp32":
-            with torch.no_grad():  # publish the bf16 cast of the fp32 master weights
-                for full, half in zip(self.compute.parameters(), self.published.parameters(), strict=True):
-                    half.copy_(full)
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.precision == "mixed")
+        with autocast:
+            loss = self.model(input_ids=input_ids, labels=input_ids).loss
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), MAX_GRAD_NORM)
+        self.optimizer.step()
+        self.step_s.append(time.perf_counter() - started_s)
+        with torch.no_grad():  # what is published: the bf16 rounding of the weights
+            self.published.load_state_dict(self.model.state_dict())
         return float(loss.detach())
+
+    def bytes_per_parameter(self) -> float:
+        parameters = list(self.model.parameters())
+        num_bytes = sum(p.numel() * p.element_size() for p in parameters)
+        num_bytes += sum(p.grad.numel() * p.grad.element_size() for p in parameters if p.grad is not None)
+        for state in self.optimizer.state.values():
+            num_bytes += sum(t.numel() * t.element_size() for t in state.values() if t.dim() > 0)
+        return num_bytes / sum(p.numel() for p in parameters)
 
 
 def measure_pair(base: bytes, target: bytes) -> dict:
@@ -125,31 +129,34 @@ def run(args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     config = Qwen3Config(**MODEL_CONFIG)
-    compute = AutoModelForCausalLM.from_config(config)  # fp32, random init
-    init = {name: tensor.clone() for name, tensor in compute.state_dict().items()}
-    published = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
-    num_parameters = sum(parameter.numel() for parameter in compute.parameters())
+    init = dict(AutoModelForCausalLM.from_config(config).state_dict())  # fp32, random init
+    num_parameters = sum(tensor.numel() for name, tensor in init.items() if name != "lm_head.weight")
     print(f"{num_parameters / 1e6:.1f}M parameters, torch {torch.__version__}", flush=True)
-    runs = []
-    for setup in args.setups:
+    runs, precisions = [], []
+    for precision in args.precisions:
         for lr in args.lrs:
-            trainer = Trainer(setup, lr, compute, published, init)
+            trainer = Trainer(precision, lr, config, init)
             for step_index in range(args.warmup_steps):
                 trainer.step(step_index, args.batch_size, args.seq_len)
-            previous = serialize_weights(published)
+            previous = serialize_weights(trainer.published)
+            trainer.step_s.clear()  # warm-up steps are not timed
             for step_index in range(args.warmup_steps, args.warmup_steps + args.steps):
                 loss = trainer.step(step_index, args.batch_size, args.seq_len)
-                blob = serialize_weights(published)
-                row = {
-                    "setup": setup,
-                    "lr": lr,
-                    "step": step_index,
-                    "loss": round(loss, 4),
-                    **measure_pair(previous, blob),
-                }
+                blob = serialize_weights(trainer.published)
+                row = {"precision": precision, "lr": lr, "step": step_index, "loss": round(loss, 4)}
+                row.update(measure_pair(previous, blob))
                 runs.append(row)
                 print_row(row)
                 previous = blob
+            precisions.append(
+                {
+                    "precision": precision,
+                    "lr": lr,
+                    "step_s_mean": round(float(np.mean(trainer.step_s)), 3),
+                    "bytes_per_parameter": round(trainer.bytes_per_parameter(), 2),
+                }
+            )
+            print(json.dumps(precisions[-1]), flush=True)
     return {
         "command": " ".join(["python -m benchmarks.delta_size", *sys.argv[1:]]),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -161,6 +168,7 @@ def run(args: argparse.Namespace) -> dict:
         "optimizer": {"name": "AdamW", "weight_decay": WEIGHT_DECAY, "max_grad_norm": MAX_GRAD_NORM},
         "batch": {"batch_size": args.batch_size, "seq_len": args.seq_len},
         "warmup_steps": args.warmup_steps,
+        "precisions": precisions,
         "runs": runs,
         "summary": summarise(runs),
     }
@@ -169,11 +177,11 @@ def run(args: argparse.Namespace) -> dict:
 def summarise(runs: list[dict]) -> list[dict]:
     """Per (set-up, lr): the mean over its version pairs."""
     summary = []
-    for key in dict.fromkeys((row["setup"], row["lr"]) for row in runs):
-        rows = [row for row in runs if (row["setup"], row["lr"]) == key]
+    for key in dict.fromkeys((row["precision"], row["lr"]) for row in runs):
+        rows = [row for row in runs if (row["precision"], row["lr"]) == key]
         summary.append(
             {
-                "setup": key[0],
+                "precision": key[0],
                 "lr": key[1],
                 "num_pairs": len(rows),
                 "changed_fraction_16bit": mean(row["changed_fraction_16bit"] for row in rows),
@@ -195,7 +203,7 @@ def print_row(row: dict) -> None:
     sizes = "  ".join(f"{codec.split('-')[0]} {row['codecs'][codec]['size_fraction']:.4f}" for codec in CODECS)
     chosen = row["chosen"]
     print(
-        f"{row['setup']:>4} lr {row['lr']:.0e} step {row['step']}: changed {row['changed_fraction_16bit']:.4f}  "
+        f"{row['precision']:>4} lr {row['lr']:.0e} step {row['step']}: changed {row['changed_fraction_16bit']:.4f}  "
         f"{sizes}  -> {chosen['codec'].split('-')[0]} {chosen['size_fraction']:.4f} "
         f"(encode {chosen['encode_smallest_s']:.2f}s, decode {chosen['decode_s']:.2f}s)",
         flush=True,
@@ -204,7 +212,7 @@ def print_row(row: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--setups", nargs="+", choices=("bf16", "fp32"), default=["bf16", "fp32"])
+    parser.add_argument("--precisions", nargs="+", choices=("mixed", "bf16", "fp32"), default=["mixed", "bf16", "fp32"])
     parser.add_argument("--lrs", nargs="+", type=float, default=[1e-6, 1e-5])
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--steps", type=int, default=4, help="measured steps: one version pair each")

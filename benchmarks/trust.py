@@ -46,9 +46,23 @@ def spin() -> None:
         pass
 
 
-def run_one(config_path: Path, runs_dir: Path, run_id: str, num_workers: int, liars: dict[str, str]) -> LocalCluster:
+def run_one(
+    config_path: Path,
+    runs_dir: Path,
+    run_id: str,
+    num_workers: int,
+    liars: dict[str, str],
+    model_dir: Path | None = None,
+) -> LocalCluster:
     cluster = LocalCluster(
-        ClusterOptions(config_path=config_path, num_workers=num_workers, runs_dir=runs_dir, run_id=run_id, liars=liars)
+        ClusterOptions(
+            config_path=config_path,
+            num_workers=num_workers,
+            runs_dir=runs_dir,
+            run_id=run_id,
+            liars=liars,
+            model_dir=model_dir,
+        )
     )
     try:
         cluster.start()
@@ -101,6 +115,8 @@ def summarize_run(run_dir: Path, kind: str | None, threshold: float, wall_s: flo
     summary = LearnerSummary.model_validate_json((run_dir / "learner_summary.json").read_text())
     honest_scores = [r.score for r in records if r.worker_id in honest_ids]
     audits = [r.audit_s for r in records if r.audit_s > 0]
+    honest_exact = sorted(r.exact_diff_nats for r in records if r.worker_id in honest_ids and r.exact_diff_nats)
+    tolerances = [r.tolerance_nats for r in records]
     result: dict[str, Any] = {
         "run_dir": str(run_dir.relative_to(REPO_ROOT) if run_dir.is_relative_to(REPO_ROOT) else run_dir),
         "liar_kind": kind,
@@ -120,6 +136,11 @@ def summarize_run(run_dir: Path, kind: str | None, threshold: float, wall_s: flo
         "honest_num_suspicious_groups": sum(r.suspicious for r in records if r.worker_id in honest_ids),
         "honest_num_audit_failures": sum(r.audit_failed for r in records if r.worker_id in honest_ids),
         "num_exact_checks": sum(r.exact_diff_nats is not None for r in records),
+        "honest_suspected": sorted(
+            {ids[r.worker_id] for r in records if r.worker_id in honest_ids and r.score >= threshold}
+        ),
+        "honest_exact_diff_nats": quantiles(honest_exact),
+        "tolerance_nats": {"min": min(tolerances, default=None), "max": max(tolerances, default=None)},
         "num_spot_audits": len(audits),
         "audit_ms_per_group_mean": round(1e3 * statistics.fmean(audits), 3) if audits else None,
         "train_s_per_step": summary.train_s_per_step,
@@ -130,6 +151,31 @@ def summarize_run(run_dir: Path, kind: str | None, threshold: float, wall_s: flo
     return result
 
 
+def quantiles(values: list[float]) -> dict[str, float | int | None]:
+    """count, median, p99 and max of sorted values (None where there are none)."""
+    if not values:
+        return {"count": 0, "median": None, "p99": None, "max": None}
+    return {
+        "count": len(values),
+        "median": round(values[len(values) // 2], 5),
+        "p99": round(values[min(len(values) - 1, int(0.99 * len(values)))], 5),
+        "max": round(values[-1], 5),
+    }
+
+
+def with_staleness(config_path: Path, staleness_bound: int, out_dir: Path) -> Path:
+    """A copy of the run file with `[schedule] staleness_bound` set (the rest as it is)."""
+    text = config_path.read_text()
+    if not re.search(r"^staleness_bound\s*=", text, flags=re.MULTILINE):
+        raise ValueError(f"{config_path} sets no staleness_bound to override")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{config_path.stem}-s{staleness_bound}.toml"
+    path.write_text(
+        re.sub(r"^staleness_bound\s*=\s*\d+", f"staleness_bound = {staleness_bound}", text, flags=re.MULTILINE)
+    )
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.trust", description=__doc__)
     parser.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "demo.toml")
@@ -137,6 +183,15 @@ def main() -> None:
         "--kinds", nargs="*", default=[k.value for k in FaultKind], choices=[k.value for k in FaultKind]
     )
     parser.add_argument("--honest-runs", type=int, default=3, help="runs with the demo's 3 honest workers only")
+    parser.add_argument(
+        "--staleness",
+        type=int,
+        nargs="*",
+        default=[],
+        help="one honest run per staleness bound (the run file's staleness_bound replaced), after the others",
+    )
+    parser.add_argument("--workers", type=int, default=3, help="workers of an honest run (a liar run: 3 honest + 1)")
+    parser.add_argument("--model-dir", type=Path, default=None, help="the policy folder (default: the run file's)")
     parser.add_argument("--busy-loops", type=int, default=0, help="extra spinning processes (CPU contention)")
     parser.add_argument("--runs-dir", type=Path, default=REPO_ROOT / "runs")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "trust.json")
@@ -148,15 +203,20 @@ def main() -> None:
     for spinner in spinners:
         spinner.start()
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    plan: list[tuple[str | None, int]] = [(kind, 4) for kind in args.kinds] + [(None, 3)] * args.honest_runs
+    configs_dir = args.runs_dir / f"trust-configs-{stamp}"
+    plan: list[tuple[str | None, int, Path]] = [(kind, 4, args.config) for kind in args.kinds]
+    plan += [(None, args.workers, args.config)] * args.honest_runs
+    plan += [(None, args.workers, with_staleness(args.config, bound, configs_dir)) for bound in args.staleness]
     runs = []
     try:
-        for index, (kind, num_workers) in enumerate(plan):
+        for index, (kind, num_workers, config_path) in enumerate(plan):
             run_id = f"trust-{kind or 'honest'}-{index}-{stamp}"
-            log.info("run %d/%d: %s", index + 1, len(plan), run_id)
+            log.info("run %d/%d: %s (%s)", index + 1, len(plan), run_id, config_path.name)
             started_s = time.monotonic()
-            cluster = run_one(args.config, args.runs_dir, run_id, num_workers, {LIAR_NAME: kind} if kind else {})
+            liars = {LIAR_NAME: kind} if kind else {}
+            cluster = run_one(config_path, args.runs_dir, run_id, num_workers, liars, args.model_dir)
             runs.append(summarize_run(cluster.run_dir, kind, threshold, time.monotonic() - started_s))
+            runs[-1]["staleness_bound"] = load_run_config(config_path).schedule.staleness_bound
             log.info("%s", json.dumps(runs[-1]))
     finally:
         for spinner in spinners:
@@ -165,12 +225,16 @@ def main() -> None:
     result = {
         "command": "python -m benchmarks.trust "
         + " ".join(f"--kinds {' '.join(args.kinds)}".split())
-        + f" --honest-runs {args.honest_runs} --busy-loops {args.busy_loops}",
+        + f" --honest-runs {args.honest_runs} --busy-loops {args.busy_loops} --workers {args.workers}"
+        + (f" --staleness {' '.join(map(str, args.staleness))}" if args.staleness else "")
+        + (f" --config {args.config} --model-dir {args.model_dir}" if args.model_dir else ""),
+        "date": time.strftime("%Y-%m-%d"),
         "config": str(args.config.relative_to(REPO_ROOT) if args.config.is_relative_to(REPO_ROOT) else args.config),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_at_end": os.getloadavg()},
         "quarantine_score": threshold,
         "runs": runs,
         "num_false_positives_total": sum(r["num_false_positives"] for r in runs),
+        "num_honest_suspected_total": sum(len(r["honest_suspected"]) for r in runs),
         "num_honest_worker_runs": sum(r["num_honest_workers"] for r in runs),
         "detection_groups_by_kind": {r["liar_kind"]: r["liar"]["groups_until_suspect"] for r in runs if r["liar_kind"]},
     }

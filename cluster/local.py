@@ -370,7 +370,9 @@ def print_progress(status: StatusResponse, supervision: SupervisionRecord | None
     print(
         f"step {learner.learner_version:>4}/{learner.num_steps_target}"
         f" | reward {learner.last_reward_mean:.2f}"
-        f" | busy {100 * learner.busy_fraction:3.0f}%"
+        f" | flat {100 * learner.last_flat_groups.zero_variance_fraction:3.0f}%"
+        + (" NOT LEARNING" if learner.zero_variance_warning is not None else "")
+        + f" | busy {100 * learner.busy_fraction:3.0f}%"
         f" | dropped {sum(learner.num_dropped.values())}"
         f" | worker versions {versions}"
         f" | tasks {depths.get('tasks', 0)} rollouts {depths.get('rollouts', 0)} scored {depths.get('scored', 0)}"
@@ -378,6 +380,19 @@ def print_progress(status: StatusResponse, supervision: SupervisionRecord | None
         f" | cost ${status.cost_usd:.4f}" + (f" | {restarts_text(supervision)}" if supervision is not None else ""),
         flush=True,
     )
+
+
+@dataclass
+class LearnerWarnings:
+    """Prints the learner's zero-variance warning (LearnerState) once each time it is raised or changes."""
+
+    last_seen: str | None = None
+
+    def __call__(self, status: StatusResponse) -> None:
+        warning = status.learner.zero_variance_warning if status.learner is not None else None
+        if warning is not None and warning != self.last_seen:
+            print(f"WARNING (learner): {warning}", flush=True)
+        self.last_seen = warning
 
 
 def restarts_text(supervision: SupervisionRecord) -> str:
@@ -495,7 +510,13 @@ def main() -> None:
             + f" coordinator={cluster.coordinator_url}/metrics",
             flush=True,
         )
-        final_status = cluster.wait_until_done(lambda status: print_progress(status, cluster.supervision()))
+        learner_warnings = LearnerWarnings()
+
+        def on_progress(status: StatusResponse) -> None:
+            print_progress(status, cluster.supervision())
+            learner_warnings(status)
+
+        final_status = cluster.wait_until_done(on_progress)
     except KeyboardInterrupt:
         print("interrupted: stopping the cluster", flush=True)
     # the learner kept crashing, a service never came up, or the model folder is unusable: stop, report, fail
@@ -523,6 +544,14 @@ def main() -> None:
         "wall_s",
     ):
         print(f"  {key}: {report[key]}")
+    zero_variance = report["zero_variance"]
+    print(
+        f"  zero_variance_fraction: {zero_variance['zero_variance_fraction']}"
+        f" (flat groups at 0: {zero_variance['num_flat_at_zero']}, at 1: {zero_variance['num_flat_at_max']};"
+        f" skipped by dynamic sampling: {zero_variance['num_skipped']})"
+    )
+    if zero_variance["warning"] is not None:
+        print(f"  WARNING: {zero_variance['warning']}")
     if report.get("accounting") is not None:
         accounting = report["accounting"]
         print(f"  groups produced {accounting['num_produced']}, unaccounted {accounting['num_unaccounted']}")

@@ -1,6 +1,7 @@
 """The run report: runs/<run-id>/report.json plus PNG plots, built from the learner's files.
 
-Reads <run_dir>/metrics.jsonl (one StepRecord per learner step, plus EvalRecords), broadcast.jsonl
+Reads <run_dir>/metrics.jsonl (one StepRecord per learner step, plus EvalRecords; the zero-variance
+section sums their FlatGroups), broadcast.jsonl
 (PublishRecords), the coordinator's T_bcast per version (broadcast_times.json), the cluster's last
 coordinator status (workers and their versions, dead letters), the supervisor's restarts
 (supervision.json) and the group accounting (accounting.json); all parsed into the typed records of
@@ -17,7 +18,9 @@ from cluster.accounting import GroupAccounting
 from cluster.supervisor import SupervisionRecord
 from shared.api import BroadcastTimesResponse, StatusResponse
 from shared.config import RunConfig
+from shared.messages import FlatGroups
 from shared.run_records import EvalRecord, StepRecord, read_metrics, read_publish_journal
+from shared.staleness import DropReason
 
 
 def mean(values: list[float]) -> float | None:
@@ -67,6 +70,35 @@ def summarize(
             }
             for w in workers
         ],
+    }
+
+
+def summarize_zero_variance(steps: list[StepRecord], run: RunConfig, status: StatusResponse | None) -> dict:
+    """Groups with zero reward variance (every sample scored the same: no gradient) over the run's steps, split
+    by the reward they sit at; dynamic sampling's cost; the learner's warnings (docs/operations.md)."""
+    total = FlatGroups.total(step.flat_groups for step in steps)
+    learner = status.learner if status is not None else None
+    # every skip of the run, also those while a batch never filled (no step record holds them)
+    dropped = learner.num_dropped if learner is not None else (steps[-1].num_dropped if steps else {})
+    num_skipped = dropped.get(DropReason.ZERO_VARIANCE.value, 0)
+    num_trained = sum(step.num_groups for step in steps)
+    warned_at = [step.step for step in steps if step.zero_variance_warning]
+    last_logged = next((step.zero_variance_warning for step in reversed(steps) if step.zero_variance_warning), None)
+    # the learner's warning standing at the end (also one raised while a batch never filled), else its last one
+    warning = (learner.zero_variance_warning if learner is not None else None) or last_logged
+    return {
+        "zero_variance_fraction": round(total.zero_variance_fraction, 4) if total.num_groups else None,
+        "zero_variance_fraction_last10": mean([step.flat_groups.zero_variance_fraction for step in steps[-10:]]),
+        "num_groups_looked_at": total.num_groups,
+        "num_flat_at_zero": total.num_flat_at_zero,
+        "num_flat_at_max": total.num_flat_at_max,
+        "num_flat_other": total.num_flat_other,
+        "cut_fraction": round(total.cut_fraction, 4),  # samples that stopped at max_new_tokens
+        "dynamic_sampling": run.grpo.dynamic_sampling,
+        "num_skipped": num_skipped,
+        "groups_per_trained_group": round((num_trained + num_skipped) / num_trained, 4) if num_trained else None,
+        "warned_at_steps": warned_at,
+        "warning": warning,
     }
 
 
@@ -187,6 +219,7 @@ def _save(fig, path: Path) -> Path:
 def write_report(run_dir: Path, run: RunConfig, status: StatusResponse | None, wall_s: float) -> dict:
     steps, evals = read_metrics(run_dir / "metrics.jsonl")
     report = summarize(steps, evals, run, status, wall_s)
+    report["zero_variance"] = summarize_zero_variance(steps, run, status)
     report["broadcast"] = summarize_broadcast(run_dir)
     report.update(summarize_supervision(run_dir))
     report["accounting"] = summarize_accounting(run_dir)

@@ -4,6 +4,7 @@ against what is installed. Imports torch or vllm only when it builds an engine."
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 from pathlib import Path
 from typing import Literal
@@ -35,6 +36,16 @@ def resolve_engine_kind(kind: EngineKind) -> Literal["torch", "vllm"]:
     return kind
 
 
+def engine_dtype(rollout: RolloutConfig, model_dir: Path) -> Literal["float32", "bfloat16"]:
+    """`[rollout] dtype` with auto decided: the folder's config.json dtype (bfloat16 for a bf16 or fp16
+    checkpoint, else float32): the dtype the learner publishes its versions in."""
+    if rollout.dtype != "auto":
+        return rollout.dtype
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    stored = str(config.get("dtype") or config.get("torch_dtype") or "float32").removeprefix("torch.")
+    return "bfloat16" if stored in ("bfloat16", "float16") else "float32"
+
+
 def build_engine(
     kind: EngineKind,
     model_dir: Path,
@@ -48,6 +59,7 @@ def build_engine(
     shared.tokenization.ModelFolderError. max_lora_rank > 0: a LoRA run (vLLM is built with LoRA on;
     the torch engine needs nothing)."""
     resolved = resolve_engine_kind(kind)
+    dtype = engine_dtype(rollout, model_dir)
     if resolved == "vllm":
         from engines.vllm_engine import VLLMEngine
 
@@ -57,6 +69,7 @@ def build_engine(
             gpu_memory_utilization=rollout.vllm_gpu_memory_utilization,
             num_threads=num_threads,
             max_lora_rank=max_lora_rank,
+            dtype=dtype,
         )
     import torch
     from transformers.utils import logging as transformers_logging
@@ -67,4 +80,4 @@ def build_engine(
     transformers_logging.disable_progress_bar()  # no "Loading weights" bars in service logs
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return TorchEngine(model_dir, device=device)
+    return TorchEngine(model_dir, device=device, dtype=getattr(torch, dtype))

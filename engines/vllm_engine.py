@@ -59,6 +59,7 @@ class VLLMEngine(InferenceEngine):
         gpu_memory_utilization: float = 0.85,
         num_threads: int = 1,
         max_lora_rank: int = 0,  # > 0: a LoRA run; vLLM is built with LoRA on, for adapters up to this rank
+        dtype: str = "float32",  # float32 | bfloat16: what the engine computes in (engines/select.py engine_dtype)
     ) -> None:
         from transformers import AutoTokenizer
 
@@ -78,7 +79,7 @@ class VLLMEngine(InferenceEngine):
         self.max_lora_rank = max_lora_rank
         self._lora_request: Any = None  # the adapter every request runs with (a LoRA run, once one is loaded)
         self.llm = self.call_on_engine_thread(
-            start_llm, self.model_dir, kv_cache_bytes, gpu_memory_utilization, num_threads, max_lora_rank
+            start_llm, self.model_dir, kv_cache_bytes, gpu_memory_utilization, num_threads, max_lora_rank, dtype
         )
 
     def generate_from_ids(
@@ -236,7 +237,12 @@ class VLLMEngine(InferenceEngine):
 
 
 def start_llm(
-    model_dir: Path, kv_cache_bytes: int, gpu_memory_utilization: float, num_threads: int, max_lora_rank: int = 0
+    model_dir: Path,
+    kv_cache_bytes: int,
+    gpu_memory_utilization: float,
+    num_threads: int,
+    max_lora_rank: int = 0,
+    dtype: str = "float32",
 ) -> Any:
     """vLLM's LLM on the folder, in this process; raises EngineUnavailableError for a vLLM we did not pin.
     max_lora_rank > 0: LoRA on, one adapter slot, ranks up to the next size vLLM offers."""
@@ -251,10 +257,8 @@ def start_llm(
     options: dict[str, Any] = {}
     if on_cpu:
         check_cpu_head_dim(model_dir)
-        # eager: compilation adds ~25 s at start and gains nothing on CPU; fp32 as the learner
-        options.update(
-            dtype="float32", enforce_eager=True, kv_cache_memory_bytes=kv_cache_bytes or DEFAULT_CPU_KV_CACHE_BYTES
-        )
+        # eager: compilation adds ~25 s at start and gains nothing on CPU
+        options.update(enforce_eager=True, kv_cache_memory_bytes=kv_cache_bytes or DEFAULT_CPU_KV_CACHE_BYTES)
         if num_threads > 1:
             log.warning("num_threads=%d ignored: vLLM on CPU binds its own threads", num_threads)
     else:
@@ -263,8 +267,9 @@ def start_llm(
             options["kv_cache_memory_bytes"] = kv_cache_bytes
     if max_lora_rank > 0:
         options.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(max_lora_rank))
-    log.info("starting vLLM on %s (%s)", model_dir, "cpu" if on_cpu else "gpu")
+    log.info("starting vLLM on %s (%s, %s)", model_dir, "cpu" if on_cpu else "gpu", dtype)
     return LLM(
+        dtype=dtype,
         model=str(model_dir),
         tokenizer=str(model_dir),
         logprobs_mode="processed_logprobs",  # the distribution actually sampled (after temperature)

@@ -14,7 +14,7 @@ from typing import Annotated, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from shared.config import ModelConfig
-from shared.messages import WorkerTrust
+from shared.messages import FlatGroups, WorkerTrust
 
 # Bounds of what a client may send: far above any real value, far below what overflows the control
 # computations (a swap time of 1e308 once made every control pass raise OverflowError).
@@ -232,6 +232,13 @@ class LearnerInfo(Body):
     num_dropped: dict[str, int]
     last_reward_mean: float
     busy_fraction: float
+    last_flat_groups: FlatGroups = Field(
+        default_factory=FlatGroups,
+        description="the last step's worth of groups decided: how many were flat (LearnerState)",
+    )
+    zero_variance_warning: str | None = Field(
+        None, description="the learner's warning while nearly every group has zero reward variance (LearnerState)"
+    )
 
 
 class StatusResponse(Body):

@@ -93,6 +93,12 @@ class TaskConfig(Section):
         description="math_gym: reasoning-gym dataset names whose answers are numbers or expressions; "
         "the universe is split evenly between them",
     )
+    answer_format: Literal["boxed", "number"] = Field(
+        "boxed",
+        description="math_gym: boxed: the prompt asks for \\boxed{...} and the last boxed answer is checked; "
+        "number: it asks to end with the answer as a number, and the last boxed answer, else the last number "
+        "of the completion, is checked (for small instruct models, which rarely write \\boxed{})",
+    )
     path: Path | None = Field(
         None,
         description="math_file: a local .jsonl/.json or .parquet file (relative: to the working dir); "
@@ -111,7 +117,9 @@ class TaskConfig(Section):
         return self
 
 
-TASK_OPTION_FIELDS = frozenset({"size", "reasoning_gym_tasks", "path", "question_column", "answer_column"})
+TASK_OPTION_FIELDS = frozenset(
+    {"size", "reasoning_gym_tasks", "answer_format", "path", "question_column", "answer_column"}
+)
 
 
 class GRPOConfig(Section):
@@ -144,6 +152,25 @@ class GRPOConfig(Section):
     ppo_epochs: int = Field(
         1, ge=1, description="passes over a step's batch, the groups reshuffled into minibatches each time"
     )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO's dynamic sampling: the learner skips groups whose samples all got the same reward (zero "
+        "advantage, no gradient; dropped as `zero_variance`) and collects until groups_per_step groups with a "
+        "reward spread are in the batch. Costs the skipped groups' generation (groups_per_trained_group)",
+    )
+    zero_variance_warn_fraction: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="the learner warns when this share (or more) of each step's groups had zero reward variance "
+        "for zero_variance_warn_steps steps in a row: such a run cannot learn (docs/operations.md)",
+    )
+    zero_variance_warn_steps: int = Field(
+        5, ge=1, description="consecutive steps at or above zero_variance_warn_fraction before the first warning"
+    )
+    zero_variance_warn_every_steps: int = Field(
+        50, ge=1, description="while the share stays that high, the warning is repeated at most this often (steps)"
+    )
 
     @model_validator(mode="after")
     def _minibatches_hold_whole_groups(self) -> GRPOConfig:
@@ -162,15 +189,28 @@ class GRPOConfig(Section):
 
 class LearnerConfig(Section):
     """How the learner lays one step out on its hardware. None of these change the step's result
-    (beyond float rounding, and dtype): they trade memory for time."""
+    (beyond float rounding, and precision): they trade memory for time."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dtype_is_now_precision(cls, data: object) -> object:
+        if isinstance(data, dict) and "dtype" in data:
+            raise ValueError(
+                f"[learner] dtype = {data['dtype']!r} is gone: set precision = 'mixed' (fp32 masters, bf16 compute; "
+                "the default on cuda), 'fp32', or 'bf16' (pure bf16 loses most updates at small learning rates)"
+            )
+        return data
 
     device: str = Field(
         "auto", pattern="^(auto|cpu|cuda)$", description="where the policy trains; auto: cuda when available, else cpu"
     )
-    dtype: str = Field(
+    precision: Literal["auto", "mixed", "fp32", "bf16"] = Field(
         "auto",
-        pattern="^(auto|float32|bfloat16)$",
-        description="parameter dtype (published weights keep it); auto: bfloat16 on cuda, float32 on cpu",
+        description="mixed: float32 master weights and AdamW state, bfloat16 compute (autocast; FSDP2: bf16 "
+        "parameters for compute, float32 gradient reduction); fp32: float32 throughout; bf16: bfloat16 weights "
+        "and optimizer state (loses most updates at small learning rates: warned); auto: mixed on cuda, on cpu "
+        "mixed for a bf16/fp16 checkpoint, else fp32. Published weights keep the checkpoint's dtype (bf16 halves "
+        "the bytes); pure bf16 publishes bf16 (docs/precision.md)",
     )
     micro_batch_size: int = Field(
         0, ge=0, description="rows per forward/backward, gradients accumulated over the step; 0: the whole batch"
@@ -182,7 +222,8 @@ class LearnerConfig(Section):
     )
     gradient_checkpointing: bool = Field(
         False,
-        description="recompute decoder activations in backward (HF activation_checkpointing_enable, formerly gradient_checkpointing_enable)",
+        description="recompute decoder activations in backward (HF activation_checkpointing_enable, or "
+        "gradient_checkpointing_enable on transformers without it)",
     )
     eval_max_stall_s: float = Field(
         5.0,
@@ -218,9 +259,20 @@ class ScheduleConfig(Section):
 class BroadcastConfig(Section):
     """Weight dissemination."""
 
-    chunk_size_bytes: int = Field(1 << 20, ge=1024, description="size of one weight chunk")
+    chunk_size_bytes: int = Field(
+        1 << 20,
+        ge=1024,
+        description="size of one weight chunk (the unit of verification and repair; "
+        "the rule: shared/chunk_sizing.py, python -m shared.chunk_sizing)",
+    )
     keep_versions: int = Field(4, ge=1, description="versions a chunk server keeps")
-    chunk_wait_s: float = Field(10.0, gt=0, description="how long a request waits for an in-flight chunk")
+    chunk_wait_s: float = Field(
+        10.0,
+        gt=0,
+        description="a holder's request for a chunk it does not hold yet waits while its own copy of the version "
+        "makes progress, and gives up after this long with none (also the longest wait for a manifest); "
+        "independent of depth and chunk size: relays forward cut-through",
+    )
     stall_timeout_s: float = Field(
         15.0, gt=0, description="a holder that sends nothing for this long is replaced (keep above chunk_wait_s)"
     )
@@ -241,7 +293,8 @@ class BroadcastConfig(Section):
 
     @model_validator(mode="after")
     def _stall_outlasts_chunk_wait(self) -> BroadcastConfig:
-        # a child must not give up on a parent that is itself legitimately waiting for a chunk
+        # a parent whose own upstream went silent sends nothing for up to chunk_wait_s, then ends the
+        # stream (its child moves on at once): the child's read timeout must not fire first
         if self.stall_timeout_s <= self.chunk_wait_s:
             raise ValueError(f"stall_timeout_s ({self.stall_timeout_s}) must exceed chunk_wait_s ({self.chunk_wait_s})")
         return self
@@ -292,6 +345,11 @@ class RolloutConfig(Section):
     )
     vllm_gpu_memory_utilization: float = Field(
         0.85, gt=0, le=1, description="fraction of the GPU vLLM may take (ignored on CPU)"
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="the workers' engines compute in this dtype; auto: the model folder's (config.json), which is "
+        "what a mixed-precision learner publishes (a float32 folder: float32)",
     )
 
     heartbeat_interval_s: float = Field(1.0, gt=0, description="seconds between heartbeats")
@@ -378,8 +436,26 @@ class TrustConfig(Section):
     audit_tolerance_nats: float = Field(
         0.01,
         gt=0,
-        description="a group recomputed at its exact claimed version (lag 0, or an audit) may differ by this much "
-        "mean |log mu - log pi| (engine mismatch) before the audit fails",
+        description="the floor of the exact checks' tolerance: a group recomputed at its claimed version (lag 0, or "
+        "an audit) fails when its mean |log mu - log pi| exceeds max(this, numerics_factor x the measured bf16 "
+        "reference); float32 engines on both sides differ by ~1e-6 (docs/trust.md)",
+    )
+    numerics_rows: int = Field(
+        8,
+        ge=0,
+        le=4096,
+        description="rows per step whose log-probs the learner computes with bf16 compute and in float32 to measure "
+        "how far honest engines' numerics spread on this policy (services/learner/numerics.py); "
+        "0: the tolerance is audit_tolerance_nats alone",
+    )
+    numerics_factor: float = Field(
+        3.0,
+        ge=1,
+        description="the exact checks' tolerance is this many times the measured bf16 reference (honest bf16 "
+        "engines against a bf16-compute learner were measured at 1.2-1.5x it)",
+    )
+    numerics_window_steps: int = Field(
+        16, ge=1, le=10_000, description="steps whose references the tolerance takes the median of"
     )
     audit_fraction: float = Field(
         0.25, ge=0, le=1, description="fraction of lag >= 1 groups re-scored at their claimed version (spot audits)"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Final, Literal, Self
 
 import msgpack
@@ -298,6 +298,63 @@ class WorkerMismatch(BaseModel):
     kl_k3: float = Field(description="KL(mu || pi), k3 estimator on mu's samples: E[r - 1 - log r], r = pi / mu")
 
 
+class FlatGroups(BaseModel):
+    """The groups of one learner step whose samples all got the same reward ("flat": zero reward variance).
+    Their GRPO advantages are all 0 (services/learner/grpo.py), so they add nothing to the gradient; a step
+    made only of them changes nothing. Producer: the learner's batch collector (services/learner/batch.py,
+    counted by services/learner/zero_variance.py). Consumers: StepRecord (metrics.jsonl), LearnerState,
+    Prometheus, the run report."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    num_groups: int = Field(0, ge=0, description="groups the step looked at: trained, plus skipped by dynamic sampling")
+    num_flat_at_zero: int = Field(0, ge=0, description="flat groups where every sample scored 0")
+    num_flat_at_max: int = Field(0, ge=0, description="flat groups where every sample scored 1, the highest reward")
+    num_flat_other: int = Field(0, ge=0, description="flat groups at one reward strictly between 0 and 1")
+    num_skipped: int = Field(
+        0,
+        ge=0,
+        description="flat groups that [grpo] dynamic_sampling dropped (reason zero_variance) instead of training",
+    )
+    num_samples: int = Field(0, ge=0, description="samples of the groups looked at")
+    num_samples_cut: int = Field(
+        0, ge=0, description="of them, samples that stopped at max_new_tokens (finish 'length')"
+    )
+
+    @classmethod
+    def total(cls, records: Iterable[FlatGroups]) -> FlatGroups:
+        """The counts of several steps together."""
+        sums = dict.fromkeys(cls.model_fields, 0)
+        for record in records:
+            for name in sums:
+                sums[name] += getattr(record, name)
+        return cls(**sums)
+
+    @property
+    def num_flat(self) -> int:
+        return self.num_flat_at_zero + self.num_flat_at_max + self.num_flat_other
+
+    @property
+    def zero_variance_fraction(self) -> float:
+        """Flat groups / groups looked at (0.0 for a step that looked at none)."""
+        return self.num_flat / self.num_groups if self.num_groups else 0.0
+
+    @property
+    def cut_fraction(self) -> float:
+        return self.num_samples_cut / self.num_samples if self.num_samples else 0.0
+
+    @property
+    def num_trained(self) -> int:
+        return self.num_groups - self.num_skipped
+
+    @property
+    def groups_per_trained_group(self) -> float:
+        """Dynamic sampling's cost: groups generated (and scored) per group trained on; 1.0 without skips."""
+        if self.num_trained == 0:
+            return math.inf if self.num_groups else 1.0
+        return self.num_groups / self.num_trained
+
+
 class WorkerTrust(BaseModel):
     """How far the learner trusts one rollout worker (docs/trust.md). Producer: learner (services/learner/trust.py,
     in LearnerState). Consumer: the coordinator, which quarantines a worker whose `suspect` is true."""
@@ -360,6 +417,17 @@ class LearnerState(Message):
     trust_by_worker: dict[str, WorkerTrust] = Field(
         default_factory=dict, description="every worker whose groups the learner trained on: its trust (docs/trust.md)"
     )
+    last_flat_groups: FlatGroups = Field(
+        default_factory=FlatGroups,
+        description="the last groups_per_step groups the learner decided (a step's worth; with dynamic sampling "
+        "also while a batch does not fill): how many had zero reward variance",
+    )
+    zero_variance_warning: str | None = Field(
+        None,
+        max_length=2048,
+        description="while the share of flat groups has stayed at or above [grpo] zero_variance_warn_fraction for "
+        "zero_variance_warn_steps steps: the learner's warning, naming the likely cause (the run cannot learn)",
+    )
 
 
 class BatchRequest(Message):
@@ -369,6 +437,12 @@ class BatchRequest(Message):
 
     policy_version: int = Field(ge=0)
     num_groups_wanted: int = Field(ge=0, description="groups_per_step minus the groups admitted so far")
+    num_groups_skipped: int = Field(
+        0,
+        ge=0,
+        description="[grpo] dynamic_sampling: groups of this version dropped so far for zero reward variance; "
+        "the feed may issue that many beyond groups_per_step to replace them",
+    )
     requested_at_s: float = Field(default_factory=time.time)
 
 

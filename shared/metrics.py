@@ -108,7 +108,36 @@ def learner_families(state: LearnerState | None) -> Iterator[Metric]:
     for reason, count in sorted(state.num_dropped.items()):
         dropped.add_metric([reason], count)
     yield dropped
+    yield from zero_variance_families(state)
     yield from engine_mismatch_families(state)
+
+
+def zero_variance_families(state: LearnerState) -> Iterator[Metric]:
+    """The last step's worth of groups with zero reward variance (no gradient), and the learner's alarm."""
+    flat = state.last_flat_groups
+    yield gauge(
+        "learner_last_zero_variance_fraction",
+        "last step's worth of groups: those whose samples all got the same reward (zero advantage) / all",
+        flat.zero_variance_fraction,
+    )
+    flat_by_reward = GaugeMetricFamily(
+        PREFIX + "learner_last_flat_groups",
+        "last step's worth of groups: those with zero reward variance, by the reward",
+        labels=["reward"],
+    )
+    for reward, count in (("0", flat.num_flat_at_zero), ("1", flat.num_flat_at_max), ("other", flat.num_flat_other)):
+        flat_by_reward.add_metric([reward], count)
+    yield flat_by_reward
+    yield gauge(
+        "learner_last_groups_per_trained_group",
+        "last step's worth of groups: groups looked at per group trained (dynamic sampling's cost; 1 without it)",
+        flat.groups_per_trained_group,
+    )
+    yield gauge(
+        "learner_zero_variance_warning",
+        "1 while the learner warns that nearly every group has zero reward variance (the run cannot learn)",
+        float(state.zero_variance_warning is not None),
+    )
 
 
 def engine_mismatch_families(state: LearnerState) -> Iterator[Metric]:

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.messages import WorkerMismatch
+from shared.messages import FlatGroups, WorkerMismatch
 
 
 class StepRecord(BaseModel):
@@ -70,6 +70,14 @@ class StepRecord(BaseModel):
         default_factory=dict,
         description="engine mismatch (behaviour vs recomputed log-probs) over lag-0 tokens, by worker id; "
         "rollouts carry no engine name, so there is no split by engine",
+    )
+    flat_groups: FlatGroups = Field(
+        default_factory=FlatGroups,
+        description="the step's groups with zero reward variance (no gradient), split by the reward they sit at; "
+        "with dynamic sampling, also the flat groups it skipped (the batch's cost in generated groups)",
+    )
+    zero_variance_warning: str | None = Field(
+        None, description="the learner's zero-variance warning, on the steps where it logged one (docs/operations.md)"
     )
 
 
@@ -206,8 +214,11 @@ class GroupTrustRecord(BaseModel):
         description="mean |log mu - log pi_v| at the claimed version (lag 0, or a spot audit); None: not checked"
     )
     audit_s: float = Field(description="wall seconds of the spot audit (0: none)")
-    suspicious: bool = Field(description="abs_diff_nats above the band of its lag")
-    audit_failed: bool = Field(description="exact_diff_nats above the audit tolerance")
+    tolerance_nats: float = Field(
+        0.0, description="the exact checks' tolerance at this step (measured, services/learner/numerics.py)"
+    )
+    suspicious: bool = Field(description="abs_diff_nats above the band of its lag (and the tolerance)")
+    audit_failed: bool = Field(description="exact_diff_nats above tolerance_nats")
     score: float = Field(description="the worker's score after this group")
 
 

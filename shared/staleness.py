@@ -14,6 +14,9 @@ class DropReason(StrEnum):
     FUTURE_VERSION = "future_version"  # v > t: no such policy exists yet (a forged or confused worker)
     RUN_MISMATCH = "run_mismatch"  # the group belongs to another run
     QUARANTINED = "quarantined"  # its worker is quarantined (docs/trust.md): nothing it sent is trained on
+    # [grpo] dynamic_sampling: every sample got the same reward, so every advantage is 0 and the group
+    # would add nothing to the gradient (services/learner/zero_variance.py)
+    ZERO_VARIANCE = "zero_variance"
 
 
 def staleness_of(learner_version: int, policy_version: int) -> int:

@@ -76,4 +76,6 @@ def learner_info(state: LearnerState) -> LearnerInfo:
         num_dropped=dict(state.num_dropped),
         last_reward_mean=state.last_reward_mean,
         busy_fraction=state.busy_fraction,
+        last_flat_groups=state.last_flat_groups,
+        zero_variance_warning=state.zero_variance_warning,
     )

@@ -7,8 +7,14 @@ Every group read is decided exactly once, at the learner's current version t:
   rewards: dead-lettered with the reason (acked with its dead letter) - a broken worker must not
   crash or poison the learner;
 - t - v > S or v > t: dropped (stale / future_version), acked at once; it is counted, never trained on;
+- `[grpo] dynamic_sampling` on and every sample of the group got the same reward: dropped
+  (zero_variance), acked at once: its advantages are all 0, it would train nothing (zero_variance.py);
+  the collector reads on until the batch is full;
 - otherwise admitted. An admitted group stays pending in the consumer group until the checkpoint
   that covers its training step is on disk (the learner acks it then).
+
+Every group that passes the admission rule is counted in the batch's FlatGroups (trained or skipped),
+the learner's per-step view of groups with zero reward variance.
 
 After a restart the groups this consumer had admitted but not acked (bus.read_own_pending) come
 first, and are decided again at the restored version.
@@ -30,9 +36,10 @@ import numpy as np
 import torch
 
 from services.learner.grpo import group_advantages
+from services.learner.zero_variance import FlatGroupTally, is_flat
 from shared.bus import Delivery, StreamBus
 from shared.keys import DEAD_LETTERED, RunKeys
-from shared.messages import ScoredGroup, unpack_float32, unpack_int32
+from shared.messages import FlatGroups, ScoredGroup, unpack_float32, unpack_int32
 from shared.retry import call_with_retry
 from shared.staleness import DropReason, admission_verdict, staleness_of
 from shared.streams import SCORED
@@ -61,6 +68,7 @@ class AdmittedGroup:
 class CollectedBatch:
     groups: list[AdmittedGroup]
     idle_s: float  # wall seconds spent collecting: waiting for admissible rollouts (plus ms of decoding)
+    flat_groups: FlatGroups  # zero-variance groups among those admitted or skipped by dynamic sampling
 
     @property
     def message_ids(self) -> list[str]:
@@ -80,6 +88,7 @@ class BatchCollector:
         vocab_size: int,
         max_positions: int,
         poll_block_ms: int = 500,
+        dynamic_sampling: bool = False,
     ) -> None:
         self.bus = bus
         self.keys = keys
@@ -88,6 +97,8 @@ class BatchCollector:
         self.vocab_size = vocab_size
         self.max_positions = max_positions
         self.poll_block_ms = poll_block_ms
+        self.dynamic_sampling = dynamic_sampling
+        self._window = FlatGroupTally()  # groups past the admission rule since the last on_window call
         self.num_dropped: Counter[str] = Counter()  # cumulative, by DropReason value (restore_decisions)
         self.num_dead_lettered = 0
         self.quarantined: frozenset[str] = frozenset()  # worker ids whose groups are dropped (trust_monitor.py)
@@ -136,28 +147,50 @@ class BatchCollector:
         self,
         learner_version: int,
         should_stop: Callable[[], bool],
-        on_wanted: Callable[[int], None] | None = None,
+        on_wanted: Callable[[int, int], None] | None = None,
+        on_window: Callable[[FlatGroups], None] | None = None,
     ) -> CollectedBatch | None:
         """Block until `groups_per_step` groups are admitted at `learner_version`; None when
         `should_stop()` turns true first (the partial batch stays pending and is re-read on restart).
-        `on_wanted(n)` hears how many groups are still missing, first and whenever that changes (pull
-        mode asks the data plane for them)."""
+        `on_wanted(n, k)` hears how many groups are still missing and how many were skipped as flat so
+        far, first and whenever either changes (pull mode asks the data plane for them).
+        `on_window(flat)` hears the flat groups of every groups_per_step groups that pass the admission
+        rule (trained or skipped), across batches: a step's worth each, without dynamic sampling exactly
+        one step; with it, also while a batch does not fill because every group is skipped."""
         started_s = time.monotonic()
         admitted: list[AdmittedGroup] = []
+        tally = FlatGroupTally()
         if on_wanted is not None:
-            on_wanted(self.groups_per_step)
+            on_wanted(self.groups_per_step, 0)
         while len(admitted) < self.groups_per_step:
             if should_stop():
                 return None
-            num_before = len(admitted)
+            num_before = (len(admitted), tally.counts["num_skipped"])
             for delivery, replayed in self._next_deliveries(self.groups_per_step - len(admitted)):
-                if self.admit(delivery, learner_version):
-                    lag = staleness_of(learner_version, delivery.message.rollout.policy_version)
+                if not self.admit(delivery, learner_version):
+                    continue
+                group = delivery.message
+                skipped = self.dynamic_sampling and is_flat(group.rewards)
+                if skipped:
+                    self._drop(delivery, DropReason.ZERO_VARIANCE)
+                else:
+                    lag = staleness_of(learner_version, group.rollout.policy_version)
                     admitted.append(AdmittedGroup(delivery, lag, replayed))
                     self._held.add(delivery.message_id)
-            if on_wanted is not None and len(admitted) != num_before:
-                on_wanted(self.groups_per_step - len(admitted))
-        return CollectedBatch(admitted, idle_s=time.monotonic() - started_s)
+                tally.add(group, skipped=skipped)
+                self._count_in_window(group, skipped, on_window)
+            if on_wanted is not None and (len(admitted), tally.counts["num_skipped"]) != num_before:
+                on_wanted(self.groups_per_step - len(admitted), tally.counts["num_skipped"])
+        return CollectedBatch(admitted, idle_s=time.monotonic() - started_s, flat_groups=tally.record())
+
+    def _count_in_window(
+        self, group: ScoredGroup, skipped: bool, on_window: Callable[[FlatGroups], None] | None
+    ) -> None:
+        self._window.add(group, skipped=skipped)
+        if self._window.counts["num_groups"] == self.groups_per_step:
+            if on_window is not None:
+                on_window(self._window.record())
+            self._window = FlatGroupTally()
 
     def admit(self, delivery: Delivery[ScoredGroup], learner_version: int) -> bool:
         """Decide one group at `learner_version`; drops and dead letters are recorded (and acked) here."""

@@ -5,6 +5,8 @@
     evaluate                 held-out greedy accuracy at step 0, on the eval thread (evaluator.py)
     until num_steps or max_wall_s (or SIGTERM):
         collect_batch        groups_per_step groups admitted at t (t - v <= S); drops counted, bad groups dead-lettered;
+                             dynamic_sampling: flat groups (zero reward variance) skipped; each step's worth of
+                             groups feeds the zero-variance alarm (zero_variance.py: a run that cannot learn says so);
                              pull mode: asks the data plane for them (BatchRequest), to be sampled with version t
         train_step           num_minibatches x ppo_epochs optimizer updates on the batch: t -> t + 1
         publish_if_due       every publish_every steps
@@ -48,14 +50,16 @@ from services.learner.metrics import MetricsLog, write_summary
 from services.learner.mismatch import engine_mismatch
 from services.learner.model_init import build_initial_policy
 from services.learner.policy import Policy
+from services.learner.precision import set_config_dtype
 from services.learner.publish import WeightPublisher
 from services.learner.settings import LearnerSettings
 from services.learner.trust_monitor import TrustMonitor
+from services.learner.zero_variance import ZeroVarianceAlarm
 from shared.bus import StreamBus
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import RunConfig
 from shared.keys import RunKeys
-from shared.messages import BatchRequest, LearnerState, LearnerStatus, WorkerMismatch
+from shared.messages import BatchRequest, FlatGroups, LearnerState, LearnerStatus, WorkerMismatch
 from shared.retry import call_with_retry
 from shared.run_records import LearnerSummary, RunTotals, StepRecord, read_metrics
 from shared.streams import BATCH_REQUEST, LEARNER_STATE, SCORED
@@ -102,6 +106,9 @@ class Learner:
         self.last_train_s = 0.0
         self.last_mismatch: dict[str, WorkerMismatch] = {}  # the last step's, by worker (into LearnerState)
         self.last_record: StepRecord | None = None  # the last step's diagnostics (into LearnerState)
+        self.zero_variance = ZeroVarianceAlarm.from_config(run.grpo)  # warns when groups stay flat (no gradient)
+        self.zero_variance_logged: str | None = None  # the warning logged while this step's batch was collected
+        self.last_window = FlatGroups()  # the last step's worth of groups decided (into LearnerState)
         self.state: LearnerState | None = None  # the latest state written (read by /metrics)
         self.stop_requested = threading.Event()
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
@@ -114,6 +121,7 @@ class Learner:
             vocab_size=self.policy.config.vocab_size,
             max_positions=self.policy.config.max_position_embeddings,
             poll_block_ms=settings.poll_block_ms,
+            dynamic_sampling=run.grpo.dynamic_sampling,
         )
         # the versions it serves live in files under the run folder (page cache), not in the learner's memory
         self.store = ChunkStore(keep_versions=run.broadcast.keep_versions, spill_dir=self.run_dir / "published")
@@ -132,15 +140,17 @@ class Learner:
             journal_path=self.run_dir / "broadcast.jsonl",
             model_fingerprint=model_fingerprint(self.model_dir),
             lora=lora.adapter_spec(run.lora, self.model_dir) if run.lora.enabled else None,
+            dtype=self.policy.precision.publish_dtype,
         )
         self._started_s = time.monotonic()
         self._wall_offset_s = 0.0  # run time before this process (restored from the checkpoint)
-        self.trust = TrustMonitor(run.trust, self.policy.weights(), bus, self.run_dir / "trust.jsonl")
-        device, dtype = trainer.resolve_device_dtype(run.learner)
-        self.evaluator = Evaluator.for_model_folder(  # the workers' engine, on the learner's device and dtype
+        self.trust = TrustMonitor(
+            run.trust, self.policy.weights(), bus, self.run_dir / "trust.jsonl", compute=self.policy.precision.compute
+        )
+        self.evaluator = Evaluator.for_model_folder(  # the workers' engine, on the learner's device, published dtype
             self.model_dir,
-            device,
-            dtype,
+            self.policy.precision.device,
+            self.policy.precision.publish_dtype,
             self.task,
             task_config=run.task,
             verifier_timeout_s=run.reward.verifier_timeout_s,
@@ -226,17 +236,33 @@ class Learner:
             self.version,
             should_stop=lambda: self.stop_reason() is not None,
             on_wanted=self.request_groups if self.config.schedule.mode == "pull" else None,
+            on_window=self.watch_zero_variance,
         )
         if batch is None:  # stopped while waiting: that wait was idle time too
             self.totals.idle_s += time.monotonic() - started_s
         return batch
 
-    def request_groups(self, num_groups_wanted: int) -> None:
-        """Pull mode: ask the data plane for the groups this step still needs, sampled with this version."""
+    def request_groups(self, num_groups_wanted: int, num_groups_skipped: int) -> None:
+        """Pull mode: ask the data plane for the groups this step still needs, sampled with this version
+        (and say how many dynamic sampling skipped: the feed replaces those beyond its one batch)."""
         request = BatchRequest(
-            run_id=self.config.run_id, policy_version=self.version, num_groups_wanted=num_groups_wanted
+            run_id=self.config.run_id,
+            policy_version=self.version,
+            num_groups_wanted=num_groups_wanted,
+            num_groups_skipped=num_groups_skipped,
         )
         call_with_retry(lambda: self.bus.put_state(BATCH_REQUEST, request), "write batch request")
+
+    def watch_zero_variance(self, flat: FlatGroups) -> None:
+        """A step's worth of groups decided (the collector's window): feed the zero-variance alarm, log its
+        warning when one is due, and write the state (users see both there, also while dynamic sampling
+        skips every group and no step comes)."""
+        warning = self.zero_variance.observe(flat)
+        if warning is not None:
+            log.warning("%s", warning)
+            self.zero_variance_logged = warning
+        self.last_window = flat
+        self.write_state("training")
 
     def train_step(self, batch: CollectedBatch) -> TrainedStep:
         groups = [admitted.group for admitted in batch.groups]
@@ -289,18 +315,26 @@ class Learner:
             ess_fraction=result.importance.ess_fraction,
             wall_s=self.wall_s(),
             mismatch_by_worker=engine_mismatch(batch.groups, tensors, result.logprobs),
+            flat_groups=batch.flat_groups,
+            zero_variance_warning=self.zero_variance_logged,
         )
+        self.zero_variance_logged = None
         self.totals.add_step(record)
         self.metrics.append(record)
         self.last_train_s = record.train_s
         self.last_mismatch = record.mismatch_by_worker
         self.last_record = record
         self.write_state("training")
+        flat = record.flat_groups
         log.info(
-            "step %d/%d reward %.3f train %.3fs idle %.3fs publish %.3fs lag %s dropped %s clip %.3f ess %.3f",
+            "step %d/%d reward %.3f flat %.2f (%d at 0, %d at 1) train %.3fs idle %.3fs publish %.3fs lag %s "
+            "dropped %s clip %.3f ess %.3f",
             record.step,
             self.config.schedule.num_steps,
             record.reward_mean,
+            flat.zero_variance_fraction,
+            flat.num_flat_at_zero,
+            flat.num_flat_at_max,
             record.train_s,
             record.idle_s,
             record.publish_s,
@@ -432,9 +466,13 @@ class Learner:
         out_dir = self.run_dir / "model_final"
         if out_dir.exists():
             shutil.rmtree(out_dir)
-        # a LoRA model is saved merged: model_final is a plain HF folder either way
+        # a LoRA model is saved merged: model_final is a plain HF folder either way, in the dtype the
+        # versions were published in (a mixed-precision learner's float32 masters, rounded)
         weights = self.policy.weights()
-        weights.save_pretrained(out_dir, state_dict=lora.merged_state(weights), safe_serialization=True)
+        dtype = self.policy.precision.publish_dtype
+        state = {name: tensor.to(dtype) for name, tensor in lora.merged_state(weights).items()}
+        weights.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
+        set_config_dtype(out_dir, dtype)
         self.tokenizer.save_pretrained(out_dir)
         return out_dir
 
@@ -489,6 +527,8 @@ class Learner:
             num_dead_lettered=self.collector.num_dead_lettered,
             num_restarts=self.totals.num_restarts,
             trust_by_worker=self.trust.trust_by_worker(),
+            last_flat_groups=self.last_window,
+            zero_variance_warning=self.zero_variance.warning,
         )
         self.state = state
         call_with_retry(lambda: self.bus.put_state(LEARNER_STATE, state), "write learner state")

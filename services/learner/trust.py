@@ -8,8 +8,8 @@ weights older than claimed, or token ids that are not what was sampled leave it.
 
 When the learner holds the claimed version's weights the comparison can be exact: at lag 0 pi_prox *is*
 version v, and for a sample of older groups a spot audit (audit.py) recomputes pi_v. An honest worker
-matches to engine precision (`audit_tolerance_nats`); a worker sampling with other weights does not, and
-that costs it `audit_failure_weight`.
+matches to engine precision (a tolerance measured on the policy itself, numerics.py); a worker sampling
+with other weights does not, and that costs it `audit_failure_weight`.
 
 The score is a one-sided CUSUM over groups: + audit_failure_weight for a failed exact comparison,
 + suspicious_weight for an unchecked group outside its band (a group that passed an exact comparison is
@@ -136,16 +136,25 @@ class TrustTracker:
         bands = self.config.band_nats
         return bands[min(max(lag, 0), len(bands) - 1)]
 
-    def observe(self, worker_id: str, lag: int, abs_diff_nats: float, exact_diff_nats: float | None) -> Verdict:
+    def observe(
+        self,
+        worker_id: str,
+        lag: int,
+        abs_diff_nats: float,
+        exact_diff_nats: float | None,
+        tolerance_nats: float | None = None,
+    ) -> Verdict:
         """Add one group's evidence. `exact_diff_nats`: its mean |log mu - log pi_v| at the claimed version
-        when the learner could compute it (None: not checked)."""
+        when the learner could compute it (None: not checked). `tolerance_nats`: how far an exact comparison
+        may be off (numerics.py, measured; None: audit_tolerance_nats); the band is never below it."""
+        tolerance_nats = tolerance_nats if tolerance_nats is not None else self.config.audit_tolerance_nats
         worker = self.scores.get(worker_id)
         if worker is None:  # a worker released before this learner process saw it starts released
             worker = self.scores[worker_id] = WorkerScore(num_releases_seen=self.known_releases.get(worker_id, 0))
         if exact_diff_nats is not None:  # exact evidence decides; the band is for groups nobody could check
-            suspicious, audit_failed = False, exact_diff_nats > self.config.audit_tolerance_nats
+            suspicious, audit_failed = False, exact_diff_nats > tolerance_nats
         else:
-            suspicious, audit_failed = abs_diff_nats > self.band_nats(lag), False
+            suspicious, audit_failed = abs_diff_nats > max(self.band_nats(lag), tolerance_nats), False
         worker.num_groups += 1
         worker.num_suspicious += suspicious
         worker.num_audits += exact_diff_nats is not None

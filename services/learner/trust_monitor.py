@@ -4,7 +4,8 @@
     refresh_quarantine    read the coordinator's QUARANTINE key: the collector drops those workers' groups,
                           and those of the learner's own suspects (reason `quarantined`); a worker an admin
                           released starts over at score 0
-    observe_step          per trained group: the statistic, an exact check when possible, the score;
+    observe_step          measure this step's bf16 reference (numerics.py: the exact checks' tolerance), then
+                          per trained group: the statistic, an exact check when possible, the score;
                           one GroupTrustRecord per group in trust.jsonl
 
 `trust_by_worker()` goes into LearnerState, where the coordinator reads who is suspect.
@@ -22,6 +23,7 @@ import torch
 
 from services.learner.audit import Auditor
 from services.learner.batch import AdmittedGroup, BatchCollector, TrainBatch
+from services.learner.numerics import NumericsReference
 from services.learner.trust import TrustTracker, group_statistics
 from shared.bus import StreamBus
 from shared.config import TrustConfig
@@ -48,6 +50,7 @@ class TrustMonitor:
         self.bus = bus
         self.tracker = TrustTracker(config)
         self.auditor = Auditor(model, config, compute=compute)
+        self.numerics = NumericsReference(config)
         self.journal_path = journal_path
         self.audit_s_total = 0.0
         self.num_spot_audits = 0
@@ -71,12 +74,16 @@ class TrustMonitor:
         if not self.config.enabled:
             return
         statistics = group_statistics(groups, tensors, logprobs)
+        self.numerics.measure(self.auditor.policy, tensors)  # this step's bf16 reference, before any check
+        tolerance_nats = self.numerics.tolerance_nats
         checks = self.auditor.check(groups, statistics, tensors)
         lines = []
         for stat, check in zip(statistics, checks, strict=True):
             previous = self.tracker.scores.get(stat.worker_id)
             was_suspect = previous is not None and previous.suspect  # read now: observe() updates it in place
-            verdict = self.tracker.observe(stat.worker_id, stat.lag, stat.abs_diff_nats, check.exact_diff_nats)
+            verdict = self.tracker.observe(
+                stat.worker_id, stat.lag, stat.abs_diff_nats, check.exact_diff_nats, tolerance_nats
+            )
             if check.audit_s > 0:
                 self.audit_s_total += check.audit_s
                 self.num_spot_audits += 1
@@ -91,6 +98,7 @@ class TrustMonitor:
                 abs_diff_nats=stat.abs_diff_nats,
                 exact_diff_nats=check.exact_diff_nats,
                 audit_s=check.audit_s,
+                tolerance_nats=tolerance_nats,
                 suspicious=verdict.suspicious,
                 audit_failed=verdict.audit_failed,
                 score=verdict.score,

@@ -4,11 +4,14 @@ Backpressure: the number of groups somewhere in the pipeline (tasks not finished
 rollouts not finished by this service, scored groups the learner has not read yet) is held at
 `max_groups_in_flight` (default groups_per_step * max(1, S - 1), see RunConfig.max_groups_in_flight):
 enough to keep the learner's next batch in the making, never so much that groups wait long enough
-to go stale.
+to go stale. A group the learner drops (stale, or flat under `[grpo] dynamic_sampling`) is read and
+acked at once, so it leaves the count when it is decided and the next top-up replaces it: skips cost
+generation, never a starved learner.
 
 Pull mode (`[schedule] mode = "pull"`, Echo's sequential baseline): nothing is sampled ahead. The
 learner publishes version t, then asks for its batch (a BatchRequest: the groups it still needs,
-rewritten as its batch fills); the feed issues at most groups_per_step tasks per version, each tagged
+rewritten as its batch fills); the feed issues at most groups_per_step tasks per version (plus one per
+group that dynamic sampling skipped as flat, which the request counts), each tagged
 `min_policy_version = t`, and a worker samples a tagged task only with weights at least that new.
 Every group is then on-policy when it is trained and nothing is generated to be dropped. A group lost
 on the way (dead-lettered) leaves the request unmet with nothing in flight: once that has lasted
@@ -103,9 +106,11 @@ class TaskFeed:
         if request.policy_version != issued.policy_version:
             self._issued = issued = _Issued(policy_version=request.policy_version)
         in_flight = groups_in_flight(self.bus)
-        # never more than one batch per version: a request read a moment before the learner rewrote it
-        # (it has just read groups that were in flight) would otherwise ask for them twice
-        num_missing = min(request.num_groups_wanted - in_flight, self.run.grpo.groups_per_step - issued.num_groups)
+        # never more than one batch per version (plus the groups dynamic sampling skipped, to replace them):
+        # a request read a moment before the learner rewrote it (it has just read groups that were in
+        # flight) would otherwise ask for them twice
+        num_allowed = self.run.grpo.groups_per_step + request.num_groups_skipped - issued.num_groups
+        num_missing = min(request.num_groups_wanted - in_flight, num_allowed)
         if in_flight > 0:
             issued.stuck_since_s = None
         elif num_missing <= 0 and self._stuck(request):

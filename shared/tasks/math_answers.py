@@ -1,4 +1,6 @@
-"""The math verifier: the last \\boxed{...} of a completion against the reference answer, with math-verify.
+"""The math verifier: the last \\boxed{...} of a completion against the reference answer, with math-verify
+(`math_reward`); or, for models that rarely box an answer, the last boxed answer else the last number
+(`number_reward`, math_gym's `answer_format = "number"`).
 
 math-verify parses both sides into SymPy and compares them symbolically and numerically, so \\frac{1}{2},
 0.5 and 1/2 are the same answer, and x = 13 matches 13. Its own timeout uses signal.alarm, which works
@@ -11,11 +13,15 @@ SymPy can take forever on a worker's input (\\boxed{9^{9^{9^{9^{9}}}}} does), so
 from __future__ import annotations
 
 import logging
+import re
 
 # Only the tail of a completion is searched: the answer comes last, and this keeps a long ramble from
 # costing the verifier (peers cap it alike).
 MAX_COMPLETION_CHARS = 2000
 BOXED = "\\boxed{"
+# A number as a model writes one: optional minus (not one between two operands: "5-3" ends in 3, not -3),
+# digits with optional thousands commas, an optional decimal part.
+NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?")
 
 logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns on every parse that the timeout is off
 
@@ -36,12 +42,29 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+def last_number(text: str) -> str | None:
+    """The last number written in `text`, thousands commas removed ("1,234.5" -> "1234.5"), else None."""
+    numbers = NUMBER.findall(text)
+    return numbers[-1].replace(",", "") if numbers else None
+
+
 def math_reward(completion: str, reference: str) -> float:
     """1.0 if the last boxed answer of the completion equals the reference, 0.0 if not or unparsable.
     Unbounded in time on pathological input: call it in a process the caller can kill."""
+    return answer_reward(last_boxed(completion[-MAX_COMPLETION_CHARS:]), reference)
+
+
+def number_reward(completion: str, reference: str) -> float:
+    """Like math_reward, but a completion without a \\boxed{...} answers with its last number."""
+    tail = completion[-MAX_COMPLETION_CHARS:]
+    boxed = last_boxed(tail)
+    return answer_reward(boxed if boxed is not None else last_number(tail), reference)
+
+
+def answer_reward(answer: str | None, reference: str) -> float:
+    """1.0 if `answer` (LaTeX without delimiters) equals the reference for math-verify, else 0.0."""
     from math_verify import LatexExtractionConfig, parse, verify
 
-    answer = last_boxed(completion[-MAX_COMPLETION_CHARS:])
     if answer is None or not answer.strip():
         return 0.0
     boxed_only = [LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=False)]

@@ -4,29 +4,47 @@ with math-verify (shared/tasks/math_answers.py).
 The universe is `[task] size` problems split evenly between the `[task] reasoning_gym_tasks` generators
 (basic_arithmetic, chain_sum, simple_equations by default), each generator seeded with `[task] seed`, so
 the learner, the reward service and its verifier child all build the same problems and references.
+`[task] answer_format` picks the answer the prompt asks for and the verifier reads: "boxed" (\\boxed{...},
+the default) or "number" (the last boxed answer, else the last number: small instruct models rarely box).
 """
 
 from __future__ import annotations
 
-from typing import Self
+from collections.abc import Callable
+from typing import Literal, Self
 
 from shared.config import TaskConfig
 from shared.tasks.base import TaskAdapter, TaskPrompt
 from shared.tasks.chat import PRINTABLE_ASCII, chat_prompt, unique_by_prompt
-from shared.tasks.math_answers import math_reward
+from shared.tasks.math_answers import math_reward, number_reward
 
 MATH_SYSTEM_PROMPT = "Solve the problem. Put your final answer in \\boxed{}."
+NUMBER_SYSTEM_PROMPT = "Solve the problem. End your reply with the final answer as a number."
+# [task] answer_format -> (system prompt, verifier)
+ANSWER_FORMATS: dict[str, tuple[str, Callable[[str, str], float]]] = {
+    "boxed": (MATH_SYSTEM_PROMPT, math_reward),
+    "number": (NUMBER_SYSTEM_PROMPT, number_reward),
+}
 
 
 class MathGymTask(TaskAdapter):
     name = "math_gym"
     alphabet = PRINTABLE_ASCII
-    config_fields = frozenset({"size", "reasoning_gym_tasks"})
+    config_fields = frozenset({"size", "reasoning_gym_tasks", "answer_format"})
 
-    def __init__(self, *, num_eval_prompts: int, seed: int, size: int = 1000, datasets: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        num_eval_prompts: int,
+        seed: int,
+        size: int = 1000,
+        datasets: tuple[str, ...] = (),
+        answer_format: Literal["boxed", "number"] = "boxed",
+    ) -> None:
         self.size = size
         self.datasets = datasets or ("basic_arithmetic", "chain_sum", "simple_equations")
         self.seed = seed
+        self.system_prompt, self.verifier = ANSWER_FORMATS[answer_format]
         super().__init__(num_eval_prompts=num_eval_prompts, seed=seed)
 
     @classmethod
@@ -36,6 +54,7 @@ class MathGymTask(TaskAdapter):
             seed=config.seed,
             size=config.size,
             datasets=tuple(config.reasoning_gym_tasks),
+            answer_format=config.answer_format,
         )
 
     def all_prompts(self) -> list[TaskPrompt]:
@@ -44,11 +63,11 @@ class MathGymTask(TaskAdapter):
             # the first size % n generators take one more item, so the universe has `size` before dedup
             count = self.size // len(self.datasets) + (1 if index < self.size % len(self.datasets) else 0)
             for entry in generate(dataset_name, seed=self.seed, size=count):
-                prompts.append(chat_prompt(MATH_SYSTEM_PROMPT, str(entry["question"]), str(entry["answer"])))
+                prompts.append(chat_prompt(self.system_prompt, str(entry["question"]), str(entry["answer"])))
         return unique_by_prompt(prompts)
 
     def score(self, completion: str, reference: str) -> float:
-        return math_reward(completion, reference)
+        return self.verifier(completion, reference)
 
 
 def generate(dataset_name: str, *, seed: int, size: int) -> list[dict[str, object]]:

@@ -10,7 +10,7 @@ import redis
 from services.learner.batch import BatchCollector
 from shared.bus import StreamBus
 from shared.keys import RunKeys
-from shared.messages import RolloutGroup, ScoredGroup, pack_float32, pack_int32
+from shared.messages import FlatGroups, RolloutGroup, ScoredGroup, pack_float32, pack_int32
 from shared.streams import SCORED
 
 pytestmark = pytest.mark.integration
@@ -56,8 +56,30 @@ def scored(run_id: str, policy_version: int, *, completion: tuple[int, ...] = (5
     return ScoredGroup(run_id=run_id, rollout=rollout, rewards=[1.0])
 
 
+def scored_with_rewards(run_id: str, policy_version: int, rewards: list[float]) -> ScoredGroup:
+    """A group of len(rewards) one-token samples scored `rewards`."""
+    group = scored(run_id, policy_version, completion=(5,))
+    num_samples = len(rewards)
+    rollout = group.rollout.model_copy(
+        update={
+            "group_id": f"g-v{policy_version}-{rewards}",
+            "completion_token_ids": pack_int32([5] * num_samples),
+            "completion_lengths": pack_int32([1] * num_samples),
+            "behaviour_logprobs": pack_float32([-1.0] * num_samples),
+            "completion_texts": ["1"] * num_samples,
+            "finish_reasons": ["stop"] * num_samples,
+        }
+    )
+    return ScoredGroup(run_id=run_id, rollout=rollout, rewards=rewards)
+
+
 def make_collector(
-    bus: StreamBus | LosesOneReply, keys: RunKeys, staleness_bound: int, groups_per_step: int
+    bus: StreamBus | LosesOneReply,
+    keys: RunKeys,
+    staleness_bound: int,
+    groups_per_step: int,
+    *,
+    dynamic_sampling: bool = False,
 ) -> BatchCollector:
     collector = BatchCollector(
         bus,
@@ -67,6 +89,7 @@ def make_collector(
         vocab_size=16,
         max_positions=32,
         poll_block_ms=50,
+        dynamic_sampling=dynamic_sampling,
     )
     collector.ensure_group()
     return collector
@@ -148,3 +171,61 @@ def test_groups_whose_read_reply_was_lost_are_recovered_without_a_restart(bus: S
 
     assert flaky.num_lost == 3
     assert batch is not None and [a.replayed for a in batch.groups] == [True, True, True]
+
+
+def test_dynamic_sampling_skips_flat_groups_with_their_reason_and_collects_until_the_batch_is_full(
+    bus: StreamBus, keys: RunKeys
+) -> None:
+    collector = make_collector(bus, keys, staleness_bound=1, groups_per_step=2, dynamic_sampling=True)
+    spread, all_zero, all_one = [1.0, 0.0, 0.0, 0.0], [0.0] * 4, [1.0] * 4
+    for version, rewards in [(0, all_zero), (0, spread), (0, all_one), (0, all_zero), (3, spread), (0, spread)]:
+        bus.publish(SCORED, scored_with_rewards(keys.run_id, version, rewards))
+    windows: list[FlatGroups] = []
+
+    batch = collector.collect(learner_version=0, should_stop=lambda: False, on_window=windows.append)
+
+    assert batch is not None
+    assert [a.group.rewards for a in batch.groups] == [spread, spread]
+    # the flat ones are dropped (acked at once, counted in Redis with the ack); the future one as before
+    assert dict(collector.num_dropped) == {"zero_variance": 3, "future_version": 1}
+    assert bus.counts(keys.learner_decisions) == {"zero_variance": 3, "future_version": 1}
+    assert pending_ids(bus, keys) == batch.message_ids
+    assert batch.flat_groups == FlatGroups(
+        num_groups=5, num_flat_at_zero=2, num_flat_at_max=1, num_skipped=3, num_samples=20
+    )
+    assert batch.flat_groups.groups_per_trained_group == 2.5
+    # the groups past the admission rule, a step's worth (2) at a time: the fifth waits for the next window
+    assert [w.num_groups for w in windows] == [2, 2] and windows[0].num_flat_at_zero == 1
+    # every group written is admitted (pending until its checkpoint), dropped with a reason, or dead-lettered
+    num_decided = len(batch.groups) + sum(collector.num_dropped.values()) + collector.num_dead_lettered
+    assert num_decided == bus.length(SCORED) == 6
+    assert bus.backlog(SCORED) == len(batch.groups)  # only the admitted wait (for the checkpoint's ack)
+
+
+def test_when_every_group_is_flat_the_batch_never_fills_but_each_steps_worth_is_reported(
+    bus: StreamBus, keys: RunKeys
+) -> None:
+    collector = make_collector(bus, keys, staleness_bound=1, groups_per_step=2, dynamic_sampling=True)
+    for _ in range(5):
+        bus.publish(SCORED, scored_with_rewards(keys.run_id, 0, [0.0] * 4))
+    windows: list[FlatGroups] = []
+
+    batch = collector.collect(
+        learner_version=0, should_stop=lambda: collector.num_dropped["zero_variance"] == 5, on_window=windows.append
+    )
+
+    assert batch is None  # stopped: nothing admissible came
+    assert [(w.zero_variance_fraction, w.num_skipped) for w in windows] == [(1.0, 2), (1.0, 2)]
+    assert bus.backlog(SCORED) == 0  # every flat group acked: none waits to be decided again
+
+
+def test_without_dynamic_sampling_flat_groups_are_trained_and_counted(bus: StreamBus, keys: RunKeys) -> None:
+    collector = make_collector(bus, keys, staleness_bound=1, groups_per_step=2)
+    for rewards in ([0.0] * 4, [0.5] * 4):
+        bus.publish(SCORED, scored_with_rewards(keys.run_id, 0, rewards))
+
+    batch = collector.collect(learner_version=0, should_stop=lambda: False)
+
+    assert batch is not None and len(batch.groups) == 2 and not collector.num_dropped
+    assert (batch.flat_groups.num_flat_at_zero, batch.flat_groups.num_flat_other) == (1, 1)
+    assert batch.flat_groups.zero_variance_fraction == 1.0 and batch.flat_groups.num_skipped == 0

@@ -30,8 +30,11 @@ def feed(run: RunConfig, bus: StreamBus, keys: RunKeys) -> TaskFeed:
     return TaskFeed(bus, keys, task, run, reference_ttl_s=60)
 
 
-def ask(bus: StreamBus, run: RunConfig, version: int, wanted: int) -> None:
-    bus.put_state(BATCH_REQUEST, BatchRequest(run_id=run.run_id, policy_version=version, num_groups_wanted=wanted))
+def ask(bus: StreamBus, run: RunConfig, version: int, wanted: int, skipped: int = 0) -> None:
+    request = BatchRequest(
+        run_id=run.run_id, policy_version=version, num_groups_wanted=wanted, num_groups_skipped=skipped
+    )
+    bus.put_state(BATCH_REQUEST, request)
 
 
 def take_all(bus: StreamBus) -> list:
@@ -56,6 +59,18 @@ def test_never_more_than_one_batch_per_version_even_when_the_request_lags(feed, 
     assert feed.top_up() == 0  # the stale request would ask for five more: one batch per version only
     ask(bus, run, version=2, wanted=5)  # the next step asks: a new batch
     assert feed.top_up() == 5
+
+
+def test_groups_skipped_by_dynamic_sampling_are_replaced_beyond_the_one_batch(feed, bus, run) -> None:
+    ask(bus, run, version=1, wanted=5)
+    assert feed.top_up() == 5
+    take_all(bus)  # sampled and read: the learner skipped three as flat (zero reward variance)
+    ask(bus, run, version=1, wanted=3, skipped=3)
+    assert feed.top_up() == 3  # without the skipped count the one-batch cap would starve the learner
+    take_all(bus)
+    ask(bus, run, version=1, wanted=1, skipped=5)  # two more of those were flat; one admitted
+    assert feed.top_up() == 1
+    assert feed.top_up() == 0  # in flight
 
 
 def test_groups_lost_on_the_way_are_issued_again_once_the_request_stays_unmet(feed, bus, run) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from shared.config import TaskConfig
 from shared.tasks import build_task, make_task
-from shared.tasks.math_answers import MAX_COMPLETION_CHARS, last_boxed, math_reward
+from shared.tasks.math_answers import MAX_COMPLETION_CHARS, last_boxed, last_number, math_reward, number_reward
 
 
 @pytest.mark.parametrize(
@@ -71,6 +71,49 @@ def test_math_gym_universe_is_the_same_for_a_seed_with_a_disjoint_held_out_set()
     for prompt in first.eval_set:  # every generated answer parses: its boxed form scores 1, another 0
         assert first.score(f"\\boxed{{{prompt.reference}}}", prompt.reference) == 1.0
         assert first.score("\\boxed{123456789}", prompt.reference) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("completion", "reference", "reward"),
+    [
+        ("5 - 3 - 6 = -4", "-4", 1.0),
+        ("The answer is 15.", "15", 1.0),  # a sentence's full stop is not a decimal point
+        ("57 + 87 = 144, then 144 + 70 = 214", "214", 1.0),  # the last number counts
+        ("It is 1,234.", "1234", 1.0),
+        ("So m = 62", "62", 1.0),
+        ("2-1 gives 1", "1", 1.0),
+        ("first \\boxed{-4}, and 7 is not it", "-4", 1.0),  # a boxed answer wins over a later number
+        ("The answer is 15", "5", 0.0),  # what arithmetic_mod10 would want, and no partial match
+        ("5-3", "-3", 0.0),  # a minus between operands is not a sign
+        ("no number here", "3", 0.0),
+        ("3" + " " * MAX_COMPLETION_CHARS, "3", 0.0),  # only the tail is searched
+    ],
+)
+def test_number_answers_are_the_last_boxed_answer_else_the_last_number(
+    completion: str, reference: str, reward: float
+) -> None:
+    assert number_reward(completion, reference) == reward
+
+
+def test_last_number_reads_signs_commas_and_decimals() -> None:
+    assert last_number("x is -12.5, y is 1,000") == "1000"
+    assert last_number("a-7") == "7"  # a minus after a word is an operator
+    assert last_number("nothing") is None
+
+
+def test_math_gym_number_format_asks_for_a_number_and_scores_an_unboxed_answer() -> None:
+    config = TaskConfig(
+        name="math_gym", num_eval_prompts=5, size=40, reasoning_gym_tasks=["chain_sum"], answer_format="number"
+    )
+    task = build_task(config)
+    for prompt in task.eval_set:
+        assert "as a number" in prompt.messages[0].content and "boxed" not in prompt.messages[0].content
+        assert task.score(f"Adding up, I get {prompt.reference}.", prompt.reference) == 1.0
+        assert task.score(f"\\boxed{{{prompt.reference}}}", prompt.reference) == 1.0
+        assert task.score("I get 123456789.", prompt.reference) == 0.0
+    # the default stays boxed-only
+    boxed = build_task(config.model_copy(update={"answer_format": "boxed"}))
+    assert boxed.score(f"I get {boxed.eval_set[0].reference}.", boxed.eval_set[0].reference) == 0.0
 
 
 def test_math_gym_refuses_an_unknown_generator_and_a_bad_name() -> None:

@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.rollout.prometheus import SwapPauses, rollout_families
 from shared.api import HeartbeatRequest, WeightSwapReport
-from shared.messages import LearnerState
+from shared.messages import FlatGroups, LearnerState
 from shared.metrics import CallbackCollector, learner_families, new_registry
 
 
@@ -37,6 +37,30 @@ def test_learner_metrics_come_from_its_state() -> None:
     assert {s.labels["lag"]: s.value for s in metrics["relayrl_learner_trained_groups"]} == {"0": 4, "1": 50, "2": 10}
     assert metrics["relayrl_learner_dropped_groups"][0].labels == {"reason": "stale"}
     assert parse(CallbackCollector(lambda: learner_families(None))) == {}  # before the first state
+    assert metrics["relayrl_learner_zero_variance_warning"][0].value == 0
+
+
+def test_learner_metrics_show_flat_groups_and_the_zero_variance_warning() -> None:
+    flat = FlatGroups(num_groups=10, num_flat_at_zero=8, num_flat_at_max=1, num_skipped=5, num_samples=80)
+    state = LearnerState(
+        run_id="r",
+        status="training",
+        learner_version=3,
+        published_version=3,
+        staleness_bound=2,
+        num_steps_target=100,
+        last_flat_groups=flat,
+        zero_variance_warning="zero reward variance: ...",
+    )
+    metrics = parse(CallbackCollector(lambda: learner_families(state)))
+    assert metrics["relayrl_learner_last_zero_variance_fraction"][0].value == 0.9
+    assert {s.labels["reward"]: s.value for s in metrics["relayrl_learner_last_flat_groups"]} == {
+        "0": 8,
+        "1": 1,
+        "other": 0,
+    }
+    assert metrics["relayrl_learner_last_groups_per_trained_group"][0].value == 2.0
+    assert metrics["relayrl_learner_zero_variance_warning"][0].value == 1
 
 
 def test_rollout_metrics_come_from_the_heartbeat_it_would_send() -> None:

@@ -2,15 +2,13 @@
 learn like float32 at a pretrained model's learning rate; pure bf16 does not, which is why mixed is the
 default (docs/precision.md).
 
-The model: the demo's tiny Qwen2 with pretrained-like weight magnitudes (2-D weights ~ N(0, 0.16): median
-|w| 0.11, as SmolLM2-135M's 0.108; norm gains ~1), rounded to bf16 and saved as a bf16 checkpoint, so
-every precision starts from the same weights.
+The model: the demo's tiny Qwen2 with pretrained-like weight magnitudes (tests/tiny_models.py
+pretrained_like_folder), saved as a bf16 checkpoint, so every precision starts from the same weights.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
 import pytest
@@ -19,9 +17,9 @@ from transformers import AutoModelForCausalLM
 
 from services.learner.grpo import token_logprobs
 from services.learner.policy import Policy
-from services.learner.precision import set_config_dtype
 from services.learner.publish import publication_state
 from shared.config import GRPOConfig, LearnerConfig, LoraConfig, RunConfig
+from tests import tiny_models
 from tests.sharded_step import GROUP_SIZES, fixed_batch
 
 ADAM_EPS = 1e-8  # torch.optim.AdamW's default: an element whose gradient is below it takes a step << lr
@@ -29,17 +27,7 @@ ADAM_EPS = 1e-8  # torch.optim.AdamW's default: an element whose gradient is bel
 
 @pytest.fixture(scope="module")
 def pretrained_like_dir(tiny_policy_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("pretrained-like")
-    shutil.copytree(tiny_policy_dir, folder, dirs_exist_ok=True)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            noise = torch.randn(parameter.shape, generator=generator)
-            parameter.copy_(noise * 0.16 if parameter.dim() == 2 else 1 + 0.1 * noise)
-    model.to(torch.bfloat16).save_pretrained(folder)
-    set_config_dtype(folder, torch.bfloat16)
-    return folder
+    return tiny_models.pretrained_like_folder(tiny_policy_dir, tmp_path_factory.mktemp("pretrained-like"))
 
 
 def make_policy(folder: Path, precision: str, learning_rate: float, lora: bool = False) -> Policy:
