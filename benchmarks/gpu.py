@@ -13,10 +13,10 @@ Phases, each in its own process (vLLM never shares a process with the learner):
 - swap: `load_weights` of a full new version (a perturbed copy of the weights, as a safetensors blob in
   memory, the form the worker holds after verification): validation, the local file, vLLM's layerwise
   reload, the tied-embedding fix, the prefix-cache reset; then one greedy generate to prove it served.
-- learner_step: one GRPO step (forward, backward, AdamW) of the learner's trainer at the Qwen3-0.6B
-  shape in bf16 on the GPU, at the demo batch (64 groups x 8 = 512 rows) and 300 tokens per row;
+- learner_step: one GRPO step (forward, backward, AdamW) of the learner (Policy.train_step) at the Qwen3-0.6B
+  shape in mixed precision on the GPU, at the demo batch (64 groups x 8 = 512 rows) and 300 tokens per row;
   micro-batches of --micro-batch-size rows. Reports seconds per step and peak GPU memory.
-- cluster: the whole local cluster (configs/gpu_smoke.toml: arithmetic, vLLM worker, bf16 learner) on
+- cluster: the whole local cluster (configs/gpu_smoke.toml: arithmetic, vLLM worker, mixed-precision learner) on
   the 0.6B-shaped folder for a few steps; reports the run's summary.
 
 The model is random-init at Qwen3-0.6B's shape (benchmarks/model_shapes.py; no hub), in bf16.
@@ -38,6 +38,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.devices import device_name
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PHASES = ("generation", "swap", "learner_step", "cluster")
@@ -128,17 +130,6 @@ def run_child(python: Path, phase: str, args: argparse.Namespace, work_dir: Path
     return json.loads(child_out.read_text())
 
 
-def device_name() -> str:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_name(0)
-    except ImportError:
-        pass
-    return f"cpu ({os.cpu_count()} cores)"
-
-
 # phases (run in the child process)
 def generation_phase(args: argparse.Namespace) -> dict:
     from vllm import SamplingParams
@@ -207,34 +198,28 @@ def swap_phase(args: argparse.Namespace) -> dict:
 def learner_step_phase(args: argparse.Namespace) -> dict:
     import torch
 
+    from benchmarks.gpu_check_parts import timed_steps
     from benchmarks.learner_memory import synthetic_batch
-    from services.learner.trainer import load_policy, make_optimizer, train_step
-    from shared.config import GRPOConfig, LearnerConfig
+    from services.learner.policy import Policy
+    from shared.config import GRPOConfig, LearnerConfig, RunConfig
 
     on_gpu = torch.cuda.is_available()
     learner = LearnerConfig(
         device="cuda" if on_gpu else "cpu",
-        dtype="bfloat16" if on_gpu else "float32",
+        precision="mixed" if on_gpu else "fp32",
         micro_batch_size=args.micro_batch_size,
     )
-    model, _ = load_policy(args.model_dir, learner)
-    grpo = GRPOConfig(learning_rate=1e-6)
-    optimizer = make_optimizer(model, grpo)
+    # the learner's own step (Policy.train_step: mixed precision's autocast is the policy's)
+    policy = Policy(args.model_dir, RunConfig(run_id="bench-gpu", grpo=GRPOConfig(learning_rate=1e-6), learner=learner))
     num_rows, num_tokens, num_prompt_tokens = (64, 64, 16) if args.smoke else (512, 300, 44)
-    batch = synthetic_batch(num_rows, num_tokens, num_prompt_tokens, model.config.vocab_size)
-    step_s = []
-    for _ in range(args.rounds + 1):  # the first step warms up the allocator and kernels
-        synchronize()
-        started_s = time.perf_counter()
-        train_step(model, optimizer, batch, grpo, learner)
-        synchronize()
-        step_s.append(time.perf_counter() - started_s)
+    batch = synthetic_batch(num_rows, num_tokens, num_prompt_tokens, policy.config.vocab_size)
+    step_s = timed_steps(policy, batch, args.rounds)  # after one warm-up step (allocator, kernels)
     return {
         "rows": num_rows,
         "tokens_per_row": num_tokens,
         "micro_batch_size": args.micro_batch_size,
-        "dtype": learner.dtype,
-        "step_s": [round(s, 3) for s in step_s[1:]],
+        "precision": learner.precision,
+        "step_s": [round(s, 3) for s in step_s],
         "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated() / (1 << 30), 2) if on_gpu else None,
     }
 
@@ -274,13 +259,6 @@ def vllm_engine_and_prompts(args: argparse.Namespace):  # type: ignore[no-untype
     task = make_task("arithmetic_mod10", num_eval_prompts=1, seed=0)
     prompts = [task.sample_prompt().prompt for _ in range(args.num_prompts)]
     return engine, prompts
-
-
-def synchronize() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 CHILDREN = {

@@ -6,15 +6,17 @@ Each folder is a Qwen3 causal LM with the task's character tokenizer (services/l
 the tokenizer covers the arithmetic task's alphabet, the model keeps its real vocabulary size (Qwen3:
 151,936 rows), so the LM head and the embeddings weigh what they do in the real checkpoint. The layer
 shapes are Qwen3-0.6B's (hidden 1024, 28 layers, 16 query / 8 KV heads of 128, MLP 3072, tied
-embeddings); "qwen3-25m" is a 25M-parameter model of the same family for CPU throughput figures.
+embeddings); "qwen3-25m" is a 25M-parameter model of the same family for CPU throughput figures, and
+"qwen3-tiny" (2 layers, hidden 128) is what CPU smoke runs of the GPU scripts use.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
-SHAPES: dict[str, dict[str, int | bool]] = {
+SHAPES: dict[str, dict[str, Any]] = {
     "qwen3-0.6b": dict(
         vocab_size=151_936,
         hidden_size=1024,
@@ -37,11 +39,26 @@ SHAPES: dict[str, dict[str, int | bool]] = {
         max_position_embeddings=1024,
         tie_word_embeddings=True,
     ),
+    "qwen3-tiny": dict(
+        vocab_size=4096,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    ),
 }
 
 
-def build_qwen3_folder(shape: str, out_dir: Path, *, dtype: str = "float32", seed: int = 0) -> Path:
-    """Tokenizer + random `shape` model in `out_dir` (created; reused when it already holds one)."""
+def build_qwen3_folder(
+    shape: str, out_dir: Path, *, dtype: str = "float32", seed: int = 0, max_position_embeddings: int | None = None
+) -> Path:
+    """Tokenizer + random `shape` model in `out_dir` (created; reused when it already holds one).
+    max_position_embeddings: the context the config declares, when longer sequences than the shape's
+    own are trained (Qwen3-0.6B's real checkpoint declares 40,960; RoPE has no table to outgrow)."""
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
@@ -54,8 +71,9 @@ def build_qwen3_folder(shape: str, out_dir: Path, *, dtype: str = "float32", see
     build_tokenizer(TASKS["arithmetic_mod10"].alphabet, out_dir)
     tokenizer = AutoTokenizer.from_pretrained(out_dir)
     torch.manual_seed(seed)
+    context = {} if max_position_embeddings is None else {"max_position_embeddings": max_position_embeddings}
     config = Qwen3Config(
-        **SHAPES[shape],
+        **(SHAPES[shape] | context),
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id,
