@@ -2,27 +2,42 @@
 for relaying) serves the artifacts it has, chunk by chunk.
 
 An artifact is one policy version in one payload (`full` or `delta`, see shared/weights.py). A request
-for a chunk that has not arrived yet waits for it (up to `wait_s`) instead of failing, and a request
-for an artifact this holder has not heard of yet waits for its manifest: that is what lets a child
+for a chunk that has not arrived yet waits for it instead of failing, and a request for an artifact
+this holder has not heard of yet waits for its manifest (up to `wait_s`): that is what lets a child
 pipeline behind its parent, which may itself still be receiving.
+
+Liveness is progress, not a deadline: a request for a chunk not held yet waits as long as this holder's
+own copy of the artifact makes progress (bytes arriving, chunks verified) and gives up only after
+`wait_s` with none. A healthy chain of any depth and any chunk size never trips it: every holder's copy
+moves while its parent's does (docs/weight_path.md, "Liveness").
+
+Cut-through: the relay stream forwards a chunk's bytes to a child while they arrive here (in pieces of
+the receiver's read size), not after the whole chunk is verified, so a hop costs a piece, not a chunk.
+After each chunk comes one verdict byte: 1 when this holder verified those exact bytes (the chunk is
+held), 0 when they failed its check (or a later receipt replaced them). A child verifies every chunk
+itself against the signed manifest either way; the verdict only says whom to blame, so an honest relay
+behind a bad one is not dropped for bytes it passed on.
 
 Routes (`<payload>` is `full` or `delta`; without it, `full`):
   GET /healthz                                        -> 200 "ok"
   GET /v1/weights/latest                              -> manifest of the newest complete full version (404 if none)
   GET /v1/weights/{v}[/<payload>]/manifest            -> manifest JSON (404 if not held)
-  GET /v1/weights/{v}[/<payload>]/chunks/{i}          -> one chunk (404 unknown, 504 still missing after wait_s)
+  GET /v1/weights/{v}[/<payload>]/chunks/{i}          -> one verified chunk (404 unknown, 504 still missing
+                                                         after wait_s without progress)
   GET /v1/weights/{v}/<payload>/stream?from=i         -> chunks i, i+1, ... to the end in one response, each
-                                                         sent as soon as it is held (the relay path)
+                                                         forwarded as its bytes arrive and followed by its
+                                                         verdict byte (the relay path)
 Query `manifest=<sha256>` on chunk and stream requests pins the artifact: 409 if this holder has a
 different manifest under that version (a restarted learner re-used the number). `wait_manifest_s` on a
-stream bounds the wait for an artifact not held yet (default and cap: `wait_s`). A stream whose next
-chunk does not arrive within `wait_s` ends early (the connection closes mid-body): the child sees a
-short read and moves to another holder.
+stream bounds the wait for an artifact not held yet (default and cap: `wait_s`). A stream whose
+artifact makes no progress here for `wait_s` ends early (the connection closes mid-body): the child
+sees a short read and moves to another holder.
 
 Where the bytes live: every artifact is one contiguous buffer, and a chunk is a read-only view of its
 region. A receiver streams each chunk straight into its region (`receive_region`), verifies it there
-(`commit_chunk`) and only then serves it: no per-chunk copies, no join of the whole payload afterwards.
-A chunk is sent from its view with one `sendall` (no copy in Python).
+(`commit_chunk`) and only then serves it as verified: no per-chunk copies, no join of the whole payload
+afterwards. A chunk is sent from its view with one `sendall` (no copy in Python); a chunk still
+arriving is forwarded from its region as the receiver reports its bytes (`note_received`).
 """
 
 from __future__ import annotations
@@ -30,6 +45,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 import threading
 import time
 from collections import OrderedDict
@@ -61,12 +77,35 @@ class ManifestMismatchError(KeyError):
 
 
 @dataclass
+class _Receipt:
+    """One chunk being received into its region: the `attempt`-th receipt of this artifact's chunks."""
+
+    attempt: int
+    num_bytes: int = 0  # written into the region so far
+    failed: bool = False  # these bytes failed verification (or the sender said they were bad)
+
+
+@dataclass(frozen=True)
+class ReceivedBytes:
+    """Bytes of one chunk for forwarding: `data` starts at the offset asked for. `held`: the chunk is
+    verified (`data` runs to its end); otherwise they are the in-flight bytes of receipt `attempt`."""
+
+    data: memoryview
+    attempt: int
+    held: bool
+
+
+@dataclass
 class _StoredArtifact:
     manifest: Manifest
     manifest_sha256: str
     buffer: memoryview | None = None  # the payload's bytes (allocated on the first chunk received)
     chunks: dict[int, memoryview] = field(default_factory=dict)  # verified chunks: read-only views of buffer
     file_path: Path | None = None  # the file backing `buffer` (spilled, or received into), if any
+    receipts: dict[int, _Receipt] = field(default_factory=dict)  # chunks in flight (not held yet)
+    held_from: dict[int, int] = field(default_factory=dict)  # chunk -> the receipt it was verified from (0: put whole)
+    num_attempts: int = 0
+    progress_at_s: float = field(default_factory=time.monotonic)  # last byte received or chunk held here
 
     @property
     def complete(self) -> bool:
@@ -147,7 +186,30 @@ class ChunkStore:
                 raise ValueError(f"chunk {index} of {manifest.artifact} is already held")
             if stored.buffer is None:
                 stored.buffer, stored.file_path = self._allocate(manifest)
+            stored.num_attempts += 1
+            stored.receipts[index] = _Receipt(stored.num_attempts)
+            self._progressed(stored)
             return stored.region(index)
+
+    def note_received(self, manifest: Manifest, index: int, num_bytes: int) -> None:
+        """The first `num_bytes` of chunk `index`'s region (since `receive_region`) are written: they can
+        be forwarded (cut-through, unverified, with a verdict after) and they count as progress."""
+        with self._changed:
+            stored = self._held(manifest)
+            receipt = stored.receipts.get(index)
+            if receipt is not None:
+                receipt.num_bytes = num_bytes
+                self._progressed(stored)
+
+    def reject_chunk(self, manifest: Manifest, index: int) -> None:
+        """The bytes received for chunk `index` are bad (its sender said so): forwarders of them report
+        it, and the chunk stays missing (receive it again)."""
+        with self._changed:
+            stored = self._held(manifest)
+            receipt = stored.receipts.get(index)
+            if receipt is not None:
+                receipt.failed = True
+                self._changed.notify_all()
 
     def commit_chunk(self, manifest: Manifest, index: int) -> None:
         """Verify chunk `index` in its region (filled since `receive_region`) and hold it: from now on it
@@ -158,12 +220,18 @@ class ChunkStore:
             if stored.buffer is None:
                 raise KeyError(f"nothing received for {manifest.artifact}")
             region = stored.region(index)
-        verify_chunk(manifest, index, region)  # outside the lock: servers keep serving other chunks
+        try:
+            verify_chunk(manifest, index, region)  # outside the lock: servers keep serving other chunks
+        except ChunkVerificationError:
+            self.reject_chunk(manifest, index)
+            raise
         with self._changed:
             if self._held(manifest) is not stored:
                 raise KeyError(f"version {manifest.artifact} left the store while chunk {index} arrived")
             stored.chunks[index] = region.toreadonly()
-            self._changed.notify_all()
+            receipt = stored.receipts.pop(index, None)
+            stored.held_from[index] = receipt.attempt if receipt is not None else 0
+            self._progressed(stored)
         if stored.complete:
             self._prepare_next(manifest)
 
@@ -216,7 +284,8 @@ class ChunkStore:
             stored.release()  # the same manifest put again: the older file goes, its views stay valid
             stored.buffer, stored.file_path = view, file_path
             stored.chunks = {index: stored.region(index) for index in range(manifest.num_chunks)}
-            self._changed.notify_all()
+            stored.receipts, stored.held_from = {}, {}
+            self._progressed(stored)
         self._prepare_next(manifest)
 
     def take_buffer(
@@ -301,10 +370,11 @@ class ChunkStore:
         payload: Payload = "full",
         manifest_sha256: str | None = None,
     ) -> memoryview | None:
-        """The chunk (a read-only view), waiting up to `wait_s` for it to arrive; None if it did not.
-        Raises KeyError for an artifact not held (ManifestMismatchError when held under another manifest
-        than `manifest_sha256`)."""
-        deadline = time.monotonic() + wait_s
+        """The verified chunk (a read-only view), waiting for it while this holder's copy of the artifact
+        makes progress; None once `wait_s` passed with none (a stalled upstream), or at once for
+        `wait_s` = 0. Raises KeyError for an artifact not held (ManifestMismatchError when held under
+        another manifest than `manifest_sha256`)."""
+        started_s = time.monotonic()
         with self._changed:
             while True:
                 stored = self._artifact(policy_version, payload)
@@ -315,10 +385,60 @@ class ChunkStore:
                 if not 0 <= index < stored.manifest.num_chunks:
                     raise KeyError(f"version {policy_version}/{payload} has no chunk {index}")
                 chunk = stored.chunks.get(index)
-                remaining_s = deadline - time.monotonic()
+                remaining_s = self._stall_left_s(stored, started_s, wait_s)
                 if chunk is not None or remaining_s <= 0:
                     return chunk
                 self._changed.wait(remaining_s)
+
+    def wait_received(self, manifest: Manifest, index: int, offset: int, stall_s: float) -> ReceivedBytes | None:
+        """Bytes of chunk `index` from `offset` on, for a cut-through forwarder: the verified chunk once
+        held, else whatever its current receipt wrote past `offset`, waiting while the artifact makes
+        progress here. None after `stall_s` without progress; KeyError if the artifact left the store."""
+        started_s = time.monotonic()
+        with self._changed:
+            while True:
+                stored = self._held(manifest)
+                held = stored.chunks.get(index)
+                if held is not None:
+                    return ReceivedBytes(held[offset:], stored.held_from.get(index, 0), held=True)
+                receipt = stored.receipts.get(index)
+                if receipt is not None and not receipt.failed and receipt.num_bytes > offset:
+                    data = stored.region(index)[offset : receipt.num_bytes].toreadonly()
+                    return ReceivedBytes(data, receipt.attempt, held=False)
+                remaining_s = self._stall_left_s(stored, started_s, stall_s)
+                if remaining_s <= 0:
+                    return None
+                self._changed.wait(remaining_s)
+
+    def wait_verdict(self, manifest: Manifest, index: int, attempts: set[int], stall_s: float) -> bool | None:
+        """Whether the bytes a forwarder sent of chunk `index` (from receipts `attempts`) are the chunk
+        this holder verified: True once it is held from exactly that one receipt, False as soon as that
+        receipt failed or was replaced. None after `stall_s` without progress."""
+        started_s = time.monotonic()
+        with self._changed:
+            while True:
+                stored = self._held(manifest)
+                if index in stored.chunks:
+                    return attempts == {stored.held_from.get(index, 0)}
+                receipt = stored.receipts.get(index)
+                if len(attempts) != 1 or receipt is None or receipt.failed or receipt.attempt not in attempts:
+                    return False
+                remaining_s = self._stall_left_s(stored, started_s, stall_s)
+                if remaining_s <= 0:
+                    return None
+                self._changed.wait(remaining_s)
+
+    def received_bytes(self, manifest: Manifest, index: int) -> int:
+        """Bytes of chunk `index` held (verified: all of them) or written by its current receipt; 0 when
+        `manifest` is not held."""
+        with self._changed:
+            stored = self._artifact(manifest.policy_version, manifest.payload)
+            if stored is None or stored.manifest != manifest:
+                return 0
+            if index in stored.chunks:
+                return manifest.chunk_length(index)
+            receipt = stored.receipts.get(index)
+            return receipt.num_bytes if receipt is not None else 0
 
     def missing_chunks(self, manifest: Manifest) -> list[int]:
         """Indices of `manifest`'s chunks not held (all of them if another manifest is held instead)."""
@@ -368,6 +488,17 @@ class ChunkStore:
         artifacts = self._versions.get(policy_version)
         return artifacts.get(payload) if artifacts else None
 
+    def _progressed(self, stored: _StoredArtifact) -> None:
+        """The artifact moved here (the caller holds the lock): waiters re-check, and their stall clock restarts."""
+        stored.progress_at_s = time.monotonic()
+        self._changed.notify_all()
+
+    @staticmethod
+    def _stall_left_s(stored: _StoredArtifact, started_s: float, stall_s: float) -> float:
+        """Seconds a waiter that started at `started_s` may still wait: until `stall_s` after the later of
+        its start and the artifact's last progress here."""
+        return max(started_s, stored.progress_at_s) + stall_s - time.monotonic()
+
     def _held(self, manifest: Manifest) -> _StoredArtifact:
         """The artifact held under exactly `manifest` (the caller holds the lock); KeyError otherwise."""
         stored = self._artifact(manifest.policy_version, manifest.payload)
@@ -386,6 +517,8 @@ _ARTIFACT = r"^/v1/weights/(\d+)(?:/(full|delta))?"
 _MANIFEST_ROUTE = re.compile(_ARTIFACT + r"/manifest$")
 _CHUNK_ROUTE = re.compile(_ARTIFACT + r"/chunks/(\d+)$")
 _STREAM_ROUTE = re.compile(r"^/v1/weights/(\d+)/(full|delta)/stream$")
+STREAM_VERIFIED = b"\x01"  # after a chunk in a stream: the sender verified exactly these bytes
+STREAM_REJECTED = b"\x00"  # they failed the sender's check (or were replaced): discard, fetch the chunk again
 
 
 class ChunkServer:
@@ -467,14 +600,15 @@ def _make_handler(store: ChunkStore, wait_s: float) -> type[BaseHTTPRequestHandl
             if chunk is None:
                 return self._send(
                     504,
-                    f"chunk {index} of version {version}/{payload} still missing after {wait_s}s".encode(),
+                    f"chunk {index} of version {version}/{payload} still missing: no progress here for {wait_s}s".encode(),
                     "text/plain",
                 )
             return self._send(200, chunk, "application/octet-stream")
 
         def _send_stream(self, version: int, payload: Payload, query: dict[str, str]) -> None:
-            """Chunks `from`.. of the artifact, each written as soon as it is held. The length is known
-            up front (the manifest), so a chunk that never comes ends the body short."""
+            """Chunks `from`.. of the artifact, each followed by its verdict byte (STREAM_VERIFIED or
+            STREAM_REJECTED), each forwarded as its bytes arrive here. The length is known up front (the
+            manifest), so an artifact that stops making progress here ends the body short."""
             manifest_sha256 = query.get("manifest")
             try:
                 first = int(query.get("from", "0"))
@@ -490,24 +624,50 @@ def _make_handler(store: ChunkStore, wait_s: float) -> type[BaseHTTPRequestHandl
                 )
             if not 0 <= first <= manifest.num_chunks:
                 return self._send(400, f"from={first} outside 0..{manifest.num_chunks}".encode(), "text/plain")
+            # a verdict byte or a piece must leave at once, not wait for an ACK (Nagle) at every hop
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            num_chunks = manifest.num_chunks - first
             self.send_response(200)
             self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(manifest.total_size_bytes - first * manifest.chunk_size_bytes))
+            body_bytes = manifest.total_size_bytes - first * manifest.chunk_size_bytes + num_chunks
+            self.send_header("Content-Length", str(body_bytes))
             self.end_headers()
             sha256 = manifest.sha256()
             for index in range(first, manifest.num_chunks):
                 try:
-                    chunk = store.get_chunk(version, index, wait_s=wait_s, payload=payload, manifest_sha256=sha256)
+                    verified = self._forward_chunk(manifest, sha256, index)
                 except KeyError as exc:  # evicted or replaced mid-stream
-                    chunk, why = None, str(exc)
+                    verified, why = None, str(exc)
                 else:
-                    why = f"still missing after {wait_s}s"
-                if chunk is None:
+                    why = f"no progress here for {wait_s}s"
+                if verified is None:
                     log.warning("stream of %s ends at chunk %d: %s", manifest.artifact, index, why)
                     self.close_connection = True
                     return None
-                self.wfile.write(chunk)
+                self.wfile.write(STREAM_VERIFIED if verified else STREAM_REJECTED)
             return None
+
+        def _forward_chunk(self, manifest: Manifest, sha256: str, index: int) -> bool | None:
+            """Send chunk `index`: whole if it is held, else cut-through as its bytes arrive. Returns
+            whether what was sent is the chunk verified here (the verdict), None when this holder's copy
+            stalled (the stream must end)."""
+            held = store.get_chunk(
+                manifest.policy_version, index, wait_s=0.0, payload=manifest.payload, manifest_sha256=sha256
+            )
+            if held is not None:
+                self.wfile.write(held)
+                return True
+            length, offset, attempts = manifest.chunk_length(index), 0, set()
+            while offset < length:
+                received = store.wait_received(manifest, index, offset, wait_s)
+                if received is None:
+                    return None
+                if received.held and offset == 0:  # verified before a byte left: the held path
+                    return self._forward_chunk(manifest, sha256, index)
+                attempts.add(received.attempt)
+                self.wfile.write(received.data)
+                offset += len(received.data)
+            return store.wait_verdict(manifest, index, attempts, wait_s)
 
         def _send(self, status: int, body: bytes | memoryview, content_type: str) -> None:
             self.send_response(status)

@@ -15,6 +15,7 @@ from statistics import mean
 from typing import Any
 
 from benchmarks.broadcast.wan import GOODPUT_FRACTION
+from shared.chunk_client import RELAY_PIECE_BYTES
 
 GIB = float(1 << 30)
 TARGET_RATIO = {16: 1.25, 4: 1.10, 1: 1.08}  # pipelined end to end / line-rate floor (issue 11)
@@ -90,8 +91,8 @@ def summarize(runs: list[dict], extras: dict[str, Any], mbps: float, chunk_size_
 
 def cpu_limit(runs: list[dict], mbps: float, chunk_size_bytes: int) -> dict[str, Any]:
     """Is this 2-core machine the limit at the largest N? What the receivers' CPU adds up to, and a model
-    of a receiver on its own machine: the N = 1 end to end plus one chunk time per extra hop (a chain
-    forwards each chunk once it is verified)."""
+    of a receiver on its own machine: the smallest N's end to end plus one hop time per extra hop (a
+    relay forwards cut-through: a hop costs one piece of RELAY_PIECE_BYTES, or the chunk if smaller)."""
     pipelined = {run["num_receivers"]: run for run in runs if run["mode"] == "pipelined"}
     largest, smallest = pipelined[max(pipelined)], pipelined[min(pipelined)]
     line_s, _ = floors(largest["total_size_bytes"], mbps)
@@ -99,9 +100,10 @@ def cpu_limit(runs: list[dict], mbps: float, chunk_size_bytes: int) -> dict[str,
     end_to_end_s = max(r["end_to_end_s"] for r in receivers)
     receivers_cpu_s = sum(r["cpu_s"] for r in receivers)
     chunk_s = chunk_size_bytes * 8 / (mbps * GOODPUT_FRACTION * 1e6)
+    hop_s = min(chunk_size_bytes, RELAY_PIECE_BYTES) * 8 / (mbps * GOODPUT_FRACTION * 1e6)
     own_machine_s = (
         max(r["end_to_end_s"] for r in smallest["receivers"].values())
-        + (largest["num_receivers"] - smallest["num_receivers"]) * chunk_s
+        + (largest["num_receivers"] - smallest["num_receivers"]) * hop_s
     )
     return {
         "num_receivers": largest["num_receivers"],
@@ -114,6 +116,7 @@ def cpu_limit(runs: list[dict], mbps: float, chunk_size_bytes: int) -> dict[str,
         # to finish at the line-rate floor, the receivers alone would need this many cores (softirq on top)
         "receivers_cores_needed_at_line_rate": round(receivers_cpu_s / line_s, 2),
         "chunk_time_s": round(chunk_s, 4),
+        "hop_time_s": round(hop_s, 4),
         "own_machine_estimate_s": round(own_machine_s, 3),
         "own_machine_estimate_ratio_line": round(own_machine_s / line_s, 3),
     }
@@ -130,7 +133,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ns = sorted(int(n) for n in results["table"])
     for mode, style in (("one_to_many", "o-"), ("pipelined", "s-")):
         label = mode.replace("_", "-")
-        left.plot(ns, [results["table"][str(n)][mode]["end_to_end_s"] for n in ns], style, label=f"{label}, end to end")
+        if all(mode in results["table"][str(n)] for n in ns):
+            times = [results["table"][str(n)][mode]["end_to_end_s"] for n in ns]
+            left.plot(ns, times, style, label=f"{label}, end to end")
     left.plot(
         ns,
         [results["table"][str(n)]["pipelined"]["transfer_only_s"] for n in ns],

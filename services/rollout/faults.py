@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.chunk_server import ChunkStore
+from shared.chunk_server import ChunkStore, ReceivedBytes
 from shared.messages import RolloutGroup, pack_float32, pack_int32, unpack_float32, unpack_int32
 from shared.signing import Ed25519PrivateKey, Ed25519PublicKey
 from shared.weights import Buffer, Manifest, Payload, chunk_digests, payload_digest, sign
@@ -111,6 +111,14 @@ class TamperingStore(ChunkStore):
     ) -> memoryview | None:
         chunk = super().get_chunk(policy_version, index, wait_s, payload, manifest_sha256)
         return memoryview(tamper(chunk)) if chunk is not None else None
+
+    def wait_received(self, manifest: Manifest, index: int, offset: int, stall_s: float) -> ReceivedBytes | None:
+        """Chunks forwarded cut-through, before they are held, are served flipped too (their verdict stays
+        "verified": the lie is caught by the child's own check, and charged to this worker)."""
+        received = super().wait_received(manifest, index, offset, stall_s)
+        if received is None or offset != 0 or not received.data:
+            return received
+        return ReceivedBytes(memoryview(tamper(received.data)), received.attempt, received.held)
 
     def manifest(self, policy_version: int, payload: Payload = "full") -> Manifest | None:
         real = super().manifest(policy_version, payload)

@@ -4,15 +4,17 @@ store it (so this worker's own chunk server relays it at once), and route around
     sources   = resolve()                     # parent first, then fallbacks; the learner last
     while a chunk is missing and the deadline has not passed:
         stream the missing chunks from the first source that has not failed
-            each chunk: socket -> its place in the store's buffer -> verify there -> held
-                                              # children can fetch it from here now
+            each chunk: socket -> its place in the store's buffer, piece by piece
+                                              # each piece is forwarded to children at once (cut-through)
+                        -> the sender's verdict -> verify there -> held
+            the sender says it was bad: refetch that chunk (single GET), no blame, carry on
             corrupt chunk: repair it from another source (single GET), carry on with the stream
             dead, refusing, or silent for stall_timeout_s: that source has failed, take the next
         every source failed: ask resolve() again (the coordinator re-plans around the dead)
 
 Nothing here imports torch or talks to Redis: the benchmark runs this same code with no model.
-Every wait is bounded (the holder's chunk wait, `stall_timeout_s` per read, `version_timeout_s`
-overall) and the error that ends a fetch names every source and why it failed.
+Every wait is bounded (the holder's wait for progress, `stall_timeout_s` per read,
+`version_timeout_s` overall) and the error that ends a fetch names every source and why it failed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 
 import httpx
 
@@ -35,6 +38,9 @@ log = logging.getLogger(__name__)
 RETRY_ALL_FAILED_S = 0.5  # pause before asking for sources again once every one has failed
 MAX_ROUNDS = 3  # give up once every source (the learner included) has failed this many times over
 MAX_CORRUPT_PER_SOURCE = 2  # a source that sent this many bad chunks is dropped at its next bad one
+# a relay that forwarded bytes cut-through which then failed its own check says so (the verdict byte):
+# not its lie, but a source that keeps doing it (a bad upstream it does not leave) is left after this many
+MAX_REJECTED_PER_SOURCE = 4
 
 SourceResolver = Callable[[], list[str]]  # base URLs: parent first, then fallbacks (learner last)
 
@@ -64,6 +70,7 @@ class ArtifactFetch:
     done_at_s: float = 0.0  # wall clock: the last chunk verified
     bytes_by_source: Counter[str] = field(default_factory=Counter)  # bytes received from the network
     corrupt_by_source: Counter[str] = field(default_factory=Counter)  # chunks that failed verification
+    rejected_by_source: Counter[str] = field(default_factory=Counter)  # chunks the sender itself said were bad
     failures: list[str] = field(default_factory=list)  # one line per source failure, in order
 
     @property
@@ -172,8 +179,21 @@ class RelayFetcher:
                 except ValueError:  # held already (repaired meanwhile): read past it
                     stream.next_chunk()
                     continue
-                stream.read_chunk_into(region)
+                with in_local_store(manifest):  # each piece is reported to the store: forwarded at once
+                    vouched = stream.read_chunk_into(region, partial(self.store.note_received, manifest, index))
                 result.bytes_by_source[source] += len(region)
+                if not vouched:  # the holder forwarded them before its own check, which they then failed
+                    with in_local_store(manifest):
+                        self.store.reject_chunk(manifest, index)
+                    result.rejected_by_source[source] += 1
+                    log.info(
+                        "version %s chunk %d: %s passed on bad bytes; refetching", manifest.artifact, index, source
+                    )
+                    others = [url for url in sources if url != source]
+                    self._repair(manifest, index, [source, *others], result)  # it repairs it too: ask it first
+                    if result.rejected_by_source[source] >= MAX_REJECTED_PER_SOURCE:
+                        return f"passed on {result.rejected_by_source[source]} chunks it could not verify"
+                    continue
                 try:
                     with in_local_store(manifest):  # verified in its place; a corrupt chunk stays missing
                         self.store.commit_chunk(manifest, index)

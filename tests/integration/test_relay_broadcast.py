@@ -164,7 +164,12 @@ def test_a_corrupt_chunk_from_a_relay_is_caught_and_refetched_from_another_holde
     assert relayed.corrupt_by_source == {bad_relay.url: 1}
     assert relayed.bytes_by_source[learner.url] == CHUNK_SIZE_BYTES  # only chunk 2 came from the learner
     assert relayed.bytes_by_source[bad_relay.url] == len(blob)  # the corrupt copy was received, never stored
-    assert downstream.num_corrupt_chunks == 0 and downstream.bytes_by_source == {child.url: len(blob)}
+    # the child may have forwarded the bad copy of chunk 2 (cut-through) before its check failed: it then
+    # said so (the verdict byte), so the grandchild refetched that chunk from it and blamed nobody
+    assert downstream.num_corrupt_chunks == 0 and downstream.failures == []
+    num_rejected = downstream.rejected_by_source[child.url]
+    assert num_rejected <= 1
+    assert downstream.bytes_by_source == {child.url: len(blob) + num_rejected * CHUNK_SIZE_BYTES}
 
 
 @pytest.mark.parametrize("kind", [FaultKind.CORRUPT_CHUNKS, FaultKind.FORGED_MANIFEST])
@@ -219,7 +224,6 @@ def test_a_parent_killed_mid_broadcast_is_replaced_and_every_other_worker_comple
     manifest, chunks, blob = new_version()
     learner, child, grandchild = Holder(), Holder(), Holder()
     holders += [learner, child, grandchild]
-    publishing = publish_slowly(learner.store, manifest, chunks, interval_s=0.1)
     parent = subprocess.Popen(
         [sys.executable, "-c", RELAY_PROGRAM, learner.url],
         stdin=subprocess.PIPE,
@@ -231,6 +235,9 @@ def test_a_parent_killed_mid_broadcast_is_replaced_and_every_other_worker_comple
         parent.stdin.write(manifest.to_json().decode() + "\n")
         parent.stdin.flush()
         parent_url = parent.stdout.readline().strip()
+        # publishing starts once the parent is up (its start-up, imports included, takes longer than the
+        # whole publication on a busy machine); the learner's server waits for the manifest meanwhile
+        publishing = publish_slowly(learner.store, manifest, chunks, interval_s=0.1)
         child.fetch_in_background(manifest, [parent_url, learner.url])  # the plan: parent, then the learner
         grandchild.fetch_in_background(manifest, [child.url, parent_url, learner.url])
         wait_for(

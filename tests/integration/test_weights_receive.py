@@ -21,7 +21,7 @@ from services.rollout.relay_fetch import RelayFetcher
 from services.rollout.weights_sync import VerifiedVersion, WeightsSync
 from shared.bus import StreamBus
 from shared.chunk_client import fetch_manifest
-from shared.chunk_server import ChunkServer, ChunkStore
+from shared.chunk_server import STREAM_VERIFIED, ChunkServer, ChunkStore
 from shared.keys import RunKeys
 from shared.weights import Buffer, ChunkVerificationError, build_manifest
 from tests.polling import wait_for
@@ -172,7 +172,9 @@ def test_a_relayed_payload_is_one_buffer_and_served_on_byte_identical(chunk_serv
         assert all(view.obj is views[0].obj for view in views)  # every chunk in one buffer: nothing to join
         with httpx.Client() as client:
             assert fetch_manifest(client, relay.url, 3, PUBLIC_KEY) == manifest
-            assert client.get(f"{relay.url}/v1/weights/3/full/stream").content == blob
+            streamed = client.get(f"{relay.url}/v1/weights/3/full/stream").content
+        # each chunk is followed by its verdict byte: 1, the relay verified exactly those bytes
+        assert streamed == b"".join(bytes(chunk) + STREAM_VERIFIED for chunk in chunks)
     finally:
         fetcher.close()
         relay.stop()
