@@ -16,7 +16,7 @@ WORKERS ?= 3
 # this form needs no reinstall after a checkout moves
 RELAY_RL := $(PY) -m cluster.cli
 
-.PHONY: keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo bench-lora gpu-wheels gpu-check
+.PHONY: keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo bench-lora gpu-wheels gpu-check
 
 help:
 	@echo "(each target below runs a relay-rl command: $(RELAY_RL) --help, docs/cli.md)"
@@ -41,6 +41,8 @@ help:
 	@echo "make gpu-check  on a lent GPU machine (python3 with CUDA torch; the device call carries .whl): learner step at Qwen3-0.6B shape 2k-16k, FSDP2 on one NCCL rank, torch engine, a 30-step cluster run (~6 min; docs/gpu_check.md)"
 	@echo "make bench-eval held-out evaluation time, 20 prompts x 256 tokens: old no-KV-cache path vs the engine, and the learner's stall (~2 min)"
 	@echo "make bench-trust trust score: detection delay per liar kind and false positives over full demo runs (~30 min)"
+	@echo "make bench-trust-bf16 MODEL=<bf16 folder>  honest bf16 vLLM-CPU workers vs the mixed-precision learner, S = 0/2/4/8: none may be suspected (~60 min)"
+	@echo "make bench-trust-power MODEL=<bf16 folder>  the smallest temperature / weight deviation the exact checks catch within 50 groups (~30 min)"
 	@echo "make bench-signing Ed25519 vs HMAC: sign and verify time per weight manifest"
 	@echo "make bench-delta   delta size per codec after real AdamW steps at lr 1e-6 / 1e-5, bf16 vs fp32 master weights (~5 min)"
 	@echo "make ablation    staleness ablation: S in {0,1,2,4,6,11} x {truncated IS, none} x 3 seeds + pull mode, real local clusters (resumable; ~70 min; docs/staleness_ablation.md)"
@@ -134,6 +136,16 @@ simulator-validation: $(STAMP)
 
 bench-trust: $(STAMP)
 	$(RELAY_RL) bench trust
+
+# MODEL: a bf16 instruct model folder (e.g. SmolLM2-135M-Instruct); the cluster runs in $(VLLM_VENV) (vLLM workers)
+MODEL ?=
+bench-trust-bf16: $(STAMP) $(VLLM_STAMP)
+	@test -n "$(MODEL)" || { echo "usage: make bench-trust-bf16 MODEL=<bf16 model folder>"; exit 2; }
+	$(VLLM_PY) -m cluster.cli bench trust-bf16 --model-dir $(MODEL) --staleness 0 2 4 8 --out benchmarks/results/trust_bf16.json
+
+bench-trust-power: $(STAMP)
+	@test -n "$(MODEL)" || { echo "usage: make bench-trust-power MODEL=<bf16 model folder>"; exit 2; }
+	$(RELAY_RL) bench trust-power --model-dir $(MODEL) --num-groups 24
 
 bench-signing: $(STAMP)
 	$(RELAY_RL) bench signing

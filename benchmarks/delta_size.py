@@ -92,6 +92,31 @@ class Trainer:
         return num_bytes / sum(p.numel() for p in parameters)
 
 
+def time_precisions(config: Qwen3Config, init: dict, args: argparse.Namespace) -> list[dict]:
+    """Step time per precision, side by side: one trainer each, warmed up by a step, then `timing_rounds`
+    rounds in which every precision takes one step in turn, so a machine whose load drifts loads them
+    alike. Per precision: the median step and its ratio to float32's."""
+    trainers = {precision: Trainer(precision, args.lrs[0], config, init) for precision in args.precisions}
+    for trainer in trainers.values():
+        trainer.step(0, args.batch_size, args.seq_len)
+        trainer.step_s.clear()
+    for round_index in range(args.timing_rounds):
+        for trainer in trainers.values():
+            trainer.step(1 + round_index, args.batch_size, args.seq_len)
+    medians = {precision: float(np.median(trainer.step_s)) for precision, trainer in trainers.items()}
+    reference_s = medians.get("fp32")
+    return [
+        {
+            "precision": precision,
+            "step_s_median": round(median_s, 3),
+            "step_s_all": [round(step_s, 3) for step_s in trainers[precision].step_s],
+            "vs_fp32": round(median_s / reference_s, 3) if reference_s else None,
+            "bytes_per_parameter": round(trainers[precision].bytes_per_parameter(), 2),
+        }
+        for precision, median_s in medians.items()
+    ]
+
+
 def measure_pair(base: bytes, target: bytes) -> dict:
     """Changed 16-bit words, and per codec: size fraction, encode and decode seconds; then the pick."""
     changed = np.frombuffer(base, dtype=np.uint16) != np.frombuffer(target, dtype=np.uint16)
@@ -133,7 +158,7 @@ def run(args: argparse.Namespace) -> dict:
     num_parameters = sum(tensor.numel() for name, tensor in init.items() if name != "lm_head.weight")
     print(f"{num_parameters / 1e6:.1f}M parameters, torch {torch.__version__}", flush=True)
     runs, precisions = [], []
-    for precision in args.precisions:
+    for precision in [] if args.skip_deltas else args.precisions:
         for lr in args.lrs:
             trainer = Trainer(precision, lr, config, init)
             for step_index in range(args.warmup_steps):
@@ -157,6 +182,8 @@ def run(args: argparse.Namespace) -> dict:
                 }
             )
             print(json.dumps(precisions[-1]), flush=True)
+    step_times = time_precisions(config, init, args) if args.timing_rounds else []
+    print(json.dumps(step_times), flush=True)
     return {
         "command": " ".join(["python -m benchmarks.delta_size", *sys.argv[1:]]),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -169,6 +196,7 @@ def run(args: argparse.Namespace) -> dict:
         "batch": {"batch_size": args.batch_size, "seq_len": args.seq_len},
         "warmup_steps": args.warmup_steps,
         "precisions": precisions,
+        "step_times": step_times,
         "runs": runs,
         "summary": summarise(runs),
     }
@@ -220,6 +248,10 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--timing-rounds", type=int, default=5, help="round-robin steps per precision for the step times (0: none)"
+    )
+    parser.add_argument("--skip-deltas", action="store_true", help="only the step times and bytes per parameter")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     result = run(args)

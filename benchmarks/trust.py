@@ -67,6 +67,8 @@ def run_one(
     try:
         cluster.start()
         cluster.wait_until_done()
+    except TimeoutError as exc:  # a contended machine: what the run did until then still counts
+        log.warning("%s: %s; stopping it and summarising what it did", run_id, exc)
     finally:
         cluster.stop()
     return cluster
@@ -112,7 +114,8 @@ def summarize_run(run_dir: Path, kind: str | None, threshold: float, wall_s: flo
     records = read_trust_records(run_dir / "trust.jsonl")
     quarantined = quarantined_ids(run_dir)
     steps, _ = read_metrics(run_dir / "metrics.jsonl")
-    summary = LearnerSummary.model_validate_json((run_dir / "learner_summary.json").read_text())
+    summary_path = run_dir / "learner_summary.json"  # written when the learner stops, by a signal too
+    summary = LearnerSummary.model_validate_json(summary_path.read_text())
     honest_scores = [r.score for r in records if r.worker_id in honest_ids]
     audits = [r.audit_s for r in records if r.audit_s > 0]
     honest_exact = sorted(r.exact_diff_nats for r in records if r.worker_id in honest_ids and r.exact_diff_nats)
@@ -122,6 +125,7 @@ def summarize_run(run_dir: Path, kind: str | None, threshold: float, wall_s: flo
         "liar_kind": kind,
         "num_honest_workers": len({ids[w] for w in honest_ids}),
         "num_steps": summary.num_steps,
+        "finished": summary.finished,
         "wall_s": round(wall_s, 1),
         "reward_mean_first": summary.reward_mean_first,
         "reward_mean_last": summary.reward_mean_last,
@@ -218,10 +222,16 @@ def main() -> None:
             runs.append(summarize_run(cluster.run_dir, kind, threshold, time.monotonic() - started_s))
             runs[-1]["staleness_bound"] = load_run_config(config_path).schedule.staleness_bound
             log.info("%s", json.dumps(runs[-1]))
+            write_results(args, threshold, runs)  # after every run: a long bench keeps what it measured
     finally:
         for spinner in spinners:
             spinner.terminate()
             spinner.join()
+    result = write_results(args, threshold, runs)
+    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
+
+
+def write_results(args: argparse.Namespace, threshold: float, runs: list[dict[str, Any]]) -> dict[str, Any]:
     result = {
         "command": "python -m benchmarks.trust "
         + " ".join(f"--kinds {' '.join(args.kinds)}".split())
@@ -240,7 +250,7 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
+    return result
 
 
 if __name__ == "__main__":

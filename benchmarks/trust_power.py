@@ -44,8 +44,8 @@ from shared.tasks import build_task
 
 NUM_GROUPS_BUDGET = 50  # "caught within 50 of its groups"
 NUM_REPLAYS = 2000
-TEMPERATURE_DELTAS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)
-WEIGHT_DELTAS = (0.0, 0.002, 0.005, 0.01, 0.02, 0.05)
+TEMPERATURE_DELTAS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+WEIGHT_DELTAS = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1)
 
 
 def sample_batch(model_dir: Path, run: RunConfig, num_groups: int, seed: int) -> tuple[TrainBatch, list[int]]:

