@@ -43,8 +43,8 @@ def test_the_console_script_is_relay_rl_and_runs_cluster_cli_main(repo_root: Pat
 
 def test_bench_runs_every_benchmark_the_makefile_names(repo_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     makefile = (repo_root / "Makefile").read_text()
-    named = set(re.findall(r"cluster\.cli\)? ?bench ([a-z-]+)", makefile)) | set(
-        re.findall(r"\$\(RELAY_RL\) bench ([a-z-]+)", makefile)
+    named = set(re.findall(r"cluster\.cli\)? ?bench ([a-z0-9-]+)", makefile)) | set(
+        re.findall(r"\$\(RELAY_RL\) bench ([a-z0-9-]+)", makefile)
     )
     assert len(named) >= 10 and named <= set(BENCHMARKS), named - set(BENCHMARKS)
     for bench in BENCHMARKS.values():
