@@ -4,13 +4,13 @@ against what is installed. Imports torch or vllm only when it builds an engine."
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 from pathlib import Path
 from typing import Literal
 
 from engines.interface import InferenceEngine
 from shared.config import EngineKind, RolloutConfig
+from shared.tokenization import checkpoint_dtype_name
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +41,7 @@ def engine_dtype(rollout: RolloutConfig, model_dir: Path) -> Literal["float32", 
     checkpoint, else float32): the dtype the learner publishes its versions in."""
     if rollout.dtype != "auto":
         return rollout.dtype
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    stored = str(config.get("dtype") or config.get("torch_dtype") or "float32").removeprefix("torch.")
-    return "bfloat16" if stored in ("bfloat16", "float16") else "float32"
+    return "bfloat16" if checkpoint_dtype_name(model_dir) in ("bfloat16", "float16") else "float32"
 
 
 def build_engine(

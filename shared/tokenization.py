@@ -144,6 +144,13 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     return _read_json(model_dir / "config.json") or {}
 
 
+def checkpoint_dtype_name(model_dir: Path) -> str:
+    """The dtype config.json says the folder's weights are in ("bfloat16", "float16", "float32"; float32 when
+    it names none): what the learner publishes versions in and the workers' engines compute in."""
+    config = read_config(model_dir)
+    return str(config.get("dtype") or config.get("torch_dtype") or "float32").removeprefix("torch.")
+
+
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | PromptInput) -> list[int]:
     """The prompt's token ids, the one way training and evaluation both use.
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from shared.config import LearnerConfig
+from shared.tokenization import checkpoint_dtype_name
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +62,7 @@ class Precision:
 
 def checkpoint_dtype(model_dir: Path) -> torch.dtype:
     """The dtype the model folder's config.json says its weights are (float32 when it says none)."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    name = config.get("dtype") or config.get("torch_dtype") or "float32"
-    return CHECKPOINT_DTYPES.get(str(name).removeprefix("torch."), torch.float32)
+    return CHECKPOINT_DTYPES.get(checkpoint_dtype_name(model_dir), torch.float32)
 
 
 def set_config_dtype(model_dir: Path, dtype: torch.dtype) -> None:

@@ -3,6 +3,7 @@ teacher-forced recomputation, EOS, padding, and weight swaps."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,23 @@ def test_a_blob_that_does_not_fit_the_model_is_refused_and_the_old_weights_stay(
 
     after = engine.generate(MIXED_PROMPTS, 1, 3, 1.0, greedy=True)
     assert [g[0].logprobs for g in after] == [g[0].logprobs for g in before]
+
+
+def test_the_engines_compute_in_the_folders_dtype_unless_the_run_file_says(tmp_path: Path) -> None:
+    from engines.select import engine_dtype
+    from shared.config import RolloutConfig
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for stored, expected in [
+        ("bfloat16", "bfloat16"),
+        ("float16", "bfloat16"),
+        ("float32", "float32"),
+        (None, "float32"),
+    ]:
+        (folder / "config.json").write_text(json.dumps({"dtype": stored} if stored else {}))
+        assert engine_dtype(RolloutConfig(), folder) == expected, stored
+    assert engine_dtype(RolloutConfig(dtype="float32"), folder) == "float32"
+    (folder / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))  # transformers 4's name
+    assert engine_dtype(RolloutConfig(), folder) == "bfloat16"
+    assert engine_dtype(RolloutConfig(dtype="float32"), folder) == "float32"
