@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 
 from services.rollout.faults import FaultKind, TamperingStore
-from services.rollout.relay_fetch import ArtifactFetch, RelayFetcher, RelayFetchError
+from services.rollout.relay_fetch import RelayFetcher, RelayFetchError
 from shared.chunk_client import fetch_manifest
-from shared.chunk_server import ChunkServer, ChunkStore, ManifestMismatchError
+from shared.chunk_server import ChunkStore, ManifestMismatchError
 from shared.weights import Manifest, ManifestError, build_manifest, verify_signature
+from tests import relay_holders
 from tests.corrupting_store import CorruptingStore
 from tests.polling import wait_for
 from tests.weights_keys import PUBLIC_KEY, SIGNING_KEY
@@ -47,48 +48,11 @@ class OrderedStore(ChunkStore):
         self.stored_at[index] = next(STORE_EVENTS)
 
 
-class Holder:
-    """A chunk server with its store, and the relay fetcher a worker would run next to it."""
+class Holder(relay_holders.Holder):
+    """A holder whose store records the order chunks arrive in (OrderedStore) unless given one."""
 
     def __init__(self, store: ChunkStore | None = None, *, wait_s: float = 5.0, stall_timeout_s: float = 5.0) -> None:
-        self.store = store if store is not None else OrderedStore()
-        self.server = ChunkServer(self.store, wait_s=wait_s).start()
-        self.fetcher = RelayFetcher(
-            self.store,
-            own_url=self.url,
-            stall_timeout_s=stall_timeout_s,
-            manifest_wait_s=wait_s,
-            version_timeout_s=30.0,
-        )
-        self.result: ArtifactFetch | BaseException | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-    def fetch_in_background(self, manifest: Manifest, sources: list[str]) -> None:
-        def fetch() -> None:
-            try:
-                self.result = self.fetcher.fetch(manifest, lambda: sources)
-            except BaseException as exc:  # noqa: B036 (re-raised by the test through `done`)
-                self.result = exc
-
-        self._thread = threading.Thread(target=fetch, daemon=True)
-        self._thread.start()
-
-    def done(self, timeout_s: float = 30.0) -> ArtifactFetch:
-        assert self._thread is not None
-        self._thread.join(timeout_s)
-        assert not self._thread.is_alive(), "fetch did not finish"
-        if isinstance(self.result, BaseException):
-            raise self.result
-        assert isinstance(self.result, ArtifactFetch)
-        return self.result
-
-    def close(self) -> None:
-        self.fetcher.close()
-        self.server.stop()
+        super().__init__(store if store is not None else OrderedStore(), wait_s=wait_s, stall_timeout_s=stall_timeout_s)
 
 
 @pytest.fixture

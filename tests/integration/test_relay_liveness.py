@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from services.rollout.faults import FaultKind, TamperingStore
-from services.rollout.relay_fetch import ArtifactFetch, RelayFetcher
-from shared.chunk_server import ChunkServer, ChunkStore
+from shared.chunk_server import ChunkStore
 from shared.weights import ChunkVerificationError, Manifest, build_manifest
+from tests import relay_holders
 from tests.polling import wait_for
 from tests.weights_keys import PUBLIC_KEY, SIGNING_KEY
 
@@ -29,46 +29,14 @@ PIECE_INTERVAL_S = 0.15  # the throttled link: 0.44 MB/s, so a chunk takes 2.4 s
 CHUNK_ARRIVAL_S = PIECE_INTERVAL_S * CHUNK_SIZE_BYTES / PIECE_BYTES
 
 
-class Relay:
+class Relay(relay_holders.Holder):
     """A worker's relay side: its store, its chunk server and the fetcher that fills the store."""
 
     def __init__(
         self, store: ChunkStore | None = None, *, wait_s: float = TINY_WAIT_S, stall_timeout_s: float = 2.0
     ) -> None:
-        self.store = store if store is not None else ChunkStore(trusted_key=PUBLIC_KEY)
-        self.server = ChunkServer(self.store, wait_s=wait_s).start()
-        self.fetcher = RelayFetcher(
-            self.store, own_url=self.url, stall_timeout_s=stall_timeout_s, manifest_wait_s=wait_s, version_timeout_s=30
-        )
-        self.result: ArtifactFetch | BaseException | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-    def fetch_in_background(self, manifest: Manifest, sources: list[str]) -> None:
-        def fetch() -> None:
-            try:
-                self.result = self.fetcher.fetch(manifest, lambda: sources)
-            except BaseException as exc:  # noqa: B036 (re-raised by the test through `done`)
-                self.result = exc
-
-        self._thread = threading.Thread(target=fetch, daemon=True)
-        self._thread.start()
-
-    def done(self, timeout_s: float = 30.0) -> ArtifactFetch:
-        assert self._thread is not None
-        self._thread.join(timeout_s)
-        assert not self._thread.is_alive(), "fetch did not finish"
-        if isinstance(self.result, BaseException):
-            raise self.result
-        assert isinstance(self.result, ArtifactFetch)
-        return self.result
-
-    def close(self) -> None:
-        self.fetcher.close()
-        self.server.stop()
+        store = store if store is not None else ChunkStore(trusted_key=PUBLIC_KEY)
+        super().__init__(store, wait_s=wait_s, stall_timeout_s=stall_timeout_s)
 
 
 @pytest.fixture
