@@ -175,6 +175,7 @@ def plot(steps: list[StepRecord], evals: list[EvalRecord], report: dict, run_dir
     ax.set(xlabel="learner step", ylabel="reward / accuracy", title="Reward vs step", ylim=(0, 1.05))
     ax.legend()
     paths.append(_save(fig, run_dir / "reward_vs_step.png"))
+    paths.append(plot_learning_curves(steps, evals, run_dir / "learning_curves.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     histogram = report["staleness_histogram"]
@@ -205,6 +206,55 @@ def plot(steps: list[StepRecord], evals: list[EvalRecord], report: dict, run_dir
     ax.legend()
     paths.append(_save(fig, run_dir / "learner_busy_idle.png"))
     return paths
+
+
+def learning_curve_axes(steps: list[StepRecord], evals: list[EvalRecord]) -> dict[str, dict[str, list[float]]]:
+    """Train reward and held-out accuracy against three clocks: learner step, samples trained (cumulative)
+    and wall time. An evaluation of version t sits where step t ended (the policy it measured existed then);
+    version 0 at zero samples and zero seconds."""
+    samples_at = {0: 0.0}
+    wall_at = {0: 0.0}
+    total = 0
+    for record in steps:
+        total += record.num_samples
+        samples_at[record.step] = float(total)
+        wall_at[record.step] = record.wall_s
+    evaluated = [e for e in evals if e.eval_step in samples_at]
+    return {
+        "reward": {
+            "step": [float(s.step) for s in steps],
+            "samples": [samples_at[s.step] for s in steps],
+            "wall_s": [s.wall_s for s in steps],
+            "value": [s.reward_mean for s in steps],
+        },
+        "eval_accuracy": {
+            "step": [float(e.eval_step) for e in evaluated],
+            "samples": [samples_at[e.eval_step] for e in evaluated],
+            "wall_s": [wall_at[e.eval_step] for e in evaluated],
+            "value": [e.eval_accuracy for e in evaluated],
+        },
+    }
+
+
+def plot_learning_curves(steps: list[StepRecord], evals: list[EvalRecord], path: Path) -> Path:
+    """learning_curves.png: reward and held-out accuracy vs step, vs samples trained and vs wall time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = learning_curve_axes(steps, evals)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
+    for ax, (clock, label) in zip(
+        axes, [("step", "learner step"), ("samples", "samples trained"), ("wall_s", "wall time (s)")], strict=True
+    ):
+        ax.plot(curves["reward"][clock], curves["reward"]["value"], label="train reward (mean of step)", alpha=0.7)
+        ax.plot(curves["eval_accuracy"][clock], curves["eval_accuracy"]["value"], "o-", label="held-out accuracy")
+        ax.set(xlabel=label, ylim=(0, 1.05))
+    axes[0].set(ylabel="reward / accuracy")
+    axes[0].legend()
+    fig.suptitle("Reward and held-out accuracy (greedy) vs step, samples and wall time")
+    return _save(fig, path)
 
 
 def _save(fig, path: Path) -> Path:

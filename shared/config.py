@@ -14,6 +14,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.model_catalog import INIT_NAMES, TINY_RANDOM
+
 log = logging.getLogger(__name__)
 
 
@@ -22,17 +24,21 @@ class Section(BaseModel):
 
 
 class ModelConfig(Section):
-    """The policy: a user's Hugging Face causal-LM folder (`path`), or the demo's tiny random model
-    built locally (`init = "tiny-random"`, sized by the fields below). Exactly one of the two; with
-    neither, the services use the folder RL_MODEL_DIR (default <run_dir>/model) names and build nothing.
+    """The policy: a user's Hugging Face causal-LM folder (`path`), the demo's tiny random model built
+    locally (`init = "tiny-random"`, sized by the fields below), or a pretrained base of the catalog
+    (`init = "smollm2-135m-instruct"`: shared/model_catalog.py, fetched and converted once into the
+    model cache by `relay-rl model get`; docs/models.md). Exactly one of path and init; with neither,
+    the services use the folder RL_MODEL_DIR (default <run_dir>/model) names and build nothing.
     RL_MODEL_DIR, where set, overrides `path` (the same folder may sit elsewhere on each machine)."""
 
     path: Path | None = Field(
         None, description="local HF causal-LM folder (config.json, weights, tokenizer); relative: to the working dir"
     )
-    init: Literal["tiny-random"] | None = Field(
+    init: str | None = Field(
         None,
-        description="tiny-random: build a tiny random Qwen2/Qwen3 and a character tokenizer for the task (the demo)",
+        description="tiny-random: build a tiny random Qwen2/Qwen3 and a character tokenizer for the task (the demo); "
+        "a catalog model's name (relay-rl model list): its cached folder, fetched and converted where absent, "
+        "linked as <run_dir>/model by cluster.local and relay-rl worker",
     )
     architecture: str = Field("qwen2", pattern="^(qwen2|qwen3)$", description="tiny-random: HF model_type to build")
     hidden_size: int = Field(64, ge=8, description="tiny-random: width of the residual stream")
@@ -45,11 +51,13 @@ class ModelConfig(Section):
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
+        if self.init is not None and self.init not in INIT_NAMES:
+            raise ValueError(f"[model] init = {self.init!r}: not one of {list(INIT_NAMES)}")
         if self.path is not None and self.init is not None:
             raise ValueError(f"[model] names both path ({self.path}) and init ({self.init!r}): choose one")
-        ignored = sorted(self.model_fields_set & TINY_RANDOM_FIELDS) if self.init is None else []
+        ignored = sorted(self.model_fields_set & TINY_RANDOM_FIELDS) if self.init != TINY_RANDOM else []
         if ignored:
-            log.warning("[model] %s ignored: they size only the tiny-random model (init is not set)", ignored)
+            log.warning("[model] %s ignored: they size only the tiny-random model (init is %r)", ignored, self.init)
         return self
 
 
@@ -77,6 +85,11 @@ class TaskConfig(Section):
     )
     num_eval_prompts: int = Field(20, ge=1, description="held-out prompts, never sampled for training")
     seed: int = Field(0, description="seed of the prompt stream, the held-out split and procedural generators")
+    prompt_seed: int | None = Field(
+        None,
+        description="seed of the training prompt stream alone (which prompts the reward service hands out, in "
+        "which order); None: derived from `seed`. Runs that must share one held-out set vary this, not `seed`",
+    )
     # The fields below are read only by the adapters that name them in `config_fields` (docs/tasks.md);
     # one set for another task is ignored with a warning (shared/tasks/__init__.py build_task).
     size: int = Field(
@@ -92,6 +105,12 @@ class TaskConfig(Section):
         max_length=64,
         description="math_gym: reasoning-gym dataset names whose answers are numbers or expressions; "
         "the universe is split evenly between them",
+    )
+    reasoning_gym_config: dict[str, dict[str, int | float | bool | str]] = Field(
+        default_factory=dict,
+        description="math_gym: keyword options of a dataset's generator, by dataset name, e.g. "
+        "{ chain_sum = { min_terms = 2, max_terms = 2, max_digits = 2 } } (reasoning-gym's config fields; "
+        "an unknown one is an error at start)",
     )
     answer_format: Literal["boxed", "number"] = Field(
         "boxed",
@@ -114,11 +133,14 @@ class TaskConfig(Section):
         for name in self.reasoning_gym_tasks:
             if not name or not name.replace("_", "").isalnum() or not name.isascii():
                 raise ValueError(f"[task] reasoning_gym_tasks: {name!r} is not a reasoning-gym dataset name")
+        unused = sorted(set(self.reasoning_gym_config) - set(self.reasoning_gym_tasks))
+        if unused:
+            raise ValueError(f"[task] reasoning_gym_config names {unused}, which reasoning_gym_tasks does not list")
         return self
 
 
 TASK_OPTION_FIELDS = frozenset(
-    {"size", "reasoning_gym_tasks", "answer_format", "path", "question_column", "answer_column"}
+    {"size", "reasoning_gym_tasks", "reasoning_gym_config", "answer_format", "path", "question_column", "answer_column"}
 )
 
 

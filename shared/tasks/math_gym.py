@@ -2,7 +2,8 @@
 with math-verify (shared/tasks/math_answers.py).
 
 The universe is `[task] size` problems split evenly between the `[task] reasoning_gym_tasks` generators
-(basic_arithmetic, chain_sum, simple_equations by default), each generator seeded with `[task] seed`, so
+(basic_arithmetic, chain_sum, simple_equations by default), each generator seeded with `[task] seed` and
+given its options from `[task] reasoning_gym_config` (e.g. the number of terms and digits), so
 the learner, the reward service and its verifier child all build the same problems and references.
 `[task] answer_format` picks the answer the prompt asks for and the verifier reads: "boxed" (\\boxed{...},
 the default) or "number" (the last boxed answer, else the last number: small instruct models rarely box).
@@ -10,7 +11,7 @@ the default) or "number" (the last boxed answer, else the last number: small ins
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Literal, Self
 
 from shared.config import TaskConfig
@@ -30,7 +31,7 @@ ANSWER_FORMATS: dict[str, tuple[str, Callable[[str, str], float]]] = {
 class MathGymTask(TaskAdapter):
     name = "math_gym"
     alphabet = PRINTABLE_ASCII
-    config_fields = frozenset({"size", "reasoning_gym_tasks", "answer_format"})
+    config_fields = frozenset({"size", "reasoning_gym_tasks", "reasoning_gym_config", "answer_format"})
 
     def __init__(
         self,
@@ -39,11 +40,13 @@ class MathGymTask(TaskAdapter):
         seed: int,
         size: int = 1000,
         datasets: tuple[str, ...] = (),
+        dataset_options: Mapping[str, Mapping[str, object]] | None = None,
         answer_format: Literal["boxed", "number"] = "boxed",
     ) -> None:
         self.size = size
         self.datasets = datasets or ("basic_arithmetic", "chain_sum", "simple_equations")
         self.seed = seed
+        self.dataset_options = {name: dict(options) for name, options in (dataset_options or {}).items()}
         self.system_prompt, self.verifier = ANSWER_FORMATS[answer_format]
         super().__init__(num_eval_prompts=num_eval_prompts, seed=seed)
 
@@ -54,6 +57,7 @@ class MathGymTask(TaskAdapter):
             seed=config.seed,
             size=config.size,
             datasets=tuple(config.reasoning_gym_tasks),
+            dataset_options=config.reasoning_gym_config,
             answer_format=config.answer_format,
         )
 
@@ -62,7 +66,8 @@ class MathGymTask(TaskAdapter):
         for index, dataset_name in enumerate(self.datasets):
             # the first size % n generators take one more item, so the universe has `size` before dedup
             count = self.size // len(self.datasets) + (1 if index < self.size % len(self.datasets) else 0)
-            for entry in generate(dataset_name, seed=self.seed, size=count):
+            options = self.dataset_options.get(dataset_name, {})
+            for entry in generate(dataset_name, seed=self.seed, size=count, **options):
                 prompts.append(chat_prompt(self.system_prompt, str(entry["question"]), str(entry["answer"])))
         return unique_by_prompt(prompts)
 
@@ -70,8 +75,9 @@ class MathGymTask(TaskAdapter):
         return self.verifier(completion, reference)
 
 
-def generate(dataset_name: str, *, seed: int, size: int) -> list[dict[str, object]]:
-    """`size` entries of a reasoning-gym dataset (question, answer, metadata); ValueError for an unknown name."""
+def generate(dataset_name: str, *, seed: int, size: int, **options: object) -> list[dict[str, object]]:
+    """`size` entries of a reasoning-gym dataset (question, answer, metadata), its generator given `options`;
+    ValueError for an unknown name or option."""
     if size == 0:
         return []
     import reasoning_gym  # heavy (sympy and more): only where a task is built
@@ -79,5 +85,8 @@ def generate(dataset_name: str, *, seed: int, size: int) -> list[dict[str, objec
 
     if dataset_name not in DATASETS:
         raise ValueError(f"reasoning-gym has no dataset {dataset_name!r}; some it has: {sorted(DATASETS)[:20]} ...")
-    dataset = reasoning_gym.create_dataset(dataset_name, seed=seed, size=size)
+    try:
+        dataset = reasoning_gym.create_dataset(dataset_name, seed=seed, size=size, **options)
+    except (TypeError, AssertionError) as exc:  # an unknown field; a value its validate() refuses
+        raise ValueError(f"reasoning-gym {dataset_name!r} options {options}: {exc}") from exc
     return [dataset[index] for index in range(size)]

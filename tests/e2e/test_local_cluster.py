@@ -29,5 +29,5 @@ def test_a_short_run_learns_within_the_staleness_bound_and_stops_every_process(t
     workers = report["workers"]
     assert len(workers) == 3
     assert all(w["policy_version"] > 0 and w["num_groups_done"] > 0 for w in workers), workers
-    for plot in ("reward_vs_step.png", "staleness_histogram.png", "learner_busy_idle.png"):
+    for plot in ("reward_vs_step.png", "learning_curves.png", "staleness_histogram.png", "learner_busy_idle.png"):
         assert (cluster.run_dir / plot).stat().st_size > 1000

@@ -184,3 +184,34 @@ def test_fields_another_task_reads_are_ignored_with_a_warning(tmp_path: Path, ca
     assert task.name == "arithmetic_mod10"
     assert "['path', 'size'] ignored: task arithmetic_mod10 does not read them" in caplog.text
     assert len(make_task("arithmetic_mod10", num_eval_prompts=20, seed=0).train_set) == 80  # as before
+
+
+def test_math_gym_passes_generator_options_and_refuses_unknown_ones() -> None:
+    two_terms = {"chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}
+    task = build_task(
+        TaskConfig(
+            name="math_gym",
+            num_eval_prompts=5,
+            size=60,
+            reasoning_gym_tasks=["chain_sum"],
+            reasoning_gym_config=two_terms,
+            answer_format="number",
+        )
+    )
+    for item in task.train_set + task.eval_set:
+        problem = item.messages[-1].content.rsplit(":", 1)[-1]
+        operands = [token for token in problem.replace("=", " ").split() if token.lstrip("-").isdigit()]
+        assert len(operands) == 2 and all(len(o.lstrip("-")) == 1 for o in operands), problem
+
+    with pytest.raises(ValueError, match="bogus"):
+        build_task(
+            TaskConfig(
+                name="math_gym",
+                num_eval_prompts=5,
+                size=60,
+                reasoning_gym_tasks=["chain_sum"],
+                reasoning_gym_config={"chain_sum": {"bogus": 1}},
+            )
+        )
+    with pytest.raises(ValueError, match="does not list"):
+        TaskConfig(name="math_gym", reasoning_gym_tasks=["chain_sum"], reasoning_gym_config={"basic_arithmetic": {}})
