@@ -6,6 +6,7 @@
     relay-rl status [--json]                     the run at a glance: learner step, reward, workers by state
     relay-rl bench NAME [ARGS] | --list          the benchmarks the Makefile runs (make bench-*)
     relay-rl keys                                a new Ed25519 pair for weight manifests (make keys)
+    relay-rl model get NAME | list               a pretrained base from the catalog, converted once (make model)
 
 `relay-rl COMMAND --help` says more. Only the standard library is imported before the arguments are
 parsed, so every --help answers at once; each command imports what it needs when it runs.
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 # standard library only at module level (each defers its heavy imports to when it runs): --help stays instant
-from cluster import bench_catalog, remote_worker, status_view
+from cluster import bench_catalog, model_cache, remote_worker, status_view
 from cluster.join import DEFAULT_RUN_DIR, REPO_ROOT
 
 
@@ -60,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("name", nargs="?", choices=sorted(bench_catalog.BENCHMARKS), metavar="NAME")
     bench.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     commands.add_parser("keys", help="print a new Ed25519 pair: RL_SIGNING_KEY (learner only), RL_WEIGHTS_PUBLIC_KEY")
+    model = commands.add_parser(
+        "model",
+        help="a pretrained base from the catalog: get (fetch, convert, check; prints its folder) or list",
+        description=model_cache.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    model_cache.add_arguments(model)
     return parser
 
 
@@ -89,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         from shared.signing import main as signing_main
 
         sys.exit(signing_main(["generate"]))
+    elif args.command == "model":
+        model_cache.main(args)
 
 
 def run_demo(args: list[str]) -> None:

@@ -2,7 +2,8 @@
 
 Starts a private Redis (redis-server on PATH, else the bundled Valkey), finds the policy folder
 (--model-dir, else the run file's `[model] path`, else runs/<run-id>/model, where `[model] init =
-"tiny-random"` builds the demo's tiny policy) and checks it, then starts the coordinator, reward
+"tiny-random"` builds the demo's tiny policy and a catalog model's name links its cached folder,
+fetched and converted first where absent: docs/models.md) and checks it, then starts the coordinator, reward
 service, learner and N rollout workers; shows live progress; stops everything by PID when the
 learner is done or on Ctrl-C; writes runs/<run-id>/report.json with plots, and points runs/latest
 at it.
@@ -39,12 +40,14 @@ from pathlib import Path
 import httpx
 
 from cluster.accounting import count_groups
+from cluster.model_cache import link_catalog_model
 from cluster.processes import ServiceProcess, start_service
 from cluster.redis_acl import OPERATOR, RedisUsers
 from cluster.redis_server import RedisServer, free_port
 from cluster.supervisor import RestartMode, RestartPolicy, ServiceState, SupervisionRecord, Supervisor
 from shared.api import StatusResponse, WorkerState
 from shared.config import RunConfig, load_run_config, resolve_model_dir
+from shared.model_catalog import TINY_RANDOM
 from shared.retry import REDIS_OUTAGE_ERRORS
 from shared.run_records import LearnerSummary
 from shared.signing import PUBLIC_KEY_ENV, SIGNING_KEY_ENV, KeyPair, generate_key_pair
@@ -218,11 +221,18 @@ class LocalCluster:
         return self.redis_users.url_for(user, self.redis.url)
 
     def build_initial_policy(self) -> None:
-        """Build the tiny-random policy if the run file asks and it is not there yet; then check the
-        folder, so a wrong path fails here in one line rather than in every service's log."""
+        """Where the run file asks (`[model] init`) and the folder is not there yet: build the tiny-random
+        policy, or link the catalog model's cached folder (`relay-rl model get` fetches and converts it
+        first where absent; every service reads it through the link). Then check the folder, so a wrong
+        path fails here in one line rather than in every service's log."""
         model_dir = self.model_dir
-        if self.run.model.init == "tiny-random" and not (model_dir / "config.json").exists():
-            self.build_tiny_random_policy()
+        init = self.run.model.init
+        if init is not None and not (model_dir / "config.json").exists():
+            if init == TINY_RANDOM:
+                self.build_tiny_random_policy()
+            else:
+                log.info("policy folder %s: linking catalog model %s (relay-rl model get)", model_dir, init)
+                link_catalog_model(init, model_dir)
         check_model_folder(model_dir)
         log.info("policy folder %s", model_dir)
 

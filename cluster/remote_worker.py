@@ -10,7 +10,9 @@
                  coordinator (or a man in the middle) cannot hand this worker weights signed by another key
     3. write     the run file into the work folder (--work-dir, default ~/.cache/relay-rl/<run id>)
     4. model     `[model] init = "tiny-random"`: build it from the run file, as the learner did (seeded, so the
-                 same weights and the same fingerprint); a real checkpoint: --model-dir (or the run file's
+                 same weights and the same fingerprint); a catalog model's name: its folder in this machine's
+                 model cache, fetched and converted first where absent (relay-rl model get; the same bytes
+                 where transformers is the learner's version); a real checkpoint: --model-dir (or the run file's
                  `[model] path` where the same folder exists here), checked before anything heavy loads;
                  then against the learner's newest manifest (its learner URL from the coordinator's relay
                  plan, its signature checked with the key): a folder with another tokenizer or architecture
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cluster.join import DEFAULT_RUN_DIR, read_cluster_env
+from cluster.model_cache import link_catalog_model
 from cluster.worker_process import add_identity_arguments, exec_rollout_worker, identity_environment
 
 if TYPE_CHECKING:
@@ -89,8 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model-dir",
         type=Path,
         default=None,
-        help="the run's HF checkpoint on this machine (default: built here for init = tiny-random, "
-        "else the run file's [model] path)",
+        help="the run's HF checkpoint on this machine (default: built here for init = tiny-random, the model "
+        "cache's folder for a catalog model's name, else the run file's [model] path)",
     )
     parser.add_argument("--engine", choices=("torch", "vllm", "auto"), default=None, help="default: the run file's")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads of the inference engine")
@@ -142,7 +145,8 @@ def prepare(args: argparse.Namespace) -> dict[str, str]:
     check_public_key(bootstrap.weights_public_key, args.public_key)
     work_dir = (args.work_dir or DEFAULT_WORK_ROOT / bootstrap.run_id).resolve()
     run_file = write_run_file(work_dir, bootstrap.run_config_toml)
-    with console.status("preparing the model folder (init = tiny-random: building it)"):
+    init = bootstrap.model.init
+    with console.status("preparing the model folder" + (f" (init = {init}: built or fetched here)" if init else "")):
         model_dir = prepare_model_folder(bootstrap, run_file, args.model_dir, work_dir)
     with console.status("checking the model folder against the learner's newest weights"):
         checked = check_against_learner(args.coordinator, bootstrap.weights_public_key, model_dir)
@@ -231,15 +235,19 @@ def write_run_file(work_dir: Path, run_config_toml: str) -> Path:
 
 
 def prepare_model_folder(bootstrap: ClusterBootstrap, run_file: Path, model_dir: Path | None, work_dir: Path) -> Path:
-    """Step 4: the checked model folder. `init = "tiny-random"` without --model-dir: built into
-    <work_dir>/model with the learner's own builder (services/learner/model_init.py), once."""
+    """Step 4: the checked model folder. Without --model-dir, `init = "tiny-random"`: built into
+    <work_dir>/model with the learner's own builder (services/learner/model_init.py), once; a catalog
+    model's name: <work_dir>/model links its folder in the model cache (fetched and converted where absent)."""
+    from shared.model_catalog import TINY_RANDOM
     from shared.tokenization import ModelFolderError, check_model_folder
 
     if model_dir is None:
-        if bootstrap.model.init == "tiny-random":
+        if bootstrap.model.init is not None:
             model_dir = work_dir / "model"
-            if not (model_dir / "config.json").exists():
+            if bootstrap.model.init == TINY_RANDOM and not (model_dir / "config.json").exists():
                 build_tiny_random_policy(run_file, model_dir)
+            elif bootstrap.model.init != TINY_RANDOM:
+                fetch_catalog_model(bootstrap.model.init, model_dir)
         elif bootstrap.model.path is not None:
             model_dir = bootstrap.model.path
         else:
@@ -285,6 +293,14 @@ def check_against_learner(coordinator_url: str, public_key_hex: str, model_dir: 
             f"the learner's newest manifest does not verify with the coordinator's public key: {exc}"
         ) from exc
     return f"same model fingerprint as the learner's version {manifest.policy_version}"
+
+
+def fetch_catalog_model(name: str, link: Path) -> None:
+    """`link` -> the catalog model's cached folder, checked (cheaply where cached) each time the worker starts."""
+    try:
+        link_catalog_model(name, link)
+    except RuntimeError as exc:
+        raise JoinError(f"getting catalog model {name}: {exc}") from exc
 
 
 def build_tiny_random_policy(run_file: Path, model_dir: Path) -> None:

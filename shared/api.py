@@ -123,7 +123,9 @@ class ClusterBootstrap(Body):
         pattern=r"^[0-9a-f]{64}$", description="the learner's Ed25519 public key (hex of 32 bytes)"
     )
     redis_url: str = Field(description="the Redis URL workers use, without credentials (redis:// or rediss://)")
-    model: ModelConfig = Field(description="the run file's [model]: init = tiny-random is built by the worker")
+    model: ModelConfig = Field(
+        description="the run file's [model]: init = tiny-random is built by the worker, a catalog model fetched"
+    )
 
 
 class ReleaseResponse(Body):

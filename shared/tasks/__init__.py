@@ -72,7 +72,10 @@ def build_task(config: TaskConfig) -> TaskAdapter:
     ignored = sorted((config.model_fields_set & TASK_OPTION_FIELDS) - adapter.config_fields)
     if ignored:
         log.warning("[task] %s ignored: task %s does not read them", ignored, config.name)
-    return adapter.from_config(config)
+    task = adapter.from_config(config)
+    if config.prompt_seed is not None:
+        task.reseed_prompt_stream(config.prompt_seed)
+    return task
 
 
 def make_task(name: str, *, num_eval_prompts: int, seed: int) -> TaskAdapter:

@@ -58,6 +58,11 @@ class TaskAdapter(ABC):
     def score(self, completion: str, reference: str) -> float:
         """Reward of one completion (text after the prompt, EOS stripped) in [0, 1]."""
 
+    def reseed_prompt_stream(self, seed: int) -> None:
+        """Restart the training prompt stream from `seed` (`[task] prompt_seed`); the universe and the
+        held-out split keep the seed they were built with."""
+        self._rng = random.Random(seed)
+
     def sample_prompt(self) -> TaskPrompt:
         """A training prompt (never one of the held-out set)."""
         return self._rng.choice(self.train_set)

@@ -24,7 +24,7 @@ HEAVY_MODULES = {"torch", "transformers", "vllm", "fastapi", "uvicorn"}
 
 @pytest.mark.parametrize(
     "args",
-    [[], ["worker"], ["status"], ["bench"], ["keys"], ["drain"], ["demo"]],
+    [[], ["worker"], ["status"], ["bench"], ["keys"], ["drain"], ["demo"], ["model"], ["model", "get"]],
     ids=lambda args: " ".join(args) or "relay-rl",
 )
 def test_every_help_answers_without_importing_a_heavy_module(args: list[str], repo_root: Path) -> None:
