@@ -6,26 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from cluster.report import learning_curve_axes, plot_learning_curves
-from shared.messages import FlatGroups
-from shared.run_records import EvalRecord
-from tests.unit.test_report_zero_variance import step_record
-
-
-def eval_record(version: int, accuracy: float, finished_s: float) -> EvalRecord:
-    return EvalRecord(
-        eval_step=version,
-        eval_accuracy=accuracy,
-        eval_reward_mean=accuracy,
-        num_eval_prompts=10,
-        eval_s=1.0,
-        wall_s=finished_s,
-    )
+from tests.run_records import eval_record, step_record
 
 
 def test_evaluations_sit_at_the_samples_and_time_of_the_version_they_measured(tmp_path: Path) -> None:
-    flat = FlatGroups(num_groups=2, num_flat_at_zero=0, num_flat_at_max=0, num_skipped=0, num_samples=8)
-    steps = [step_record(step, flat) for step in (1, 2, 3)]  # 4 * 2 samples per step, wall_s = step
-    evals = [eval_record(0, 0.1, 0.5), eval_record(2, 0.3, 9.0), eval_record(7, 0.9, 9.5)]  # 7: not in the log
+    steps = [step_record(step, num_samples=8) for step in (1, 2, 3)]  # wall_s = step
+    evals = [eval_record(0, 0.1, wall_s=0.5), eval_record(2, 0.3, wall_s=9.0), eval_record(7, 0.9, wall_s=9.5)]
 
     curves = learning_curve_axes(steps, evals)
 

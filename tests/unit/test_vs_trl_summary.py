@@ -15,6 +15,7 @@ from benchmarks.vs_trl_records import CellRecord, EvalPoint, StepPoint, load_rec
 from benchmarks.vs_trl_summary import common_budget, interpolate, summarize, write_summary
 from shared.config import RunConfig
 from shared.run_records import EvalRecord, StepRecord
+from tests.run_records import eval_record, step_record
 
 
 def record(cell: str, seed: int, evals: list[tuple[int, float, float]], samples_per_step: int = 10) -> CellRecord:
@@ -156,33 +157,8 @@ def test_our_evals_sit_at_the_samples_generated_and_wall_time_of_the_step_that_m
 
 
 def _step(step: int, num_samples: int, wall_s: float, num_dropped: dict[str, int]) -> StepRecord:
-    return StepRecord(
-        step=step,
-        policy_version=step,
-        train_s=1.0,
-        idle_s=0.0,
-        publish_s=0.0,
-        reward_mean=0.5,
-        reward_std=0.1,
-        staleness_histogram={"0": 8},
-        max_staleness=0,
-        num_dropped=num_dropped,
-        num_dead_lettered=0,
-        num_groups=8,
-        num_samples=num_samples,
-        num_tokens=100,
-        num_replayed_groups=0,
-        loss=0.0,
-        ratio_mean=1.0,
-        clip_fraction=0.0,
-        truncated_fraction=0.0,
-        approx_kl=0.0,
-        grad_norm=1.0,
-        wall_s=wall_s,
-    )
+    return step_record(step, num_samples=num_samples, wall_s=wall_s, num_dropped=num_dropped)
 
 
 def _eval(version: int, accuracy: float) -> EvalRecord:
-    return EvalRecord(
-        eval_step=version, eval_accuracy=accuracy, eval_reward_mean=accuracy, num_eval_prompts=4, eval_s=1.0, wall_s=1.0
-    )
+    return eval_record(version, accuracy, num_eval_prompts=4)
