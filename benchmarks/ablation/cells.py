@@ -20,6 +20,7 @@ import signal
 import statistics
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,12 +28,11 @@ from typing import Any
 from cluster.local import raise_keyboard_interrupt
 from cluster.report import write_report
 from shared.api import DashboardResponse
-from shared.config import load_run_config
+from shared.config import RunConfig, load_run_config
 from shared.run_records import EvalRecord, StepRecord, read_metrics
 from simulator.validation import run_cluster
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-BASE_RUN_FILE = REPO_ROOT / "configs" / "demo.toml"
 REWARD_TARGET = 0.8  # "steps to reach 0.8 reward": the first step whose trailing mean reaches it
 TRAILING_STEPS = 10  # final reward and the target use the mean over this many steps
 
@@ -56,6 +56,7 @@ class Cell:
     run_id_prefix: str = "ablation"
     worker_price_per_hour: float = 0.0  # $/h each worker registers with (the cost ledger bills it while active)
     learner_price_per_hour: float | None = None  # None: the run file's [activation] learner_price_per_hour
+    base_config: str = "configs/demo.toml"  # the run file every override applies to, from the repository root
 
     @property
     def key(self) -> str:
@@ -68,8 +69,8 @@ class Cell:
             return 0
         return max(self.staleness_bound - 1, 0) if self.hold_versions_max is None else self.hold_versions_max
 
-    def run_file(self, base: Path = BASE_RUN_FILE) -> dict[str, Any]:
-        raw = tomllib.loads(base.read_text())
+    def run_file(self, base: Path | None = None) -> dict[str, Any]:
+        raw = tomllib.loads((base or REPO_ROOT / self.base_config).read_text())
         raw["run_id"] = self.run_id_prefix
         if self.learner_price_per_hour is not None:
             raw.setdefault("activation", {})["learner_price_per_hour"] = self.learner_price_per_hour
@@ -120,19 +121,26 @@ class CellResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def run_cell(cell: Cell, runs_dir: Path) -> CellResult:
-    """Run the cell's cluster to its last step (real processes, stopped by PID) and measure it."""
+# (run config, step records, dashboard polls, data-plane latencies) -> what to keep in CellResult.extra
+CellAnalysis = Callable[[RunConfig, list[StepRecord], list[DashboardResponse], dict[str, float]], dict[str, Any]]
+
+
+def run_cell(cell: Cell, runs_dir: Path, analyse: CellAnalysis | None = None) -> CellResult:
+    """Run the cell's cluster to its last step (real processes, stopped by PID) and measure it; `analyse`
+    adds its own figures (benchmarks/async_vs_sync.py: the simulator's prediction) to the result's extra."""
     runs_dir.mkdir(parents=True, exist_ok=True)
     run_file = runs_dir / f"{cell.key}.source.toml"
     run_file.write_text(dump_toml(cell.run_file()))
     load_run_config(run_file)  # a bad cell fails here, before any process starts
     price = {"RL_WORKER_PRICE_PER_HOUR": str(cell.worker_price_per_hour)}
     worker_env = {f"worker-{index}": price for index in range(cell.num_workers)}
-    steps, polls, _, run = run_cluster(cell.key, run_file, cell.num_workers, {}, runs_dir, worker_env)
+    steps, polls, pipeline, run = run_cluster(cell.key, run_file, cell.num_workers, {}, runs_dir, worker_env)
     run_dir = runs_dir / run.run_id
     report = write_report(run_dir, run, None, wall_s=steps[-1].wall_s if steps else 0.0)
     _, evals = read_metrics(run_dir / "metrics.jsonl")
     result = summarize(cell, run.run_id, steps, evals, report, polls)
+    if analyse is not None:
+        result.extra |= analyse(run, steps, polls, pipeline)
     return result
 
 
@@ -231,7 +239,7 @@ def start_runner_logging() -> None:
     signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
 
 
-def run_missing(cells: list[Cell], out_dir: Path, runs_dir: Path) -> None:
+def run_missing(cells: list[Cell], out_dir: Path, runs_dir: Path, analyse: CellAnalysis | None = None) -> None:
     """Run every cell without a result file in `out_dir/cells`, saving each as it finishes (resumable);
     a cell cut short before has its run folder removed and starts over."""
     todo = [cell for cell in cells if not (out_dir / "cells" / f"{cell.key}.json").exists()]
@@ -239,7 +247,7 @@ def run_missing(cells: list[Cell], out_dir: Path, runs_dir: Path) -> None:
     for index, cell in enumerate(todo, 1):
         shutil.rmtree(runs_dir / f"{cell.run_id_prefix}-{cell.key}", ignore_errors=True)
         started_s = time.monotonic()
-        result = run_cell(cell, runs_dir)
+        result = run_cell(cell, runs_dir, analyse)
         save(result, out_dir)
         log.info(
             "cell %d/%d %s: final reward %.3f, held-out %s, busy %.2f, $%s, lags %s, %.0fs",

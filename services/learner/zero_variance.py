@@ -104,21 +104,32 @@ class ZeroVarianceAlarm:
 
 
 def diagnose(flat: FlatGroups, num_steps: int, max_new_tokens: int) -> str:
-    """The warning for `flat` (the counts of `num_steps` steps in a row), naming the likely cause."""
+    """The warning for `flat` (the counts of `num_steps` steps in a row), naming the likely cause. Under dynamic
+    sampling that still trains some groups, the run learns from those: the warning says what the flat ones cost
+    (groups generated per group trained) instead of "not learning"."""
+    learning_on_the_rest = flat.num_skipped > 0 and flat.num_trained > 0
+    consequence = (
+        f"they carry no gradient; dynamic sampling skipped {flat.num_skipped} of them and trained the "
+        f"{flat.num_trained} others, so the policy learns, at {flat.groups_per_trained_group:.1f} groups generated "
+        "per group trained. "
+        if learning_on_the_rest
+        else "so their advantages and gradient are 0: the policy is not learning. "
+    )
     summary = (
         f"zero reward variance: in {flat.zero_variance_fraction:.0%} of the last {flat.num_groups} groups "
         f"({num_steps} steps' worth) every sample scored the same ({flat.num_flat_at_zero} all 0, "
-        f"{flat.num_flat_at_max} all 1, {flat.num_flat_other} other), so their advantages and gradient are 0: "
-        "the policy is not learning. "
+        f"{flat.num_flat_at_max} all 1, {flat.num_flat_other} other): " + consequence
     )
     cut = f"{flat.cut_fraction:.0%} of samples stopped at max_new_tokens = {max_new_tokens}"
     if flat.num_flat_at_zero >= max(flat.num_flat_at_max, flat.num_flat_other):
         cause = (
-            "The model never scores. Likely causes: a task format the model does not follow (an instruct model on "
-            "raw-text prompts such as arithmetic_mod10's 'a+b=', or an answer format it never writes: pick a chat "
-            f"task it can answer, docs/tasks.md); answers cut short ({cut}"
+            ("Most samples score 0" if learning_on_the_rest else "The model never scores")
+            + ". Likely causes: a task format the model does not follow (an instruct model on raw-text prompts "
+            "such as arithmetic_mod10's 'a+b=', or an answer format it never writes: pick a chat task it can "
+            f"answer, docs/tasks.md); answers cut short ({cut}"
             + ("; raise it" if flat.cut_fraction >= 0.5 else "")
-            + "); or a verifier that rejects its answers (score a few completions by hand)."
+            + "); a task too hard for the base; or a verifier that rejects its answers (score a few completions "
+            "by hand)."
         )
     elif flat.num_flat_at_max >= flat.num_flat_other:
         cause = "The model always scores: the task is too easy for it (or the verifier accepts anything)."
@@ -126,11 +137,6 @@ def diagnose(flat: FlatGroups, num_steps: int, max_new_tokens: int) -> str:
         cause = (
             "Every sample gets the same partial reward: the reward does not tell answers apart (check the verifier)."
         )
-    if flat.num_skipped and flat.num_trained:
-        cause += (
-            f" Dynamic sampling skipped {flat.num_skipped} of them: {flat.groups_per_trained_group:.1f} groups "
-            "generated per group trained."
-        )
-    elif flat.num_skipped:
+    if flat.num_skipped and not flat.num_trained:
         cause += " Dynamic sampling skipped every one of them: the batch cannot fill."
     return summary + cause

@@ -128,5 +128,7 @@ def test_under_dynamic_sampling_the_warning_says_what_skipping_costs() -> None:
     watch = alarm(warn_steps=1)
     skipping = watch.observe(FlatGroups(num_groups=40, num_flat_at_zero=36, num_skipped=36, num_samples=320))
     assert skipping is not None and "10.0 groups generated per group trained" in skipping
+    # it still trains on the 4 groups with a spread: the warning must not call the run stalled
+    assert "not learning" not in skipping and "the policy learns" in skipping and "trained the 4 others" in skipping
     starved = alarm(warn_steps=1).observe(FlatGroups(num_groups=10, num_flat_at_zero=10, num_skipped=10))
-    assert starved is not None and "the batch cannot fill" in starved
+    assert starved is not None and "the batch cannot fill" in starved and "not learning" in starved
