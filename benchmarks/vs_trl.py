@@ -1,6 +1,6 @@
 """make bench-vs-trl: our system side by side with TRL's GRPOTrainer on the same work (docs/vs_trl.md).
 
-    python -m benchmarks.vs_trl [--config configs/smollm2.toml] [--model-dir DIR] [--cells trl,pull,async_s2]
+    python -m benchmarks.vs_trl [--config configs/smollm2.toml] [--model-dir DIR] [--cells trl,pull,async_s2,async_s2_all]
                                 [--seeds 0,1] [--num-steps N] [--num-eval-prompts N] [--engine torch|vllm]
                                 [--workers 2] [--threads N] [--out benchmarks/results/vs_trl] [--summarize-only]
 
@@ -8,6 +8,8 @@ Cells, each run once per seed on the run file's task, model and GRPO settings:
     trl        TRL GRPOTrainer (benchmarks/trl_grpo.py, in .venv-trl: make setup-trl), HF generate
     pull       our local cluster in pull mode (S = 0): the learner asks for each batch, sampled with its newest weights
     async_s2   our local cluster, async with staleness bound S = 2
+    async_s2_all  async_s2 with [grpo] dynamic_sampling off: every group generated is trained, flat ones
+               included, as TRL does, so its samples generated equal TRL's (the equal-samples comparison)
 
 A seed sets `[task] prompt_seed` (our prompt stream) and TRL's seed (its prompt order and sampling); `[task]
 seed` stays the run file's, so every cell evaluates on the same held-out prompts. The model is pretrained (no
@@ -85,7 +87,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "smollm2.toml", help="the run file")
     parser.add_argument("--model-dir", type=Path, default=None, help="the model folder (default: [model] path)")
-    parser.add_argument("--cells", type=_names, default=list(CELL_NAMES), help="comma-separated: trl,pull,async_s2")
+    parser.add_argument(
+        "--cells", type=_names, default=list(CELL_NAMES), help="comma-separated: " + ",".join(CELL_NAMES)
+    )
     parser.add_argument("--seeds", type=lambda text: [int(s) for s in text.split(",")], default=[0, 1])
     parser.add_argument("--num-steps", type=int, default=None, help="override [schedule] num_steps (smoke runs)")
     parser.add_argument("--num-eval-prompts", type=int, default=None, help="override [task] num_eval_prompts")
@@ -174,8 +178,10 @@ def cell_run_file(raw: dict[str, Any], cell: str, seed: int, options: Options) -
     schedule["max_wall_s"] = MAX_WALL_S
     if cell == "pull":
         schedule |= {"mode": "pull", "staleness_bound": 0, "publish_every": 1}
-    elif cell == "async_s2":
+    elif cell in ("async_s2", "async_s2_all"):
         schedule |= {"mode": "async", "staleness_bound": 2}
+    if cell == "async_s2_all":
+        raw.setdefault("grpo", {})["dynamic_sampling"] = False
     if options.engine is not None:
         raw.setdefault("rollout", {})["engine"] = options.engine
     return raw

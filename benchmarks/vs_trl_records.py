@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-CellName = Literal["trl", "pull", "async_s2"]
-CELL_NAMES: tuple[CellName, ...] = ("trl", "pull", "async_s2")
+CellName = Literal["trl", "pull", "async_s2", "async_s2_all"]
+CELL_NAMES: tuple[CellName, ...] = ("trl", "pull", "async_s2", "async_s2_all")
 
 
 class EvalPoint(BaseModel):

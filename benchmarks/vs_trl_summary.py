@@ -1,6 +1,6 @@
 """The summary of `make bench-vs-trl`: table.md, summary.json and vs_trl.png from the cell files.
 
-Per cell (trl, pull, async_s2), over its seeds: held-out accuracy at the start and at the end, samples
+Per cell (trl, pull, async_s2, async_s2_all), over its seeds: held-out accuracy at the start and at the end, samples
 generated (trained + dropped), training wall time and seconds per step (mean, sd, min, max); and accuracy at equal samples and at
 equal wall time. Those two are read off each run's eval curve (accuracy at its eval points against samples,
 or against wall time) by linear interpolation at one common budget: the smallest final x over every run,
@@ -19,7 +19,12 @@ from typing import Literal
 from benchmarks.vs_trl_records import CELL_NAMES, CellRecord, load_records
 
 Axis = Literal["samples", "wall"]
-CELL_LABELS = {"trl": "TRL GRPOTrainer", "pull": "ours, pull (S=0)", "async_s2": "ours, async S=2"}
+CELL_LABELS = {
+    "trl": "TRL GRPOTrainer",
+    "pull": "ours, pull (S=0)",
+    "async_s2": "ours, async S=2",
+    "async_s2_all": "ours, async S=2, every group trained",
+}
 
 
 @dataclass(frozen=True)

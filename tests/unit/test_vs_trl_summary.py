@@ -124,7 +124,8 @@ def test_each_cell_run_file_keeps_the_held_out_split_and_sets_its_schedule(tmp_p
         cluster_python=None,
     )
     runs = {
-        cell: RunConfig.model_validate(cell_run_file(base, cell, 1, options)) for cell in ("trl", "pull", "async_s2")
+        cell: RunConfig.model_validate(cell_run_file(base, cell, 1, options))
+        for cell in ("trl", "pull", "async_s2", "async_s2_all")
     }
     for run in runs.values():
         assert run.task.seed == 7 and run.task.prompt_seed == 1 and run.task.num_eval_prompts == 8
@@ -132,6 +133,9 @@ def test_each_cell_run_file_keeps_the_held_out_split_and_sets_its_schedule(tmp_p
         assert run.model.path == (tmp_path / "model").resolve() and run.rollout.engine == "torch"
     assert runs["pull"].schedule.mode == "pull" and runs["pull"].schedule.staleness_bound == 0
     assert runs["async_s2"].schedule.mode == "async" and runs["async_s2"].schedule.staleness_bound == 2
+    # the equal-samples cell: async S = 2 training every group it generates, as TRL does
+    assert runs["async_s2_all"].schedule.staleness_bound == 2 and not runs["async_s2_all"].grpo.dynamic_sampling
+    assert runs["async_s2"].grpo.dynamic_sampling == base.get("grpo", {}).get("dynamic_sampling", False)
     assert base["schedule"]["num_steps"] == 40  # the base file's dict is not changed
     # a smoke run's --out tags its run files and run folders; the default results folder does not
     assert len(options.tag) == 8 and dataclasses.replace(options, out=OUT_DIR).tag == ""
