@@ -1,24 +1,83 @@
-"""Group accounting: where every group a worker produced ended up, read from Redis after a run.
+"""Task accounting: where every task the reward service issued ended up, read from Redis after a run.
 
-    produced (rollouts written)  = scored + dead-lettered by the reward service + queued for it
-    scored                       = trained + dropped by reason + dead-lettered by the learner + queued for it
-so  produced = trained + dropped + dead-lettered + pending, which `num_unaccounted` checks (0: nothing lost).
+Work starts when the reward service issues a task; every later stage is counted where it happens, in the
+same transaction or script as the stream operation it counts, so the figures stay exact however much of
+the streams has been trimmed (shared/stream_trim.py) and whatever garbage they hold (nothing here decodes
+an entry):
 
-Sources: stream lengths and consumer-group backlogs (nothing trims `rollouts` or `scored`), the dead
-letters by source stream, the learner's decision counters (RunKeys.learner_decisions, kept with each
-ack) and its trained-group count (LearnerState.num_groups_trained). Read it once every consumer has
-stopped (the runner does, before stopping Redis), or the counts move while they are read.
+    tasks issued     = groups produced + tasks dead-lettered by the work API + tasks unleased + tasks held
+    groups produced  = groups scored + dead-lettered by the reward service + pending at the reward service
+    groups scored    = trained + dropped by reason + dead-lettered by the learner + pending at the learner
+so  tasks issued     = trained + dropped + dead-lettered (any stage) + pending (any stage), which
+`num_unaccounted` checks (0: nothing lost). `unaccounted_by_stage` says at which stage a loss happened.
+
+Per worker (the work API's counters, shared/work_counts.py): leased = accepted + failed + expired + held,
+held being the worker's pending entries of `tasks` (a lease is one: services/coordinator/work_leases.py).
+
+Sources, each written by a trusted service only:
+    tasks issued, groups scored       RunKeys.reward_counts (reward service, with the XADD)
+    groups produced, per-worker rows  RunKeys.work_totals / work_counts / work_worker_ids (coordinator,
+                                      with the XADD to `rollouts` and the task's ack)
+    dead letters of rollouts, scored  RunKeys.dead_letter_counts (shared/bus.py, with the ack)
+    tasks dead-lettered by the work   Redis's own group counters of `tasks`: entries delivered minus those
+      API (failed, leased too often,  still pending = tasks acked; minus groups produced (the only other
+      undecodable)                    ack). Only the coordinator acks `tasks`.
+    dropped by reason                 RunKeys.learner_decisions (learner, with the ack)
+    trained                           LearnerState.num_groups_trained (checkpointed with the step)
+    pending                           XINFO GROUPS: lag (never delivered) + pending (delivered, unacked)
+
+Read it once every consumer has stopped (the runner does, before stopping Redis), or the counts move
+while they are read. A learner stopped between a step and its checkpoint counts those groups both as
+trained and as pending (they are trained again after a restart).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from typing import Any, cast
 
+import redis
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.bus import StreamBus, connect
-from shared.keys import DEAD_LETTERED, RunKeys
-from shared.streams import DEAD, LEARNER_STATE, ROLLOUTS, SCORED
+from shared.keys import DEAD_LETTERED, GROUPS_SCORED, TASKS_ISSUED, RunKeys
+from shared.messages import MessageDecodeError
+from shared.streams import LEARNER_STATE, ROLLOUTS, SCORED, TASKS, Stream
+from shared.work_counts import WorkCounter
+
+
+class StreamProgress(BaseModel):
+    """One stream and its consumer group as Redis counts them (XINFO), whatever was trimmed since."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_added: int = Field(description="entries ever added (XINFO STREAM entries-added)")
+    num_delivered: int = Field(description="entries ever delivered to the group (entries-read)")
+    num_unread: int = Field(description="entries never delivered to the group (lag)")
+    num_pending: int = Field(description="entries delivered and not acked")
+
+    @property
+    def num_acked(self) -> int:
+        return self.num_delivered - self.num_pending
+
+
+class WorkerAccounting(BaseModel):
+    """One worker's row, from the work API's counters (shared/work_counts.py) and its held leases."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    worker_id: str
+    num_leased: int
+    num_returned: int
+    num_accepted: int
+    num_refused: int
+    num_expired: int
+    num_failed: int
+    num_held: int = Field(description="its pending entries of `tasks`: leases held, not answered")
+
+    @property
+    def num_unaccounted(self) -> int:
+        """leased - (accepted + failed + expired + held): 0 when every lease it took is accounted for."""
+        return self.num_leased - (self.num_accepted + self.num_failed + self.num_expired + self.num_held)
 
 
 class GroupAccounting(BaseModel):
@@ -26,33 +85,76 @@ class GroupAccounting(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    num_produced: int = Field(description="rollout groups written by workers (entries of `rollouts`)")
-    num_scored: int = Field(description="groups the reward service scored (entries of `scored`)")
+    num_tasks_issued: int = Field(0, description="tasks the reward service put on `tasks`")
+    num_produced: int = Field(description="groups the work API accepted onto `rollouts`")
+    num_scored: int = Field(description="groups the reward service scored onto `scored`")
     num_trained: int = Field(description="groups trained on, each once (LearnerState.num_groups_trained)")
     num_dropped: dict[str, int] = Field(description="groups the learner dropped, by reason")
+    num_dead_lettered_work: int = Field(0, description="tasks the work API dead-lettered (failed, over-leased)")
     num_dead_lettered_reward: int = Field(description="rollouts the reward service dead-lettered")
     num_dead_lettered_learner: int = Field(description="scored groups dead-lettered at the learner")
+    num_unleased: int = Field(0, description="tasks never leased to any worker")
+    num_held: int = Field(0, description="tasks leased and not answered yet")
     num_pending_reward: int = Field(description="rollouts not yet scored (never delivered or unacked)")
     num_pending_learner: int = Field(description="scored groups not yet decided by the learner")
+    num_failed: int = Field(0, description="of the work API's dead letters: tasks a worker reported it could not serve")
+    num_expired: int = Field(0, description="leases that expired unanswered (the task went to another worker)")
+    num_refused: int = Field(0, description="answers the work API refused (not held, duplicate, malformed)")
+    streams: dict[str, StreamProgress] = Field(default_factory=dict, description="Redis's own counts, by stream")
+    workers: list[WorkerAccounting] = Field(default_factory=list)
+    problems: list[str] = Field(default_factory=list, description="sources that could not be read as expected")
+
+    @property
+    def num_pending(self) -> int:
+        return self.num_unleased + self.num_held + self.num_pending_reward + self.num_pending_learner
+
+    @property
+    def num_dead_lettered(self) -> int:
+        return self.num_dead_lettered_work + self.num_dead_lettered_reward + self.num_dead_lettered_learner
 
     @property
     def num_accounted(self) -> int:
-        return (
-            self.num_trained
-            + sum(self.num_dropped.values())
-            + self.num_dead_lettered_reward
-            + self.num_dead_lettered_learner
-            + self.num_pending_reward
-            + self.num_pending_learner
-        )
+        return self.num_trained + sum(self.num_dropped.values()) + self.num_dead_lettered + self.num_pending
 
     @property
     def num_unaccounted(self) -> int:
-        """produced - (trained + dropped + dead-lettered + pending): 0 when nothing was lost."""
-        return self.num_produced - self.num_accounted
+        """issued - (trained + dropped + dead-lettered + pending): 0 when nothing was lost."""
+        return self.num_tasks_issued - self.num_accounted
 
-    def summary(self) -> dict:
-        return {**self.model_dump(), "num_accounted": self.num_accounted, "num_unaccounted": self.num_unaccounted}
+    @property
+    def unaccounted_by_stage(self) -> dict[str, int]:
+        """The loss (or surplus, negative) at each stage; they sum to `num_unaccounted`."""
+        return {
+            "tasks": self.num_tasks_issued
+            - (self.num_produced + self.num_dead_lettered_work + self.num_unleased + self.num_held),
+            "rollouts": self.num_produced - (self.num_scored + self.num_dead_lettered_reward + self.num_pending_reward),
+            "scored": self.num_scored
+            - (
+                self.num_trained
+                + sum(self.num_dropped.values())
+                + self.num_dead_lettered_learner
+                + self.num_pending_learner
+            ),
+        }
+
+    @property
+    def num_unaccounted_workers(self) -> int:
+        """Leases no worker row accounts for, plus held leases the rows and Redis disagree on."""
+        rows_held = sum(worker.num_held for worker in self.workers)
+        return sum(abs(worker.num_unaccounted) for worker in self.workers) + abs(
+            rows_held - self.num_held if self.workers else 0
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            **self.model_dump(),
+            "num_dead_lettered": self.num_dead_lettered,
+            "num_pending": self.num_pending,
+            "num_accounted": self.num_accounted,
+            "num_unaccounted": self.num_unaccounted,
+            "unaccounted_by_stage": self.unaccounted_by_stage,
+            "num_unaccounted_workers": self.num_unaccounted_workers,
+        }
 
 
 def count_groups(redis_url: str, run_id: str) -> GroupAccounting:
@@ -67,16 +169,109 @@ def count_groups(redis_url: str, run_id: str) -> GroupAccounting:
 
 def groups_of(bus: StreamBus) -> GroupAccounting:
     keys = bus.keys
-    dead_by_source = Counter(letter.source_stream for letter in bus.entries(DEAD))
-    decisions = bus.counts(keys.learner_decisions)
-    state = bus.get_state(LEARNER_STATE)
+    problems: list[str] = []
+    reward = _counts(bus, keys.reward_counts, problems)
+    work = _counts(bus, keys.work_totals, problems)
+    dead = _counts(bus, keys.dead_letter_counts, problems)
+    decisions = _counts(bus, keys.learner_decisions, problems)
+    streams = {stream.name: _progress(bus, stream) for stream in (TASKS, ROLLOUTS, SCORED)}
+    tasks = streams[TASKS.name]
+    num_produced = work.get(WorkCounter.ACCEPTED.value, 0)
     return GroupAccounting(
-        num_produced=bus.length(ROLLOUTS),
-        num_scored=bus.length(SCORED),
-        num_trained=state.num_groups_trained if state is not None else 0,
+        num_tasks_issued=reward.get(TASKS_ISSUED, 0),
+        num_produced=num_produced,
+        num_scored=reward.get(GROUPS_SCORED, 0),
+        num_trained=_num_trained(bus, problems),
         num_dropped={reason: count for reason, count in sorted(decisions.items()) if reason != DEAD_LETTERED},
-        num_dead_lettered_reward=dead_by_source[keys.name_of(ROLLOUTS)],
-        num_dead_lettered_learner=dead_by_source[keys.name_of(SCORED)],
-        num_pending_reward=bus.backlog(ROLLOUTS),
-        num_pending_learner=bus.backlog(SCORED),
+        # every ack of `tasks` is the work API's: a group accepted, or the task dead-lettered
+        num_dead_lettered_work=tasks.num_acked - num_produced,
+        num_dead_lettered_reward=dead.get(ROLLOUTS.name, 0),
+        num_dead_lettered_learner=dead.get(SCORED.name, 0),
+        num_unleased=tasks.num_unread,
+        num_held=tasks.num_pending,
+        num_pending_reward=streams[ROLLOUTS.name].num_unread + streams[ROLLOUTS.name].num_pending,
+        num_pending_learner=streams[SCORED.name].num_unread + streams[SCORED.name].num_pending,
+        num_failed=work.get(WorkCounter.FAILED.value, 0),
+        num_expired=work.get(WorkCounter.EXPIRED.value, 0),
+        num_refused=work.get(WorkCounter.REFUSED.value, 0),
+        streams=streams,
+        workers=_workers(bus, problems),
+        problems=problems,
     )
+
+
+def _counts(bus: StreamBus, key: str, problems: list[str]) -> dict[str, int]:
+    """A counter hash; a field that is not an integer is left out and named in `problems`."""
+    raw: dict[bytes, bytes] = bus.redis.hgetall(key)  # type: ignore[assignment]
+    counts: dict[str, int] = {}
+    for name, value in raw.items():
+        field = name.decode(errors="replace")
+        try:
+            counts[field] = int(value)
+        except ValueError:
+            problems.append(f"{key} field {field!r} is not a count: {value[:40]!r}")
+    return counts
+
+
+def _progress(bus: StreamBus, stream: Stream[Any]) -> StreamProgress:
+    """Redis's counts of `stream` and its group (zeros when either does not exist yet)."""
+    name = bus.keys.name_of(stream)
+    try:
+        num_added = int(bus.redis.xinfo_stream(name)["entries-added"])
+        groups = bus.redis.xinfo_groups(name)
+    except redis.ResponseError:  # no such stream
+        return StreamProgress(num_added=0, num_delivered=0, num_unread=0, num_pending=0)
+    info = next((g for g in groups if _text(g.get("name")) == stream.group), None)
+    if info is None:  # nobody ever consumed it: everything is unread
+        return StreamProgress(num_added=num_added, num_delivered=0, num_unread=num_added, num_pending=0)
+    delivered = info.get("entries-read")
+    lag = info.get("lag")
+    num_delivered = int(delivered) if delivered is not None else num_added - int(lag or 0)
+    num_unread = int(lag) if lag is not None else num_added - num_delivered
+    return StreamProgress(
+        num_added=num_added, num_delivered=num_delivered, num_unread=num_unread, num_pending=int(info["pending"])
+    )
+
+
+def _num_trained(bus: StreamBus, problems: list[str]) -> int:
+    try:
+        state = bus.get_state(LEARNER_STATE)
+    except MessageDecodeError as exc:
+        problems.append(f"the learner state is undecodable ({exc}): trained groups unknown, counted 0")
+        return 0
+    return state.num_groups_trained if state is not None else 0
+
+
+def _workers(bus: StreamBus, problems: list[str]) -> list[WorkerAccounting]:
+    keys = bus.keys
+    worker_ids = sorted(_text(worker_id) for worker_id in bus.redis.smembers(keys.work_worker_ids))
+    held = _held_by_consumer(bus)
+    rows = []
+    for worker_id in worker_ids:
+        counts = _counts(bus, keys.work_counts(worker_id), problems)
+        rows.append(
+            WorkerAccounting(
+                worker_id=worker_id,
+                num_leased=counts.get(WorkCounter.LEASED.value, 0),
+                num_returned=counts.get(WorkCounter.RETURNED.value, 0),
+                num_accepted=counts.get(WorkCounter.ACCEPTED.value, 0),
+                num_refused=counts.get(WorkCounter.REFUSED.value, 0),
+                num_expired=counts.get(WorkCounter.EXPIRED.value, 0),
+                num_failed=counts.get(WorkCounter.FAILED.value, 0),
+                num_held=held.get(worker_id, 0),
+            )
+        )
+    return rows
+
+
+def _held_by_consumer(bus: StreamBus) -> dict[str, int]:
+    """Pending entries of `tasks` per consumer (a consumer is a worker id: one lease each)."""
+    try:
+        summary = bus.redis.xpending(bus.keys.name_of(TASKS), cast(str, TASKS.group))
+    except redis.ResponseError:  # no stream or group yet
+        return {}
+    return {_text(consumer["name"]): int(consumer["pending"]) for consumer in summary.get("consumers") or []}
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

@@ -27,6 +27,13 @@ BENCHMARKS: dict[str, Benchmark] = {
         "benchmarks.broadcast", "weight broadcast, one-to-many vs pipelined, over tbf-shaped links (root; ~11 min)"
     ),
     "load": Benchmark("benchmarks.load_heartbeat", "1000 simulated workers heartbeating against one coordinator"),
+    "work": Benchmark(
+        "benchmarks.work_throughput",
+        "1000 simulated workers taking tasks and answering them: direct Redis vs the work API (~6 min)",
+    ),
+    "stream-memory": Benchmark(
+        "benchmarks.stream_memory", "Redis memory per 1,000 learner steps with stream trimming on and off"
+    ),
     "learner-memory": Benchmark(
         "benchmarks.learner_memory", "peak RSS of one learner step at a 151,936-token vocabulary (~15 min)"
     ),

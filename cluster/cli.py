@@ -3,6 +3,7 @@
     relay-rl demo [cluster.local flags]          the whole cluster on this machine (make demo)
     relay-rl worker --coordinator URL --token T  a rollout worker that joins a running cluster from anywhere
     relay-rl drain NAME_OR_ID                    drain a worker of the local cluster (make drain)
+    relay-rl operators issue|list|revoke         join credentials quarantine sticks to (admin token)
     relay-rl status [--json]                     the run at a glance: learner step, reward, workers by state
     relay-rl bench NAME [ARGS] | --list          the benchmarks the Makefile runs (make bench-*)
     relay-rl keys                                a new Ed25519 pair for weight manifests (make keys)
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 # standard library only at module level (each defers its heavy imports to when it runs): --help stays instant
-from cluster import bench_catalog, model_cache, remote_worker, status_view
+from cluster import bench_catalog, model_cache, operators, remote_worker, status_view
 from cluster.join import DEFAULT_RUN_DIR, REPO_ROOT
 
 
@@ -49,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     drain.add_argument(
         "--run-dir", type=Path, default=DEFAULT_RUN_DIR, help="the cluster's run folder (default runs/latest)"
     )
+    operators_parser = commands.add_parser(
+        "operators",
+        help="join credentials for operators (issue, list, revoke): quarantine sticks to them",
+        description=operators.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    operators.add_arguments(operators_parser, DEFAULT_RUN_DIR)
     status = commands.add_parser("status", help="the run at a glance (GET /v1/status)", description=status_view.__doc__)
     status_view.add_arguments(status, DEFAULT_RUN_DIR)
     bench = commands.add_parser(
@@ -86,6 +94,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         from cluster.drain import main as drain_main
 
         drain_main([args.worker, "--run-dir", str(args.run_dir)])
+    elif args.command == "operators":
+        operators.main(args)
     elif args.command == "status":
         status_view.main(args)
     elif args.command == "bench":

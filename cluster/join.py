@@ -27,7 +27,6 @@ DEFAULT_RUN_DIR = REPO_ROOT / "runs" / "latest"
 # what a worker needs from cluster.env (the admin token stays out of the worker's environment)
 WORKER_VARIABLES = (
     "RL_COORDINATOR_URL",
-    "RL_REDIS_URL",
     "RL_WEIGHTS_PUBLIC_KEY",
     "RL_JOIN_TOKEN",
     "RL_RUN_CONFIG",

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import redis
 
 from cluster.accounting import count_groups
 from cluster.model_cache import link_catalog_model
@@ -48,7 +49,6 @@ from cluster.supervisor import RestartMode, RestartPolicy, ServiceState, Supervi
 from shared.api import StatusResponse, WorkerState
 from shared.config import RunConfig, load_run_config, resolve_model_dir
 from shared.model_catalog import TINY_RANDOM
-from shared.retry import REDIS_OUTAGE_ERRORS
 from shared.run_records import LearnerSummary
 from shared.signing import PUBLIC_KEY_ENV, SIGNING_KEY_ENV, KeyPair, generate_key_pair
 from shared.tokenization import ModelFolderError, check_model_folder
@@ -182,25 +182,30 @@ class LocalCluster:
                 raise RuntimeError(f"{name} died with exit code {process.popen.returncode}:\n{process.log_tail()}")
 
     def stop(self) -> None:
-        """Stop every child by PID: workers, reward, coordinator, learner; count the groups; then Redis."""
-        order = [name for name in self.supervisor.services if name.startswith("worker")]
-        self.supervisor.stop([*order, "reward", "coordinator", "learner"])
-        if self.redis is not None and self.redis.process is not None and self.redis.exit_code() is None:
-            self.write_group_accounting()  # every consumer is stopped: the counts hold still
-        self.supervisor.stop(["redis"])
-        self.supervisor.write_summary(self.run_dir / "supervision.json")
+        """Stop every child by PID: workers, reward, coordinator, learner; count the groups; then Redis,
+        whatever went wrong before it (Redis is never left running)."""
+        try:
+            order = [name for name in self.supervisor.services if name.startswith("worker")]
+            self.supervisor.stop([*order, "reward", "coordinator", "learner"])
+            if self.redis is not None and self.redis.process is not None and self.redis.exit_code() is None:
+                self.write_group_accounting()  # every consumer is stopped: the counts hold still
+        finally:
+            self.supervisor.stop(["redis"])
+            self.supervisor.write_summary(self.run_dir / "supervision.json")
 
     def supervision(self) -> SupervisionRecord:
         return self.supervisor.summary()
 
     def write_group_accounting(self) -> None:
-        """<run_dir>/accounting.json: every group produced, trained, dropped by reason, dead-lettered or
-        pending (cluster/accounting.py). Best effort: a Redis that is down leaves the report without it."""
+        """<run_dir>/accounting.json: every task issued, trained, dropped by reason, dead-lettered or
+        pending (cluster/accounting.py; it decodes no stream entry, so garbage in a stream cannot stop it).
+        Best effort: a Redis that is down, or answers what no counter should hold, leaves the report
+        without it."""
         assert self.redis is not None
         try:
             accounting = count_groups(self.redis_url_for(OPERATOR), self.run.run_id)
-        except REDIS_OUTAGE_ERRORS as exc:
-            log.warning("group accounting unavailable: %s", exc)
+        except (redis.RedisError, ValueError) as exc:  # outages included (redis.ConnectionError is one)
+            log.warning("group accounting unavailable: %s: %s", type(exc).__name__, exc)
             return
         (self.run_dir / "accounting.json").write_text(accounting.model_dump_json(indent=2) + "\n")
 
@@ -256,8 +261,11 @@ class LocalCluster:
     def start_coordinator(self) -> None:
         port = free_port()
         self.coordinator_url = f"http://127.0.0.1:{port}"
-        access = {"RL_REDIS_ACL": "true", "RL_WORKER_REDIS_URL": self.redis.url if self.redis else ""}
-        env = {"RL_COORDINATOR_PORT": str(port), "RL_REDIS_URL": self.redis_url_for("coordinator"), **access}
+        env = {
+            "RL_COORDINATOR_PORT": str(port),
+            "RL_REDIS_URL": self.redis_url_for("coordinator"),
+            "RL_ADMIN_TOKEN": self.admin_token,
+        }
         self.launch("coordinator", "services.coordinator", env)
         self.wait_healthy(self.coordinator_url + "/healthz", self.services["coordinator"])
 
@@ -291,15 +299,15 @@ class LocalCluster:
         return path
 
     def common_env(self) -> dict[str, str]:
-        assert self.redis is not None
+        """What every process gets, workers included: no Redis URL (each trusted service is given its own
+        with its own user; workers reach the run only through the coordinator) and no admin token (the
+        coordinator's alone, and cluster.env's for the operator's tools)."""
         return {
-            "RL_REDIS_URL": self.redis.url,  # no credentials: workers get their own user at registration
             "RL_RUN_CONFIG": str(self.config_file()),
             "RL_RUN_ID": self.run.run_id,
             "RL_RUN_DIR": str(self.run_dir),
             "RL_MODEL_DIR": str(self.model_dir),
             "RL_COORDINATOR_URL": self.coordinator_url,
-            "RL_ADMIN_TOKEN": self.admin_token,
             PUBLIC_KEY_ENV: self.weights_keys.public_key_hex,
             "RL_JOIN_TOKEN": self.join_token,
         }
@@ -307,7 +315,8 @@ class LocalCluster:
     def write_cluster_env(self) -> Path:
         """runs/<run-id>/cluster.env: what `python -m cluster.join` / `cluster.drain` need (0600: secrets)."""
         path = self.run_dir / "cluster.env"
-        lines = [f"{name}={value}" for name, value in self.common_env().items()]
+        values = {**self.common_env(), "RL_ADMIN_TOKEN": self.admin_token}  # for cluster.drain, relay-rl operators
+        lines = [f"{name}={value}" for name, value in values.items()]
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write("# written by python -m cluster.local; secrets: keep private\n" + "\n".join(lines) + "\n")
@@ -564,7 +573,7 @@ def main() -> None:
         print(f"  WARNING: {zero_variance['warning']}")
     if report.get("accounting") is not None:
         accounting = report["accounting"]
-        print(f"  groups produced {accounting['num_produced']}, unaccounted {accounting['num_unaccounted']}")
+        print(f"  tasks issued {accounting['num_tasks_issued']}, unaccounted {accounting['num_unaccounted']}")
 
 
 if __name__ == "__main__":

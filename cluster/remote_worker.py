@@ -3,7 +3,7 @@
     relay-rl worker --coordinator http://coord.example:8000 --token=$RL_JOIN_TOKEN --name gpu-a --price 0.4
 
     1. fetch     GET /v1/cluster/bootstrap with the join token (header X-RL-Join-Token): the run id, the
-                 run file, the learner's public key, the workers' Redis URL and the model (shared/api.py
+                 run file, the learner's public key and the model (shared/api.py
                  ClusterBootstrap); 401: a wrong token, exit 3; no coordinator there: exit 4
     2. pin       with --public-key (or RL_WEIGHTS_PUBLIC_KEY) set, the coordinator's key must be that one:
                  the key comes over the same HTTP as the rest (trust on first use), pinning it means a
@@ -19,8 +19,8 @@
                  (model fingerprint) is refused here. A learner this machine cannot reach, or no version
                  yet: the worker's own check at the first weights refuses it (shared/weights.py)
     5. exec      `python -m services.rollout` with that environment in place of this process: Ctrl-C
-                 drains it (finish the batch, deregister, exit 0). Its Redis user comes at registration
-                 when the coordinator runs with RL_REDIS_ACL=true.
+                 drains it (finish the batch, deregister, exit 0). The worker needs no Redis: it takes
+                 tasks and hands back groups through the coordinator's work API.
 
 Only the standard library is imported at module level: `relay-rl worker --help` builds its parser here.
 """
@@ -154,7 +154,6 @@ def prepare(args: argparse.Namespace) -> dict[str, str]:
     env = {
         "RL_COORDINATOR_URL": args.coordinator.rstrip("/"),
         "RL_JOIN_TOKEN": args.token,
-        "RL_REDIS_URL": bootstrap.redis_url,
         "RL_WEIGHTS_PUBLIC_KEY": bootstrap.weights_public_key,
         "RL_RUN_CONFIG": str(run_file),
         "RL_RUN_ID": bootstrap.run_id,

@@ -10,6 +10,10 @@ coordinator's planner and by the simulator, so both make the same decisions from
                  the kept one (a cheaper worker joined); never for a few cents
     dwell        a worker that changed state less than `min_dwell_s` ago keeps it (unless it must grow)
 
+A measured throughput is the worker's own claim (its heartbeats): it counts at most MAX_RATIO_TO_MEDIAN
+(4) x the low median of the measured fleet (shared/capacity.py `capped_at_median`), so one worker
+claiming a huge rate cannot cover the target alone and put honest workers on standby.
+
 Throughput of a worker that was never measured (it has not generated yet, e.g. it joined on standby):
 the median measured throughput of active-or-measured workers with the same gpu_type, else of all
 measured workers, else `assumed_samples_per_s`. Its first heartbeats while active replace the estimate.
@@ -23,6 +27,8 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
+
+from shared.capacity import capped_at_median
 
 
 @dataclass(frozen=True)
@@ -68,15 +74,17 @@ class ActivationPlan:
 
 
 def estimate_throughputs(candidates: list[Candidate], assumed_samples_per_s: float) -> dict[str, float]:
-    """Measured throughput, or the median of measured peers of the same gpu_type, of all, or the assumption."""
+    """Measured throughput (capped at MAX_RATIO_TO_MEDIAN x the measured fleet's low median), or the median
+    of measured peers of the same gpu_type, of all, or the assumption."""
     measured = [c for c in candidates if c.measured]
+    rates = capped_at_median({c.worker_id: c.samples_per_s for c in measured})
     by_gpu: dict[str, list[float]] = {}
     for c in measured:
-        by_gpu.setdefault(c.gpu_type, []).append(c.samples_per_s)
-    fleet_median = statistics.median([c.samples_per_s for c in measured]) if measured else assumed_samples_per_s
+        by_gpu.setdefault(c.gpu_type, []).append(rates[c.worker_id])
+    fleet_median = statistics.median(rates.values()) if measured else assumed_samples_per_s
     gpu_medians = {gpu: statistics.median(values) for gpu, values in by_gpu.items()}
     return {
-        c.worker_id: c.samples_per_s if c.measured else gpu_medians.get(c.gpu_type, fleet_median) for c in candidates
+        c.worker_id: rates[c.worker_id] if c.measured else gpu_medians.get(c.gpu_type, fleet_median) for c in candidates
     }
 
 

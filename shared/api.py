@@ -14,7 +14,7 @@ from typing import Annotated, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from shared.config import ModelConfig
-from shared.messages import FlatGroups, WorkerTrust
+from shared.messages import FlatGroups, WeightsPublished, WorkerTrust
 
 # Bounds of what a client may send: far above any real value, far below what overflows the control
 # computations (a swap time of 1e308 once made every control pass raise OverflowError).
@@ -76,17 +76,11 @@ class RegisterWorkerRequest(RequestBody):
 
 
 class WorkerAccess(Body):
-    """What a worker needs to reach the data plane, issued at registration (services/coordinator/redis_access.py).
-
-    With Redis ACLs on (coordinator RL_REDIS_ACL=true) the worker connects to `redis_url` as `redis_username`
-    with `redis_password`, a user allowed only a worker's commands on a worker's streams; with ACLs off the
-    three are null and the worker uses its own RL_REDIS_URL. `rollout_key_hex` signs its rollouts
-    (shared/rollout_mac.py). Shown once; the coordinator keeps no password."""
+    """What a worker is issued at registration besides its token (services/coordinator/redis_access.py):
+    `rollout_key_hex` signs its rollouts (shared/rollout_mac.py). Workers hold no Redis credentials: they
+    take tasks and hand back groups through the coordinator's work API (shared/work_api.py)."""
 
     rollout_key_hex: str = Field(min_length=64, max_length=64, description="HMAC-SHA256 key for producer_mac, hex")
-    redis_url: str | None = Field(None, description="the Redis to use, without credentials (redis:// or rediss://)")
-    redis_username: str | None = Field(None, description="this worker's own Redis ACL user")
-    redis_password: str | None = Field(None, description="its password")
 
 
 class RegisterWorkerResponse(Body):
@@ -100,7 +94,7 @@ class RegisterWorkerResponse(Body):
         WorkerState.ACTIVE, description="active: take tasks; standby: wait (heartbeats say when)"
     )
     rejoined: bool = Field(False, description="true: the previous_worker_id's record was revived (same id, totals)")
-    access: WorkerAccess = Field(description="this worker's Redis credentials and rollout-signing key")
+    access: WorkerAccess = Field(description="this worker's rollout-signing key")
 
 
 # Where a worker started with only the coordinator's URL and the join token fetches the rest (`relay-rl worker`).
@@ -109,10 +103,11 @@ BOOTSTRAP_PATH = "/v1/cluster/bootstrap"
 
 class ClusterBootstrap(Body):
     """GET /v1/cluster/bootstrap (header X-RL-Join-Token): everything a worker on another machine needs
-    besides the coordinator's URL and the join token. Producer: the coordinator, from its RL_RUN_CONFIG,
-    RL_RUN_ID, RL_WEIGHTS_PUBLIC_KEY and RL_WORKER_REDIS_URL (else its RL_REDIS_URL without credentials).
-    Consumer: `relay-rl worker` (cluster/remote_worker.py), which writes `run_config_toml` to its work
-    folder, builds or checks the model folder `model` describes, and starts services.rollout.
+    besides the coordinator's URL and the join token (a worker needs no Redis: it works through the
+    coordinator's work API). Producer: the coordinator, from its RL_RUN_CONFIG, RL_RUN_ID and
+    RL_WEIGHTS_PUBLIC_KEY. Consumer: `relay-rl worker` (cluster/remote_worker.py), which writes
+    `run_config_toml` to its work folder, builds or checks the model folder `model` describes, and starts
+    services.rollout.
 
     The public key travels over the same HTTP as the rest: trust on first use unless the worker pins it
     (`relay-rl worker --public-key HEX`); with TLS in front of the coordinator it is as good as the link."""
@@ -122,7 +117,6 @@ class ClusterBootstrap(Body):
     weights_public_key: str = Field(
         pattern=r"^[0-9a-f]{64}$", description="the learner's Ed25519 public key (hex of 32 bytes)"
     )
-    redis_url: str = Field(description="the Redis URL workers use, without credentials (redis:// or rediss://)")
     model: ModelConfig = Field(
         description="the run file's [model]: init = tiny-random is built by the worker, a catalog model fetched"
     )
@@ -161,11 +155,21 @@ class WeightSwapReport(RequestBody):
         le=MAX_UNIX_TIME_S,
         description="unix time the verified weights were ready to load (null: unknown); at most swapped_at_s",
     )
+    parent_url: Text = Field(
+        "",
+        max_length=512,
+        description="the relay parent the coordinator assigned for this version (the first source asked; '': not told)",
+    )
+    parent_bytes: int = Field(
+        0, ge=0, le=MAX_BYTES, description="bytes of num_bytes that came from parent_url (its delivery, as observed)"
+    )
 
     @model_validator(mode="after")
     def _ready_before_swap(self) -> Self:
         if self.ready_at_s is not None and self.ready_at_s > self.swapped_at_s:
             raise ValueError("ready_at_s is after swapped_at_s: weights are loaded after they are ready")
+        if self.parent_bytes > self.num_bytes:
+            raise ValueError("parent_bytes exceeds num_bytes: the parent cannot have sent more than was downloaded")
         return self
 
 
@@ -173,8 +177,12 @@ class HeartbeatRequest(RequestBody):
     policy_version: int = Field(
         -1, ge=-1, le=MAX_VERSION, description="version the worker's engine holds (-1: none yet)"
     )
-    num_groups_done: int = Field(0, ge=0, le=MAX_COUNT, description="groups published since registration")
-    num_samples_done: int = Field(0, ge=0, le=MAX_COUNT, description="samples published since registration")
+    num_groups_done: int = Field(
+        0, ge=0, le=MAX_COUNT, description="groups published since registration (the worker's own view: never stored)"
+    )
+    num_samples_done: int = Field(
+        0, ge=0, le=MAX_COUNT, description="samples published since registration (the worker's own view: never stored)"
+    )
     samples_per_s: float = Field(0.0, ge=0, le=MAX_RATE_PER_S, description="recent generation throughput")
     generating: bool = Field(False, description="false while gated (stale) or waiting for work")
     tokens_per_s: float = Field(
@@ -203,8 +211,8 @@ class WorkerInfo(Body):
     bandwidth_mbps: float
     region: str
     policy_version: int
-    num_groups_done: int
-    num_samples_done: int
+    num_groups_done: int = Field(description="groups the work API accepted from it (counted there, not claimed)")
+    num_samples_done: int = Field(description="samples in those groups")
     samples_per_s: float
     generating: bool
     tokens_per_s: float = 0.0
@@ -215,6 +223,9 @@ class WorkerInfo(Body):
     lease_expires_at_s: float
     num_rollouts_forged: int = Field(
         0, description="rollouts claiming this worker whose producer_mac did not verify (dead-lettered)"
+    )
+    operator_id: str = Field(
+        "", description="the join credential it registered with (GET /v1/operators); empty: the cluster's shared token"
     )
 
 
@@ -412,3 +423,63 @@ class DashboardResponse(Body):
     trust_by_worker: dict[str, WorkerTrust] = Field(
         default_factory=dict, description="the learner's trust per worker id (docs/trust.md)"
     )
+
+
+# GET WEIGHTS_LATEST_PATH (services/coordinator/routers/weights.py): the learner's newest announcement,
+# a shared.messages.WeightsPublished as JSON, once it is news to the caller (`is_news`), else 204 after
+# at most `wait_s` <= MAX_WEIGHTS_WAIT_S. Consumer: rollout workers (services/rollout/announcement_client.py).
+WEIGHTS_LATEST_PATH = "/v1/weights/latest"
+MAX_WEIGHTS_WAIT_S = 10.0
+
+
+def is_news(announcement: WeightsPublished, after_version: int, after_sha256: str | None) -> bool:
+    """Whether `announcement` is news to a reader holding version `after_version` (-1: none) announced
+    with manifest `after_sha256` (None: unknown): a higher version, or, the sha256 given, any other
+    manifest (a learner resumed from an older checkpoint announces lower or re-used versions)."""
+    if after_sha256 is None:
+        return announcement.policy_version > after_version
+    return announcement.manifest_sha256 != after_sha256
+
+
+# Join credentials (services/coordinator/operators.py, routers/operators.py): an admin issues one per operator
+# (or per worker) and revokes it; quarantine sticks to it. Producer: the coordinator. Consumers: admins
+# (`relay-rl operators`, cluster/operators.py). A worker sends its credential's join_token in JOIN_TOKEN_HEADER.
+OPERATORS_PATH = "/v1/operators"
+
+
+class OperatorState(StrEnum):
+    ACTIVE = "active"  # registers workers
+    QUARANTINED = "quarantined"  # one of its workers is quarantined: registers nobody until an admin releases it
+    REVOKED = "revoked"  # an admin revoked it: registers nobody, ever; its live workers were drained
+
+
+class IssueOperatorRequest(RequestBody):
+    name: Text = Field(min_length=1, max_length=64, description="whom the credential is for (a label; not unique)")
+
+
+class OperatorInfo(Body):
+    operator_id: str
+    name: str
+    state: OperatorState
+    created_at_s: float = Field(description="unix time it was issued")
+    revoked_at_s: float | None = Field(None, description="unix time an admin revoked it (null: not revoked)")
+    quarantined_worker_ids: list[str] = Field(
+        default_factory=list, description="its workers now quarantined; each one's release clears it"
+    )
+    worker_ids: list[str] = Field(
+        default_factory=list, description="every worker registered under it that the coordinator still knows"
+    )
+
+
+class IssuedOperator(Body):
+    """POST /v1/operators: the credential and its join token, shown once (only its sha256 is stored)."""
+
+    operator: OperatorInfo
+    join_token: str = Field(description=f"what its workers send in header {JOIN_TOKEN_HEADER} (RL_JOIN_TOKEN)")
+
+
+class RevokedOperator(Body):
+    """DELETE /v1/operators/{id}: the credential as it is now, and the workers the revocation drained."""
+
+    operator: OperatorInfo
+    drained_worker_ids: list[str] = Field(description="its active or standby workers, now draining")

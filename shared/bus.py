@@ -9,7 +9,11 @@ Delivery contract (docs/design.md, "Streams and messages"):
   with `claim_stale` (XAUTOCLAIM) once they have been idle for `min_idle_ms`.
 - An entry that cannot be decoded, or that has been delivered more than `max_deliveries` times
   (it keeps killing its consumers), goes to the dead-letter stream with the error and is acked in
-  the same transaction, so it is neither lost nor retried forever, and the service keeps running.
+  the same script, so it is neither lost nor retried forever, and the service keeps running. The
+  script also counts it under its source stream (RunKeys.dead_letter_counts) if the ack removed a
+  pending entry, so a retried dead letter is counted once.
+- Consumed entries are trimmed by the trusted service that consumed them (`trim_consumed`), never
+  below an entry some group has not finished: the accounting counts at the source, not from lengths.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ M_co = TypeVar("M_co", bound=Message, covariant=True)
 
 _PAYLOAD_FIELD = b"data"  # each entry holds one field: the msgpack-encoded message
 PAYLOAD_FIELD = _PAYLOAD_FIELD  # for Lua scripts that read entries (services/coordinator/heartbeat_batch.py)
+TRIM_BATCH_ENTRIES = 10_000  # entries one XTRIM may remove (Redis's own default for `~`: 100 nodes of 100)
 
 
 @dataclass(frozen=True)
@@ -83,24 +88,44 @@ class StreamBus:
         self.max_deliveries = max_deliveries
 
     # producing
-    def publish(self, stream: Stream[M], message: M, *, maxlen: int | None = None) -> str:
+    def publish(
+        self, stream: Stream[M], message: M, *, maxlen: int | None = None, tally: tuple[str, str] | None = None
+    ) -> str:
         """XADD one message; returns its entry id. `maxlen` trims approximately (only for streams
-        without consumer groups: trimming drops entries nobody has read)."""
-        entry_id = self.redis.xadd(
-            self.keys.name_of(stream), {_PAYLOAD_FIELD: message.encode()}, maxlen=maxlen, approximate=True
-        )
+        without consumer groups: trimming drops entries nobody has read). `tally` (hash key, field): a
+        counter incremented in the same MULTI/EXEC (the reward service's tasks issued)."""
+        name = self.keys.name_of(stream)
+        if tally is None:
+            return _text(self.redis.xadd(name, {_PAYLOAD_FIELD: message.encode()}, maxlen=maxlen, approximate=True))
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xadd(name, {_PAYLOAD_FIELD: message.encode()}, maxlen=maxlen, approximate=True)
+            pipe.hincrby(tally[0], tally[1], 1)
+            entry_id, _ = pipe.execute()
         return _text(entry_id)
 
-    def publish_and_ack(self, stream: Stream[M], messages: Sequence[M], done: Sequence[Delivery[Message]]) -> None:
+    def publish_and_ack(
+        self,
+        stream: Stream[M],
+        messages: Sequence[M],
+        done: Sequence[Delivery[Message]],
+        *,
+        tally: tuple[str, str] | None = None,
+    ) -> None:
         """XADD `messages` to `stream` and XACK the deliveries they were made from, in one MULTI/EXEC:
         a lost connection or a crash never leaves results without acks, nor acks without results
-        (AOF logs the transaction as a unit). One round trip for the whole batch."""
+        (AOF logs the transaction as a unit). One round trip for the whole batch. `tally` (hash key,
+        field): a counter raised by len(messages) in the same transaction.
+
+        Redis at `maxmemory` (noeviction) refuses the whole EXEC with an OOM error (XADD is a
+        write that may grow memory), so a failed publish acks nothing either."""
         name = self.keys.name_of(stream)
         with self.redis.pipeline(transaction=True) as pipe:
             for message in messages:
                 pipe.xadd(name, {_PAYLOAD_FIELD: message.encode()})
             for delivery in done:
                 pipe.xack(delivery.stream, delivery.group, delivery.message_id)
+            if tally is not None and messages:
+                pipe.hincrby(tally[0], tally[1], len(messages))
             pipe.execute()
 
     def publish_raw(self, stream: Stream[Any], payload: bytes) -> str:
@@ -245,6 +270,55 @@ class StreamBus:
     def dead_letters(self, count: int = 100) -> list[DeadLetter]:
         return self.entries(DEAD, count=count)
 
+    # trimming (trusted consumers only: docs/operations.md, "Redis memory")
+    def trim_consumed(self, stream: Stream[Any]) -> int:
+        """Remove the entries of `stream` that every consumer group of it has finished: those below the
+        oldest entry still pending in any group and below every group's last-delivered id (XTRIM MINID,
+        approximate: whole internal nodes only, so a few consumed entries may stay). Returns how many
+        were removed; 0 while no group exists (nobody is known to have consumed anything). Raises
+        ValueError for a stream read without a group (`cap` bounds those)."""
+        _group_of(stream)
+        name = self.keys.name_of(stream)
+        try:
+            groups = self.redis.xinfo_groups(name)
+        except redis.ResponseError:  # no such stream yet
+            return 0
+        if not groups:
+            return 0
+        point = min(self._oldest_unfinished(name, info) for info in groups)
+        if point == (0, 0):
+            return 0
+        minid = f"{point[0]}-{point[1]}"
+        # an approximate XTRIM removes at most TRIM_BATCH_ENTRIES per call (Redis's default LIMIT): repeat
+        # until one removes nothing, so a stream that fell behind catches up, in steps that keep Redis responsive
+        num_removed = 0
+        while True:
+            removed = int(
+                cast(int, self.redis.execute_command("XTRIM", name, "MINID", "~", minid, "LIMIT", TRIM_BATCH_ENTRIES))
+            )
+            num_removed += removed
+            if removed == 0:
+                return num_removed
+
+    def cap(self, stream: Stream[Any], max_entries: int) -> int:
+        """Keep about the newest `max_entries` entries of a stream read without a group (XTRIM MAXLEN ~:
+        at least that many stay); returns how many were removed."""
+        if stream.group is not None:
+            raise ValueError(f"stream {stream.name!r} has a consumer group: trim it with trim_consumed")
+        return int(
+            cast(int, self.redis.execute_command("XTRIM", self.keys.name_of(stream), "MAXLEN", "~", max_entries))
+        )
+
+    def _oldest_unfinished(self, name: str, info: dict[Any, Any]) -> tuple[int, int]:
+        """The id of the oldest entry group `info` may still need: its oldest pending entry, or the one
+        it delivered last (everything after it is undelivered), whichever is older."""
+        last_delivered = _stream_id(info.get("last-delivered-id"))
+        if not int(info.get("pending") or 0):
+            return last_delivered
+        summary = self.redis.xpending(name, _text(info.get("name")))
+        oldest_pending = summary.get("min")
+        return min(last_delivered, _stream_id(oldest_pending)) if oldest_pending is not None else last_delivered
+
     # state under one key
     def get_state(self, key: StateKey[M]) -> M | None:
         """The value last put, None if none was; raises MessageDecodeError if it is undecodable."""
@@ -330,13 +404,33 @@ class StreamBus:
             num_deliveries=num_deliveries,
         )
         log.warning("dead-letter %s %s: %s", stream, entry_id, error[:300])
-        with self.redis.pipeline(transaction=True) as pipe:
-            pipe.xadd(self.keys.name_of(DEAD), {_PAYLOAD_FIELD: letter.encode()})
-            pipe.xack(stream, group, entry_id)
-            if tally is not None:
-                pipe.hincrby(tally[0], tally[1], 1)
-            pipe.execute()
+        counts = self.keys.dead_letter_counts
+        self.redis.eval(
+            _DEAD_LETTER_SCRIPT,
+            4,
+            self.keys.name_of(DEAD),
+            stream,
+            counts,
+            tally[0] if tally is not None else counts,
+            letter.encode(),
+            group,
+            entry_id,
+            stream.removeprefix(self.keys.prefix),
+            tally[1] if tally is not None else "",
+        )
 
+
+# KEYS: dead, source stream, dead-letter counts, tally hash; ARGV: letter, group, entry id, counts field,
+# tally field ('' none). The XADD comes first: at maxmemory it is refused and nothing else happens (no ack).
+_DEAD_LETTER_SCRIPT = """
+redis.call('XADD', KEYS[1], '*', 'data', ARGV[1])
+local acked = redis.call('XACK', KEYS[2], ARGV[2], ARGV[3])
+if acked == 1 then
+  redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
+  if ARGV[5] ~= '' then redis.call('HINCRBY', KEYS[4], ARGV[5], 1) end
+end
+return acked
+"""
 
 # KEYS: stream, counter hash; ARGV: group, entry id, counter field
 _ACK_AND_COUNT_SCRIPT = """
@@ -366,6 +460,12 @@ def _entries_of(response: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
 def _range_entries(response: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
     """XRANGE / XREVRANGE answer [(id, fields), ...] (bytes: the client does not decode responses)."""
     return [(entry_id, fields) for entry_id, fields in response or [] if fields is not None]
+
+
+def _stream_id(value: object) -> tuple[int, int]:
+    """A stream id "<ms>-<seq>" as a pair that orders like the id."""
+    milliseconds, _, sequence = _text(value).partition("-")
+    return int(milliseconds), int(sequence or 0)
 
 
 def _text(value: object) -> str:

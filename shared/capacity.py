@@ -7,7 +7,8 @@ Symbols (seconds unless said otherwise)
     T_train  optimizer step time (forward + backward + update): the learner's busy time per step
     T_over   the rest of a step when the learner never waits: publish, evaluation and checkpoint
              time amortised per step. C = T_train + T_over is the shortest possible step period.
-    T_bcast  announcement of a version -> the last active worker samples with it
+    T_bcast  announcement of a version -> all but the f slowest active workers sample with it
+             (f = max(1, n // 10) from n = 3: services/coordinator/broadcast_times.py)
     L_gen    one worker's latency for one batch of groups (start of generation -> groups published)
     D        scoring plus waiting in the queue before the learner reads a finished group
     mu_i     samples/s of worker i while it generates; M = sum(mu_i) over the active set
@@ -50,7 +51,7 @@ groups sampled in the T_bcast after a publication arrive one step too old and mu
 while the learner waits; the simulator (which does model it) is the predictor there.
 
 The model is a fluid one (a worker's samples are spread over its batch) and worst-case on
-freshness (T_bcast is the last worker's). docs/capacity_model.md walks through it with numbers;
+freshness (T_bcast is the fleet's 90% quantile, L_gen its slowest worker's). docs/capacity_model.md walks through it with numbers;
 tests/unit/test_capacity_model.py checks max_lag and the admissible share against a step-by-step
 simulation of the timeline above.
 """
@@ -58,6 +59,8 @@ simulation of the timeline above.
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 # ceil of a ratio computed in floating point: 3.0000000000000004 must count as 3
@@ -74,6 +77,25 @@ def ceil_ratio(numerator: float, denominator: float) -> int:
     if not -MAX_CEIL_RATIO < ratio < MAX_CEIL_RATIO:  # NaN fails too
         return -MAX_CEIL_RATIO if ratio < 0 else MAX_CEIL_RATIO
     return math.ceil(ratio)
+
+
+# A worker's self-reported rate (samples/s, a group latency) counts at most this many times the fleet's
+# low median: one worker claiming 1e6 samples/s would otherwise cover any target on its own
+MAX_RATIO_TO_MEDIAN = 4.0
+
+
+def capped_at_median(values: Mapping[str, float], ratio: float = MAX_RATIO_TO_MEDIAN) -> dict[str, float]:
+    """Each value capped at `ratio` x the low median of the positive values (median_low: of two, the
+    smaller, so one liar beside one honest worker is capped too; a single value is its own median).
+
+    Bound: with f < n/2 of n workers lying, the low median lies within the honest values' range, so
+    each liar adds at most ratio x (the largest honest value) to a sum, and a maximum is at most
+    ratio x that too; honest values within ratio x the median are unchanged."""
+    positive = [v for v in values.values() if v > 0]
+    if not positive:
+        return dict(values)
+    cap = ratio * statistics.median_low(positive)
+    return {name: min(value, cap) for name, value in values.items()}
 
 
 @dataclass(frozen=True)

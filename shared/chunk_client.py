@@ -19,6 +19,7 @@ Two transports:
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import re
 import socket
@@ -185,6 +186,14 @@ class ChunkStream:
             )
         self.next_index += 1
         return verdict == STREAM_VERIFIED
+
+    def abort(self) -> None:
+        """From another thread: end a read in progress now (it raises FetchError). Shutting the socket down
+        wakes a blocked recv; closing it does not. Bounds a holder that keeps sending a byte now and then."""
+        sock = self._connection.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):  # already closed or never connected: nothing to end
+                sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         if self._response is not None:

@@ -557,12 +557,12 @@ def load_run_config(path: str | Path, **overrides: object) -> RunConfig:
         raise ValueError(f"invalid run config {path}: {exc}") from exc
 
 
-class ServiceSettings(BaseSettings):
-    """Where a service runs and how it reaches the rest; read from `RL_*` environment variables."""
+class ProcessSettings(BaseSettings):
+    """Where a process runs and how it reaches the coordinator; read from `RL_*` environment variables.
+    Rollout workers use these as they are (they hold no Redis credentials); services add Redis."""
 
     model_config = SettingsConfigDict(env_prefix="RL_", extra="ignore")
 
-    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding streams and state")
     run_config: Path = Field(Path("configs/demo.toml"), description="the run TOML file")
     run_id: str | None = Field(None, description="overrides run_id of the run file")
     run_dir: Path = Field(Path("runs/demo"), description="where this run's files live")
@@ -576,3 +576,9 @@ class ServiceSettings(BaseSettings):
     def load_run(self) -> RunConfig:
         overrides: dict[str, object] = {"run_id": self.run_id} if self.run_id else {}
         return load_run_config(self.run_config, **overrides)
+
+
+class ServiceSettings(ProcessSettings):
+    """A trusted service's settings (coordinator, reward, learner): the process's, plus its Redis."""
+
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding streams and state")

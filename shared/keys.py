@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 
 
 DEAD_LETTERED = "dead_lettered"  # RunKeys.learner_decisions: the field counting the learner's dead letters
+TASKS_ISSUED = "tasks_issued"  # RunKeys.reward_counts: tasks the reward service put on `tasks`
+GROUPS_SCORED = "scored"  # RunKeys.reward_counts: groups the reward service put on `scored`
 
 
 @dataclass(frozen=True)
@@ -48,12 +50,8 @@ class RunKeys:
 
     def rollout_key(self, worker_id: str) -> str:
         """coordinator -> reward: the 32-byte key `worker_id` signs its rollouts with (shared/rollout_mac.py);
-        a worker's Redis user cannot read it (services/coordinator/redis_access.py)."""
+        issued to the worker once, at registration (services/coordinator/redis_access.py)."""
         return self.prefix + f"rollout-key:{worker_id}"
-
-    def worker_redis_user(self, worker_id: str) -> str:
-        """coordinator: the name of `worker_id`'s Redis ACL user (not a key: users share the run prefix)."""
-        return self.prefix + f"worker:{worker_id}"
 
     @property
     def worker_leases(self) -> str:
@@ -62,7 +60,8 @@ class RunKeys:
 
     @property
     def broadcast_times(self) -> str:
-        """coordinator: hash policy_version -> seconds from announcement to the last active worker's swap (T_bcast)."""
+        """coordinator: hash policy_version -> T_bcast, seconds from publication start to the (n - f)-th counted
+        worker's swap (services/coordinator/broadcast_times.py)."""
         return self.prefix + "broadcast:seconds"
 
     @property
@@ -123,6 +122,49 @@ class RunKeys:
         return self.prefix + "learner:decisions"
 
     @property
+    def reward_counts(self) -> str:
+        """reward: hash of the data plane's counts, each written in the same transaction as what it counts:
+        TASKS_ISSUED (with each XADD to `tasks`) and GROUPS_SCORED (with each XADD to `scored` and its
+        rollout's ack). The accounting starts from them (cluster/accounting.py), not from stream lengths."""
+        return self.prefix + "reward:counts"
+
+    @property
+    def dead_letter_counts(self) -> str:
+        """any consumer (shared/bus.py): hash source stream (its name under the run prefix) -> entries of it
+        dead-lettered and acked through the bus, counted in the same script as the ack (once per entry)."""
+        return self.prefix + "dead:counts"
+
+    @property
     def learner_history(self) -> str:
         """coordinator: list of JSON points (version, reward, utilization, cost) for the dashboard, newest last."""
         return self.prefix + "learner:history"
+
+    @property
+    def work_totals(self) -> str:
+        """coordinator (work API, services/coordinator/work_leases.py): hash WorkCounter value -> count over
+        every worker of the run; written in the same transaction as the stream operation it counts."""
+        return self.prefix + "work:totals"
+
+    def work_counts(self, worker_id: str) -> str:
+        """coordinator (work API): hash WorkCounter value -> count for one worker, never deleted during the
+        run (the accounting closes per worker from these, not from the streams, which are trimmed)."""
+        return self.prefix + f"work:worker:{worker_id}"
+
+    @property
+    def work_worker_ids(self) -> str:
+        """coordinator (work API): set of every worker id that ever leased a task or answered a lease (the
+        accounting's rows)."""
+        return self.prefix + "work:worker-ids"
+
+    @property
+    def operator_ids(self) -> str:
+        """coordinator: set of every join credential id issued for the run (services/coordinator/operators.py)."""
+        return self.prefix + "operators"
+
+    def operator(self, operator_id: str) -> str:
+        """coordinator: hash with one join credential's record (its token only as a sha256)."""
+        return self.prefix + f"operator:{operator_id}"
+
+    def operator_quarantine(self, operator_id: str) -> str:
+        """coordinator: set of the credential's quarantined worker ids; non-empty: it registers nobody."""
+        return self.prefix + f"operator-quarantine:{operator_id}"

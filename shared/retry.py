@@ -27,9 +27,16 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# A Redis that is restarting, unreachable or too slow: worth waiting for. Other Redis errors (a wrong
-# command, a missing group) are bugs and propagate.
-REDIS_OUTAGE_ERRORS: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError)
+# A Redis that is restarting, unreachable, too slow, or full: worth waiting for. Full: at `maxmemory`
+# (policy noeviction, cluster/redis_server.py) Redis refuses every write that may grow memory with an OOM
+# error, and a refused MULTI/EXEC or script has no effect at all (no ack without its XADD), while reads,
+# acks and trims still go through; the consumers drain and trim, and the writer's retry then succeeds.
+# Other Redis errors (a wrong command, a missing group) are bugs and propagate.
+REDIS_OUTAGE_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.OutOfMemoryError,
+)
 
 
 class Backoff:

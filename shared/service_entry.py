@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, TypeVar
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from shared.config import RunConfig, ServiceSettings
+    from shared.config import ProcessSettings, RunConfig
 
-S = TypeVar("S", bound="ServiceSettings")
+S = TypeVar("S", bound="ProcessSettings")
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 

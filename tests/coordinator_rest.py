@@ -35,14 +35,14 @@ Clock = Callable[[], float]  # unix seconds
 
 
 def worker_settings(
-    coordinator_url: str, redis_url: str, model_dir: Path, worker_name: str, worker_poll_s: float = 0.05, **fields: Any
+    coordinator_url: str, model_dir: Path, worker_name: str, worker_poll_s: float = 0.05, **fields: Any
 ) -> RolloutSettings:
-    """An in-process worker's settings: the tests' public key and join token, a fast poll, and `fields`."""
+    """An in-process worker's settings: the tests' public key and join token, a fast poll, and `fields`
+    (no Redis: a worker reaches the run only through the coordinator)."""
     return RolloutSettings(
         weights_public_key=PUBLIC_KEY_HEX,
         join_token=JOIN_TOKEN,
         coordinator_url=coordinator_url,
-        redis_url=redis_url,
         model_dir=model_dir,
         worker_name=worker_name,
         worker_poll_s=worker_poll_s,
@@ -74,7 +74,7 @@ def served_coordinator(
     """The real coordinator app for `run` under uvicorn until the block ends. `lease_clock` replaces the
     wall clock of the leases (registration, heartbeats, expiry, the sweeper), `control_clock` that of the
     control loop (billing, dwell); both are set before the app serves anything or runs a pass. `access`:
-    how workers get Redis access (default: ACLs off). `bootstrap`: what GET /v1/cluster/bootstrap answers
+    the workers' rollout keys (default retention). `bootstrap`: what GET /v1/cluster/bootstrap answers
     (default: 404). The app requires JOIN_TOKEN to register; the client
     sends it with every request (JOIN_HEADERS)."""
     app = create_app(run, redis_client, ADMIN_TOKEN, JOIN_TOKEN, access=access, bootstrap=bootstrap)

@@ -18,7 +18,10 @@ def serve(app: FastAPI, port: int | None = None) -> Iterator[str]:
     """Run `app` under uvicorn in a thread (on `port`, default a free one); yields its base URL; stops it
     (lifespan included) on exit."""
     port = free_port() if port is None else port
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    # long polls (GET /v1/weights/latest) are cut after 1 s at stop: a worker retries them
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1)
+    )
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
 

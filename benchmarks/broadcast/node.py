@@ -33,6 +33,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from services.rollout.announcement_client import StreamAnnouncements
 from shared.bus import StreamBus, connect
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.keys import RunKeys
@@ -192,9 +193,10 @@ def serve_receiver(args: argparse.Namespace) -> None:
         )
 
     sync = WeightsSync(
-        bus,
+        StreamAnnouncements(bus),  # the node reads the stream itself: no coordinator in this benchmark
         store,
         PUBLIC_KEY,
+        run_id=args.run_id,
         parents=lambda learner_url: holders,
         own_url=server.url,
         chunk_wait_s=args.chunk_wait_s,

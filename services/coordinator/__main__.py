@@ -32,13 +32,14 @@ environment:
   RL_COORDINATOR_HOST   interface to bind (default 127.0.0.1)
   RL_COORDINATOR_PORT   TCP port (default 8000)
   RL_REDIS_URL          Redis holding the run's streams and state (default redis://127.0.0.1:6379/0)
-  RL_REDIS_ACL          true: a Redis ACL user per worker, created at registration (needs +acl, +client|kill)
-  RL_WORKER_REDIS_URL   the Redis URL handed to workers, without credentials (default: their own;
-                        at /v1/cluster/bootstrap: RL_REDIS_URL without its credentials)
-  RL_WEIGHTS_PUBLIC_KEY the learner's public key: set, GET /v1/cluster/bootstrap hands workers it, the run
-                        file and the Redis URL (`relay-rl worker --coordinator URL --token JOIN_TOKEN`)
+  RL_WEIGHTS_PUBLIC_KEY the learner's public key: set, GET /v1/cluster/bootstrap hands workers it and the
+                        run file (`relay-rl worker --coordinator URL --token JOIN_TOKEN`); workers need
+                        no Redis: they work through the coordinator's work API (/v1/work)
   RL_ROLLOUT_KEY_RETENTION_S  how long a departed worker's rollout-signing key is kept (default 86400)
-  RL_DRAIN_GRACE_S      with RL_REDIS_ACL: a worker draining this long loses its Redis user (default 300)
+  RL_COORDINATOR_MAX_CONNECTIONS    connections or requests at once; past it new requests get 503 (default 10000)
+  RL_COORDINATOR_REQUEST_TIMEOUT_S  a whole request must arrive within this of connecting or of the previous
+                                    response, or the connection is closed (default 30)
+  RL_COORDINATOR_KEEP_ALIVE_S       an idle keep-alive connection is closed after this (default 5)
   RL_RUN_CONFIG         the run TOML file (default configs/demo.toml): lease_s, staleness bound, ...
   RL_RUN_ID             overrides run_id of the run file
   RL_LOG_LEVEL          logging level (default INFO)
@@ -56,30 +57,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     import uvicorn
 
     from services.coordinator.app import create_app
+    from services.coordinator.http_limits import uvicorn_limits
     from services.coordinator.settings import CoordinatorSettings
     from shared.bus import connect
 
     # uvicorn handles SIGTERM / SIGINT itself (graceful shutdown), so no on_stop_signal here
     settings, run = start_service("coordinator", CoordinatorSettings)
-    from services.coordinator.redis_access import AclSetupError, RedisAccess, check_acl_setup
+    from services.coordinator.redis_access import RedisAccess
     from shared.keys import RunKeys
 
     redis_client = connect(settings.redis_url)
-    access = RedisAccess(
-        redis_client,
-        RunKeys(run.run_id),
-        acl=settings.redis_acl,
-        worker_redis_url=settings.worker_redis_url,
-        rollout_key_retention_s=settings.rollout_key_retention_s,
-        drain_grace_s=settings.drain_grace_s,
-    )
-    if settings.redis_acl:
-        try:
-            check_acl_setup(redis_client, settings.redis_url)
-        except AclSetupError as exc:
-            sys.exit(f"coordinator: {exc}")
-    else:
-        log.warning("RL_REDIS_ACL is false: workers get no Redis user of their own and use their RL_REDIS_URL")
+    access = RedisAccess(redis_client, RunKeys(run.run_id), rollout_key_retention_s=settings.rollout_key_retention_s)
     app = create_app(
         run,
         redis_client,
@@ -98,14 +86,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(), proxy_headers=False)
+    limits = uvicorn_limits(
+        max_connections=settings.max_connections,
+        request_timeout_s=settings.request_timeout_s,
+        keep_alive_s=settings.keep_alive_s,
+    )
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        proxy_headers=False,
+        # open long polls (GET /v1/weights/latest: up to 10 s) are cut after 1 s at stop; workers retry them
+        timeout_graceful_shutdown=1,
+        **limits,
+    )
 
 
 def cluster_bootstrap(settings: CoordinatorSettings, run: RunConfig) -> ClusterBootstrap | None:
     """What GET /v1/cluster/bootstrap hands a joining worker: the run file as read at start, the run id,
-    the public key and the workers' Redis URL; None (and a warning) without RL_WEIGHTS_PUBLIC_KEY."""
+    the public key; None (and a warning) without RL_WEIGHTS_PUBLIC_KEY."""
     from shared.api import ClusterBootstrap
-    from shared.redis_urls import without_credentials
 
     if settings.weights_public_key is None:
         log.warning("RL_WEIGHTS_PUBLIC_KEY is not set: GET /v1/cluster/bootstrap answers 404 (no `relay-rl worker`)")
@@ -114,7 +115,6 @@ def cluster_bootstrap(settings: CoordinatorSettings, run: RunConfig) -> ClusterB
         run_id=run.run_id,
         run_config_toml=settings.run_config.read_text(),
         weights_public_key=settings.weights_public_key,
-        redis_url=settings.worker_redis_url or without_credentials(settings.redis_url),
         model=run.model,
     )
 

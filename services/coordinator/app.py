@@ -22,12 +22,14 @@ from services.coordinator.heartbeat_path import HeartbeatFastPath
 from services.coordinator.prometheus import install_metrics
 from services.coordinator.redis_access import RedisAccess
 from services.coordinator.registration_limit import RegistrationLimit
-from services.coordinator.routers import broadcast, cluster, control, status, trust, workers
+from services.coordinator.routers import broadcast, cluster, control, operators, status, trust, weights, work, workers
+from services.coordinator.work_leases import WorkLeases
 from services.coordinator.worker_registry import WorkerRegistry
 from shared.api import ClusterBootstrap
 from shared.bus import StreamBus
 from shared.config import RunConfig
 from shared.keys import RunKeys
+from shared.work_api import MAX_SUBMISSION_BYTES, ROLLOUTS_PATH
 
 log = logging.getLogger(__name__)
 
@@ -37,18 +39,23 @@ MAX_SWEEP_INTERVAL_S = 1.0
 
 
 class CoordinatorAPI(FastAPI):
-    """FastAPI behind a body limit (services/coordinator/body_limit.py), with the heartbeat fast path in
-    front of everything else (services/coordinator/heartbeat_path.py): a worker's own heartbeat skips
-    FastAPI's and Starlette's middleware layers, ~10% of its CPU."""
+    """FastAPI behind a body limit (services/coordinator/body_limit.py: 64 KiB, MAX_SUBMISSION_BYTES for
+    the work API's rollouts), with the heartbeat fast path in front of everything else
+    (services/coordinator/heartbeat_path.py): a worker's own heartbeat skips FastAPI's and Starlette's
+    middleware layers, ~10% of its CPU."""
 
     heartbeat_fast_path: HeartbeatFastPath | None = None
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._limited = BodyLimit(self._route)
+        self._limited_submissions = BodyLimit(self._route, max_bytes=MAX_SUBMISSION_BYTES)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._limited(scope, receive, send)
+        if scope["type"] == "http" and scope["path"] == ROLLOUTS_PATH:
+            await self._limited_submissions(scope, receive, send)
+        else:
+            await self._limited(scope, receive, send)
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.heartbeat_fast_path is None or scope["type"] != "http":
@@ -71,8 +78,8 @@ def create_app(
 ) -> FastAPI:
     """`redis_client` must be a bytes-mode client (`shared.bus.connect`). `join_token`: what a worker
     must send to register (header X-RL-Join-Token); None opens registration to anyone (dev and tests
-    only: CoordinatorSettings requires RL_JOIN_TOKEN unless RL_OPEN_REGISTRATION is set). `access`: how
-    workers get Redis access (default: no ACL users, only rollout keys; services/coordinator/redis_access.py).
+    only: CoordinatorSettings requires RL_JOIN_TOKEN unless RL_OPEN_REGISTRATION is set). `access`: the
+    workers' rollout-signing keys (services/coordinator/redis_access.py; default retention).
     `bootstrap`: what GET /v1/cluster/bootstrap hands a joining worker (None: 404 there)."""
     if not admin_token:
         raise ValueError("admin_token must not be empty")
@@ -90,15 +97,14 @@ def create_app(
         join_token_sha256=None if join_token is None else token_sha256(join_token),
         registration_limit=RegistrationLimit(run.coordinator.registrations_per_s, run.coordinator.registration_burst),
         access=access,
+        work=WorkLeases(redis_client, keys, lease_ms=run.rollout.claim_idle_ms),
         bootstrap=bootstrap,
     )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         sweep_interval_s = min(MAX_SWEEP_INTERVAL_S, run.coordinator.lease_s / 4)
-        sweeper = asyncio.create_task(
-            sweep_leases(coordinator.registry, access, sweep_interval_s), name="lease-sweeper"
-        )
+        sweeper = asyncio.create_task(sweep_leases(coordinator.registry, sweep_interval_s), name="lease-sweeper")
         planner = asyncio.create_task(control_plane.run_forever(), name="control-loop")  # activation, ledger, history
         yield
         for task in (sweeper, planner):
@@ -118,8 +124,19 @@ def create_app(
     )
     app.state.coordinator = coordinator
     control_plane = app.state.control = ControlPlane(coordinator)
-    for router in (workers.router, cluster.router, trust.router, status.router, broadcast.router, control.router):
+    routers = (
+        workers.router,
+        work.router,
+        cluster.router,
+        trust.router,
+        status.router,
+        broadcast.router,
+        control.router,
+    )
+    for router in routers:
         app.include_router(router)
+    app.include_router(weights.router)  # its lifespan runs the announcement watcher (weights_feed.py)
+    app.include_router(operators.router)  # join credentials: services/coordinator/operators.py
     install_metrics(app, control_plane)
     app.heartbeat_fast_path = HeartbeatFastPath(app.serve_with_fastapi, sync_client=redis_client, state=app.state)
     install_error_handlers(app)
@@ -132,13 +149,12 @@ def create_app(
     return app
 
 
-async def sweep_leases(registry: WorkerRegistry, access: RedisAccess, interval_s: float) -> None:
-    """Mark workers whose lease ran out as dead and revoke the Redis access of every worker without a live
-    lease (or draining for too long), every `interval_s`, until cancelled."""
+async def sweep_leases(registry: WorkerRegistry, interval_s: float) -> None:
+    """Mark workers whose lease ran out as dead, every `interval_s`, until cancelled. (Their tasks need no
+    sweeping: a task lease that runs out is reissued by the next lease call, services/coordinator/work_leases.py.)"""
     while True:
         try:
             expired = await asyncio.to_thread(registry.expire_due)
-            await asyncio.to_thread(access.revoke_gone, registry.clock())
         except redis.RedisError as exc:  # Redis down or restarting: try again next tick
             log.warning("lease sweep failed: %s", exc)
         else:

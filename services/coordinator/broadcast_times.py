@@ -14,12 +14,18 @@ Recorded with it, per version (`RunKeys.broadcast_splits`, BroadcastSplits on th
     pause         the rollout pause: seconds each counted worker's engine spent loading the version
                   (not generating), mean and max, from the workers that report it (`pause_s`)
 
-recorded in `RunKeys.broadcast_times` (version -> seconds) once every such worker is accounted for:
-it reported swapping v, or it reported a later version swapped after v was announced (a heartbeat
-carries only the latest swap, so a worker that went v-1 -> v -> v+1 within one heartbeat interval
-never shows v; it does not hold the measurement up, and its unseen swap time is not guessed). A
-worker that joined after the announcement does not count (its first fetch is a late join, not part
-of the broadcast). The capacity model reads the hash.
+recorded in `RunKeys.broadcast_times` (version -> seconds) once all but the f slowest counted workers
+are accounted for, f = max(1, n // 10) of n >= 3 counted workers (0 for n <= 2): T_bcast is the
+(n - f)-th swap, the 90% quantile of the fleet, not its last worker, so up to f silent or slow workers
+cannot stall the measurement nor stretch it (issue 23, attack 10: one worker that never swapped kept
+every version pending). A worker is accounted for when it reported swapping v, or a later version
+swapped after v's publication start (a heartbeat carries only the latest swap, so a worker that went
+v-1 -> v -> v+1 within one heartbeat interval never shows v; it counts as one of the earliest, and
+its unseen swap time is not guessed). A version that reaches neither is measured at its deadline
+(DEADLINE_S after its publication start, or when it is about to fall out of the MAX_PENDING_VERSIONS
+kept pending) from the swaps seen by then: the latest of them, a lower bound, so more than f silent
+workers delay a measurement by at most the deadline and never stop it. A worker that joined after the
+announcement does not count (its first fetch is a late join, not part of the broadcast). The capacity model reads the hash.
 
 Recording: versions and announcement times come from the learner's announcements only
 (services/coordinator/announcements.py: `broadcast_announced`, and the version as pending). The
@@ -40,6 +46,7 @@ local cluster) they agree, across machines T_bcast carries their skew (MAX_CLOCK
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import redis
@@ -65,10 +72,33 @@ from shared.api import (
 from shared.keys import RunKeys
 
 MIN_MEASURED_BYTES = 4 << 20  # below this a download is all latency: no throughput measurement
-MAX_PENDING_VERSIONS = 32  # versions older than this many still incomplete are given up on
+MAX_PENDING_VERSIONS = 32  # versions pending at once; the oldest beyond this are measured at their deadline
+DEADLINE_S = 60.0  # a version not measured this long after its publication start is measured from what arrived
 MAX_RECORDED_VERSIONS = 10_000  # T_bcast kept for this many newest versions (a 400-step demo keeps all)
 SWAPS_TTL_S = 3600  # the per-version swap hashes are only needed until the version completes
 MAX_BROADCAST_S = MAX_DURATION_S  # T_bcast is clamped to [0, this]
+
+
+@dataclass(frozen=True)
+class RelayKeys:
+    """The relay plan's measurements (services/coordinator/relay_view.py); written by the heartbeat script
+    (services/coordinator/heartbeat_batch.py) and, for `assigned`, by GET /parent."""
+
+    assigned: str  # hash worker id -> the parent URL the coordinator last served it ('' for a seed: absent)
+    observed: str  # hash worker id -> "<version> <parent_bytes> <num_bytes> <seconds> <parent_url>"
+    misses: str  # hash parent URL -> "<last missed version> <misses>": its children fell back
+
+    @classmethod
+    def of(cls, keys: RunKeys) -> RelayKeys:
+        return cls(
+            keys.prefix + "broadcast:relay-assigned",
+            keys.prefix + "broadcast:relay-observed",
+            keys.prefix + "broadcast:relay-misses",
+        )
+
+    @property
+    def all(self) -> tuple[str, str, str]:
+        return self.assigned, self.observed, self.misses
 
 
 @dataclass(frozen=True)
@@ -96,13 +126,15 @@ class BroadcastTimes:
         self.redis = client
         self.keys = keys
 
-    def complete_pending(self, workers: list[WorkerInfo]) -> dict[int, float]:
-        """Record T_bcast of every pending version every counted worker has accounted for; returns them."""
-        pending = [
+    def complete_pending(self, workers: list[WorkerInfo], now_s: float | None = None) -> dict[int, float]:
+        """Record T_bcast of every pending version that all but the f slowest counted workers have
+        accounted for, or that reached its deadline (see the module doc); returns them."""
+        now_s = time.time() if now_s is None else now_s
+        pending = sorted(
             v
             for raw in self.redis.zrange(self.keys.broadcast_pending, 0, -1)
             if (v := bounded_int(_text(raw), "broadcast.pending", 0, MAX_VERSION)) is not None
-        ]
+        )
         if not pending:
             return {}
         announced = bounded_hash(
@@ -118,7 +150,7 @@ class BroadcastTimes:
         }
         active = [w for w in workers if w.state == WorkerState.ACTIVE]
         completed: dict[int, VersionBroadcast] = {}
-        for version in pending:
+        for position, version in enumerate(pending):
             started_at_s = announced.get(str(version))
             if started_at_s is None:
                 continue
@@ -127,7 +159,9 @@ class BroadcastTimes:
             swaps = bounded_hash(
                 self.redis.hgetall(self.keys.broadcast_swaps(version)), "broadcast.swaps", 0.0, MAX_UNIX_TIME_S
             )
-            swapped = counted_swappers(version, started_at_s, announced_at_s, swaps, last_swap, active)
+            # about to be dropped from the pending set, or past the deadline: measured from what arrived
+            due = now_s - started_at_s >= DEADLINE_S or len(pending) - position >= MAX_PENDING_VERSIONS
+            swapped = counted_swappers(version, started_at_s, announced_at_s, swaps, last_swap, active, due=due)
             if swapped is not None:
                 splits = self.swap_splits(version)
                 completed[version] = measure_version(started_at_s, announced_at_s, swaps, swapped, splits)
@@ -219,6 +253,12 @@ def pause_over(splits: list[BroadcastSplits]) -> tuple[float | None, float | Non
     return round(mean_s, 4), max((s.pause_max_s for s in paused if s.pause_max_s is not None), default=None)
 
 
+def num_tolerated(num_counted: int) -> int:
+    """f: how many of `num_counted` workers T_bcast ignores (the slowest; silent ones among them):
+    max(1, n // 10) from 3 workers on, none below (one of two is half the fleet, not an outlier)."""
+    return max(1, num_counted // 10) if num_counted >= 3 else 0
+
+
 def counted_swappers(
     version: int,
     started_at_s: float,
@@ -226,19 +266,29 @@ def counted_swappers(
     swaps: dict[str, float],
     last_swap: dict[str, tuple[int, float]],
     active: list[WorkerInfo],
+    *,
+    due: bool = False,
 ) -> list[str] | None:
-    """The counted workers seen holding `version` once every counted worker is accounted for (see the
-    module doc), else None. Counted: active, and registered by the announcement (it reached them)."""
+    """The counted workers whose swap of `version` sets its T_bcast, else None (not measurable yet).
+    Counted: active, and registered by the announcement (it reached them). Measurable once all but
+    `num_tolerated(n)` of the n counted are accounted for (a swap of it, or of a later version since its
+    publication start); then the earliest n - f accounted, skippers first (their swap of it is unseen,
+    and was no later than their newer one). `due` (its deadline): every swap seen so far."""
     counted = [w.worker_id for w in active if w.registered_at_s <= announced_at_s]
-    swapped: list[str] = []
+    swapped = sorted((w for w in counted if w in swaps), key=lambda w: (swaps[w], w))
+    num_skipped = 0
     for worker_id in counted:
-        if worker_id in swaps:
-            swapped.append(worker_id)
-            continue
         later_version, swapped_at_s = last_swap.get(worker_id, (-1, 0.0))
-        if not (later_version > version and swapped_at_s >= started_at_s):
-            return None  # still fetching (or not reported yet)
-    return swapped or None  # nobody seen holding it: no measurement
+        if worker_id not in swaps and later_version > version and swapped_at_s >= started_at_s:
+            num_skipped += 1
+    num_needed = len(counted) - num_tolerated(len(counted))
+    if not swapped:
+        return None  # nobody seen holding it: no measurement
+    if due:
+        return swapped
+    if len(swapped) + num_skipped < num_needed:
+        return None  # still fetching (or not reported yet)
+    return swapped[: max(1, num_needed - num_skipped)]
 
 
 def measure_version(

@@ -4,12 +4,19 @@ R        grpo.group_size * grpo.groups_per_step (run file)
 T_train  LearnerState: d(train_s_total) / d(num_steps_done) over the last `window_s` seconds of
          learner states (the whole run's mean until the window holds `MIN_WINDOW_STEPS` steps)
 T_over   the same window: (d(wall) - d(train) - d(idle)) / d(steps)  (publish, eval, checkpoint)
-T_bcast  mean of the newest `NUM_BROADCASTS` entries of RunKeys.broadcast_times (0 when none yet)
-L_gen    the largest group_latency_s an active worker reports (worst case: freshness is a bound)
+T_bcast  median of the newest `NUM_BROADCASTS` entries of RunKeys.broadcast_times (0 when none yet);
+         each entry is already the fleet's 90% quantile, not its slowest worker (broadcast_times.py)
+L_gen    the largest group_latency_s an active worker reports (worst case: freshness is a bound), each
+         capped at 4x the active workers' low median first (shared/capacity.py `capped_at_median`)
 D        groups finished but not read by the learner (rollouts backlog + scored lag) beyond one
          batch, in batches of groups_per_step, times C: how many extra steps the newest waits
          (waiting for the next batch read itself is already in the model's ceil)
-mu_i     samples_per_s of every ACTIVE worker that has measured one
+mu_i     samples_per_s of every ACTIVE worker that has measured one, capped the same way
+
+Every per-worker number here is the worker's own report. Robust statistics keep one slow, silent or
+lying worker from stalling or skewing the model: a median over versions, a quantile over the fleet
+within a version, and a cap at 4x the low median per worker (one liar adds at most 4x the largest
+honest rate to M, and L_gen is at most 4x the largest honest latency).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import redis
 from services.coordinator.measurements import BAD_MEASUREMENTS, bounded_hash
 from shared.api import MAX_DURATION_S, WorkerInfo, WorkerState
 from shared.bus import StreamBus
-from shared.capacity import CapacityInputs
+from shared.capacity import CapacityInputs, capped_at_median
 from shared.config import RunConfig
 from shared.keys import RunKeys
 from shared.messages import LearnerState
@@ -113,14 +120,14 @@ class MeasuredInputs:
 
 
 def recent_broadcast_s(client: redis.Redis, keys: RunKeys) -> float | None:
-    """Mean T_bcast of the newest measured versions (the broadcast engineer's hash), None when none."""
+    """Median T_bcast of the newest measured versions (one outlier version does not move it), None when none."""
     raw = client.hgetall(keys.broadcast_times)
     by_version = sorted(
         (int(v), s) for v, s in bounded_hash(raw, "broadcast.times", 0.0, MAX_DURATION_S, int_keys=True).items()
     )
     if not by_version:
         return None
-    return statistics.fmean(seconds for _, seconds in by_version[-NUM_BROADCASTS:])
+    return statistics.median(seconds for _, seconds in by_version[-NUM_BROADCASTS:])
 
 
 def queued_groups(bus: StreamBus) -> int:
@@ -139,7 +146,9 @@ def measure_inputs(
     num_queued_groups: int,
 ) -> MeasuredInputs:
     active = [w for w in workers if w.state == WorkerState.ACTIVE]
-    latencies = [w.group_latency_s for w in active if w.group_latency_s > 0]
+    latencies = list(
+        capped_at_median({w.worker_id: w.group_latency_s for w in active if w.group_latency_s > 0}).values()
+    )
     step_times = window.step_times(state)
     sources = {
         "samples_per_step": "run file: group_size * groups_per_step",
@@ -147,14 +156,16 @@ def measure_inputs(
         if step_times
         else "unknown",
         "step_overhead_s": "learner state: wall - train - idle per step" if step_times else "unknown",
-        "broadcast_s": "broadcast_times (mean of newest versions)"
+        "broadcast_s": "broadcast_times (median of newest versions)"
         if broadcast_s is not None
         else "not measured yet: 0",
-        "group_latency_s": "max over active workers' heartbeats" if latencies else "not measured yet: 0",
+        "group_latency_s": "max over active workers' heartbeats, each capped at 4x their median"
+        if latencies
+        else "not measured yet: 0",
         "queue_delay_s": "rollouts backlog + scored lag beyond one batch, in batches, times C",
-        "worker_samples_per_s": "active workers' heartbeats (measured ones only)",
+        "worker_samples_per_s": "active workers' heartbeats (measured ones only), each capped at 4x their median",
     }
-    measured_mu = {w.worker_id: w.samples_per_s for w in active if w.samples_per_s > 0}
+    measured_mu = capped_at_median({w.worker_id: w.samples_per_s for w in active if w.samples_per_s > 0})
     if step_times is None or step_times.train_s <= 0:
         return MeasuredInputs(None, step_times, sources, num_queued_groups, measured_mu)
     staleness_bound = state.staleness_bound if state is not None else run.schedule.staleness_bound

@@ -1,10 +1,13 @@
 """What an endpoint can ask for, as typed aliases; the routers (services/coordinator/routers/) take them
 from here and nowhere else.
 
-    CoordinatorDep   the `Coordinator`: run config, Redis keys and client, worker registry, stream bus, workers' access
+    CoordinatorDep   the `Coordinator`: run config, Redis keys and client, worker registry, stream bus, rollout keys
     RegistryDep      its `WorkerRegistry`
+    WorkLeasesDep    its `WorkLeases`: tasks leased to workers and their answers (services/coordinator/work_leases.py)
     ControlDep       the `ControlPlane` (services/coordinator/control.py): the control loop's last pass
     CallerDep        who holds the bearer token: `AdminCaller` or `WorkerCaller` (401 for anyone else)
+    WorkerCallerDep  a `WorkerCaller` only (403 for the admin token: the admin is no worker)
+    AdminCallerDep   an `AdminCaller` only (403 for a worker's token)
     BearerTokenDep   the bearer token as sent, unchecked (None: no Authorization header)
     JoinTokenDep     the X-RL-Join-Token header as sent, unchecked (None: absent)
     WorkerIdPath     the `{worker_id}` path parameter
@@ -19,10 +22,11 @@ import redis
 from fastapi import Depends, Header, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from services.coordinator.auth import Caller, InvalidTokenError, authenticate
+from services.coordinator.auth import AdminCaller, Caller, InvalidTokenError, WorkerCaller, authenticate
 from services.coordinator.control import ControlPlane
 from services.coordinator.redis_access import RedisAccess
 from services.coordinator.registration_limit import RegistrationLimit
+from services.coordinator.work_leases import WorkLeases
 from services.coordinator.worker_registry import WorkerRegistry
 from shared.api import JOIN_TOKEN_HEADER, ClusterBootstrap
 from shared.bus import StreamBus
@@ -43,7 +47,8 @@ class Coordinator:
     admin_token_sha256: str
     join_token_sha256: str | None  # None: open registration (dev)
     registration_limit: RegistrationLimit
-    access: RedisAccess  # workers' Redis users and rollout keys (services/coordinator/redis_access.py)
+    access: RedisAccess  # workers' rollout-signing keys (services/coordinator/redis_access.py)
+    work: WorkLeases  # the only path from a worker to the streams (services/coordinator/work_leases.py)
     bootstrap: ClusterBootstrap | None = None  # GET /v1/cluster/bootstrap; None: not offered (no public key)
 
 
@@ -67,6 +72,13 @@ def get_control(request: Request) -> ControlPlane:
 
 ControlDep = Annotated[ControlPlane, Depends(get_control)]
 
+
+def get_work_leases(coordinator: CoordinatorDep) -> WorkLeases:
+    return coordinator.work
+
+
+WorkLeasesDep = Annotated[WorkLeases, Depends(get_work_leases)]
+
 _bearer = HTTPBearer(auto_error=False, description="a worker token from POST /v1/workers, or the admin token")
 
 
@@ -82,6 +94,24 @@ def get_caller(
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]
+
+
+def get_worker_caller(caller: CallerDep) -> WorkerCaller:
+    if not isinstance(caller, WorkerCaller):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, detail="only a worker's own token can do this")
+    return caller
+
+
+WorkerCallerDep = Annotated[WorkerCaller, Depends(get_worker_caller)]
+
+
+def get_admin_caller(caller: CallerDep) -> AdminCaller:
+    if not isinstance(caller, AdminCaller):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, detail="only the admin token can do this")
+    return caller
+
+
+AdminCallerDep = Annotated[AdminCaller, Depends(get_admin_caller)]
 
 
 def get_bearer_token(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> str | None:

@@ -30,7 +30,7 @@ def error_docs(*status_codes: int) -> dict[int | str, dict[str, object]]:
         409: "the worker's state does not allow this (rejoining while draining or quarantined; releasing one not quarantined)",
         410: "the worker's lease expired: register again",
         429: "too many registrations: retry after Retry-After seconds",
-        503: "Redis is unreachable",
+        503: "Redis is unreachable (or full: at maxmemory)",
     }
     return {code: {"model": ErrorResponse, "description": reasons[code]} for code in status_codes}
 
@@ -41,6 +41,9 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(WorkerDeadError, _worker_dead)
     app.add_exception_handler(redis.ConnectionError, _redis_unreachable)
     app.add_exception_handler(redis.TimeoutError, _redis_unreachable)
+    # Redis at maxmemory (noeviction) refuses writes until the trusted consumers trim what they consumed:
+    # the call did nothing (a refused EXEC or script has no effect), so it is a 503 to retry, not a 500
+    app.add_exception_handler(redis.exceptions.OutOfMemoryError, _redis_unreachable)
 
 
 async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:

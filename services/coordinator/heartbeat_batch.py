@@ -19,6 +19,11 @@ transaction across workers):
      pause when reported, the worker's latest swap and its download rate measured from the learner's
      announcement time). Any other report is ignored; the outcome says why, and whether the swap was
      news. Completing a version is the caller's business.
+  4. with that swap, what the worker observed of its relay parent (`parent_url`, `parent_bytes`), kept
+     only when the coordinator assigned it that parent (`relay_assigned`, written when it served the
+     worker's GET /parent): its latest observation (`relay_observed`), and, when it got less than
+     half of the version from the parent, one more miss of that parent (`relay_misses`, by URL). The
+     relay plan ranks parents by these (services/coordinator/relay_view.py, shared/relay_plan.py).
 Both the REST endpoint (WorkerRegistry.extend_lease, one entry, synchronous) and the hot path
 (services/coordinator/heartbeat_path.py, batched) run this one script.
 """
@@ -33,7 +38,7 @@ from typing import Any
 
 import redis
 
-from services.coordinator.broadcast_times import MIN_MEASURED_BYTES, SWAPS_TTL_S
+from services.coordinator.broadcast_times import MIN_MEASURED_BYTES, SWAPS_TTL_S, RelayKeys
 from services.coordinator.redis_script import ScriptConnection
 from shared.api import WeightSwapReport
 from shared.bus import PAYLOAD_FIELD
@@ -41,20 +46,24 @@ from shared.keys import RunKeys
 from shared.streams import WEIGHTS
 
 # KEYS: leases, broadcast announced (publication start), broadcast last swap, broadcast throughput, the
-#   weights stream, broadcast pending, broadcast times, broadcast published (announcement time); then 3 per
+#   weights stream, broadcast pending, broadcast times, broadcast published (announcement time), relay
+#   assigned (worker -> parent URL served), relay observed (worker -> its latest observation of its
+#   parent), relay misses (parent URL -> "<version> <count>"); then 3 per
 #   entry: the worker hash, the swaps hash and the swap-splits hash of the reported version (the worker
 #   hash in their places when there is no report).
 # ARGV: the swaps hashes' TTL, the clock skew tolerated (s), the smallest download measured (bytes), the
 #   largest rate recorded (Mbit/s), the run id, the stream entries' payload field, how many of the newest
-#   announcements to look through; then 10 per entry: worker id, token sha256 ('' = authenticated
+#   announcements to look through; then 12 per entry: worker id, token sha256 ('' = authenticated
 #   already), now_s, new expiry_s, the fields to set (a JSON object of strings), the reported version
-#   ('' = no report), swapped_at_s, num_bytes, ready_at_s and pause_s ('' = not reported).
+#   ('' = no report), swapped_at_s, num_bytes, ready_at_s and pause_s ('' = not reported), parent_url
+#   ('' = not reported) and parent_bytes.
 # Returns 3 per entry: code (0 unknown worker, -1 wrong token, 1 dead, 2 ok), state, swap (1 news, 0 none
 #   or not news, -1 ignored: the learner never announced the version, -2 ignored: swapped before its
 #   publication start or after now, beyond the skew).
 HEARTBEAT_LUA = """
 local leases, announced, last_swap, throughput = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local weights, pending, times, published = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local assigned, observed, misses = KEYS[9], KEYS[10], KEYS[11]
 local skew, min_bytes, max_mbps = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local run_id, payload_field, lookback = ARGV[5], ARGV[6], ARGV[7]
 -- (publication start, announcement time) of `version`: the announcements hashes, else the newest entries
@@ -86,12 +95,13 @@ local function announced_at_of(version)
   return nil, nil
 end
 local out = {}
-for i = 0, (#ARGV - 7) / 10 - 1 do
-  local k, a = 8 + i * 3, 7 + i * 10
+for i = 0, (#ARGV - 7) / 12 - 1 do
+  local k, a = 11 + i * 3, 7 + i * 12
   local worker, swaps, splits = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
   local worker_id, digest_in, now_s, expiry_s, fields = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
   local version, swapped_at_s, num_bytes = ARGV[a + 6], ARGV[a + 7], ARGV[a + 8]
   local ready_at_s, pause_s = ARGV[a + 9], ARGV[a + 10]
+  local parent_url, parent_bytes = ARGV[a + 11], tonumber(ARGV[a + 12])
   local code, state, news = 2, '', 0
   local digest = redis.call('HGET', worker, 'token_sha256')
   if not digest then
@@ -136,6 +146,16 @@ for i = 0, (#ARGV - 7) / 10 - 1 do
           local seconds, bytes = swapped - announced_at, tonumber(num_bytes)
           if bytes >= min_bytes and seconds > 0 then
             redis.call('HSET', throughput, worker_id, tostring(math.min(bytes * 8 / seconds / 1e6, max_mbps)))
+          end
+          -- its parent's delivery, only about the parent it was assigned (a child cannot name another)
+          if parent_url ~= '' and bytes > 0 and redis.call('HGET', assigned, worker_id) == parent_url then
+            local done_at = tonumber(ready_at_s ~= '' and ready_at_s or swapped_at_s)
+            redis.call('HSET', observed, worker_id, version .. ' ' .. ARGV[a + 12] .. ' ' .. num_bytes .. ' '
+              .. string.format('%.17g', done_at - announced_at) .. ' ' .. parent_url)
+            if parent_bytes * 2 < bytes then
+              local count = tonumber(string.match(redis.call('HGET', misses, parent_url) or '', ' (%d+)$') or '0')
+              redis.call('HSET', misses, parent_url, version .. ' ' .. (count + 1))
+            end
           end
         end
       end
@@ -189,6 +209,7 @@ def script_arguments(keys: RunKeys, entries: Sequence[HeartbeatEntry]) -> tuple[
         keys.broadcast_pending,
         keys.broadcast_times,
         keys.broadcast_published,
+        *RelayKeys.of(keys).all,
     ]
     args = [str(SWAPS_TTL_S), repr(MAX_CLOCK_SKEW_S), str(MIN_MEASURED_BYTES), repr(MAX_MEASURED_MBPS)]
     args += [keys.run_id, PAYLOAD_FIELD.decode(), str(ANNOUNCEMENT_LOOKBACK)]
@@ -202,10 +223,10 @@ def script_arguments(keys: RunKeys, entries: Sequence[HeartbeatEntry]) -> tuple[
             script_keys += (worker_key, keys.broadcast_swaps(v), keys.broadcast_swap_splits(v))
         args += (e.worker_id, e.token_sha256, repr(e.now_s), repr(e.expiry_s), json.dumps(e.fields))
         if swap is None:
-            args += ("", "", "", "", "")
+            args += ("", "", "", "", "", "", "0")
         else:
             args += (str(swap.policy_version), repr(swap.swapped_at_s), str(swap.num_bytes))
-            args += (_optional(swap.ready_at_s), _optional(swap.pause_s))
+            args += (_optional(swap.ready_at_s), _optional(swap.pause_s), swap.parent_url, str(swap.parent_bytes))
     return script_keys, args
 
 

@@ -1,19 +1,28 @@
 """Who may join the run, and who is coming back.
 
     POST /v1/workers
-      1. the join token (header X-RL-Join-Token) against the cluster's, constant-time: 401 if missing
-         or wrong (skipped when the coordinator runs with open registration, a dev setting)
+      1. the join token (header X-RL-Join-Token), constant-time: the cluster's shared one (RL_JOIN_TOKEN),
+         or a join credential an admin issued (services/coordinator/operators.py), whose id the worker
+         carries (`WorkerInfo.operator_id`; "" for the shared token). 401 if missing or neither; 403 for
+         a revoked credential, or one holding a quarantined worker (quarantine sticks to the credential
+         until an admin releases that worker). Open registration (a dev setting) admits anyone, as the
+         shared identity unless a credential is presented.
       2. the registration rate limit (services/coordinator/registration_limit.py): 429 + Retry-After
       3. a returning worker (body `previous_worker_id`, header `Authorization: Bearer <its token>`):
-         401 without the bearer token, 403 if the token is not that worker's, 409 if it is
-         quarantined or its state is not dead, active or standby (draining, quarantined: rejoining is
-         no way out); else its record is revived: same id, same totals, a fresh lease and a new token. A previous id the coordinator
-         no longer knows (pruned after `dead_worker_retention_s`, or Redis lost it) joins as a new
-         worker: nothing is left to prove the identity against.
+         401 without the bearer token, 403 if the token is not that worker's or the join token is not
+         the credential it registered with, 409 if it is quarantined or its state is not dead, active
+         or standby (draining, quarantined: rejoining is no way out); else its record is revived: same
+         id, same totals, a fresh lease and a new token. A previous id the coordinator no longer knows
+         (pruned after `dead_worker_retention_s`, or Redis lost it) joins as a new worker: nothing is
+         left to prove the identity against.
       4. anyone else is a new worker with a new id.
 
 A worker whose lease ran out during an outage (Redis or the coordinator down longer than the lease)
 thus keeps its identity, and the dashboard counts one worker per process.
+
+Quarantine cannot stick to the shared token: every holder is the same identity, and holding it back
+would stop the whole fleet, so a worker quarantined under it can register again as a new worker with a
+clean score. It is for dev and trusted fleets; untrusted operators each get a credential.
 """
 
 from __future__ import annotations
@@ -26,11 +35,14 @@ from dataclasses import dataclass
 from fastapi import HTTPException, status
 
 from services.coordinator.auth import issue_worker_token, new_worker_id, token_sha256
+from services.coordinator.operators import OperatorCredentials
 from services.coordinator.registration_limit import RegistrationLimit, retry_after_header
 from services.coordinator.worker_registry import REVIVE_REFUSED, REVIVE_WRONG_TOKEN, REVIVED, WorkerRegistry
-from shared.api import JOIN_TOKEN_HEADER, RegisterWorkerRequest, WorkerInfo, WorkerState
+from shared.api import JOIN_TOKEN_HEADER, OperatorInfo, OperatorState, RegisterWorkerRequest, WorkerInfo, WorkerState
 
 log = logging.getLogger(__name__)
+
+SHARED_IDENTITY = ""  # the operator id of workers that joined with the cluster's shared token
 
 
 @dataclass(frozen=True)
@@ -42,10 +54,14 @@ class Joined:
 
 
 def admit_registration(
-    presented_join_token: str | None, join_token_sha256: str | None, limit: RegistrationLimit
-) -> None:
-    """Steps 1 and 2 of the module doc: raises HTTPException 401 or 429."""
-    check_join_token(presented_join_token, join_token_sha256, "registration")
+    presented_join_token: str | None,
+    join_token_sha256: str | None,
+    operators: OperatorCredentials,
+    limit: RegistrationLimit,
+) -> str:
+    """Steps 1 and 2 of the module doc: the joining identity's operator id ("": the shared token), or
+    HTTPException 401, 403 or 429."""
+    operator_id = check_join_token(presented_join_token, join_token_sha256, "registration", operators)
     wait_s = limit.take()
     if wait_s is not None:
         raise HTTPException(
@@ -53,17 +69,47 @@ def admit_registration(
             detail=f"too many registrations: retry in {wait_s:.2f}s",
             headers={"Retry-After": retry_after_header(wait_s)},
         )
+    return operator_id
 
 
-def check_join_token(presented_join_token: str | None, join_token_sha256: str | None, what: str) -> None:
-    """Step 1 of the module doc, for registration and the bootstrap alike: HTTPException 401 unless the
-    presented token is the cluster's (constant-time), or registration is open (`join_token_sha256` None)."""
+def check_join_token(
+    presented_join_token: str | None,
+    join_token_sha256: str | None,
+    what: str,
+    operators: OperatorCredentials | None = None,
+) -> str:
+    """Step 1 of the module doc, for registration and the bootstrap alike: the operator id of the
+    credential presented ("" for the cluster's shared token, or anyone under open registration, i.e.
+    `join_token_sha256` None). HTTPException 401 unless the token is the shared one or a credential of
+    `operators`; 403 when that credential is revoked or holds a quarantined worker."""
+    if presented_join_token is not None:
+        if join_token_sha256 is not None and hmac.compare_digest(token_sha256(presented_join_token), join_token_sha256):
+            return SHARED_IDENTITY
+        operator = None if operators is None else operators.identify(presented_join_token)
+        if operator is not None:
+            ensure_admits(operator, what)
+            return operator.operator_id
     if join_token_sha256 is None:
-        return
+        return SHARED_IDENTITY
     if presented_join_token is None:
-        raise _unauthorized(f"{what} needs the cluster's join token in header {JOIN_TOKEN_HEADER}")
-    if not hmac.compare_digest(token_sha256(presented_join_token), join_token_sha256):
-        raise _unauthorized(f"the join token in header {JOIN_TOKEN_HEADER} is wrong")
+        raise _unauthorized(f"{what} needs a join token in header {JOIN_TOKEN_HEADER}")
+    raise _unauthorized(f"the join token in header {JOIN_TOKEN_HEADER} is wrong")
+
+
+def ensure_admits(operator: OperatorInfo, what: str) -> None:
+    """403 for a revoked credential, or one holding a quarantined worker."""
+    if operator.state == OperatorState.REVOKED:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            detail=f"{what} refused: join credential {operator.operator_id} was revoked by an admin",
+        )
+    if operator.state == OperatorState.QUARANTINED:
+        held = ", ".join(operator.quarantined_worker_ids)
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            detail=f"{what} refused: join credential {operator.operator_id} is quarantined with its worker {held}; "
+            "an admin must release it (POST /v1/workers/<id>/release)",
+        )
 
 
 def join_or_rejoin(
@@ -72,10 +118,11 @@ def join_or_rejoin(
     bearer_token: str | None,
     state: WorkerState,
     quarantined: Collection[str] = (),
+    operator_id: str = SHARED_IDENTITY,
 ) -> Joined:
-    """Steps 3 and 4 of the module doc: revive a returning worker or register a new one (401/403 on a
-    returning worker's bad credentials; 409 for one in `quarantined`, which its lease running out does
-    not release: services/coordinator/quarantine.py)."""
+    """Steps 3 and 4 of the module doc: revive a returning worker or register a new one under
+    `operator_id` (401/403 on a returning worker's bad credentials; 409 for one in `quarantined`, which
+    its lease running out does not release: services/coordinator/quarantine.py)."""
     previous = request.previous_worker_id
     if previous is not None:
         if bearer_token is None:
@@ -85,6 +132,12 @@ def join_or_rejoin(
             presented = token_sha256(bearer_token)
             if not hmac.compare_digest(presented, stored):
                 raise _forbidden(previous)
+            if (registered_under := registry.operator_of(previous)) != operator_id:
+                raise HTTPException(
+                    status.HTTP_403_FORBIDDEN,
+                    detail=f"worker {previous} registered with join credential {registered_under or '(shared)'}, "
+                    f"not {operator_id or '(shared)'}: a worker keeps its identity",
+                )
             if previous in quarantined:
                 raise HTTPException(
                     status.HTTP_409_CONFLICT,
@@ -105,7 +158,7 @@ def join_or_rejoin(
         log.info("worker %s is no longer known (pruned or lost): it joins under a new id", previous)
     worker_id = new_worker_id()
     token = issue_worker_token(worker_id)
-    info = registry.register(worker_id, request, token_sha256(token), state=state)
+    info = registry.register(worker_id, request, token_sha256(token), state=state, operator_id=operator_id)
     return Joined(worker_id, token, info, rejoined=False)
 
 

@@ -1,19 +1,26 @@
 """The relay plan as the coordinator serves it: who fetches the next weight version from whom.
 
-The plan is computed on every read from the registry (alive workers, their reported bandwidth) and the
-throughput each achieved on past versions, so it follows joins, drains and deaths with no state of its
-own (shared/relay_plan.py holds the rule). Swap reports arrive with heartbeats and become T_bcast in
-services/coordinator/broadcast_times.py. Served by services/coordinator/routers/broadcast.py.
+The plan is computed on every read from the registry (alive workers, their reported bandwidth) and what
+relay children observed of their parents (`RelayKeys`: each child's latest observation, each parent's
+misses), so it follows joins, drains, deaths and parents that do not deliver with no state of its own
+(shared/relay_plan.py holds the rule). Serving a worker its parent records that assignment: the
+heartbeat script keeps a child's observation only of the parent it was assigned. Swap reports arrive
+with heartbeats and become T_bcast in services/coordinator/broadcast_times.py. Served by
+services/coordinator/routers/broadcast.py.
 """
 
 from __future__ import annotations
 
 import logging
 
-from services.coordinator.broadcast_times import BroadcastTimes
+from services.coordinator.broadcast_times import BroadcastTimes, RelayKeys
 from services.coordinator.deps import Coordinator
+from services.coordinator.measurements import BAD_MEASUREMENTS, bounded_float, bounded_int
 from services.coordinator.worker_registry import WorkerDeadError
 from shared.api import (
+    MAX_BYTES,
+    MAX_DURATION_S,
+    MAX_VERSION,
     ParentResponse,
     RelayAssignmentInfo,
     RelayPlanResponse,
@@ -22,7 +29,15 @@ from shared.api import (
 )
 from shared.chunk_client import announced_source
 from shared.messages import MessageDecodeError
-from shared.relay_plan import LEARNER, RelayCandidate, RelayPlan, plan_relay
+from shared.relay_plan import (
+    LEARNER,
+    Delivery,
+    ParentObservation,
+    RelayCandidate,
+    RelayPlan,
+    deliveries,
+    plan_relay,
+)
 from shared.streams import WEIGHTS
 from shared.weights import WeightsError
 
@@ -37,8 +52,8 @@ def relay_plan_response(coordinator: Coordinator) -> RelayPlanResponse:
     """The whole plan, each assignment with the bandwidth it was ranked by (reported and measured)."""
     workers = coordinator.registry.list_workers()
     measured = BroadcastTimes(coordinator.redis, coordinator.keys).measured_mbps()
-    plan = compute_plan(coordinator, workers, measured)
-    learner_url = read_learner_url(coordinator)
+    learner_url, current_version = read_learner_url(coordinator), read_current_version(coordinator)
+    plan = compute_plan(coordinator, workers, measured, current_version)
     by_id = {w.worker_id: w for w in workers}
     return RelayPlanResponse(
         learner_url=learner_url,
@@ -68,9 +83,11 @@ def parent_response(coordinator: Coordinator, worker_id: str) -> ParentResponse:
     if worker.state == WorkerState.DEAD:
         raise WorkerDeadError(f"worker {worker_id} is dead (its lease expired); register again")
     workers = coordinator.registry.list_workers()
-    plan = compute_plan(coordinator, workers, BroadcastTimes(coordinator.redis, coordinator.keys).measured_mbps())
-    learner_url = read_learner_url(coordinator)
+    measured = BroadcastTimes(coordinator.redis, coordinator.keys).measured_mbps()
+    learner_url, current_version = read_learner_url(coordinator), read_current_version(coordinator)
+    plan = compute_plan(coordinator, workers, measured, current_version)
     assignment = plan.parent_of(worker_id)
+    record_assignment(coordinator, worker_id, assignment.parent_url if assignment is not None else "")
     if assignment is None:
         relayers = sorted(plan.assignments.values(), key=lambda a: a.depth)
         fallbacks = [
@@ -94,7 +111,13 @@ def parent_response(coordinator: Coordinator, worker_id: str) -> ParentResponse:
     )
 
 
-def compute_plan(coordinator: Coordinator, workers: list[WorkerInfo], measured_mbps: dict[str, float]) -> RelayPlan:
+def compute_plan(
+    coordinator: Coordinator,
+    workers: list[WorkerInfo],
+    measured_mbps: dict[str, float],
+    current_version: int | None = None,
+) -> RelayPlan:
+    by_url = read_deliveries(coordinator, {w.worker_id for w in workers if w.state in RELAY_STATES})
     candidates = [
         RelayCandidate(
             worker_id=w.worker_id,
@@ -102,11 +125,72 @@ def compute_plan(coordinator: Coordinator, workers: list[WorkerInfo], measured_m
             reported_mbps=w.bandwidth_mbps,
             measured_mbps=measured_mbps.get(w.worker_id),
             alive=w.state in RELAY_STATES,
+            delivery=by_url.get(w.endpoint_url, Delivery()) if w.endpoint_url else Delivery(),
         )
         for w in workers
     ]
     config = coordinator.run.broadcast
-    return plan_relay(candidates, num_seeds=config.relay_num_seeds, fanout=config.relay_fanout)
+    return plan_relay(
+        candidates, num_seeds=config.relay_num_seeds, fanout=config.relay_fanout, current_version=current_version
+    )
+
+
+def record_assignment(coordinator: Coordinator, worker_id: str, parent_url: str) -> None:
+    """Remember the parent served to `worker_id` ('' for the learner): its next swap report may speak of
+    that parent only (services/coordinator/heartbeat_batch.py)."""
+    relay = RelayKeys.of(coordinator.keys)
+    if parent_url:
+        coordinator.redis.hset(relay.assigned, worker_id, parent_url)
+    else:
+        coordinator.redis.hdel(relay.assigned, worker_id)
+
+
+def read_deliveries(coordinator: Coordinator, alive_ids: set[str]) -> dict[str, Delivery]:
+    """By parent URL: what the alive children's latest reports and the recorded misses say of it
+    (shared/relay_plan.py `deliveries`); a bad stored entry is dropped and counted."""
+    relay = RelayKeys.of(coordinator.keys)
+    observations = [
+        o
+        for child_id, value in coordinator.redis.hgetall(relay.observed).items()
+        if (o := parse_observation(_text(child_id), _text(value))) is not None and o.child_id in alive_ids
+    ]
+    misses: dict[str, tuple[int, int]] = {}
+    for url, value in coordinator.redis.hgetall(relay.misses).items():
+        version_text, _, count_text = _text(value).partition(" ")
+        version = bounded_int(version_text, "relay.misses", 0, MAX_VERSION)
+        count = bounded_int(count_text, "relay.misses", 1, MAX_VERSION)
+        if version is not None and count is not None:
+            misses[_text(url)] = (version, count)
+    return deliveries(observations, misses)
+
+
+def parse_observation(child_id: str, value: str) -> ParentObservation | None:
+    """ "<version> <parent_bytes> <num_bytes> <seconds> <parent_url>" as the heartbeat script stores it."""
+    parts = value.split(" ", 4)
+    if len(parts) != 5:
+        BAD_MEASUREMENTS.count("relay.observed", value)
+        return None
+    version = bounded_int(parts[0], "relay.observed", 0, MAX_VERSION)
+    parent_bytes = bounded_int(parts[1], "relay.observed", 0, MAX_BYTES)
+    num_bytes = bounded_int(parts[2], "relay.observed", 1, MAX_BYTES)
+    seconds = bounded_float(parts[3], "relay.observed", -MAX_DURATION_S, MAX_DURATION_S)
+    if version is None or parent_bytes is None or num_bytes is None or seconds is None:
+        return None
+    return ParentObservation(child_id, version, parts[4], min(parent_bytes, num_bytes), num_bytes, seconds)
+
+
+def read_current_version(coordinator: Coordinator) -> int | None:
+    """The newest announced version (it ends probations), None before any (or if unreadable)."""
+    try:
+        announcement = coordinator.bus.latest(WEIGHTS)
+    except MessageDecodeError as exc:
+        log.warning("newest weights announcement is unusable: %s", exc)
+        return None
+    return None if announcement is None else announcement.policy_version
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def read_learner_url(coordinator: Coordinator) -> str:

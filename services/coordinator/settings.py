@@ -33,18 +33,6 @@ class CoordinatorSettings(ServiceSettings):
         description="dev only: anyone who reaches the coordinator may register (no join token)",
     )
 
-    redis_acl: bool = Field(
-        False,
-        validation_alias="RL_REDIS_ACL",
-        description="true: give each worker its own Redis ACL user at registration (the coordinator's Redis user "
-        "needs +acl and +client|kill); false: workers use their own RL_REDIS_URL (embedded dev mode, bare Redis)",
-    )
-    worker_redis_url: str | None = Field(
-        None,
-        validation_alias="RL_WORKER_REDIS_URL",
-        description="the Redis URL workers are told to use, without credentials (redis:// or rediss://); "
-        "default: their own RL_REDIS_URL",
-    )
     weights_public_key: str | None = Field(
         None,
         pattern=KEY_HEX_PATTERN,
@@ -58,11 +46,26 @@ class CoordinatorSettings(ServiceSettings):
         validation_alias="RL_ROLLOUT_KEY_RETENTION_S",
         description="how long a departed worker's rollout-signing key is kept (its groups in flight still verify)",
     )
-    drain_grace_s: float = Field(
-        300.0,
+    # connection limits (services/coordinator/http_limits.py)
+    max_connections: int = Field(
+        10_000,
+        ge=16,
+        validation_alias="RL_COORDINATOR_MAX_CONNECTIONS",
+        description="connections or requests in progress at once; past it new requests get 503 (a worker holds "
+        "about three: calls, work, the weights long-poll; the process needs as many file descriptors)",
+    )
+    request_timeout_s: float = Field(
+        30.0,
         gt=0,
-        validation_alias="RL_DRAIN_GRACE_S",
-        description="with RL_REDIS_ACL: a worker draining this long loses its Redis user even if it still heartbeats",
+        validation_alias="RL_COORDINATOR_REQUEST_TIMEOUT_S",
+        description="a connection must deliver a whole request (head and body) within this of opening or of its "
+        "previous response, or it is closed (idle and dribbling clients)",
+    )
+    keep_alive_s: float = Field(
+        5.0,
+        gt=0,
+        validation_alias="RL_COORDINATOR_KEEP_ALIVE_S",
+        description="an idle keep-alive connection is closed this long after its last response",
     )
 
     @model_validator(mode="after")

@@ -146,8 +146,15 @@ class WorkerRegistry:
 
     # writing
     def register(
-        self, worker_id: str, request: RegisterWorkerRequest, token_sha256: str, state: WorkerState = WorkerState.ACTIVE
+        self,
+        worker_id: str,
+        request: RegisterWorkerRequest,
+        token_sha256: str,
+        state: WorkerState = WorkerState.ACTIVE,
+        operator_id: str = "",
     ) -> WorkerInfo:
+        """A new worker's record and lease. `operator_id`: the join credential it registered with ("": the
+        shared token; services/coordinator/operators.py), fixed for the record's life."""
         now_s = self.clock()
         record = WorkerRecord(
             worker_id=worker_id,
@@ -162,6 +169,7 @@ class WorkerRegistry:
             last_heartbeat_s=now_s,
             lease_expires_at_s=now_s + self.lease_s,
             token_sha256=token_sha256,
+            operator_id=operator_id,
             **request.model_dump(exclude={"previous_worker_id"}),
         )
         with self.redis.pipeline(transaction=True) as pipe:
@@ -300,14 +308,28 @@ class WorkerRegistry:
         digest = self.redis.hget(self.keys.worker(worker_id), "token_sha256")
         return None if digest is None else _text(digest)
 
+    def operator_of(self, worker_id: str) -> str | None:
+        """The join credential a worker registered with ("": the shared token, and records older than
+        credentials), or None when there is no such worker."""
+        if not self.redis.exists(self.keys.worker(worker_id)):
+            return None
+        operator_id = self.redis.hget(self.keys.worker(worker_id), "operator_id")
+        return "" if operator_id is None else _text(operator_id)
+
     def _read_record(self, worker_id: str) -> WorkerRecord | None:
         raw = self.redis.hgetall(self.keys.worker(worker_id))
         return _record_from_redis(raw) if raw else None
 
 
+# What a heartbeat claims but the record never takes from it: the groups and samples done are counted by the
+# work API as they are accepted (services/coordinator/work_leases.py), never taken on a worker's word.
+CLAIMED_ONLY_FIELDS = {"last_swap", "num_groups_done", "num_samples_done"}
+
+
 def heartbeat_fields(request: HeartbeatRequest, now_s: float) -> dict[str, str]:
-    """The record fields a heartbeat stores (its swap report is kept apart, for T_bcast)."""
-    return _to_redis_fields({**request.model_dump(exclude={"last_swap"}), "last_heartbeat_s": now_s})
+    """The record fields a heartbeat stores (its swap report is kept apart, for T_bcast; its counts of work
+    done are not stored: CLAIMED_ONLY_FIELDS)."""
+    return _to_redis_fields({**request.model_dump(exclude=CLAIMED_ONLY_FIELDS), "last_heartbeat_s": now_s})
 
 
 def _to_redis_fields(values: Mapping[str, object]) -> dict[str, str]:

@@ -22,6 +22,10 @@ first, and are decided again at the restored version.
 A drop or a dead letter is final when it is made (the entry is acked: nobody sees it again), so its
 count is kept in Redis (RunKeys.learner_decisions), incremented atomically with the ack; a restarted
 learner continues those counts (`restore_decisions`) instead of the older ones of its checkpoint.
+
+Every `trim_interval_s` the collector trims `scored` below the oldest entry still pending (the learner
+is the stream's only consumer: what it acked is gone for good, shared/stream_trim.py), so a long run's
+Redis holds the groups in flight, not every group ever scored.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from shared.keys import DEAD_LETTERED, RunKeys
 from shared.messages import FlatGroups, ScoredGroup, unpack_float32, unpack_int32
 from shared.retry import call_with_retry
 from shared.staleness import DropReason, admission_verdict, staleness_of
+from shared.stream_trim import TRIM_INTERVAL_S, ConsumedTrimmer
 from shared.streams import SCORED
 
 log = logging.getLogger(__name__)
@@ -89,6 +94,8 @@ class BatchCollector:
         max_positions: int,
         poll_block_ms: int = 500,
         dynamic_sampling: bool = False,
+        trim_interval_s: float = TRIM_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.bus = bus
         self.keys = keys
@@ -105,6 +112,7 @@ class BatchCollector:
         self._replay: deque[Delivery[ScoredGroup]] = deque()
         self._held: set[str] = set()  # admitted by this process, not yet acked by the learner
         self._reply_maybe_lost = False
+        self.trimmer = ConsumedTrimmer(bus, (SCORED,), interval_s=trim_interval_s, clock=clock)
 
     def ensure_group(self) -> None:
         call_with_retry(lambda: self.bus.ensure_group(SCORED), "create consumer group")
@@ -234,6 +242,7 @@ class BatchCollector:
                 log.warning("%d scored groups delivered during a redis outage were recovered", num_recovered)
         if self._replay:
             return [(self._replay.popleft(), True) for _ in range(min(count, len(self._replay)))]
+        call_with_retry(self.trimmer.trim_if_due, "trim scored")  # frees memory even at maxmemory
         deliveries = call_with_retry(
             lambda: self.bus.read(SCORED, LEARNER_CONSUMER, count=count, block_ms=self.poll_block_ms),
             "read scored",

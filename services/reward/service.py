@@ -1,12 +1,15 @@
 """The reward service: feeds prompts to the rollout workers and scores what comes back.
 
-Loop: top up tasks -> receive rollouts -> verify the producer -> score -> publish scored -> ack.
-A rollout is acked only after its scored group is in Redis; a rollout that cannot be scored is
+Loop: trim what was consumed -> top up tasks -> receive rollouts -> verify the producer -> score ->
+publish scored -> ack. A rollout is acked only after its scored group is in Redis (and counted with it:
+RunKeys.reward_counts, as each task issued is); a rollout that cannot be scored is
 dead-lettered with the reason and the service keeps running; so is one not signed by the worker it
 names (services/reward/provenance.py). Scoring decodes the token ids the learner trains on (never the
 worker's text) and runs the verifier in a child process under a hard timeout
 (services/reward/scoring.py). A Redis outage is waited out with backoff: what was read but not acked
-stays pending and is claimed again after the outage.
+stays pending and is claimed again after the outage. So is a Redis at `maxmemory` (writes refused
+with an OOM error, nothing half done): trimming comes first in the loop because it frees memory even
+then (shared/stream_trim.py).
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from services.reward.settings import RewardSettings
 from services.reward.task_feed import TaskFeed
 from shared.bus import Delivery, StreamBus
 from shared.config import RunConfig
-from shared.keys import RunKeys
+from shared.keys import GROUPS_SCORED, RunKeys
 from shared.messages import RolloutGroup
 from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
+from shared.stream_trim import ConsumedTrimmer
 from shared.streams import ROLLOUTS, SCORED, TASKS
 from shared.tasks import TaskAdapter, build_task
 from shared.tasks.environment import EnvironmentTask
@@ -47,6 +51,10 @@ class RewardService:
             max_turns=self.task.max_turns if isinstance(self.task, EnvironmentTask) else None,
         )
         self.feed = TaskFeed(bus, self.keys, self.task, run, settings.reference_ttl_s)
+        # the data plane consumes `tasks` (through the work API's leases) and `rollouts`: it trims both
+        self.trimmer = ConsumedTrimmer(
+            bus, (TASKS, ROLLOUTS), interval_s=settings.trim_interval_s, dead_letters_kept=settings.dead_letters_kept
+        )
         self.stop_event = threading.Event()
         self.num_scored = 0
         self.num_tasks_published = 0
@@ -70,6 +78,7 @@ class RewardService:
             self.scorer.verifiers.close()
 
     def serve_once(self) -> None:
+        self.trimmer.trim_if_due()
         self.num_tasks_published += self.feed.top_up()
         self.score_and_forward(self.receive_rollouts())
 
@@ -103,5 +112,21 @@ class RewardService:
             # policy: a forged group, or one we cannot score, is dead-lettered, never retried
             except (ForgedRolloutError, *UNSCORABLE_ERRORS) as exc:
                 self.bus.dead_letter(delivery, str(exc))
-        self.bus.publish_and_ack(SCORED, scored, done)
+        self.bus.publish_and_ack(SCORED, scored, done, tally=(self.keys.reward_counts, GROUPS_SCORED))
         self.num_scored += len(scored)
+        self.forget_tasks(done)
+
+    def forget_tasks(self, deliveries: list[Delivery[RolloutGroup]]) -> None:
+        """Delete the references of tasks whose group is scored: the work API accepts one group per task,
+        so nothing will ask for them again. Without this each one stays in Redis for RL_REFERENCE_TTL_S
+        (at 640 tasks/s, an hour of them is ~2.3 million keys); the TTL covers the rest (a dead-lettered
+        group's task, a crash between the ack and this)."""
+        if deliveries:
+            task_ids = {delivery.message.task_id for delivery in deliveries}
+            self.bus.redis.delete(
+                *(
+                    key
+                    for task_id in task_ids
+                    for key in (self.keys.task_reference(task_id), self.keys.task_prompt(task_id))
+                )
+            )

@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field
 
 from shared.config import ModelConfig, ServiceSettings, resolve_model_dir
+from shared.stream_trim import DEAD_LETTERS_KEPT, TRIM_INTERVAL_S
 
 
 class RewardSettings(ServiceSettings):
@@ -19,6 +20,17 @@ class RewardSettings(ServiceSettings):
     )
     claim_idle_ms: int = Field(15000, ge=100, description="RL_CLAIM_IDLE_MS: take over rollouts pending this long")
     reference_ttl_s: int = Field(3600, ge=1, description="RL_REFERENCE_TTL_S: how long a task's reference is kept")
+    trim_interval_s: float = Field(
+        TRIM_INTERVAL_S,
+        gt=0,
+        description="RL_TRIM_INTERVAL_S: how often the consumed entries of `tasks` and `rollouts` are trimmed",
+    )
+    dead_letters_kept: int = Field(
+        DEAD_LETTERS_KEPT,
+        ge=100,
+        description="RL_DEAD_LETTERS_KEPT: about this many newest dead letters are kept (evidence; the "
+        "accounting counts them at the source, so older ones can go)",
+    )
     model_dir: Path | None = Field(
         None,
         description="RL_MODEL_DIR: the policy folder whose tokenizer.json decodes the token ids "

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from shared.bus import StreamBus
 from shared.config import RunConfig
-from shared.keys import RunKeys
+from shared.keys import TASKS_ISSUED, RunKeys
 from shared.messages import BatchRequest, EnvironmentSpec, TaskGroup
 from shared.streams import BATCH_REQUEST, ROLLOUTS, SCORED, TASKS
 from shared.tasks import TaskAdapter
@@ -95,7 +95,7 @@ class TaskFeed:
             if not prompt.messages:
                 writes.set(self.keys.task_prompt(message.task_id), prompt.prompt.encode(), ex=self.reference_ttl_s)
             writes.execute()
-            self.bus.publish(TASKS, message)
+            self.bus.publish(TASKS, message, tally=(self.keys.reward_counts, TASKS_ISSUED))  # counted with its XADD
         return max(0, num_tasks)
 
     def _answer_request(self) -> int:

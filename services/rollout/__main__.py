@@ -1,17 +1,16 @@
-"""Rollout worker: samples GRPO groups for the tasks on the `tasks` stream with the newest announced,
-verified policy weights, and publishes them to `rollouts`.
+"""Rollout worker: samples GRPO groups for the tasks the coordinator leases it with the newest announced,
+verified policy weights, and hands them back to the coordinator.
 
-    RL_COORDINATOR_URL=http://<host>:<port> RL_REDIS_URL=redis://<host>:<port>/0 RL_WEIGHTS_PUBLIC_KEY=...
-    RL_JOIN_TOKEN=<the cluster's join token> RL_RUN_CONFIG=<run.toml> RL_RUN_ID=<run id>
-    RL_MODEL_DIR=<model folder> python -m services.rollout
+    RL_COORDINATOR_URL=http://<host>:<port> RL_WEIGHTS_PUBLIC_KEY=... RL_JOIN_TOKEN=<the cluster's join token>
+    RL_RUN_CONFIG=<run.toml> RL_RUN_ID=<run id> RL_MODEL_DIR=<model folder> python -m services.rollout
 
 (`python -m cluster.join` does this with the settings of the newest local cluster, runs/latest/cluster.env.)
-RL_REDIS_URL needs no credentials where the coordinator runs with RL_REDIS_ACL=true: registration issues
-this worker its own Redis user (and the URL to use), and no Redis connection is opened before that.
+A worker holds no Redis credentials and opens no Redis connection: everything goes through the coordinator.
 
-Reads: the run file (RL_RUN_CONFIG), tasks and weight announcements from Redis, weight chunks over
-HTTP, the coordinator's staleness verdicts. Writes: rollouts and dead letters to Redis, heartbeats to
-the coordinator; serves the weight chunks it holds on its own chunk server. SIGTERM/SIGINT finish the
+Reads: the run file (RL_RUN_CONFIG), tasks (POST /v1/work/lease) and weight announcements (a long poll)
+from the coordinator, weight chunks over HTTP, the coordinator's staleness verdicts. Writes: rollouts
+(POST /v1/work/rollouts) and tasks it cannot serve (POST /v1/work/failures) and heartbeats to the
+coordinator; serves the weight chunks it holds on its own chunk server. SIGTERM/SIGINT finish the
 current batch, deregister and exit 0; so does a drain (POST /v1/workers/<id>/drain): the heartbeat
 answer says "draining". "standby" in that answer: no tasks, weights kept fresh, heartbeats go on.
 """
@@ -44,11 +43,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     on_stop_signal(stopping.set)
 
     from services.rollout.worker import RolloutWorker, build_engine
-    from shared.bus import connect
 
     engine = build_engine(settings, run)
     log.info("model fingerprint %s (weights published for another are refused)", engine.model_fingerprint[:12])
-    worker = RolloutWorker(run, settings, engine, connect(settings.redis_url), stopping)
+    worker = RolloutWorker(run, settings, engine, stopping)
     from services.rollout.prometheus import rollout_families
     from shared.metrics import CallbackCollector, start_metrics_server
 

@@ -10,7 +10,26 @@ store it (so this worker's own chunk server relays it at once), and route around
             the sender says it was bad: refetch that chunk (single GET), no blame, carry on
             corrupt chunk: repair it from another source (single GET), carry on with the stream
             dead, refusing, or silent for stall_timeout_s: that source has failed, take the next
+            a worker too slow to finish by the relay deadline: that source has failed, take the next
         every source failed: ask resolve() again (the coordinator re-plans around the dead)
+
+The bound on what one holder can cost (issue 23, attack 7). The learner is the resolver's last source
+(the last resort); every other source is a worker, and the fetch leaves all of them by the relay
+deadline, started + RELAY_SHARE x version_timeout_s (half), and streams the rest from the learner:
+    silent holder        stall_timeout_s (the read timeout), once per fetch (a failed source is not
+                         asked again within the fetch)
+    slow or dribbling    left at the first read after stall_timeout_s at which its rate so far would
+                         finish after the relay deadline (StreamGuard); a read that returns nothing
+                         for stall_timeout_s is aborted, so a byte now and then cannot hold it;
+                         at the relay deadline at the latest (the watchdog aborts the read)
+    opening a stream     at most stall_timeout_s + chunk_wait_s per read (the connection's timeout)
+so one bad worker holds a child for at most 2 x stall_timeout_s once its stream is open (the first
+read after stall_timeout_s returns within another stall_timeout_s), all workers together until the
+relay deadline, version_timeout_s / 2 (60 s with the default 120), and the learner keeps the rest.
+An honest chain slower than that hands the rest of the version to the learner: keep
+version_timeout_s at twice the transfer time or more. What the
+child got from its first source (the parent it was assigned) goes back in its swap report
+(`ArtifactFetch.parent_url`, `parent_bytes`): the coordinator ranks parents by it.
 
 Nothing here imports torch or talks to Redis: the benchmark runs this same code with no model.
 Every wait is bounded (the holder's wait for progress, `stall_timeout_s` per read,
@@ -20,6 +39,7 @@ Every wait is bounded (the holder's wait for progress, `stall_timeout_s` per rea
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -36,6 +56,7 @@ from shared.weights import ChunkVerificationError, Manifest, WeightsError
 log = logging.getLogger(__name__)
 
 RETRY_ALL_FAILED_S = 0.5  # pause before asking for sources again once every one has failed
+RELAY_SHARE = 0.5  # workers (every source but the learner, the last) get this share of version_timeout_s
 MAX_ROUNDS = 3  # give up once every source (the learner included) has failed this many times over
 MAX_CORRUPT_PER_SOURCE = 2  # a source that sent this many bad chunks is dropped at its next bad one
 # a relay that forwarded bytes cut-through which then failed its own check says so (the verdict byte):
@@ -72,6 +93,12 @@ class ArtifactFetch:
     corrupt_by_source: Counter[str] = field(default_factory=Counter)  # chunks that failed verification
     rejected_by_source: Counter[str] = field(default_factory=Counter)  # chunks the sender itself said were bad
     failures: list[str] = field(default_factory=list)  # one line per source failure, in order
+    parent_url: str = ""  # the first source the resolver named (the assigned parent), as named
+
+    @property
+    def parent_bytes(self) -> int:
+        """Bytes that came from the assigned parent: its delivery, as this child observed it."""
+        return self.bytes_by_source[self.parent_url.rstrip("/")] if self.parent_url else 0
 
     @property
     def num_corrupt_chunks(self) -> int:
@@ -84,6 +111,74 @@ class ArtifactFetch:
     @property
     def main_source(self) -> str:
         return self.bytes_by_source.most_common(1)[0][0] if self.bytes_by_source else ""
+
+
+class SourceTooSlowError(Exception):
+    """A source cannot finish by its deadline at the rate it has sent so far (StreamGuard)."""
+
+
+class StreamGuard:
+    """Bounds one stream from a holder, whatever the holder does between bytes:
+
+        no read returned for stall_timeout_s, or its deadline passed -> the read is aborted
+            (a holder sending a byte now and then never trips the socket's read timeout)
+        after stall_timeout_s, at each read: the rest at its rate so far would end after its deadline
+            -> SourceTooSlowError
+
+    One waiting thread per stream; `stop()` ends it."""
+
+    def __init__(
+        self, stream: ChunkStream, manifest: Manifest, first: int, deadline_s: float, stall_timeout_s: float
+    ) -> None:
+        self.stream = stream
+        self.deadline_s = deadline_s
+        self.stall_timeout_s = stall_timeout_s
+        self.opened_s = self.last_piece_s = time.monotonic()
+        self.remaining_bytes = manifest.total_size_bytes - first * manifest.chunk_size_bytes
+        self.num_bytes = 0  # of whole chunks read from this stream
+        self.fired = ""  # why the read was aborted ('' while it was not)
+        self._stopped = threading.Event()
+        threading.Thread(target=self._watch, name="relay-stream-guard", daemon=True).start()
+
+    def watching(self, on_bytes: Callable[[int], None]) -> Callable[[int], None]:
+        """`on_bytes` for read_chunk_into, noting each piece (and checking the rate) first."""
+
+        def noted(num_bytes_in_chunk: int) -> None:
+            self.piece(self.num_bytes + num_bytes_in_chunk)
+            on_bytes(num_bytes_in_chunk)
+
+        return noted
+
+    def piece(self, num_bytes: int) -> None:
+        """`num_bytes` arrived on this stream so far; raises SourceTooSlowError (see the class doc)."""
+        now_s = self.last_piece_s = time.monotonic()
+        elapsed_s = now_s - self.opened_s
+        if elapsed_s >= self.stall_timeout_s:
+            rate = num_bytes / elapsed_s  # bytes/s
+            if now_s + (self.remaining_bytes - num_bytes) / rate > self.deadline_s:
+                raise SourceTooSlowError(f"{rate * 8 / 1e6:.3g} Mbit/s would finish after its deadline")
+
+    def chunk_done(self, num_bytes: int) -> None:
+        self.num_bytes += num_bytes
+
+    def resume(self) -> None:
+        """Waiting for the holder again (after this worker's own work: a verification, a repair)."""
+        self.last_piece_s = time.monotonic()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _watch(self) -> None:
+        while True:
+            now_s = time.monotonic()
+            if now_s >= self.deadline_s or now_s >= self.last_piece_s + self.stall_timeout_s:
+                self.fired = (
+                    "too slow: its deadline passed" if now_s >= self.deadline_s else "stalled: no read returned"
+                )
+                self.stream.abort()
+                return
+            if self._stopped.wait(min(self.deadline_s, self.last_piece_s + self.stall_timeout_s) - now_s):
+                return
 
 
 class RelayFetcher:
@@ -114,17 +209,23 @@ class RelayFetcher:
         wait_s = self.manifest_wait_s if manifest_wait_s is None else manifest_wait_s
         result = ArtifactFetch(manifest, memoryview(b""), 0.0)
         self.store.add_manifest(manifest)
+        relay_deadline_s = started_s + RELAY_SHARE * self.version_timeout_s
         failed: set[str] = set()
         num_rounds = 1
-        sources = self._usable(resolve())
+        named = resolve()
+        result.parent_url = named[0] if named else ""
+        sources, last_resort = self._usable(named), _last_resort(named)
         while missing := self.store.missing_chunks(manifest):
             candidates = [url for url in sources if url not in failed]
             if not candidates:  # every source failed: ask again (the plan may have changed), after a pause
                 num_rounds += 1
                 failed.clear()
-                sources = self._usable(resolve())
+                named = resolve()
+                sources, last_resort = self._usable(named), _last_resort(named)
                 candidates = sources
                 time.sleep(min(RETRY_ALL_FAILED_S, max(0.0, deadline_s - time.monotonic())))
+            if time.monotonic() >= relay_deadline_s:  # the workers had their share: the learner only
+                candidates = [url for url in candidates if url == last_resort]
             if time.monotonic() >= deadline_s or num_rounds > MAX_ROUNDS or not candidates:
                 why = (
                     f"after {self.version_timeout_s}s"
@@ -136,7 +237,8 @@ class RelayFetcher:
                     f"failures: {'; '.join(result.failures) or 'no source to ask'}"
                 )
             source = candidates[0]
-            reason = self._stream_from(source, manifest, missing[0], sources, result, wait_s, deadline_s)
+            source_deadline_s = deadline_s if source == last_resort else min(deadline_s, relay_deadline_s)
+            reason = self._stream_from(source, manifest, missing[0], sources, result, wait_s, source_deadline_s)
             if reason is not None:
                 failed.add(source)
                 result.failures.append(f"{source}: {reason}")
@@ -162,16 +264,19 @@ class RelayFetcher:
         wait_s: float,
         deadline_s: float,
     ) -> str | None:
-        """Stream chunks first.. from `source` into the store. None when the stream reached the end;
-        otherwise why this source must not be used again for this fetch."""
+        """Stream chunks first.. from `source` into the store until `deadline_s` (the version's, or the
+        relay deadline for a worker). None when the stream reached the end; otherwise why this source must
+        not be used again for this fetch."""
         try:
             stream = ChunkStream(source, manifest, first, stall_timeout_s=self.stall_timeout_s, wait_manifest_s=wait_s)
         except FetchError as exc:
             return str(exc)
+        guard = StreamGuard(stream, manifest, first, deadline_s, self.stall_timeout_s)
         try:
             while stream.next_index < manifest.num_chunks:
+                guard.resume()
                 if time.monotonic() >= deadline_s:
-                    return f"too slow: the version deadline passed at chunk {stream.next_index}"
+                    return f"too slow: its deadline passed at chunk {stream.next_index}"
                 index = stream.next_index
                 try:
                     with in_local_store(manifest):
@@ -180,8 +285,11 @@ class RelayFetcher:
                     stream.next_chunk()
                     continue
                 with in_local_store(manifest):  # each piece is reported to the store: forwarded at once
-                    vouched = stream.read_chunk_into(region, partial(self.store.note_received, manifest, index))
+                    vouched = stream.read_chunk_into(
+                        region, guard.watching(partial(self.store.note_received, manifest, index))
+                    )
                 result.bytes_by_source[source] += len(region)
+                guard.chunk_done(len(region))
                 if not vouched:  # the holder forwarded them before its own check, which they then failed
                     with in_local_store(manifest):
                         self.store.reject_chunk(manifest, index)
@@ -205,9 +313,12 @@ class RelayFetcher:
                     self._repair(manifest, index, [url for url in sources if url != source], result)
                     if result.corrupt_by_source[source] >= MAX_CORRUPT_PER_SOURCE:
                         return f"sent {result.corrupt_by_source[source]} corrupt chunks"
+        except SourceTooSlowError as exc:
+            return f"too slow: {exc}"
         except FetchError as exc:
-            return str(exc)
+            return f"{guard.fired} ({exc})" if guard.fired else str(exc)
         finally:
+            guard.stop()
             stream.close()
         return None
 
@@ -233,3 +344,8 @@ class RelayFetcher:
             if url and url != self.own_url and url not in unique:
                 unique.append(url)
         return unique
+
+
+def _last_resort(named: list[str]) -> str:
+    """The resolver's last source (the learner: SourceResolver), as `_usable` spells it."""
+    return named[-1].rstrip("/") if named else ""

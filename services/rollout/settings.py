@@ -6,12 +6,13 @@ from pathlib import Path
 
 from pydantic import Field, SecretStr
 
-from shared.config import EngineKind, ModelConfig, ServiceSettings, resolve_model_dir
+from shared.config import EngineKind, ModelConfig, ProcessSettings, resolve_model_dir
 from shared.signing import KEY_HEX_PATTERN, Ed25519PublicKey, load_public_key
 
 
-class RolloutSettings(ServiceSettings):
-    """Rollout worker settings; the experiment itself comes from the run file (RL_RUN_CONFIG)."""
+class RolloutSettings(ProcessSettings):
+    """Rollout worker settings; the experiment itself comes from the run file (RL_RUN_CONFIG). No Redis: a
+    worker reaches the run only through the coordinator (RL_COORDINATOR_URL), with the token it registers for."""
 
     model_dir: Path | None = Field(
         None, description="HF model folder (config + tokenizer); default [model] path, else <run_dir>/model"
@@ -40,7 +41,7 @@ class RolloutSettings(ServiceSettings):
     worker_bandwidth_mbps: float = Field(1000.0, gt=0, description="link speed reported at registration, Mbit/s")
     worker_region: str = Field("local", min_length=1, description="where this worker runs")
     worker_max_groups_per_batch: int = Field(
-        16, ge=1, description="tasks read at once and sampled in one engine call (more: faster, coarser)"
+        16, ge=1, le=64, description="tasks leased at once and sampled in one engine call (more: faster, coarser)"
     )
     worker_poll_s: float = Field(0.2, gt=0, description="pause between checks while waiting for admissible weights")
 

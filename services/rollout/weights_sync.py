@@ -1,7 +1,8 @@
 """Following the learner's weight announcements: fetch through the relay, verify, keep for relaying,
 then swap between groups.
 
-    background thread (`start()`), for every new announcement on `weights`:
+    background thread (`start()`), for every new announcement (services/rollout/announcement_client.py:
+    a long poll of the coordinator's GET /v1/weights/latest; workers hold no Redis credentials):
         manifest   from the announcing learner; Ed25519 signature under the learner's public key (this
                    worker holds no key that can sign), run id, and that it is the announced one
         payload    the delta if we hold its base (same version AND same full sha256), else the full one
@@ -17,7 +18,8 @@ then swap between groups.
         (the coordinator's T_bcast).
 
 Without `start()`, `update` fetches inline (tests, tools). Any failed check leaves the engine on its old
-weights; that announcement is retried after `retry_failed_after_s`.
+weights; that announcement is retried after `retry_failed_after_s`. An outage of the announcement source
+(coordinator or Redis) is retried with backoff; the versions already fetched stay loadable meanwhile.
 
 "Not what we hold" compares manifests, not version numbers: a learner that crashed and resumed from
 an older checkpoint announces lower (or re-used) version numbers, and workers must follow it rather
@@ -38,16 +40,15 @@ from pathlib import Path
 import httpx
 
 from engines.interface import InferenceEngine, WeightsLoadError
+from services.rollout.announcement_client import ANNOUNCEMENT_OUTAGE_ERRORS, AnnouncementSource
 from services.rollout.relay_fetch import ArtifactFetch, RelayFetcher, SourceResolver
 from shared.api import MAX_DURATION_S, WeightSwapReport
-from shared.bus import StreamBus, UndecodableEntryError
 from shared.chunk_client import AnnouncementError, announced_source, fetch_manifest
 from shared.chunk_server import ChunkStore
 from shared.delta import DeltaError, apply_delta, codec_of
 from shared.messages import WeightsPublished
-from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
+from shared.retry import Backoff
 from shared.signing import Ed25519PublicKey
-from shared.streams import WEIGHTS
 from shared.weights import (
     Buffer,
     ChunkVerificationError,
@@ -61,7 +62,8 @@ from shared.weights import (
 
 log = logging.getLogger(__name__)
 
-POLL_BLOCK_MS = 500  # the background thread's XREAD BLOCK on `weights` (below redis-py's socket timeout)
+WAIT_NEWER_S = 5.0  # the background thread's long poll for the next announcement
+JOIN_TIMEOUT_S = 5.0  # close() waits this long for a fetch in progress (never for a long poll)
 
 __all__ = ["AnnouncementError", "VerifiedVersion", "WeightsSync", "check_manifest_matches"]
 
@@ -81,6 +83,10 @@ class VerifiedVersion:
     transfer_done_at_s: float = 0.0  # wall clock: the last chunk of the announced artifact verified
     ready_at_s: float = 0.0  # wall clock: the full weights verified and ready to load
     path: Path | None = None  # the same bytes as a safetensors file (a link of our own), when the store spills
+    # the relay parent the coordinator assigned, and the bytes it delivered of `num_bytes_downloaded` (the
+    # coordinator ranks parents by what their children saw: shared/relay_plan.py)
+    parent_url: str = ""
+    parent_bytes: int = 0
 
     @property
     def policy_version(self) -> int:
@@ -99,10 +105,11 @@ class _Base:
 class WeightsSync:
     def __init__(
         self,
-        bus: StreamBus,
+        announcements: AnnouncementSource,
         store: ChunkStore,
         public_key: Ed25519PublicKey,
         *,
+        run_id: str,
         parents: ParentLookup | None = None,
         own_url: str = "",
         fetch_timeout_s: float = 30.0,
@@ -114,11 +121,11 @@ class WeightsSync:
         base_fingerprint: str = "",
         on_ready: Callable[[VerifiedVersion], None] | None = None,
     ) -> None:
-        self.bus = bus
+        self.announcements = announcements  # closed by close()
+        self.run_id = run_id  # a manifest must name it
         self.on_ready = on_ready  # called on the fetching thread the moment a version is ready to load
         self.model_fingerprint = model_fingerprint  # of this worker's folder; "" checks nothing
         self.base_fingerprint = base_fingerprint  # shared.lora.base_fingerprint of it; a LoRA version must name it
-        self.keys = bus.keys
         self.store = store
         self.public_key = public_key  # the learner's: verifies manifests, cannot sign them
         self.parents = parents  # None: fetch from the learner only
@@ -143,7 +150,8 @@ class WeightsSync:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
-        self._last_entry_id = "0-0"  # of the newest announcement seen: the wait for the next starts past it
+        self._seen: WeightsPublished | None = None  # the newest announcement the thread has seen
+        self._polling = threading.Event()  # set while the thread waits for the next announcement
 
     # the worker loop's side
     def start(self) -> None:
@@ -189,20 +197,23 @@ class WeightsSync:
             # ready, then waiting for the group in flight, then loaded: never after the swap (a wall clock
             # stepped back in between would make the report invalid)
             ready_at_s=min(version.ready_at_s, swapped_at_s) if version.ready_at_s > 0 else None,
+            parent_url=version.parent_url[:512],
+            parent_bytes=version.parent_bytes,
         )
         return version.policy_version
 
     def latest_announcement(self) -> WeightsPublished | None:
-        try:
-            entry = self.bus.latest_entry(WEIGHTS)
-        except UndecodableEntryError as exc:
-            self._last_entry_id = exc.entry_id
-            log.warning("ignoring undecodable weights announcement %s: %s", exc.entry_id, exc)
-            return None
-        if entry is None:
-            return None
-        self._last_entry_id = entry.entry_id
-        return entry.message
+        """The newest announcement, asked of the source now (None: none yet)."""
+        return self.announcements.latest()
+
+    def newest_announced_version(self) -> int | None:
+        """The newest announced version (None: none yet). With `start()`, the newest the background thread
+        has seen (no request: the worker loop may ask every turn); without, asked of the source now."""
+        if self._thread is None:
+            announcement = self.latest_announcement()
+        else:
+            announcement = self._seen
+        return None if announcement is None else announcement.policy_version
 
     def fetch_verified(self, announcement: WeightsPublished) -> VerifiedVersion:
         """The announced version's full weights, every check passed; raises a WeightsError subclass otherwise."""
@@ -210,7 +221,7 @@ class WeightsSync:
         learner_url, announced_payload = announced_source(announcement)
         version = announcement.policy_version
         manifest = fetch_manifest(self._http, learner_url, version, self.public_key, payload=announced_payload)
-        check_manifest_matches(announcement, manifest, self.keys.run_id)
+        check_manifest_matches(announcement, manifest, self.run_id)
         check_model_fingerprint(manifest, self.model_fingerprint)
         check_lora_base(manifest, self.base_fingerprint)  # before a byte is fetched: a wrong base never loads
         resolve = self._sources(learner_url)
@@ -246,35 +257,66 @@ class WeightsSync:
             transfer_done_at_s=fetched.done_at_s,
             ready_at_s=time.time(),
             path=self._link_for_engine(full),
+            parent_url=fetched.parent_url,
+            parent_bytes=fetched.parent_bytes,
         )
 
     def close(self) -> None:
+        """Stop the thread: wait for a fetch in progress (at most JOIN_TIMEOUT_S), never for a long poll
+        (the thread then ends when its poll answers, and closes the announcement source itself)."""
         self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout=POLL_BLOCK_MS / 1000 + 5.0)
+        thread = self._thread
+        deadline_s = time.monotonic() + JOIN_TIMEOUT_S
+        while thread is not None and thread.is_alive() and not self._polling.is_set() and time.monotonic() < deadline_s:
+            thread.join(timeout=0.05)
         self.relay.close()
         self._http.close()
         close_parents = getattr(self.parents, "close", None)  # CoordinatorParents holds an HTTP client
         if close_parents is not None:
             close_parents()
+        if thread is None or not thread.is_alive():
+            self.announcements.close()
 
     # the background thread
     def _follow_announcements(self) -> None:
         try:
             backoff = Backoff()
+            announcement = None  # the newest seen; None: none yet, or not asked yet
             while not self._stopping.is_set():
                 try:
-                    announcement = self.latest_announcement()
-                    if announcement is not None and self._should_try(announcement):
+                    announcement = self._next_announcement(announcement)
+                    if announcement is not None and not self._stopping.is_set() and self._should_try(announcement):
                         self._fetch(announcement)
-                    else:  # wake up on the next announcement (or after the block)
-                        self.bus.wait_for_entries(WEIGHTS, after_id=self._last_entry_id, block_ms=POLL_BLOCK_MS)
                     backoff.reset()
-                except REDIS_OUTAGE_ERRORS as exc:
-                    backoff.wait(self._stopping, exc, "reading weight announcements from redis")
+                except ANNOUNCEMENT_OUTAGE_ERRORS as exc:
+                    if not self._stopping.is_set():
+                        backoff.wait(self._stopping, exc, "reading weight announcements")
         except BaseException as exc:  # noqa: B036 (handed to the worker loop, see update)
             log.exception("weights-sync thread stopped")
             self._failure = exc
+        finally:
+            if self._stopping.is_set():  # close() left the source to us (see close)
+                self.announcements.close()
+
+    def _next_announcement(self, seen: WeightsPublished | None) -> WeightsPublished | None:
+        """The announcement to act on next: whatever is news after `seen` (None: any announcement), at once
+        if it came during a fetch, else waiting at most WAIT_NEWER_S or until `seen` may be retried;
+        `seen` again if nothing came."""
+        wait_s = WAIT_NEWER_S if seen is None else self._wait_before_retry_s(seen)
+        if wait_s <= 0:
+            return seen
+        self._polling.set()
+        try:
+            if seen is None:
+                newer = self.announcements.wait_newer(-1, wait_s)
+            else:
+                newer = self.announcements.wait_newer(seen.policy_version, wait_s, after_sha256=seen.manifest_sha256)
+        finally:
+            self._polling.clear()
+        if newer is None:
+            return seen
+        self._seen = newer
+        return newer
 
     # helpers
     def _fetch(self, announcement: WeightsPublished) -> None:
@@ -312,6 +354,16 @@ class WeightsSync:
             self.loaded.policy_version if self.loaded else "none",
             self.retry_failed_after_s,
         )
+
+    def _wait_before_retry_s(self, announcement: WeightsPublished) -> float:
+        """How long the thread may wait for news before `announcement` is due again: WAIT_NEWER_S unless
+        it failed and its retry comes sooner (0: try it now)."""
+        if self._should_try(announcement):
+            return 0.0
+        failed_at_s = self._failed_at_s.get(announcement.manifest_sha256)
+        if failed_at_s is None or failed_at_s == math.inf:  # fetched, or never retried: only news matters
+            return WAIT_NEWER_S
+        return min(WAIT_NEWER_S, failed_at_s + self.retry_failed_after_s - time.monotonic())
 
     def _should_try(self, announcement: WeightsPublished) -> bool:
         if announcement.manifest_sha256 == self._fetched_sha256:

@@ -1,16 +1,18 @@
 """The rollout worker: turns TaskGroups into RolloutGroups with announced, verified policy weights.
 
 Main loop (`RolloutWorker.run`):
-    start: chunk server -> register -> Redis as the issued user -> heartbeat thread
-    loop:  sync weights -> gate on staleness -> receive tasks -> (pull mode: wait for the version the
-           tasks ask for) -> generate -> publish -> ack
+    start: chunk server -> register -> heartbeat thread -> weight announcements
+    loop:  sync weights -> gate on staleness -> lease tasks -> (pull mode: wait for the version the
+           tasks ask for) -> generate -> submit
     stop:  finish the current batch -> deregister -> stop the chunk server
 
-Every group is signed with the rollout key its registration issued (shared/rollout_mac.py).
-Delivery: a task is acked only after its RolloutGroup is in Redis; a worker that dies leaves its tasks
-pending and another worker claims them after `rollout.claim_idle_ms`. A task the engine cannot serve
-(EngineError, e.g. a prompt outside the tokenizer's vocabulary) is dead-lettered alone; the rest of
-its batch is still sampled.
+The worker holds no Redis credentials: it leases tasks and submits groups through the coordinator's work
+API (services/rollout/work_client.py, shared/work_api.py), which checks each answer and does the stream
+operations. Every group is signed with the rollout key its registration issued (shared/rollout_mac.py).
+Delivery: a leased task is done once the coordinator accepts its group (on `rollouts` and acked in one
+step); a worker that dies leaves its leases unanswered and they go to another worker after
+`rollout.claim_idle_ms`. A task the engine cannot serve (EngineError, e.g. a prompt outside the
+tokenizer's vocabulary) is given back alone (dead-lettered); the rest of its batch is still sampled.
 """
 
 from __future__ import annotations
@@ -18,41 +20,42 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections import defaultdict, deque
 
-import redis
-
 from engines.interface import EngineError, InferenceEngine
-from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError
+from services.rollout.announcement_client import HttpAnnouncements
+from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError, WorkerExpiredError
 from services.rollout.episodes import EpisodeRunner, build_episode_group
 from services.rollout.faults import fault_from_environment, serving_store
 from services.rollout.membership import Membership, NotRegisteredError
 from services.rollout.prometheus import SwapPauses
-from services.rollout.redis_access import connect_as_worker
 from services.rollout.relay_sources import CoordinatorParents
 from services.rollout.rollout_groups import build_rollout_group
 from services.rollout.settings import RolloutSettings
 from services.rollout.weight_hold import WeightHold
 from services.rollout.weights_sync import WeightsSync
+from services.rollout.work_client import WorkClient
 from shared.api import HeartbeatRequest, RegisterWorkerRequest, RegisterWorkerResponse
-from shared.bus import Delivery, StreamBus
 from shared.chunk_server import ChunkServer
 from shared.config import RunConfig
-from shared.keys import RunKeys
 from shared.lora import base_fingerprint
-from shared.messages import RolloutGroup, TaskGroup
-from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
+from shared.messages import RolloutGroup
+from shared.retry import Backoff
 from shared.rollout_mac import sign_rollout
-from shared.streams import ROLLOUTS, TASKS, WEIGHTS
 from shared.tokenization import PromptInput
+from shared.work_api import LeasedTask
 
 log = logging.getLogger(__name__)
 
-READ_BLOCK_MS = 1000
+# While no task comes: wait this long before asking again, doubling up to the maximum (a lease call
+# answers at once; the old blocking read of `tasks` waited up to 1 s)
+IDLE_WAIT_MIN_S = 0.02
+IDLE_WAIT_MAX_S = 0.5
+# a coordinator outage: retry with backoff up to this (its leases expire and are reissued meanwhile)
+COORDINATOR_MAX_BACKOFF_S = 5.0
 
 # What happened to one task: its group, or the engine error that made it undeliverable.
-Outcome = tuple[Delivery[TaskGroup], RolloutGroup | EngineError]
+Outcome = tuple[LeasedTask, RolloutGroup | EngineError]
 
 
 class ThroughputMeter:
@@ -91,14 +94,12 @@ class RolloutWorker:
         run: RunConfig,
         settings: RolloutSettings,
         engine: InferenceEngine,
-        redis_client: redis.Redis,
         stopping: threading.Event | None = None,
     ) -> None:
         self.run_config = run
         self.settings = settings
         self.engine = engine
-        self.keys = RunKeys(run.run_id)
-        self.bus = StreamBus(redis_client, self.keys, service="rollout")
+        self.run_id = run.run_id
         self.stopping = stopping or threading.Event()  # set by stop() or the process's signal handler
         self.fault = fault_from_environment()  # None unless a test asked for a lying worker (faults.py)
         # holds (and relays) only manifests the learner signed; a test's lying relay serves them tampered with
@@ -109,9 +110,10 @@ class RolloutWorker:
             self.store, host=settings.worker_host, port=settings.worker_port, wait_s=run.broadcast.chunk_wait_s
         )
         self.weights = WeightsSync(
-            self.bus,
+            HttpAnnouncements(settings.coordinator_url, self.token),  # long polls the coordinator
             self.store,
             settings.public_key(),
+            run_id=run.run_id,
             fetch_timeout_s=run.broadcast.chunk_wait_s + 5.0,
             # relay: stream from the parent the coordinator assigns; fetching runs on its own thread
             parents=CoordinatorParents(settings.coordinator_url, lambda: self.membership.worker_id),
@@ -124,16 +126,17 @@ class RolloutWorker:
             base_fingerprint=base_fingerprint(engine.model_dir) if run.lora.enabled and engine.model_dir else "",
         )
         self.coordinator = CoordinatorClient(settings.coordinator_url)
+        self.work = WorkClient(settings.coordinator_url, self.token, run.run_id)
         self.membership = Membership(
             CoordinatorClient(settings.coordinator_url, join_token=settings.join_token_value()),
             self._registration_request(),
             self.report,
             self.stopping,
         )
-        self.consumer_name = f"{settings.worker_name}-{uuid.uuid4().hex[:8]}"
-        self.num_groups_done = 0
+        self.num_groups_done = 0  # groups the coordinator accepted
         self.num_samples_done = 0
-        self.num_dead_lettered = 0
+        self.num_dead_lettered = 0  # tasks given back (engine errors) and groups refused
+        self.idle_wait_s = IDLE_WAIT_MIN_S
         self.generating = False
         self.throughput = ThroughputMeter()
         self.swap_pauses = SwapPauses()  # every swap's rollout pause, for /metrics
@@ -142,18 +145,19 @@ class RolloutWorker:
         self._episode_runner: EpisodeRunner | None = None
 
     def run(self) -> None:
-        """Serve tasks until `stop()`; the current batch is always finished (published and acked) first."""
+        """Serve tasks until `stop()`; the current batch is always finished (submitted) first."""
         try:
             self.start()
-            backoff = Backoff()
+            backoff = Backoff(max_s=COORDINATOR_MAX_BACKOFF_S)
             while not self.stopping.is_set():
                 self.membership.raise_if_failed()
                 try:
                     self.serve_once()
                     backoff.reset()
-                except REDIS_OUTAGE_ERRORS as exc:
-                    # Unacked tasks stay pending in Redis and are redelivered; nothing is lost by waiting.
-                    backoff.wait(self.stopping, exc, "redis")
+                except (CoordinatorUnavailableError, WorkerExpiredError) as exc:
+                    # Unanswered leases expire and are reissued; nothing is lost by waiting. A dead worker
+                    # (410) waits for its membership to register it again.
+                    backoff.wait(self.stopping, exc, "the work API")
         except NotRegisteredError:
             log.info("stopped before registering")
         finally:
@@ -165,13 +169,14 @@ class RolloutWorker:
         if self.membership.on_standby or not self.has_admissible_weights():  # standby: weights fresh, no tasks
             self.pause()
             return
-        deliveries = self.receive_tasks()
-        self.generating = bool(deliveries)
-        if deliveries:
-            self.sync_weights()  # the read may have blocked while a newer version was announced
-            self.wait_for_version(max(delivery.message.min_policy_version for delivery in deliveries))
-            outcomes = self.generate_groups(deliveries)
-            self.publish_and_ack(outcomes)
+        leased = self.lease_tasks()
+        self.generating = bool(leased)
+        if not leased:
+            self.wait_for_tasks()
+            return
+        self.wait_for_version(max(lease.task.min_policy_version for lease in leased))
+        outcomes = self.generate_groups(leased)
+        self.submit(outcomes)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -179,35 +184,27 @@ class RolloutWorker:
     # start and stop
     def start(self) -> None:
         self.chunk_server.start()
-        log.info("chunk server on %s; consumer %s", self.chunk_server.url, self.consumer_name)
+        log.info("chunk server on %s", self.chunk_server.url)
         registration = self.membership.register()
-        if registration.run_id != self.keys.run_id:
+        if registration.run_id != self.run_id:
             raise ValueError(
-                f"the coordinator at {self.settings.coordinator_url} runs {registration.run_id!r}, not {self.keys.run_id!r}"
+                f"the coordinator at {self.settings.coordinator_url} runs {registration.run_id!r}, not {self.run_id!r}"
             )
-        self.use_issued_redis_user()  # no Redis command before this: with ACLs on, only the issued user may
-        self.bus.ensure_group(TASKS)
         self.membership.start_heartbeats()
         self.weights.start()
-        log.info("waiting for the first announced weights on %s", self.keys.name_of(WEIGHTS))
+        log.info("registered as %s; waiting for the first announced weights", registration.worker_id)
 
-    def use_issued_redis_user(self) -> None:
-        """Talk to Redis as the user the registration issued (services/rollout/redis_access.py); later
-        registrations' credentials are picked up at each reconnect. ACLs off: keep the given client."""
-        issued = connect_as_worker(
-            self.membership.registration.access, lambda: self.membership.registration.access, self.settings.redis_url
-        )
-        if issued is not None:
-            self.bus.redis.close()
-            self.bus.redis = issued
-            log.info("redis as user %s", self.membership.registration.access.redis_username)
+    def token(self) -> str:
+        """The bearer token of the current registration (the work API's and the announcements' calls)."""
+        return self.membership.registration.token
 
     def shut_down(self) -> None:
         self.generating = False
-        self.weights.close()  # before leaving: the coordinator kills our Redis connections when we deregister
+        self.weights.close()  # before leaving: its long poll carries our token
         self.membership.leave()
         self.chunk_server.stop()
         self.coordinator.close()
+        self.work.close()
         self.membership.client.close()
         log.info(
             "stopped: %d groups, %d samples, %d dead-lettered",
@@ -253,8 +250,7 @@ class RolloutWorker:
             )
 
     def newest_announced_version(self) -> int | None:
-        newest = self.bus.latest_entry(WEIGHTS)
-        return None if newest is None else newest.message.policy_version
+        return self.weights.newest_announced_version()
 
     def has_admissible_weights(self) -> bool:
         """False before the first verified weights, and while the coordinator says groups sampled with
@@ -282,38 +278,44 @@ class RolloutWorker:
         self.generating = False
         self.stopping.wait(self.settings.worker_poll_s)
 
-    def receive_tasks(self) -> list[Delivery[TaskGroup]]:
-        """Tasks a dead consumer left pending first, then new ones (blocking up to READ_BLOCK_MS)."""
-        count = self.settings.worker_max_groups_per_batch
-        claimed = self.bus.claim_stale(
-            TASKS, self.consumer_name, min_idle_ms=self.run_config.rollout.claim_idle_ms, count=count
-        )
-        if claimed:
-            log.info("claimed %d stale tasks", len(claimed))
-            return claimed
-        return self.bus.read(TASKS, self.consumer_name, count=count, block_ms=READ_BLOCK_MS)
+    def lease_tasks(self) -> list[LeasedTask]:
+        """Tasks leased to this worker by the coordinator (expired leases of others first); maybe none."""
+        leased = self.work.lease(self.settings.worker_max_groups_per_batch).tasks
+        if leased:
+            self.idle_wait_s = IDLE_WAIT_MIN_S
+            self.sync_weights()  # a version may have been announced while we waited for tasks
+        return leased
 
-    def generate_groups(self, deliveries: list[Delivery[TaskGroup]]) -> list[Outcome]:
+    def wait_for_tasks(self) -> None:
+        """No task now: wait before asking again, longer each time up to IDLE_WAIT_MAX_S."""
+        self.stopping.wait(self.idle_wait_s)
+        self.idle_wait_s = min(self.idle_wait_s * 2, IDLE_WAIT_MAX_S)
+
+    def generate_groups(self, leased: list[LeasedTask]) -> list[Outcome]:
         """Sample every task; tasks sharing sampling parameters go through the engine in one call."""
-        batches: dict[tuple[int, int, float, bool], list[Delivery[TaskGroup]]] = defaultdict(list)
-        for delivery in deliveries:
-            task = delivery.message
+        batches: dict[tuple[int, int, float, bool], list[LeasedTask]] = defaultdict(list)
+        for lease in leased:
+            task = lease.task
             is_episode = task.environment is not None  # multi-turn: played by services/rollout/episodes.py
-            batches[(task.num_samples, task.max_new_tokens, task.temperature, is_episode)].append(delivery)
+            batches[(task.num_samples, task.max_new_tokens, task.temperature, is_episode)].append(lease)
         outcomes: list[Outcome] = []
         for batch in batches.values():
             outcomes.extend(self._generate_batch(batch))
         return outcomes
 
-    def publish_and_ack(self, outcomes: list[Outcome]) -> None:
-        """The batch's groups go to `rollouts` and their tasks are acked in one transaction."""
-        groups = [(delivery, result) for delivery, result in outcomes if isinstance(result, RolloutGroup)]
-        self.bus.publish_and_ack(ROLLOUTS, [group for _, group in groups], [delivery for delivery, _ in groups])
-        self.num_groups_done += len(groups)
-        self.num_samples_done += sum(group.num_samples for _, group in groups)
-        for delivery, result in outcomes:
+    def submit(self, outcomes: list[Outcome]) -> None:
+        """The batch's groups go to the coordinator, which puts each on `rollouts` and acks its task in one
+        step; the tasks the engine could not serve are given back (dead-lettered)."""
+        groups = {lease.lease_id: result for lease, result in outcomes if isinstance(result, RolloutGroup)}
+        answer = self.work.submit(list(groups.items()))
+        self.num_groups_done += len(answer.accepted)
+        self.num_samples_done += sum(groups[lease_id].num_samples for lease_id in answer.accepted)
+        for refusal in answer.refused:  # e.g. a lease that expired and went to another worker meanwhile
+            log.warning("group for lease %s refused: %s", refusal.lease_id, refusal.reason)
+            self.num_dead_lettered += 1
+        for lease, result in outcomes:
             if isinstance(result, EngineError):
-                self.bus.dead_letter(delivery, f"{type(result).__name__}: {result}")
+                self.work.report_failure(lease.lease_id, f"{type(result).__name__}: {result}")
                 self.num_dead_lettered += 1
 
     def report(self) -> HeartbeatRequest:
@@ -330,34 +332,34 @@ class RolloutWorker:
         )
 
     # helpers
-    def _generate_batch(self, batch: list[Delivery[TaskGroup]]) -> list[Outcome]:
+    def _generate_batch(self, batch: list[LeasedTask]) -> list[Outcome]:
         """One engine call for the batch (one per turn for episodes); if it fails, one call per task so a
         bad task fails alone."""
         policy_version = self.claimed_version()
         try:
-            if batch[0].message.environment is None:
+            if batch[0].task.environment is None:
                 built, registration = self._sample_groups(batch, policy_version)
             else:
                 built, registration = self._play_episodes(batch, policy_version)
         except EngineError as exc:
             if len(batch) == 1:
                 return [(batch[0], exc)]
-            return [outcome for delivery in batch for outcome in self._generate_batch([delivery])]
+            return [outcome for lease in batch for outcome in self._generate_batch([lease])]
         if (
             self.fault is not None
         ):  # a lying worker signs its lies: the MAC binds a group to its producer, not to the truth
             built = [self.fault.apply(group) for group in built]
         rollout_key = bytes.fromhex(registration.access.rollout_key_hex)
-        return [(delivery, sign_rollout(group, rollout_key)) for delivery, group in zip(batch, built, strict=True)]
+        return [(lease, sign_rollout(group, rollout_key)) for lease, group in zip(batch, built, strict=True)]
 
     def _sample_groups(
-        self, batch: list[Delivery[TaskGroup]], policy_version: int
+        self, batch: list[LeasedTask], policy_version: int
     ) -> tuple[list[RolloutGroup], RegisterWorkerResponse]:
         """Single-turn tasks: every sample of every task in one engine call."""
-        first = batch[0].message
+        first = batch[0].task
         started_s = time.perf_counter()
         groups = self.engine.generate(
-            [PromptInput.of_task(d.message) for d in batch],
+            [PromptInput.of_task(lease.task) for lease in batch],
             first.num_samples,
             first.max_new_tokens,
             first.temperature,
@@ -370,17 +372,17 @@ class RolloutWorker:
         )
         registration = self.membership.registration  # the id and its key from the same registration
         built = [
-            build_rollout_group(delivery.message, samples, registration.worker_id, policy_version, generation_s)
-            for delivery, samples in zip(batch, groups, strict=True)
+            build_rollout_group(lease.task, samples, registration.worker_id, policy_version, generation_s)
+            for lease, samples in zip(batch, groups, strict=True)
         ]
         return built, registration
 
     def _play_episodes(
-        self, batch: list[Delivery[TaskGroup]], policy_version: int
+        self, batch: list[LeasedTask], policy_version: int
     ) -> tuple[list[RolloutGroup], RegisterWorkerResponse]:
         """Multi-turn tasks: every episode of every task played together (services/rollout/episodes.py)."""
         started_s = time.perf_counter()
-        episodes = self.episode_runner().play([delivery.message for delivery in batch])
+        episodes = self.episode_runner().play([lease.task for lease in batch])
         generation_s = time.perf_counter() - started_s
         self.throughput.record(
             sum(len(group) for group in episodes),
@@ -389,8 +391,8 @@ class RolloutWorker:
         )
         registration = self.membership.registration
         built = [
-            build_episode_group(delivery.message, group, registration.worker_id, policy_version, generation_s)
-            for delivery, group in zip(batch, episodes, strict=True)
+            build_episode_group(lease.task, group, registration.worker_id, policy_version, generation_s)
+            for lease, group in zip(batch, episodes, strict=True)
         ]
         return built, registration
 
@@ -404,8 +406,7 @@ class RolloutWorker:
         """The version written on the groups: the engine's, unless a fault injector lies about it."""
         if self.fault is None:
             return self.engine.policy_version
-        newest = self.bus.latest_entry(WEIGHTS)
-        return self.fault.claimed_version(self.engine.policy_version, newest.message.policy_version if newest else None)
+        return self.fault.claimed_version(self.engine.policy_version, self.newest_announced_version())
 
     def _registration_request(self) -> RegisterWorkerRequest:
         return RegisterWorkerRequest(

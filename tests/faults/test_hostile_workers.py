@@ -1,8 +1,8 @@
-"""A registered worker that turns hostile with the credentials it was issued (its own Redis ACL user and
-rollout key, services/coordinator/redis_access.py): it posts a rollout under an honest worker's id, or
-writes where a worker must not. The forged rollout is dead-lettered and counted against the id it claimed,
-never trained; every forbidden command is refused with NOPERM; the run goes on and every group is
-accounted for."""
+"""A registered worker that turns hostile with what it was issued (its token and rollout key; no Redis
+credentials: workers reach the run only through the coordinator's work API, shared/work_api.py): it
+answers a task it leased with a rollout under an honest worker's id, or tries Redis directly. The forged
+answer is refused and dead-lettered by the work API, never reaching `rollouts`; Redis refuses a worker
+outright (its default user is off); the run goes on and every group is accounted for."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import pytest
 import redis
 
 from cluster.local import LocalCluster
+from services.rollout.work_client import WorkClient
 from shared.api import JOIN_TOKEN_HEADER, RegisterWorkerResponse, StatusResponse
-from shared.bus import StreamBus
 from shared.keys import RunKeys
 from shared.messages import RolloutGroup, pack_float32, pack_int32
 from shared.rollout_mac import sign_rollout
-from shared.streams import DEAD, LEARNER_STATE, ROLLOUTS, SCORED
+from shared.streams import DEAD, LEARNER_STATE, ROLLOUTS, SCORED, TASKS
 from tests.faults.cluster_run import assert_nothing_lost, operator_bus
 from tests.faults.conftest import FaultRunner
 from tests.polling import wait_for
@@ -36,89 +36,75 @@ def register_intruder(cluster: LocalCluster) -> RegisterWorkerResponse:
     return RegisterWorkerResponse.model_validate_json(response.content)
 
 
-def redis_as(registration: RegisterWorkerResponse) -> redis.Redis:
-    access = registration.access
-    assert access.redis_url is not None and access.redis_username and access.redis_password
-    return redis.Redis.from_url(access.redis_url, username=access.redis_username, password=access.redis_password)
-
-
-def test_a_rollout_posted_under_another_workers_id_is_dead_lettered(fault_run: FaultRunner) -> None:
+def test_a_rollout_answered_under_another_workers_id_is_refused_and_dead_lettered(fault_run: FaultRunner) -> None:
     forged: list[RolloutGroup] = []
 
-    def post_as_the_victim(cluster: LocalCluster, status: StatusResponse) -> None:
+    def answer_as_the_victim(cluster: LocalCluster, status: StatusResponse) -> None:
         (victim,) = [worker for worker in status.workers if worker.name == VICTIM]
         intruder = register_intruder(cluster)
-        group = sign_rollout(
-            a_group(cluster.run.run_id, worker_id=victim.worker_id), bytes.fromhex(intruder.access.rollout_key_hex)
-        )
-        client = redis_as(intruder)
+        work = WorkClient(cluster.coordinator_url, lambda: intruder.token, cluster.run.run_id)
         try:
-            StreamBus(client, RunKeys(cluster.run.run_id), service="intruder").publish(ROLLOUTS, group)
+            (lease,) = wait_for(lambda: work.lease(1).tasks, "a task leased to the intruder")
+            group = a_group(cluster.run.run_id, worker_id=victim.worker_id, task_id=lease.task.task_id)
+            group = sign_rollout(group, bytes.fromhex(intruder.access.rollout_key_hex))
+            answer = work.submit([(lease.lease_id, group)])
         finally:
-            client.close()
+            work.close()
         forged.append(group)
+        assert answer.accepted == [] and "claims worker" in answer.refused[0].reason
         bus = operator_bus(cluster)
         try:
-            letter = wait_for(lambda: next(iter(bus.entries(DEAD)), None), "the forged rollout's dead letter")
+            letter = wait_for(lambda: next(iter(bus.entries(DEAD)), None), "the forged answer's dead letter")
         finally:
             bus.redis.close()
-        assert letter.error.startswith("forged rollout: "), letter.error
+        assert letter is not None and letter.source_stream == RunKeys(cluster.run.run_id).name_of(TASKS), letter
         assert RolloutGroup.decode(letter.payload).group_id == group.group_id
+        # the intruder never answers: its lease expires and the task goes to an honest worker
 
-    run = fault_run(inject=post_as_the_victim, at_version=20)
+    run = fault_run(inject=answer_as_the_victim, at_version=20)
 
     assert forged
-    assert_nothing_lost(run, num_dead_lettered=1)
-    assert run.accounting.num_dead_lettered_reward == 1
-    (victim,) = run.workers_named(VICTIM)
-    assert victim.num_rollouts_forged == 1  # counted against the id it claimed
-    others = [worker for worker in run.final_status.workers if worker.name != VICTIM]
-    assert all(worker.num_rollouts_forged == 0 for worker in others)
-    run.row["forged_rollouts_dead_lettered"] = 1
+    assert_nothing_lost(run)  # the forged group never reached `rollouts`: nothing for the reward to refuse
+    assert all(worker.num_rollouts_forged == 0 for worker in run.final_status.workers)
+    run.row["forged_rollouts_refused_by_the_work_api"] = 1
 
 
-def test_a_worker_writing_where_it_must_not_is_refused(fault_run: FaultRunner) -> None:
+def test_a_worker_cannot_reach_redis_at_all(fault_run: FaultRunner) -> None:
     refusals: dict[str, str] = {}
 
-    def write_where_forbidden(cluster: LocalCluster, status: StatusResponse) -> None:
+    def try_redis(cluster: LocalCluster, status: StatusResponse) -> None:
         keys = RunKeys(cluster.run.run_id)
-        client = redis_as(register_intruder(cluster))
+        register_intruder(cluster)  # what it is issued holds no Redis credentials
+        assert cluster.redis is not None
+        client = redis.Redis.from_url(cluster.redis.url)  # the URL without credentials: the default user is off
         attempts = {
             "XADD scored": lambda: client.xadd(keys.name_of(SCORED), {"data": b"x"}),
-            "DEL rollouts": lambda: client.delete(keys.name_of(ROLLOUTS)),
+            "XADD rollouts": lambda: client.xadd(keys.name_of(ROLLOUTS), {"data": b"x"}),
             "XTRIM rollouts": lambda: client.xtrim(keys.name_of(ROLLOUTS), maxlen=0),
             "SET learner state": lambda: client.set(keys.name_of(LEARNER_STATE), b"x"),
             "FLUSHALL": client.flushall,
-            "CONFIG SET": lambda: client.config_set("appendonly", "no"),
         }
         try:
             for what, attempt in attempts.items():
-                with pytest.raises(redis.exceptions.NoPermissionError) as refused:
+                with pytest.raises(redis.exceptions.AuthenticationError) as refused:
                     attempt()
                 refusals[what] = str(refused.value)
         finally:
             client.close()
 
-    run = fault_run(inject=write_where_forbidden, at_version=20)
+    run = fault_run(inject=try_redis, at_version=20)
 
-    assert set(refusals) == {
-        "XADD scored",
-        "DEL rollouts",
-        "XTRIM rollouts",
-        "SET learner state",
-        "FLUSHALL",
-        "CONFIG SET",
-    }
+    assert set(refusals) == {"XADD scored", "XADD rollouts", "XTRIM rollouts", "SET learner state", "FLUSHALL"}
     assert_nothing_lost(run)  # the run is unaffected: every group trained, dropped or pending
-    run.row["refused_with_noperm"] = sorted(refusals)
+    run.row["refused_without_credentials"] = sorted(refusals)
 
 
-def a_group(run_id: str, worker_id: str) -> RolloutGroup:
-    """A well-formed group of the run's task (its content does not matter: the producer check comes first)."""
+def a_group(run_id: str, worker_id: str, task_id: str) -> RolloutGroup:
+    """A well-formed group of the run's task (its content does not matter: the work API's checks come first)."""
     return RolloutGroup(
         run_id=run_id,
         group_id=uuid.uuid4().hex,
-        task_id=uuid.uuid4().hex,
+        task_id=task_id,
         task_name="arithmetic_mod10",
         prompt="1+2=",
         worker_id=worker_id,

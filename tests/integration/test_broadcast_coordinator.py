@@ -13,11 +13,13 @@ import redis
 from fastapi.testclient import TestClient
 
 from services.coordinator.app import create_app
+from services.coordinator.broadcast_times import DEADLINE_S, BroadcastTimes, RelayKeys
 from shared.api import (
     BroadcastTimesResponse,
     ParentResponse,
     RegisterWorkerResponse,
     RelayPlanResponse,
+    WorkerInfo,
 )
 from shared.bus import StreamBus
 from shared.config import RunConfig
@@ -260,3 +262,80 @@ def test_out_of_bound_pause_or_readiness_is_refused_and_nothing_is_recorded(
     response = report_swap(api, worker, policy_version=1, swapped_at_s=0.5, **swap)
     assert response.status_code == 422, response.text
     assert not redis_client.exists(keys.broadcast_swaps(1), keys.broadcast_swap_splits(1))
+
+
+def test_a_worker_that_never_swaps_does_not_stop_t_bcast(
+    api: httpx.Client, redis_client: redis.Redis, keys: RunKeys
+) -> None:
+    """Issue 23, attack 10: one silent worker kept every version pending. Of 4 counted workers T_bcast
+    waits for 3 (all but max(1, n // 10)): the silent one is the one left out."""
+    start_s = time.time() - 30
+    workers = [register_relay(api, f"w{i}", 100) for i in range(4)]
+    silent, honest = workers[0], workers[1:]
+    registered_before(redis_client, keys, start_s - 1, *workers)
+    for version in (1, 2, 3):
+        announce(redis_client, keys.run_id, version, start_s + version, publish_started_at_s=start_s + version)
+        for i, worker in enumerate(honest):
+            swapped_at_s = start_s + version + 0.5 * (i + 1)
+            assert report_swap(api, worker, policy_version=version, swapped_at_s=swapped_at_s).status_code == 200
+    heartbeat(api, silent)  # alive and active, never a swap
+
+    times = BroadcastTimesResponse.model_validate(api.get("/v1/broadcast/times").json())
+    assert times.seconds_by_version == {1: pytest.approx(1.5), 2: pytest.approx(1.5), 3: pytest.approx(1.5)}
+    assert redis_client.zcard(keys.broadcast_pending) == 0
+
+
+def test_a_version_short_of_its_quorum_is_measured_at_its_deadline(
+    api: httpx.Client, redis_client: redis.Redis, keys: RunKeys
+) -> None:
+    """Of 2 counted workers both count (one of two is no outlier); with one silent, the version is measured
+    DEADLINE_S after its publication start from the swap that arrived, not held forever."""
+    start_s = time.time() - 10
+    silent, honest = register_relay(api, "silent", 100), register_relay(api, "honest", 100)
+    registered_before(redis_client, keys, start_s - 1, silent, honest)
+    announce(redis_client, keys.run_id, 1, start_s, publish_started_at_s=start_s)
+    assert report_swap(api, honest, policy_version=1, swapped_at_s=start_s + 2.0).status_code == 200
+    times = BroadcastTimes(redis_client, keys)
+    workers = [WorkerInfo.model_validate(api.get(f"/v1/workers/{w.worker_id}").json()) for w in (silent, honest)]
+
+    assert times.complete_pending(workers, now_s=start_s + DEADLINE_S - 1) == {}  # the silent one may still come
+    assert times.complete_pending(workers, now_s=start_s + DEADLINE_S) == {1: pytest.approx(2.0)}
+
+
+def test_relay_poisoning_a_parent_that_serves_nothing_is_a_leaf_after_its_childs_report(
+    api: httpx.Client, redis_client: redis.Redis, keys: RunKeys
+) -> None:
+    """Issue 23, attack 7, through the coordinator: the liar claims 10 Gbit/s and seeds the first plan; its
+    child fetches the version elsewhere and says so in its swap report (parent_bytes 0); from then on the
+    liar has no children and is nobody's fallback, until its probation (2 versions) ends."""
+    start_s = time.time() - 30
+    liar, fast, slow = (
+        register_relay(api, "liar", 10_000),
+        register_relay(api, "fast", 200),
+        register_relay(api, "slow", 100),
+    )
+    registered_before(redis_client, keys, start_s - 1, liar, fast, slow)
+    announce(redis_client, keys.run_id, 1, start_s, publish_started_at_s=start_s)
+    assert plan(api) == {"liar": ("learner", 1), "fast": (liar.worker_id, 2), "slow": (fast.worker_id, 3)}
+    assert parent(api, fast).parent_url == "http://liar:9000"  # served: its report may now speak of the liar
+    # a child may speak only of the parent it was served: slow never asked, so this report is ignored
+    stray = {"parent_url": "http://fast:9000", "parent_bytes": 0, "num_bytes": 8 << 20}
+    assert report_swap(api, slow, policy_version=1, swapped_at_s=start_s + 20, **stray).status_code == 200
+
+    # the liar stalled the stream; fast fell back to the learner for all 8 MiB
+    missed = {"parent_url": "http://liar:9000", "parent_bytes": 0, "num_bytes": 8 << 20, "ready_at_s": start_s + 15}
+    assert report_swap(api, fast, policy_version=1, swapped_at_s=start_s + 16, **missed).status_code == 200
+
+    assert plan(api) == {"fast": ("learner", 1), "slow": (fast.worker_id, 2), "liar": (slow.worker_id, 3)}
+    assert parent(api, fast).parent_id == "learner"
+    assert "http://liar:9000" not in parent(api, slow).fallback_urls
+    assert redis_client.hgetall(RelayKeys.of(keys).misses) == {b"http://liar:9000": b"1 1"}
+
+    # slow's delivery through fast is observed; the liar's probation ends 2 versions after its miss
+    delivered = {"parent_url": "http://fast:9000", "parent_bytes": 8 << 20, "num_bytes": 8 << 20}
+    announce(redis_client, keys.run_id, 2, start_s + 20, publish_started_at_s=start_s + 20)
+    assert report_swap(api, slow, policy_version=2, swapped_at_s=start_s + 21, **delivered).status_code == 200
+    assert plan(api)["liar"] == (slow.worker_id, 3)
+    announce(redis_client, keys.run_id, 3, start_s + 25, publish_started_at_s=start_s + 25)
+    # a newcomer again, ranked at most at the slowest observed delivery (fast's 67 Mbit/s), not 10 Gbit/s
+    assert plan(api) == {"fast": ("learner", 1), "liar": (fast.worker_id, 2), "slow": (liar.worker_id, 3)}

@@ -71,7 +71,7 @@ def healthy(url: str, process: ServiceProcess) -> bool:
         return False
 
 
-def test_the_bootstrap_needs_the_join_token_and_hands_out_the_run_key_and_redis(
+def test_the_bootstrap_needs_the_join_token_and_hands_out_the_run_and_key_but_no_redis(
     coordinator_process: str, redis_server: RedisServer, keys: RunKeys
 ) -> None:
     url = coordinator_process + BOOTSTRAP_PATH
@@ -88,7 +88,7 @@ def test_the_bootstrap_needs_the_join_token_and_hands_out_the_run_key_and_redis(
     assert bootstrap.run_id == keys.run_id  # RL_RUN_ID, not the file's run_id
     assert bootstrap.run_config_toml == RUN_FILE
     assert bootstrap.weights_public_key == PUBLIC_KEY_HEX
-    assert bootstrap.redis_url == redis_server.url
+    assert "redis" not in answer.text.lower()  # workers need no Redis: the work API is their way in
     assert bootstrap.model.init == "tiny-random" and bootstrap.model.max_position_embeddings == 32
 
 
@@ -107,7 +107,6 @@ def served_bootstrap(keys: RunKeys, redis_client: redis.Redis, redis_server: Red
         run_id=run.run_id,
         run_config_toml=f'run_id = "{run.run_id}"\n',
         weights_public_key=PUBLIC_KEY_HEX,
-        redis_url=redis_server.url,
         model=run.model,
     )
     with served_coordinator(run, redis_client, bootstrap=bootstrap) as served:

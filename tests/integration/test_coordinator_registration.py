@@ -86,14 +86,18 @@ def test_the_membership_loop_waits_out_a_429_and_then_registers(
 def test_an_expired_worker_rejoins_with_its_id_and_totals(
     serve_coordinator: ServeCoordinator, lease_run: RunConfig, clock: ManualClock
 ) -> None:
-    api = serve_coordinator(lease_run, lease_clock=clock).client
+    served = serve_coordinator(lease_run, lease_clock=clock)
+    api = served.client
     worker, other = register(api, "returning"), register(api, "bystander")
     beat = api.post(
-        f"/v1/workers/{worker.worker_id}/heartbeat",
-        json={"num_groups_done": 7, "num_samples_done": 56, "policy_version": 3},
-        headers=bearer(worker.token),
+        f"/v1/workers/{worker.worker_id}/heartbeat", json={"policy_version": 3}, headers=bearer(worker.token)
     )
     assert beat.status_code == 200
+    # its totals, as the work API counts accepted groups on its record (services/coordinator/work_leases.py)
+    coordinator = served.app.state.coordinator
+    coordinator.redis.hset(
+        coordinator.keys.worker(worker.worker_id), mapping={"num_groups_done": 7, "num_samples_done": 56}
+    )
     clock.advance(LEASE_S + 1)  # an outage longer than the lease: both are dead
     assert (
         api.post(f"/v1/workers/{worker.worker_id}/heartbeat", json={}, headers=bearer(worker.token)).status_code == 410
@@ -155,9 +159,12 @@ def test_the_membership_loop_keeps_its_id_across_a_coordinator_restart_longer_th
     with served_coordinator(lease_run, redis_client, lease_clock=clock, port=port) as first:
         client = CoordinatorClient(first.url, timeout_s=1.0, join_token=JOIN_TOKEN)
         membership = Membership(
-            client, RegisterWorkerRequest(name="steady"), lambda: HeartbeatRequest(num_groups_done=5), threading.Event()
+            client, RegisterWorkerRequest(name="steady"), lambda: HeartbeatRequest(), threading.Event()
         )
         worker_id = membership.register().worker_id
+        redis_client.hset(
+            first.app.state.coordinator.keys.worker(worker_id), "num_groups_done", 5
+        )  # as the work API counts
         membership.start_heartbeats()
         wait_for(lambda: membership.last_heartbeat is not None, "a first heartbeat")
     try:

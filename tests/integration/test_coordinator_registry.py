@@ -49,7 +49,8 @@ def test_heartbeat_extends_the_lease_and_records_progress(registry: WorkerRegist
     )
 
     assert info.lease_expires_at_s == clock.now_s + LEASE_S
-    assert (info.policy_version, info.num_groups_done, info.num_samples_done) == (7, 3, 24)
+    assert info.policy_version == 7
+    assert (info.num_groups_done, info.num_samples_done) == (0, 0)  # claimed, never stored: the work API counts
     assert info.samples_per_s == 12.5 and info.generating is True
     assert info.last_heartbeat_s == clock.now_s
     clock.advance(LEASE_S - 0.1)  # past the first lease, within the extended one

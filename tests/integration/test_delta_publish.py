@@ -15,6 +15,7 @@ import torch
 from engines.torch_engine import TorchEngine
 from services.learner.publish import WeightPublisher
 from services.learner.trainer import load_policy
+from services.rollout.announcement_client import StreamAnnouncements
 from services.rollout.weights_sync import WeightsSync
 from shared.bus import StreamBus
 from shared.chunk_server import ChunkServer, ChunkStore
@@ -66,9 +67,10 @@ def new_worker(
     store = ChunkStore(keep_versions=4)
     servers.append(ChunkServer(store, wait_s=2.0).start())
     sync = WeightsSync(
-        StreamBus(redis_client, keys, service="rollout"),
+        StreamAnnouncements(StreamBus(redis_client, keys, service="rollout")),
         store,
         PUBLIC_KEY,
+        run_id=keys.run_id,
         parents=parents,
         own_url=servers[-1].url,
         retry_failed_after_s=0.0,

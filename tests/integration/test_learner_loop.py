@@ -77,6 +77,7 @@ class StandInWorker(threading.Thread):
         self.stop_event = threading.Event()
         self.versions_seen: list[int] = []
         self.num_handled = 0  # announcements handled, in order (the next one to take is at this index)
+        self.num_published = 0  # groups written to `scored` (the learner trims what it consumed: count here)
 
     def run(self) -> None:
         with httpx.Client(timeout=5.0) as client:
@@ -97,6 +98,7 @@ class StandInWorker(threading.Thread):
                 self.versions_seen.append(announcement.policy_version)
                 for group in self.groups_for(announcement.policy_version):
                     call_with_retry(lambda group=group: self.bus.publish(SCORED, group), "publish")
+                    self.num_published += 1
 
     def load(self, client: httpx.Client, announcement: WeightsPublished) -> None:
         base_url = announcement.manifest_url.split("/v1/weights/")[0]

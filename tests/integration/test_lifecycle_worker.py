@@ -22,7 +22,7 @@ from cluster.redis_server import RedisServer
 from engines.torch_engine import TorchEngine
 from services.learner.publish import WeightPublisher
 from services.rollout.worker import RolloutWorker
-from shared.bus import StreamBus, connect
+from shared.bus import StreamBus
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import (
     ActivationConfig,
@@ -158,7 +158,6 @@ def test_a_drained_worker_process_finishes_its_batch_loses_no_task_and_leaves(
             "RL_WEIGHTS_PUBLIC_KEY": PUBLIC_KEY_HEX,
             "RL_JOIN_TOKEN": JOIN_TOKEN,
             "RL_COORDINATOR_URL": coordinator_url,
-            "RL_REDIS_URL": redis_server.url,
             "RL_RUN_CONFIG": str(run_file),
             "RL_MODEL_DIR": str(model_dir),
             "RL_WORKER_NAME": "to-drain",
@@ -202,10 +201,8 @@ def test_a_drained_worker_process_finishes_its_batch_loses_no_task_and_leaves(
     assert pending["pending"] == 0, pending
     assert bus.backlog(TASKS) == len(task_ids) - len(set(done))
     # a second worker takes over: every task ends up sampled exactly once
-    settings = worker_settings(
-        coordinator_url, redis_server.url, model_dir, "successor", worker_max_groups_per_batch=16
-    )
-    successor = RolloutWorker(run, settings, TorchEngine(model_dir), connect(redis_server.url))
+    settings = worker_settings(coordinator_url, model_dir, "successor", worker_max_groups_per_batch=16)
+    successor = RolloutWorker(run, settings, TorchEngine(model_dir))
     thread = threading.Thread(target=successor.run, daemon=True)
     thread.start()
     try:
@@ -235,9 +232,9 @@ def test_a_standby_worker_keeps_heartbeating_and_fresh_weights_but_takes_no_task
         json={"samples_per_s": 100.0},
     )
     wait_for(lambda: httpx.get(f"{coordinator_url}/v1/capacity").json()["known"], "the planner knows the requirement")
-    settings = worker_settings(coordinator_url, redis_server.url, model_dir, "priced", worker_price_per_hour=2.0)
+    settings = worker_settings(coordinator_url, model_dir, "priced", worker_price_per_hour=2.0)
     engine = TorchEngine(model_dir)
-    worker = RolloutWorker(run, settings, engine, connect(redis_server.url))
+    worker = RolloutWorker(run, settings, engine)
     turns = CallCounter(worker, "serve_once")
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()

@@ -54,8 +54,10 @@ def test_only_the_learner_process_gets_the_private_signing_key(
     assert not any(pair.signing_key_hex in value for value in worker.values())
     assert learner["RL_SIGNING_KEY"] == pair.signing_key_hex
     assert learner["RL_WEIGHTS_PUBLIC_KEY"] == pair.public_key_hex
-    # Redis: the learner logs in as its own user; the worker holds no Redis password (registration issues one)
-    assert learner["RL_REDIS_URL"].startswith("redis://learner:") and "@" not in worker["RL_REDIS_URL"]
-    assert cluster.redis_users.passwords["learner"] not in " ".join(worker.values())
+    # Redis: the learner logs in as its own user; the worker gets no Redis at all, nor the admin token
+    assert learner["RL_REDIS_URL"].startswith("redis://learner:") and "RL_REDIS_URL" not in worker
+    assert not any(password in " ".join(worker.values()) for password in cluster.redis_users.passwords.values())
+    assert "RL_ADMIN_TOKEN" not in worker and cluster.admin_token not in " ".join(worker.values())
+    assert f"RL_ADMIN_TOKEN={cluster.admin_token}" in cluster_env  # the operator's tools read it there
     # and a worker's settings have no place for a private key
     assert {"signing_key", "cluster_key"}.isdisjoint(RolloutSettings.model_fields)

@@ -17,6 +17,7 @@ from engines.torch_engine import TorchEngine
 from services.learner.lora import adapter_spec
 from services.learner.publish import WeightPublisher, serialize_weights
 from services.learner.trainer import load_policy
+from services.rollout.announcement_client import StreamAnnouncements
 from services.rollout.weights_sync import WeightsSync
 from shared.bus import StreamBus
 from shared.chunk_client import fetch_manifest, fetch_version
@@ -68,7 +69,11 @@ def test_a_lora_version_is_the_adapter_only_and_a_worker_on_the_same_base_sample
     learner = publisher(bus, keys, chunk_server, tiny_policy_dir)
     full_size_bytes = len(serialize_weights(load_policy(tiny_policy_dir)[0]))
     sync = WeightsSync(
-        bus, ChunkStore(trusted_key=PUBLIC_KEY), PUBLIC_KEY, base_fingerprint=base_fingerprint(tiny_policy_dir)
+        StreamAnnouncements(bus),
+        ChunkStore(trusted_key=PUBLIC_KEY),
+        PUBLIC_KEY,
+        run_id=keys.run_id,
+        base_fingerprint=base_fingerprint(tiny_policy_dir),
     )
     engine = TorchEngine(tiny_policy_dir)
     try:
@@ -113,7 +118,12 @@ def test_a_worker_holding_another_base_refuses_the_adapter_and_keeps_its_weights
     assert base_fingerprint(other_base) != base_fingerprint(tiny_policy_dir)
     learner = publisher(bus, keys, chunk_server, tiny_policy_dir)
     sync = WeightsSync(
-        bus, ChunkStore(), PUBLIC_KEY, retry_failed_after_s=0.0, base_fingerprint=base_fingerprint(other_base)
+        StreamAnnouncements(bus),
+        ChunkStore(),
+        PUBLIC_KEY,
+        run_id=keys.run_id,
+        retry_failed_after_s=0.0,
+        base_fingerprint=base_fingerprint(other_base),
     )
     engine = TorchEngine(other_base)
     try:
@@ -148,7 +158,13 @@ def test_a_vllm_worker_applies_lora_versions_in_place(
         "vllm", folder, RolloutConfig(engine="vllm", vllm_kv_cache_bytes=64 << 20), max_lora_rank=LORA.rank
     )
     learner = publisher(bus, keys, chunk_server, folder)
-    sync = WeightsSync(bus, ChunkStore(trusted_key=PUBLIC_KEY), PUBLIC_KEY, base_fingerprint=base_fingerprint(folder))
+    sync = WeightsSync(
+        StreamAnnouncements(bus),
+        ChunkStore(trusted_key=PUBLIC_KEY),
+        PUBLIC_KEY,
+        run_id=keys.run_id,
+        base_fingerprint=base_fingerprint(folder),
+    )
     try:
         for version in (0, 1):
             model = lora_model(folder, seed=version)

@@ -5,6 +5,7 @@ are routed around."""
 from __future__ import annotations
 
 import itertools
+import socket
 import subprocess
 import sys
 import threading
@@ -280,3 +281,79 @@ def test_a_store_replaces_a_version_whose_manifest_differs_and_pins_requests_to_
     with httpx.Client() as client:
         assert client.get(f"{holder.url}/v1/weights/1/full/chunks/0?manifest={old.sha256()}").status_code == 409
         assert client.get(f"{holder.url}/v1/weights/1/full/chunks/0?manifest={new.sha256()}").content == new_chunks[0]
+
+
+class DribblingHolder:
+    """Issue 23, attack 7 on the child's side: a holder that answers a stream with 200 and then one byte every
+    `interval_s`, never long enough silent for a read to time out (the pauses are the attack simulated)."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._stopping = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=self._dribble, args=(connection,), daemon=True).start()
+
+    def _dribble(self, connection: socket.socket) -> None:
+        with connection:
+            connection.recv(65536)  # the request
+            try:
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1073741824\r\n\r\n")
+                while not self._stopping.wait(self.interval_s):
+                    connection.sendall(b"\0")
+            except OSError:  # the child left
+                return
+
+    def close(self) -> None:
+        self._stopping.set()
+        self._listener.close()
+
+
+def test_a_parent_sending_a_byte_now_and_then_is_left_after_the_stall_timeout(holders: list[Holder]) -> None:
+    """A read never times out on a holder that sends a byte every 0.1 s; the stream guard leaves it after
+    stall_timeout_s (0.5 s), its rate far too low to finish by the relay deadline (or, were its bytes not
+    handed up one by one, no read returning for that long), and the learner serves the version."""
+    manifest, chunks, blob = new_version()
+    learner, child = Holder(), Holder(stall_timeout_s=0.5)
+    holders += [learner, child]
+    learner.store.put_version(manifest, chunks)
+    dribbler = DribblingHolder(interval_s=0.1)
+    try:
+        started_s = time.monotonic()
+        child.fetch_in_background(manifest, [dribbler.url, learner.url])
+        result = child.done(timeout_s=30.0)
+        elapsed_s = time.monotonic() - started_s
+    finally:
+        dribbler.close()
+
+    assert result.blob == blob and result.bytes_by_source == {learner.url: len(blob)}
+    assert result.failures[0].startswith((f"{dribbler.url}: too slow", f"{dribbler.url}: stalled"))
+    assert (result.parent_url, result.parent_bytes) == (dribbler.url, 0)  # what its swap report will say
+    assert elapsed_s < 2 * 0.5 + 5.0  # the bound (2 x stall_timeout_s) plus the learner's transfer, with slack
+
+
+def test_worker_sources_get_half_the_version_timeout_and_the_learner_the_rest(holders: list[Holder]) -> None:
+    """A worker sending whole pieces, each just inside the stall timeout, is too slow to finish by the relay
+    deadline (version_timeout_s / 2): it is left at its first piece after stall_timeout_s."""
+    manifest, chunks, blob = new_version()
+    learner, slow = Holder(), Holder()
+    holders += [learner, slow]
+    learner.store.put_version(manifest, chunks)
+    receiving = publish_slowly(slow.store, manifest, chunks, interval_s=0.3)  # 16 chunks: ~5 s
+    fetcher = RelayFetcher(ChunkStore(), stall_timeout_s=1.0, manifest_wait_s=1.0, version_timeout_s=4.0)
+    try:
+        result = fetcher.fetch(manifest, lambda: [slow.url, learner.url])
+    finally:
+        fetcher.close()
+    receiving.join()
+
+    assert result.blob == blob and result.bytes_by_source[learner.url] > 0
+    assert result.failures[0].startswith(f"{slow.url}: too slow") and result.seconds < 4.0

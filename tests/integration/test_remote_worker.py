@@ -65,7 +65,6 @@ def bootstrapped_coordinator(run: RunConfig, redis_server: RedisServer, redis_cl
         run_id=run.run_id,
         run_config_toml=run_file_text(run.run_id),
         weights_public_key=PUBLIC_KEY_HEX,
-        redis_url=redis_server.url,
         model=run.model,
     )
     with served_coordinator(run, redis_client, bootstrap=bootstrap) as served:

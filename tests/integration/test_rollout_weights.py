@@ -5,7 +5,8 @@ manifest not signed by the learner's key) is never loaded nor relayed."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -15,17 +16,21 @@ from safetensors.torch import save as safetensors_save
 
 from engines.torch_engine import TorchEngine
 from engines.weights_fit import TIED_OUTPUT_KEY
-from services.rollout.weights_sync import WeightsSync
+from services.rollout.announcement_client import HttpAnnouncements, StreamAnnouncements
+from services.rollout.weights_sync import VerifiedVersion, WeightsSync
 from shared.bus import StreamBus
 from shared.chunk_client import fetch_manifest, fetch_version
 from shared.chunk_server import ChunkServer, ChunkStore
+from shared.config import RunConfig
 from shared.keys import RunKeys
 from shared.messages import WeightsPublished
 from shared.signing import Ed25519PrivateKey, key_id
 from shared.streams import WEIGHTS
 from shared.tokenization import model_fingerprint
 from shared.weights import ManifestError, build_manifest
+from tests.coordinator_rest import ServeCoordinator, register
 from tests.corrupting_store import CorruptingStore
+from tests.polling import wait_for
 from tests.weights_keys import FORGER_KEY, PUBLIC_KEY, SIGNING_KEY
 
 pytestmark = pytest.mark.integration
@@ -99,7 +104,13 @@ def learner(bus: StreamBus, keys: RunKeys, learner_store: CorruptingStore) -> It
 @pytest.fixture
 def sync(bus: StreamBus) -> Iterator[WeightsSync]:
     # as a worker builds it: its store holds (and relays) only manifests the learner signed
-    sync = WeightsSync(bus, ChunkStore(trusted_key=PUBLIC_KEY), PUBLIC_KEY, retry_failed_after_s=0.0)
+    sync = WeightsSync(
+        StreamAnnouncements(bus),
+        ChunkStore(trusted_key=PUBLIC_KEY),
+        PUBLIC_KEY,
+        run_id=bus.keys.run_id,
+        retry_failed_after_s=0.0,
+    )
     yield sync
     sync.close()
 
@@ -213,9 +224,10 @@ def test_a_relay_parent_holding_a_forged_version_under_the_announced_number_is_r
     # the coordinator made a malicious worker our parent; it holds its own signed "version 0"
     parent = Learner(bus, keys, ChunkStore())
     sync = WeightsSync(
-        bus,
+        StreamAnnouncements(bus),
         ChunkStore(trusted_key=PUBLIC_KEY),
         PUBLIC_KEY,
+        run_id=keys.run_id,
         parents=lambda _: [parent.server.url],
         retry_failed_after_s=0.0,
     )
@@ -247,7 +259,13 @@ def test_a_resumed_learner_announcing_an_older_version_is_followed(
     engine: TorchEngine, learner: Learner, bus: StreamBus
 ) -> None:
     # a store keeping one version evicts the older one on arrival: it is loaded all the same
-    sync = WeightsSync(bus, ChunkStore(keep_versions=1), PUBLIC_KEY, retry_failed_after_s=0.0)
+    sync = WeightsSync(
+        StreamAnnouncements(bus),
+        ChunkStore(keep_versions=1),
+        PUBLIC_KEY,
+        run_id=bus.keys.run_id,
+        retry_failed_after_s=0.0,
+    )
     learner.publish(engine, policy_version=5, noise_scale=0.3)
     assert sync.update(engine) == 5
 
@@ -266,7 +284,12 @@ def test_weights_published_for_another_model_folder_are_refused_once_and_never_l
     other_folder = build_folder(tmp_path / "other")  # another tokenizer and architecture
     assert model_fingerprint(other_folder) != engine.model_fingerprint
     sync = WeightsSync(
-        bus, ChunkStore(), PUBLIC_KEY, retry_failed_after_s=0.0, model_fingerprint=engine.model_fingerprint
+        StreamAnnouncements(bus),
+        ChunkStore(),
+        PUBLIC_KEY,
+        run_id=bus.keys.run_id,
+        retry_failed_after_s=0.0,
+        model_fingerprint=engine.model_fingerprint,
     )
     try:
         learner.publish(engine, policy_version=0, noise_scale=0.3, model_fingerprint=model_fingerprint(other_folder))
@@ -280,3 +303,36 @@ def test_weights_published_for_another_model_folder_are_refused_once_and_never_l
         assert sync.update(engine) == 1  # weights for this folder load as ever
     finally:
         sync.close()
+
+
+def test_a_worker_following_the_coordinators_long_poll_loads_each_version_and_closes_without_waiting_for_it(
+    engine: TorchEngine, learner: Learner, keys: RunKeys, serve_coordinator: ServeCoordinator
+) -> None:
+    # as a worker runs it: no Redis credentials, the announcements from the coordinator (GET /v1/weights/latest)
+    coordinator = serve_coordinator(RunConfig(run_id=keys.run_id))
+    token = register(coordinator.client).token
+    ready: list[VerifiedVersion] = []
+    sync = WeightsSync(
+        HttpAnnouncements(coordinator.url, lambda: token),
+        ChunkStore(trusted_key=PUBLIC_KEY),
+        PUBLIC_KEY,
+        run_id=keys.run_id,
+        retry_failed_after_s=0.0,
+        on_ready=ready.append,
+    )
+
+    def ready_with(version: int) -> Callable[[], bool]:
+        return lambda: bool(ready) and ready[-1].policy_version == version
+
+    sync.start()
+    try:
+        assert sync.newest_announced_version() is None
+        for version in (5, 6, 3):  # 3: the learner resumed from an older checkpoint
+            learner.publish(engine, policy_version=version, noise_scale=0.3)
+            wait_for(ready_with(version), f"version {version} ready", timeout_s=20)
+            assert sync.newest_announced_version() == version
+            assert sync.update(engine) == version
+    finally:
+        closing_s = time.perf_counter()
+        sync.close()
+    assert time.perf_counter() - closing_s < 1.0  # the thread was in its 5 s long poll: not waited for

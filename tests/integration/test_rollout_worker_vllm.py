@@ -14,7 +14,7 @@ from safetensors.torch import load as safetensors_load
 
 from cluster.redis_server import RedisServer
 from services.rollout.worker import RolloutWorker
-from shared.bus import StreamBus, connect
+from shared.bus import StreamBus
 from shared.config import CoordinatorConfig, RolloutConfig, RunConfig, ScheduleConfig
 from shared.keys import RunKeys
 from shared.streams import TASKS
@@ -73,14 +73,12 @@ def test_a_vllm_worker_samples_with_each_announced_version(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    settings = worker_settings(
-        coordinator_url, redis_server.url, model_dir, "vllm-in-process", worker_max_groups_per_batch=4
-    )
+    settings = worker_settings(coordinator_url, model_dir, "vllm-in-process", worker_max_groups_per_batch=4)
     from services.rollout.worker import build_engine
 
     engine = build_engine(settings, run)  # through engines.select, as `python -m services.rollout` does
     assert type(engine).__name__ == "VLLMEngine"
-    worker = RolloutWorker(run, settings, engine, connect(redis_server.url))
+    worker = RolloutWorker(run, settings, engine)
     thread = threading.Thread(target=worker.run, name="worker", daemon=True)
     thread.start()
     try:
@@ -136,5 +134,5 @@ def test_the_worker_process_runs_the_vllm_engine_named_in_the_run_file(
     learner.set_version(0)
     learner.publish(0)
     run_worker_process_to_version_0(
-        coordinator_url, redis_server.url, run_file, model_dir, repo_root, "vllm-subprocess", startup_timeout_s=90
+        coordinator_url, run_file, model_dir, repo_root, "vllm-subprocess", startup_timeout_s=90
     )

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from engines.torch_engine import TorchEngine
 from services.learner.publish import WeightPublisher, serialize_weights
+from services.rollout.announcement_client import StreamAnnouncements
 from services.rollout.relay_fetch import RelayFetcher
 from services.rollout.weights_sync import VerifiedVersion, WeightsSync
 from shared.bus import StreamBus
@@ -105,7 +106,14 @@ def test_a_received_version_lands_in_the_file_the_engine_loads_by_path(
     # as the worker builds it for an engine with a weights_dir: full versions are received into files there
     store = ChunkStore(keep_versions=1, spill_dir=engine.weights_dir, trusted_key=PUBLIC_KEY)
     ready: list[VerifiedVersion] = []
-    sync = WeightsSync(bus, store, PUBLIC_KEY, retry_failed_after_s=0.0, on_ready=ready.append)
+    sync = WeightsSync(
+        StreamAnnouncements(bus),
+        store,
+        PUBLIC_KEY,
+        run_id=bus.keys.run_id,
+        retry_failed_after_s=0.0,
+        on_ready=ready.append,
+    )
     try:
         published = publisher.publish(perturbed(source, seed=1), policy_version=1)
         sync.start()

@@ -1,7 +1,8 @@
-"""A real rollout worker on a Redis with ACLs on: it opens no Redis connection before registering, works as
-the user the coordinator issued it, signs what it publishes, and, declared dead and revoked, rejoins as
-itself (same id and rollout key) and carries on with its user's new password. Real redis-server, the real coordinator app under
-uvicorn, the tiny policy, weights published by the learner's own WeightPublisher."""
+"""A real rollout worker on a Redis with ACLs on holds no Redis credentials and opens no Redis connection:
+it works only through the coordinator's work API (which runs as the coordinator's own Redis user), signs
+what it hands in, and, declared dead, rejoins as itself (same id and rollout key) and carries on. Real
+redis-server, the real coordinator app under uvicorn, the tiny policy, weights published by the
+learner's own WeightPublisher."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from cluster.redis_acl import OPERATOR, TRUSTED_SERVICES
 from engines.torch_engine import TorchEngine
 from services.coordinator.redis_access import RedisAccess
 from services.learner.publish import WeightPublisher
 from services.reward.provenance import ProducerCheck
 from services.rollout.settings import RolloutSettings
 from services.rollout.worker import RolloutWorker
-from shared.bus import StreamBus, connect
+from shared.bus import StreamBus
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import CoordinatorConfig, GRPOConfig, RolloutConfig, RunConfig
 from shared.messages import LearnerState, TaskGroup
@@ -49,7 +51,9 @@ def publish_task(bus: StreamBus, task_id: str) -> None:
     )
 
 
-def test_a_worker_works_as_its_issued_user_and_again_after_it_was_revoked(acl_redis: AclRedis, model_dir: Path) -> None:
+def test_a_worker_without_redis_works_through_the_coordinator_and_again_after_it_rejoined(
+    acl_redis: AclRedis, model_dir: Path
+) -> None:
     keys = acl_redis.keys
     run = RunConfig(
         run_id=keys.run_id,
@@ -76,7 +80,7 @@ def test_a_worker_works_as_its_issued_user_and_again_after_it_was_revoked(acl_re
     )
     learner.ensure_group(TASKS)
     coordinator_redis = acl_redis.client_of("coordinator")
-    access = RedisAccess(coordinator_redis, keys, acl=True, worker_redis_url=acl_redis.server.url)
+    access = RedisAccess(coordinator_redis, keys)
     clock = ManualClock()
     check = ProducerCheck(acl_redis.client_of("reward"), keys)
     with served_coordinator(run, coordinator_redis, lease_clock=clock, access=access) as coordinator:
@@ -84,12 +88,11 @@ def test_a_worker_works_as_its_issued_user_and_again_after_it_was_revoked(acl_re
             weights_public_key=PUBLIC_KEY_HEX,
             join_token=JOIN_TOKEN,
             coordinator_url=coordinator.url,
-            redis_url=acl_redis.server.url,  # no credentials: the default user is off
             model_dir=model_dir,
             worker_name="acl",
             worker_poll_s=0.05,
         )
-        worker = RolloutWorker(run, settings, TorchEngine(model_dir), connect(settings.redis_url))
+        worker = RolloutWorker(run, settings, TorchEngine(model_dir))
         thread = threading.Thread(target=worker.run, daemon=True)
         thread.start()
         try:
@@ -98,9 +101,9 @@ def test_a_worker_works_as_its_issued_user_and_again_after_it_was_revoked(acl_re
             first_id = first[0].worker_id
             check.verify(first[0])  # signed with the key its registration issued
 
-            clock.advance(LEASE_S + 1)  # declared dead: its next heartbeat gets 410, the sweeper revokes its user
+            clock.advance(LEASE_S + 1)  # declared dead: its next heartbeat (and lease call) gets 410
             wait_for(lambda: worker.membership.num_registrations >= 2, "registration again", timeout_s=30)
-            assert worker.membership.worker_id == first_id  # it rejoined as itself, with a new Redis user password
+            assert worker.membership.worker_id == first_id  # it rejoined as itself, with a new token
             publish_task(learner, "after")
             groups = wait_for(
                 lambda: [g for g in learner.entries(ROLLOUTS) if g.task_id == "after"] or None,
@@ -109,8 +112,10 @@ def test_a_worker_works_as_its_issued_user_and_again_after_it_was_revoked(acl_re
             )
             assert groups[0].worker_id == worker.membership.worker_id == first_id
             check.verify(groups[0])
-            assert worker.bus.redis.connection_pool.connection_kwargs.get("credential_provider") is not None
             assert check.num_forged == 0 and learner.dead_letters() == []
+            connected_as = {client["user"] for client in acl_redis.client_of(OPERATOR).client_list()}
+            assert connected_as <= {*TRUSTED_SERVICES, OPERATOR}  # nobody else ever logged in: no worker user
+            assert not hasattr(worker, "bus")
         finally:
             worker.stop()
             thread.join(timeout=30)

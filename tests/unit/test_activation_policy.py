@@ -92,3 +92,17 @@ def test_changes_are_relative_to_the_current_set() -> None:
     )
     to_activate, to_standby = plan.changes({"b"})
     assert (to_activate, to_standby) == ({"a"}, {"b"})  # re-picked: a is five times cheaper
+
+
+def test_a_lying_workers_huge_rate_counts_at_most_four_times_the_fleets_median() -> None:
+    honest = [("h1", 1.0, 10.0), ("h2", 1.0, 12.0), ("h3", 1.0, 8.0)]
+    liar = ("liar", 0.5, 1e6)  # claims a million samples/s, cheapest per claimed throughput
+    estimates = estimate_throughputs(fleet(*honest, liar), assumed_samples_per_s=7.0)
+    assert estimates["liar"] == 4 * 10.0  # the low median of (8, 10, 12, 1e6) is 10
+    assert {w: estimates[w] for w, _, _ in honest} == {"h1": 10.0, "h2": 12.0, "h3": 8.0}  # unchanged
+
+    # a requirement of 40 (target 48): the liar alone no longer covers it (it would at 1e6), so honest
+    # workers stay active; a liar displaces at most 4x the median of honest throughput
+    plan = plan_activation(fleet(*honest, liar), 40.0, POLICY, now_s=100.0)
+    assert "liar" in plan.active_ids and len(plan.active_ids) >= 2
+    assert plan.planned_samples_per_s <= 10.0 + 12.0 + 8.0 + 40.0

@@ -10,9 +10,11 @@ from fractions import Fraction
 import pytest
 
 from shared.capacity import (
+    MAX_RATIO_TO_MEDIAN,
     CapacityInputs,
     admissible_window_s,
     assess,
+    capped_at_median,
     max_lag_steps,
     min_feasible_staleness,
     overlap_required_samples_per_s,
@@ -228,3 +230,15 @@ def test_inputs_are_validated() -> None:
         CapacityInputs(samples_per_step=8, train_s=0.0, staleness_bound=1)
     with pytest.raises(ValueError, match="broadcast_s"):
         CapacityInputs(samples_per_step=8, train_s=1.0, staleness_bound=1, broadcast_s=-1.0)
+
+
+def test_capped_at_median_bounds_one_liar_and_leaves_honest_values_alone() -> None:
+    honest = {"a": 10.0, "b": 14.0, "c": 9.0, "d": 11.0}
+    capped = capped_at_median({**honest, "liar": 1e9})
+    assert {w: capped[w] for w in honest} == honest
+    assert capped["liar"] == MAX_RATIO_TO_MEDIAN * 11.0  # median_low of (9, 10, 11, 14, 1e9)
+    # sum(mu_i) moves by at most 4x the largest honest rate, whatever the claim
+    assert sum(capped.values()) <= sum(honest.values()) + MAX_RATIO_TO_MEDIAN * max(honest.values())
+    # of two workers, the smaller is the median: one liar beside one honest worker is capped too
+    assert capped_at_median({"honest": 10.0, "liar": 1e9}) == {"honest": 10.0, "liar": 40.0}
+    assert capped_at_median({"alone": 1e9, "idle": 0.0}) == {"alone": 1e9, "idle": 0.0}

@@ -85,13 +85,22 @@ def test_services_reach_redis_and_each_other_by_compose_names_and_secrets_have_n
         if name in TRUSTED:  # its own Redis user, its password a secret without default
             assert env["RL_REDIS_URL"].startswith(f"redis://{name}:${{RL_REDIS_PASSWORD_{name.upper()}:?"), name
             assert env["RL_REDIS_URL"].endswith("@redis:6379/0"), name
-        else:  # a worker: no credentials until registration issues its user
-            assert env["RL_REDIS_URL"] == "redis://redis:6379/0", name
+        else:  # a worker: no Redis at all, it works through the coordinator's work API
+            assert "RL_REDIS_URL" not in env, name
         assert env["RL_COORDINATOR_URL"] == "http://coordinator:8000", name
-        assert env["RL_ADMIN_TOKEN"].startswith("${RL_ADMIN_TOKEN:?"), name
         assert env["RL_WEIGHTS_PUBLIC_KEY"].startswith("${RL_WEIGHTS_PUBLIC_KEY:?"), name
         assert "RL_CLUSTER_KEY" not in env, name
         assert env["RL_JOIN_TOKEN"].startswith("${RL_JOIN_TOKEN:?"), name
+
+
+def test_only_the_coordinator_gets_the_admin_token(compose: dict) -> None:
+    """The admin token drains and releases any worker and issues join credentials: a worker holding it
+    could do all of that, so only the service that checks it gets it."""
+    holders = [
+        name for name, service in compose["services"].items() if "RL_ADMIN_TOKEN" in service.get("environment", {})
+    ]
+    assert holders == ["coordinator"]
+    assert compose["services"]["coordinator"]["environment"]["RL_ADMIN_TOKEN"].startswith("${RL_ADMIN_TOKEN:?")
 
 
 def test_only_the_learner_gets_the_private_signing_key(compose: dict) -> None:
@@ -102,12 +111,9 @@ def test_only_the_learner_gets_the_private_signing_key(compose: dict) -> None:
     assert compose["services"]["learner"]["environment"]["RL_SIGNING_KEY"].startswith("${RL_SIGNING_KEY:?")
 
 
-def test_redis_runs_with_acls_and_the_coordinator_issues_worker_users(compose: dict) -> None:
+def test_redis_runs_with_acls_and_only_trusted_services_have_users(compose: dict) -> None:
     services = compose["services"]
     assert "--aclfile /data/users.acl" in " ".join(services["redis"]["command"])
     assert services["redis-acl"]["command"][:3] == ["python", "-m", "cluster.redis_acl"]
     assert services["redis"]["depends_on"]["redis-acl"] == {"condition": "service_completed_successfully"}
-    coordinator = services["coordinator"]["environment"]
-    assert coordinator["RL_REDIS_ACL"] == "true"
-    assert coordinator["RL_WORKER_REDIS_URL"] == "redis://redis:6379/0"
     assert "RL_REDIS_PASSWORD_OPERATOR" in " ".join(services["redis"]["healthcheck"]["test"])

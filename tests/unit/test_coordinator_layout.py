@@ -8,10 +8,20 @@ from pathlib import Path
 import redis
 
 from services.coordinator.app import create_app
-from services.coordinator.routers import broadcast, cluster, control, status, trust, workers
+from services.coordinator.routers import (
+    broadcast,
+    cluster,
+    control,
+    operators,
+    status,
+    trust,
+    weights,
+    work,
+    workers,
+)
 from shared.config import load_run_config
 
-ROUTER_MODULES = (workers, cluster, trust, status, broadcast, control)
+ROUTER_MODULES = (workers, cluster, trust, status, broadcast, control, weights, operators, work)
 
 
 def test_every_endpoint_but_healthz_is_served_by_a_router_module(repo_root: Path) -> None:

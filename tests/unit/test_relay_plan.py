@@ -1,10 +1,23 @@
-"""The relay plan (shared/relay_plan.py): seeds, ordering by bandwidth, fallbacks, re-planning."""
+"""The relay plan (shared/relay_plan.py): seeds, ordering by observed delivery (claims only for newcomers),
+probation of parents that do not deliver, fallbacks, re-planning."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from shared.relay_plan import LEARNER, RelayCandidate, RelayPlan, plan_relay
+from shared.relay_plan import (
+    LEARNER,
+    MAX_PROBATION_VERSIONS,
+    Delivery,
+    ParentObservation,
+    RelayCandidate,
+    RelayPlan,
+    deliveries,
+    plan_relay,
+    probation_versions,
+)
 
 
 def worker(
@@ -100,3 +113,87 @@ def test_bad_parameters_and_an_empty_cluster() -> None:
     assert plan_relay([]).assignments == {}
     with pytest.raises(ValueError, match="at least 1"):
         plan_relay([worker("a", 1)], num_seeds=0)
+
+
+def test_a_parent_is_ranked_by_what_its_children_observed_not_by_its_claim() -> None:
+    observed = Delivery(delivered_mbps=90.0)
+    plan = plan_relay(
+        [
+            RelayCandidate("claims-much", "http://claims-much", 10_000.0, delivery=Delivery(delivered_mbps=20.0)),
+            RelayCandidate("delivers", "http://delivers", 100.0, delivery=observed),
+            worker("newcomer", 5_000),  # no observation: min(its claim, the slowest observed parent) = 20
+        ],
+        current_version=5,
+    )
+    assert parents(plan) == {"delivers": LEARNER, "claims-much": "delivers", "newcomer": "claims-much"}
+    assert plan.assignments["newcomer"].effective_mbps == 20.0
+
+
+def test_deliveries_take_the_worst_child_report_and_count_misses() -> None:
+    observations = [
+        ParentObservation("c1", 7, "http://p", parent_bytes=100_000_000, num_bytes=100_000_000, seconds=8.0),
+        ParentObservation("c2", 7, "http://p", parent_bytes=100_000_000, num_bytes=100_000_000, seconds=16.0),
+        ParentObservation("c3", 7, "http://q", parent_bytes=10, num_bytes=100_000_000, seconds=15.0),  # fell back
+    ]
+    by_url = deliveries(observations, {"http://q": (7, 1)})
+    assert by_url["http://p"] == Delivery(delivered_mbps=50.0)  # the slower child's view: 100 MB in 16 s
+    assert by_url["http://q"] == Delivery(None, last_miss_version=7, num_misses=1)
+    assert observations[2].missed and not observations[0].missed
+
+
+def simulate_poisoning(num_versions: int) -> tuple[list[int], list[str]]:
+    """Issue 23, attack 7, version by version: a worker claiming 10 Gbit/s serves nothing. Each version the
+    coordinator plans; a child of the liar fetches nothing from it, falls back (its version is late by
+    the child-side bound) and reports a miss, which the heartbeat script counts; an honest parent
+    delivers its rate. Returns the versions on which some child was late, and the liar's parent per
+    version."""
+    honest = {f"h{i}": 100.0 + 10 * i for i in range(5)}
+    url = {w: f"http://{w}" for w in [*honest, "liar"]}
+    observations: dict[str, ParentObservation] = {}
+    misses: dict[str, tuple[int, int]] = {}
+    late_versions: list[int] = []
+    liar_parents: list[str] = []
+    for version in range(num_versions):
+        by_url = deliveries(list(observations.values()), misses)
+        candidates = [
+            RelayCandidate(w, url[w], mbps, delivery=by_url.get(url[w], Delivery())) for w, mbps in honest.items()
+        ] + [RelayCandidate("liar", url["liar"], 10_000.0, delivery=by_url.get(url["liar"], Delivery()))]
+        plan = plan_relay(candidates, current_version=version)
+        liar_parents.append(plan.assignments["liar"].parent_id)
+        for child in plan.children_of("liar"):
+            late_versions.append(version)
+            observations[child] = ParentObservation(child, version, url["liar"], 0, 10**8, 15.0)
+            _, count = misses.get(url["liar"], (version, 0))
+            misses[url["liar"]] = (version, count + 1)
+        for assignment in plan.assignments.values():
+            if assignment.parent_id not in (LEARNER, "liar"):
+                mbps = honest[assignment.parent_id]
+                observations[assignment.worker_id] = ParentObservation(
+                    assignment.worker_id, version, assignment.parent_url, 10**8, 10**8, 10**8 * 8 / 1e6 / mbps
+                )
+    return late_versions, liar_parents
+
+
+def test_relay_poisoning_a_liar_is_demoted_after_one_version_and_its_children_stay_bounded() -> None:
+    late_versions, liar_parents = simulate_poisoning(300)
+
+    # version 0: nothing observed yet, so the claim seeds it once (the only version a claim decides)
+    assert liar_parents[0] == LEARNER
+    # version 1: its child's miss makes it a leaf (no children) for 2 versions; after that it ranks as a
+    # newcomer, at most as the slowest observed parent: below every relayer, so the tail, a leaf again
+    assert liar_parents[1] != LEARNER and late_versions == [0]
+    assert all(parent_id != LEARNER for parent_id in liar_parents[1:])
+    # the general bound (a newcomer below it would be its child once per probation, which doubles):
+    assert len(late_versions) <= math.floor(math.log2(300)) + 1
+
+
+def test_a_parent_on_probation_is_a_leaf_and_no_ones_fallback_and_comes_back_after_it() -> None:
+    missed = Delivery(delivered_mbps=None, last_miss_version=10, num_misses=2)  # probation: 4 versions
+    candidates = [worker("a", 300), RelayCandidate("b", "http://b", 200.0, delivery=missed), worker("c", 100)]
+
+    during = plan_relay(candidates, current_version=13)
+    assert parents(during) == {"a": LEARNER, "c": "a", "b": "c"}  # b ranked last, and a leaf
+    assert "http://b" not in during.assignments["c"].fallback_urls
+    after = plan_relay(candidates, current_version=14)
+    assert parents(after) == {"a": LEARNER, "b": "a", "c": "b"}  # a newcomer again, ranked by its claim
+    assert probation_versions(1) == 2 and probation_versions(50) == MAX_PROBATION_VERSIONS

@@ -42,7 +42,11 @@ def test_restarts_reach_the_report_and_the_progress_line(tmp_path: Path) -> None
 def test_the_accounting_section_names_groups_nobody_can_account_for(tmp_path: Path) -> None:
     assert summarize_accounting(tmp_path) is None
     accounting = GroupAccounting(
+        num_tasks_issued=104,
         num_produced=100,
+        num_dead_lettered_work=1,
+        num_unleased=2,
+        num_held=1,
         num_scored=97,
         num_trained=80,
         num_dropped={"stale": 10},
@@ -54,4 +58,5 @@ def test_the_accounting_section_names_groups_nobody_can_account_for(tmp_path: Pa
     (tmp_path / "accounting.json").write_text(accounting.model_dump_json())
     section = summarize_accounting(tmp_path)
     assert section is not None
-    assert (section["num_accounted"], section["num_unaccounted"]) == (99, 1)  # one group lost
+    assert (section["num_accounted"], section["num_unaccounted"]) == (103, 1)  # one group lost
+    assert section["unaccounted_by_stage"] == {"tasks": 0, "rollouts": 0, "scored": 1}  # between reward and learner

@@ -31,5 +31,6 @@ def worker_parent(worker_id: WorkerIdPath, coordinator: CoordinatorDep) -> Paren
 
 @router.get("/v1/broadcast/times")
 def broadcast_times(coordinator: CoordinatorDep) -> BroadcastTimesResponse:
-    """Measured T_bcast per version: the learner's announcement to the last active worker's swap."""
+    """Measured T_bcast per version: the learner's publication start to the (n - f)-th counted worker's swap
+    (services/coordinator/broadcast_times.py)."""
     return BroadcastTimes(coordinator.redis, coordinator.keys).summary()

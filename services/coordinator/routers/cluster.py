@@ -9,6 +9,7 @@ from fastapi import APIRouter, HTTPException, status
 from services.coordinator.deps import CoordinatorDep, JoinTokenDep
 from services.coordinator.errors import error_docs
 from services.coordinator.join import check_join_token
+from services.coordinator.operators import OperatorCredentials
 from shared.api import BOOTSTRAP_PATH, ClusterBootstrap
 
 router = APIRouter(tags=["workers"])
@@ -18,7 +19,8 @@ router = APIRouter(tags=["workers"])
 def bootstrap(coordinator: CoordinatorDep, join_token: JoinTokenDep = None) -> ClusterBootstrap:
     """401 without the cluster's join token or with a wrong one; 404 when this coordinator was started
     without RL_WEIGHTS_PUBLIC_KEY (it has nothing to hand out: workers must be configured by hand)."""
-    check_join_token(join_token, coordinator.join_token_sha256, "the cluster bootstrap")
+    operators = OperatorCredentials(coordinator.redis, coordinator.keys)  # an issued credential bootstraps too
+    check_join_token(join_token, coordinator.join_token_sha256, "the cluster bootstrap", operators)
     if coordinator.bootstrap is None:
         raise HTTPException(
             status.HTTP_404_NOT_FOUND,

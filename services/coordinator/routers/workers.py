@@ -27,6 +27,7 @@ from services.coordinator.deps import (
 )
 from services.coordinator.errors import error_docs
 from services.coordinator.join import admit_registration, join_or_rejoin
+from services.coordinator.operators import OperatorCredentials
 from shared.api import (
     HeartbeatRequest,
     HeartbeatResponse,
@@ -46,16 +47,22 @@ def register_worker(
     join_token: JoinTokenDep = None,
     bearer_token: BearerTokenDep = None,
 ) -> RegisterWorkerResponse:
-    """Join the run, with the cluster's join token in header X-RL-Join-Token (401 without it; 429 when
-    registrations come faster than the rate limit: retry after Retry-After). The answer carries the
-    worker's id and its bearer token (shown once, stored only as a sha256). The lease starts now:
-    heartbeat every `heartbeat_interval_s`, well within `lease_s`. `state` is where it starts: active,
+    """Join the run, with a join token in header X-RL-Join-Token: the cluster's, or a join credential an
+    admin issued (POST /v1/operators), whose id the worker then carries (401 without one; 403 when that
+    credential is revoked or quarantined; 429 when registrations come faster than the rate limit: retry
+    after Retry-After). The answer carries the worker's id and its bearer token (shown once, stored only
+    as a sha256). The lease starts now: heartbeat every `heartbeat_interval_s`, well within `lease_s`.
+    `state` is where it starts: active,
     or standby until cost-aware activation picks it (heartbeat answers carry every later decision).
     A worker whose lease ran out rejoins as itself: `previous_worker_id` in the body and its previous
     token as `Authorization: Bearer` (403 if the token is not that worker's); see services/coordinator/join.py."""
-    admit_registration(join_token, coordinator.join_token_sha256, coordinator.registration_limit)
+    operators = OperatorCredentials(coordinator.redis, coordinator.keys)
+    operator_id = admit_registration(
+        join_token, coordinator.join_token_sha256, operators, coordinator.registration_limit
+    )
     quarantined = control.quarantine.current().worker_ids if request.previous_worker_id else []
-    joined = join_or_rejoin(coordinator.registry, request, bearer_token, control.initial_state(request), quarantined)
+    initial_state = control.initial_state(request)
+    joined = join_or_rejoin(coordinator.registry, request, bearer_token, initial_state, quarantined, operator_id)
     access = coordinator.access.grant(joined.worker_id)  # after the lease exists: services/coordinator/redis_access.py
     control.request_replan()
     run = coordinator.run

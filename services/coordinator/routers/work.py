@@ -1,0 +1,93 @@
+"""/v1/work: the work API, a rollout worker's only way to the streams (contract: shared/work_api.py; the
+stream operations and their checks: services/coordinator/work_leases.py). Workers hold no Redis
+credentials; every call carries the worker's own bearer token (the admin token is no worker's: 403).
+
+    lease      an active worker takes up to `max_groups` tasks; it backs off when it gets none
+    rollouts   it answers its leases: each group is accepted (on to `rollouts`, its task acked) or refused
+               (dead-lettered with the reason, the lease left as it was)
+    failures   it gives back a task it cannot serve (engine error): dead-lettered and acked
+    accounting the admin reads the counters per worker and in total
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Request, Response, status
+from starlette.concurrency import run_in_threadpool
+
+from services.coordinator.deps import AdminCallerDep, RegistryDep, WorkerCallerDep, WorkLeasesDep
+from services.coordinator.errors import error_docs
+from services.coordinator.work_leases import LeaseRefusedError
+from services.coordinator.worker_registry import UnknownWorkerError, WorkerDeadError
+from shared.messages import MessageDecodeError
+from shared.work_api import (
+    ACCOUNTING_PATH,
+    FAILURES_PATH,
+    LEASE_PATH,
+    MAX_SUBMISSION_BYTES,
+    MSGPACK_CONTENT_TYPE,
+    ROLLOUTS_PATH,
+    LeaseRequest,
+    LeaseResponse,
+    SubmitResponse,
+    TaskFailure,
+    WorkAccounting,
+    WorkSubmission,
+)
+
+router = APIRouter(tags=["work"])
+
+
+@router.post(LEASE_PATH, responses=error_docs(401, 403, 404, 410))
+def lease_tasks(
+    request: LeaseRequest, caller: WorkerCallerDep, work: WorkLeasesDep, registry: RegistryDep
+) -> LeaseResponse:
+    """Up to `max_groups` tasks, answering at once (maybe with none: back off before asking again). Leases
+    another worker let expire come first. Standby, draining and quarantined workers get none; a dead
+    worker gets 410 (register again)."""
+    try:
+        tasks = work.lease(caller.worker_id, request.max_groups, registry.clock())
+    except LeaseRefusedError as exc:
+        if exc.state == "unknown":
+            raise UnknownWorkerError(f"no worker {caller.worker_id} is registered") from exc
+        if exc.state == "dead":
+            raise WorkerDeadError(f"worker {caller.worker_id} is dead (its lease expired); register again") from exc
+        tasks = []  # standby, draining or quarantined: no tasks, heartbeats say when that changes
+    return LeaseResponse(lease_s=work.lease_s, tasks=tasks)
+
+
+@router.post(
+    ROLLOUTS_PATH,
+    responses=error_docs(401, 403) | {413: {"description": f"body over {MAX_SUBMISSION_BYTES} bytes"}},
+    openapi_extra={"requestBody": {"content": {MSGPACK_CONTENT_TYPE: {"schema": {"type": "string"}}}}},
+)
+async def submit_rollouts(request: Request, caller: WorkerCallerDep, work: WorkLeasesDep) -> SubmitResponse:
+    """A msgpack WorkSubmission (shared/work_api.py): groups answering the caller's leases. Each is
+    accepted or refused on its own; a refused group is dead-lettered with its reason. 415 for another
+    content type, 422 for a body that is no WorkSubmission of this run, 413 over the body limit."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != MSGPACK_CONTENT_TYPE:
+        raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, detail=f"send {MSGPACK_CONTENT_TYPE}")
+    body = await request.body()
+    try:
+        submission = WorkSubmission.decode(body)
+    except MessageDecodeError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)[:1000]) from exc
+    if submission.run_id != work.keys.run_id:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=f"this coordinator runs {work.keys.run_id}")
+    return await run_in_threadpool(work.submit, caller.worker_id, submission.groups)
+
+
+@router.post(FAILURES_PATH, status_code=status.HTTP_204_NO_CONTENT, responses=error_docs(401, 403, 409))
+def report_failure(failure: TaskFailure, caller: WorkerCallerDep, work: WorkLeasesDep) -> Response:
+    """The caller cannot serve the task of this lease (an engine error): it is dead-lettered with `error`
+    and acked, counted `failed` against the caller. 409 when the caller does not hold the lease."""
+    if not work.fail(caller.worker_id, failure.lease_id, failure.error):
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=f"lease {failure.lease_id} is not held by this worker")
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.get(ACCOUNTING_PATH, responses=error_docs(401, 403))
+def work_accounting(caller: AdminCallerDep, work: WorkLeasesDep) -> WorkAccounting:
+    """Admin token only: per worker and in total, tasks leased, groups returned, accepted and refused,
+    leases expired, tasks failed, and leases held now (leased = accepted + failed + expired + held)."""
+    return work.accounting()

@@ -1,0 +1,151 @@
+"""The worker's side of the coordinator's work API (contract: shared/work_api.py): lease tasks, hand back
+groups, give back tasks it cannot serve. The worker holds no Redis credentials; this is its only way to
+the tasks and the rollouts.
+
+Errors are the family of services/rollout/coordinator_client.py, so the worker keeps one policy:
+- CoordinatorUnavailableError: network error, timeout, 5xx, or 401 while the worker registers again
+  (the next call carries the new token); retry with backoff. Unanswered leases expire and are reissued,
+  so nothing is lost by waiting.
+- WorkerExpiredError: 410, this worker is dead to the run; its membership registers it again.
+- CoordinatorRejectedError: any other refusal; a bug or a misconfiguration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from services.rollout.announcement_client import TokenRefusedError
+from services.rollout.coordinator_client import (
+    CoordinatorRejectedError,
+    CoordinatorUnavailableError,
+    WorkerExpiredError,
+)
+from shared.messages import RolloutGroup
+from shared.work_api import (
+    FAILURES_PATH,
+    LEASE_PATH,
+    MAX_ERROR_CHARS,
+    MAX_GROUP_BYTES,
+    MAX_GROUPS_PER_SUBMISSION,
+    MAX_SUBMISSION_BYTES,
+    MSGPACK_CONTENT_TYPE,
+    ROLLOUTS_PATH,
+    LeaseRequest,
+    LeaseResponse,
+    Refusal,
+    SubmitResponse,
+    SubmittedGroup,
+    TaskFailure,
+    WorkSubmission,
+)
+
+B = TypeVar("B", bound=BaseModel)
+
+SUBMISSION_OVERHEAD_BYTES = 64 * 1024  # the envelope and msgpack headers around the groups, with room to spare
+
+
+class WorkClient:
+    """`token()`: the worker's current bearer token (it changes when the worker registers again)."""
+
+    def __init__(
+        self,
+        coordinator_url: str,
+        token: Callable[[], str],
+        run_id: str,
+        *,
+        timeout_s: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = coordinator_url.rstrip("/")
+        self.token = token
+        self.run_id = run_id
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, transport=transport)
+
+    def lease(self, max_groups: int) -> LeaseResponse:
+        """Up to `max_groups` tasks, maybe none (then back off before asking again)."""
+        body = LeaseRequest(max_groups=max_groups).model_dump(mode="json")
+        return _parse(self._send("POST", LEASE_PATH, json=body), 200, LeaseResponse)
+
+    def submit(self, groups: Sequence[tuple[str, RolloutGroup]]) -> SubmitResponse:
+        """Answer leases with (lease id, group); as many requests as the body limit needs, their answers merged.
+        A group over MAX_GROUP_BYTES is not sent: its task is reported failed, and it is listed as refused."""
+        accepted: list[str] = []
+        refused: list[Refusal] = []
+        fitting: list[SubmittedGroup] = []
+        for lease_id, group in groups:
+            encoded = group.encode()
+            if len(encoded) <= MAX_GROUP_BYTES:
+                fitting.append(SubmittedGroup(lease_id=lease_id, group=encoded))
+                continue
+            reason = f"the group is {len(encoded)} bytes, over the work API's limit of {MAX_GROUP_BYTES}"
+            self.report_failure(lease_id, reason)  # the task cannot be answered by this worker: give it back
+            refused.append(Refusal(lease_id=lease_id, reason=reason))
+        for chunk in _chunks(fitting):
+            payload = WorkSubmission(run_id=self.run_id, groups=chunk).encode()
+            response = self._send(
+                "POST", ROLLOUTS_PATH, content=payload, headers={"Content-Type": MSGPACK_CONTENT_TYPE}
+            )
+            answer = _parse(response, 200, SubmitResponse)
+            accepted += answer.accepted
+            refused += answer.refused
+        return SubmitResponse(accepted=accepted, refused=refused)
+
+    def report_failure(self, lease_id: str, error: str) -> bool:
+        """Give back a task this worker cannot serve (dead-lettered, never reissued). False: the lease was
+        no longer ours (it expired and went to another worker)."""
+        body = TaskFailure(lease_id=lease_id, error=error[:MAX_ERROR_CHARS] or "error").model_dump(mode="json")
+        response = self._send("POST", FAILURES_PATH, json=body)
+        if response.status_code == 409:
+            return False
+        _expect(response, 204)
+        return True
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(self, method: str, path: str, *, headers: dict[str, str] | None = None, **kwargs: Any) -> httpx.Response:
+        headers = {**(headers or {}), "Authorization": f"Bearer {self.token()}"}
+        try:
+            return self._http.request(method, path, headers=headers, **kwargs)
+        except httpx.HTTPError as exc:  # connect/read errors and timeouts: all transient from here
+            raise CoordinatorUnavailableError(f"{method} {self.base_url}{path}: {type(exc).__name__}: {exc}") from exc
+
+
+def _chunks(groups: list[SubmittedGroup]) -> Iterator[list[SubmittedGroup]]:
+    """Consecutive runs of groups that fit one submission (count and bytes)."""
+    chunk: list[SubmittedGroup] = []
+    num_bytes = SUBMISSION_OVERHEAD_BYTES
+    for group in groups:
+        size = len(group.group) + 64
+        if chunk and (len(chunk) == MAX_GROUPS_PER_SUBMISSION or num_bytes + size > MAX_SUBMISSION_BYTES):
+            yield chunk
+            chunk, num_bytes = [], SUBMISSION_OVERHEAD_BYTES
+        chunk.append(group)
+        num_bytes += size
+    if chunk:
+        yield chunk
+
+
+def _expect(response: httpx.Response, status: int) -> None:
+    if response.status_code == status:
+        return
+    what = f"{response.request.method} {response.request.url}: HTTP {response.status_code}: {response.text[:200]}"
+    if response.status_code == 401:
+        raise TokenRefusedError(what)
+    if response.status_code == 410:
+        raise WorkerExpiredError(what)
+    if response.status_code >= 500:
+        raise CoordinatorUnavailableError(what)
+    raise CoordinatorRejectedError(what)
+
+
+def _parse(response: httpx.Response, status: int, body_type: type[B]) -> B:
+    _expect(response, status)
+    try:
+        return body_type.model_validate_json(response.content)
+    except ValidationError as exc:
+        raise CoordinatorRejectedError(f"{response.request.url}: malformed {body_type.__name__}: {exc}") from exc
