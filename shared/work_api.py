@@ -119,6 +119,16 @@ class WorkCounts(Body):
         """leased - (accepted + failed + expired + held): 0 when every lease is accounted for."""
         return self.leased - (self.accepted + self.failed + self.expired + self.held)
 
+    @property
+    def num_decided(self) -> int:
+        """Leases that ended: answered, failed or expired."""
+        return self.accepted + self.failed + self.expired
+
+    @property
+    def completion_ratio(self) -> float | None:
+        """Of the leases that ended, the fraction answered with an accepted group (None: none ended yet)."""
+        return self.accepted / self.num_decided if self.num_decided else None
+
 
 class WorkAccounting(Body):
     """GET /v1/work/accounting (admin): what the work API saw arrive, per worker and over the run."""
@@ -126,3 +136,7 @@ class WorkAccounting(Body):
     lease_s: float
     workers: dict[str, WorkCounts] = Field(description="by worker id: every worker that ever leased a task")
     totals: WorkCounts
+    flagged: dict[str, str] = Field(
+        default_factory=dict,
+        description="worker id -> why its completion ratio departs from the fleet's (services/coordinator/work_leases.py)",
+    )

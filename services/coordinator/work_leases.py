@@ -28,6 +28,7 @@ produced are `accepted`, and tasks dead-lettered here are the acks of `tasks` th
 from __future__ import annotations
 
 import logging
+import statistics
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -316,7 +317,10 @@ class WorkLeases:
         workers = {
             worker_id: _counts(raw, held.get(worker_id, 0)) for worker_id, raw in zip(worker_ids, counts, strict=False)
         }
-        return WorkAccounting(lease_s=self.lease_s, workers=workers, totals=_counts(counts[-1], sum(held.values())))
+        totals = _counts(counts[-1], sum(held.values()))
+        return WorkAccounting(
+            lease_s=self.lease_s, workers=workers, totals=totals, flagged=completion_outliers(workers)
+        )
 
     def _held_by_consumer(self) -> dict[str, int]:
         try:
@@ -336,6 +340,33 @@ class WorkLeases:
             payload=payload[:MAX_DEAD_LETTER_PAYLOAD_BYTES],
             num_deliveries=num_deliveries,
         ).encode()
+
+
+# A worker is flagged when, over at least MIN_DECIDED_LEASES ended leases, it answered less than
+# COMPLETION_FLOOR times the fleet's median completion ratio (the workers with that many, itself included):
+# one that leases and lets its tasks expire (or fails them) stands out against honest peers on the same tasks.
+MIN_DECIDED_LEASES = 20
+COMPLETION_FLOOR = 0.5
+
+
+def completion_outliers(workers: dict[str, WorkCounts]) -> dict[str, str]:
+    """Worker id -> why it is flagged: its completion ratio under COMPLETION_FLOOR x the fleet's median."""
+    ratios = {
+        worker_id: ratio
+        for worker_id, counts in workers.items()
+        if counts.num_decided >= MIN_DECIDED_LEASES and (ratio := counts.completion_ratio) is not None
+    }
+    if len(ratios) < 2:  # a fleet of one has no peers to depart from
+        return {}
+    median = statistics.median(ratios.values())
+    return {
+        worker_id: (
+            f"completion ratio {ratio:.2f} < {COMPLETION_FLOOR} x the fleet's median {median:.2f} "
+            f"({workers[worker_id].accepted} accepted of {workers[worker_id].num_decided} leases ended)"
+        )
+        for worker_id, ratio in ratios.items()
+        if ratio < COMPLETION_FLOOR * median
+    }
 
 
 def _counts(raw: dict[bytes, bytes], held: int) -> WorkCounts:

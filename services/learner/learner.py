@@ -122,6 +122,7 @@ class Learner:
             max_positions=self.policy.config.max_position_embeddings,
             poll_block_ms=settings.poll_block_ms,
             dynamic_sampling=run.grpo.dynamic_sampling,
+            trim_interval_s=settings.trim_interval_s,
         )
         # the versions it serves live in files under the run folder (page cache), not in the learner's memory
         self.store = ChunkStore(keep_versions=run.broadcast.keep_versions, spill_dir=self.run_dir / "published")

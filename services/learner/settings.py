@@ -9,6 +9,7 @@ from pydantic_settings import SettingsConfigDict
 
 from shared.config import ModelConfig, ServiceSettings, resolve_model_dir
 from shared.signing import Ed25519PrivateKey, load_signing_key
+from shared.stream_trim import TRIM_INTERVAL_S
 
 
 class LearnerSettings(ServiceSettings):
@@ -28,6 +29,9 @@ class LearnerSettings(ServiceSettings):
         None, description="RL_LEARNER_PUBLIC_URL: how workers reach the chunk server; default http://<host>:<port>"
     )
     poll_block_ms: int = Field(500, ge=1, le=5000, description="RL_POLL_BLOCK_MS: XREADGROUP BLOCK on `scored`")
+    trim_interval_s: float = Field(
+        TRIM_INTERVAL_S, gt=0, description="RL_TRIM_INTERVAL_S: how often the consumed entries of `scored` are trimmed"
+    )
     torch_num_threads: int = Field(1, ge=1, description="RL_TORCH_NUM_THREADS: intra-op threads of the learner")
 
     @field_validator("signing_key")

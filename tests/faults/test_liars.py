@@ -31,8 +31,12 @@ MAX_GROUPS_UNTIL_CAUGHT = 50  # the issue's target detection delay, in the liar'
 
 
 @pytest.mark.parametrize("kind", [FaultKind.GARBAGE_LOGPROBS, FaultKind.STALE_WEIGHTS, FaultKind.SWAPPED_TEXT])
-def test_a_lying_worker_is_quarantined(fault_run: FaultRunner, kind: FaultKind) -> None:
+def test_a_lying_worker_is_quarantined(
+    fault_run: FaultRunner, kind: FaultKind, monkeypatch: pytest.MonkeyPatch
+) -> None:
     checked: dict[str, Any] = {}
+    # the check reads every scored group of the liar after the run: the services keep what they consumed
+    monkeypatch.setenv("RL_TRIM_INTERVAL_S", str(24 * 3600))
 
     def check_the_liars_groups(cluster: LocalCluster, status: StatusResponse) -> None:
         names = {worker.worker_id: worker.name for worker in status.workers}
@@ -57,7 +61,11 @@ def test_a_lying_worker_is_quarantined(fault_run: FaultRunner, kind: FaultKind) 
     # bench-trust's count: from the liar's first group (stale_weights: its first claiming a version past the freeze)
     assert detection["lying_groups_until_suspect"] is not None, detection
     assert detection["lying_groups_until_suspect"] <= MAX_GROUPS_UNTIL_CAUGHT, detection
-    assert num_dropped_quarantined > 0, run.accounting.summary()
+    # After it turned suspect, at most the step being collected took its groups: quarantine stops its leases
+    # (the work API gives a quarantined worker no tasks) and the learner drops what it had queued, which may
+    # be nothing (num_dropped_quarantined is reported, not required).
+    groups_per_step = run.cluster.run.grpo.groups_per_step
+    assert detection["groups_trained_after_suspect"] <= groups_per_step, (detection, run.accounting.summary())
     assert_nothing_lost(run, num_dead_lettered=checked["num_dead_lettered_from_liar"])
 
 

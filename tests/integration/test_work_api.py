@@ -347,3 +347,27 @@ def test_workers_show_the_groups_accepted_not_what_their_heartbeats_claim(served
     [shown] = [w for w in served.client.get("/v1/workers").json() if w["worker_id"] == worker.worker_id]
 
     assert (shown["num_groups_done"], shown["num_samples_done"]) == (1, 2)  # one group of two samples accepted
+
+
+def test_a_worker_that_leases_and_never_answers_is_flagged_against_the_fleet(served, join, bus: StreamBus) -> None:
+    dropper, honest_a, honest_b = join("dropper"), join("honest-a"), join("honest-b")
+    add_tasks(bus, 24)
+    held = dropper.lease(max_groups=24)  # takes every task, answers none
+    assert len(held) == 24
+    reissued: list[tuple[str, TaskGroup]] = []
+    for worker in (honest_a, honest_b):  # the leases run out and go to the honest workers, who answer them
+        taken = wait_for(lambda worker=worker: worker.lease(max_groups=12), "expired leases", timeout_s=10)
+        while len(taken) < 12:
+            taken += worker.lease(max_groups=12 - len(taken))
+        assert worker.submit([(lease_id, answer(task, worker.worker_id)) for lease_id, task in taken]).refused == []
+        reissued += taken
+    add_tasks(bus, 16)
+    for worker in (honest_a, honest_b):
+        fresh = worker.lease(max_groups=8)
+        worker.submit([(lease_id, answer(task, worker.worker_id)) for lease_id, task in fresh])
+
+    counts = assert_counters_close(served)
+
+    assert sorted(lease_id for lease_id, _ in reissued) == sorted(lease_id for lease_id, _ in held)
+    assert counts.workers[dropper.worker_id].expired == 24 and counts.workers[dropper.worker_id].accepted == 0
+    assert set(counts.flagged) == {dropper.worker_id}, counts.flagged
