@@ -21,7 +21,7 @@ WORKERS ?= 3
 # this form needs no reinstall after a checkout moves
 RELAY_RL := $(PY) -m cluster.cli
 
-.PHONY: model keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory gpu-wheels gpu-check setup-trl bench-vs-trl
+.PHONY: model keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile gpu-wheels gpu-check setup-trl bench-vs-trl
 
 help:
 	@echo "(each target below runs a relay-rl command: $(RELAY_RL) --help, docs/cli.md)"
@@ -61,6 +61,7 @@ help:
 	@echo "make bench-load 1000 simulated workers heartbeating once a second against one coordinator"
 	@echo "make bench-work 1000 simulated workers taking and answering tasks: direct Redis (before) vs the work API (~6 min)"
 	@echo "make bench-stream-memory  Redis memory per 1,000 learner steps, stream trimming on vs off"
+	@echo "make bench-hostile  the demo with a dropper and a replayer worker beside the honest ones: task accounting (~5 min)"
 	@echo "make k8s-render  render the Helm chart (deploy/relay-rl) to runs/k8s/$(K8S_VALUES).yaml: K8S_VALUES=cpu-demo|gpu, RUN_CONFIG=<run file>; Secrets left out"
 	@echo "make k8s-validate render the chart for every values set, validate each object offline against the Kubernetes schemas, run its containers as processes (~2 min)"
 
@@ -230,6 +231,9 @@ bench-work: $(STAMP)
 
 bench-stream-memory: $(STAMP)
 	$(RELAY_RL) bench stream-memory $(ARGS)
+
+bench-hostile: $(STAMP)
+	$(RELAY_RL) bench hostile $(ARGS)
 
 # torch first (the CPU wheel; every later install names it again, so pip can never swap in a CUDA build), then TRL
 # and the libraries it runs on, pinned, then the repo with the task extras: the TRL cell builds our task and calls

@@ -31,6 +31,10 @@ BENCHMARKS: dict[str, Benchmark] = {
         "benchmarks.work_throughput",
         "1000 simulated workers taking tasks and answering them: direct Redis vs the work API (~6 min)",
     ),
+    "hostile": Benchmark(
+        "benchmarks.hostile_fleet",
+        "the demo with a worker that leases and never answers and one that answers twice: task accounting (~5 min)",
+    ),
     "stream-memory": Benchmark(
         "benchmarks.stream_memory", "Redis memory per 1,000 learner steps with stream trimming on and off"
     ),
