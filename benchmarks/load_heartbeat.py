@@ -38,6 +38,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import httpx
 import uvloop
@@ -104,9 +105,10 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.answer: asyncio.Future[int] | None = None
+        self.body = b""  # the last answer's body
 
     @classmethod
-    async def open(cls, port: int) -> Connection:
+    async def open(cls, port: int) -> Self:
         _, connection = await asyncio.get_running_loop().create_connection(cls, "127.0.0.1", port)
         return connection
 
@@ -124,6 +126,7 @@ class Connection(asyncio.Protocol):
         if len(self.buffer) < head_end + 4 + length:
             return
         status = int(head.split(b" ", 2)[1])
+        self.body = bytes(self.buffer[head_end + 4 : head_end + 4 + length])
         del self.buffer[: head_end + 4 + length]
         if self.answer is not None and not self.answer.done():
             self.answer.set_result(status)

@@ -43,7 +43,7 @@ import redis
 import redis.asyncio as aioredis
 import uvloop
 
-from benchmarks.load_heartbeat import cpu_seconds, own_cpu_seconds, percentile, register_workers
+from benchmarks.load_heartbeat import Connection, cpu_seconds, own_cpu_seconds, percentile, register_workers
 from cluster.redis_server import RedisServer, free_port
 from shared.keys import RunKeys
 from shared.messages import RolloutGroup, TaskGroup
@@ -165,55 +165,16 @@ async def redis_worker(worker_id: str, redis_url: str, per_call: int, end_at: fl
 
 
 # the path now: the coordinator's work API
-class HttpConnection(asyncio.Protocol):
-    """A keep-alive HTTP/1.1 connection, one request at a time, answering (status, body)."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
-        self.answer: asyncio.Future[tuple[int, bytes]] | None = None
-
-    @classmethod
-    async def open(cls, port: int) -> HttpConnection:
-        _, connection = await asyncio.get_running_loop().create_connection(cls, "127.0.0.1", port)
-        return connection
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        head_end = self.buffer.find(b"\r\n\r\n")
-        if head_end < 0:
-            return
-        head = bytes(self.buffer[:head_end]).lower()
-        length_at = head.find(b"content-length:")
-        length = int(head[length_at + 15 :].split(b"\r\n", 1)[0]) if length_at >= 0 else 0
-        if len(self.buffer) < head_end + 4 + length:
-            return
-        status = int(head.split(b" ", 2)[1])
-        body = bytes(self.buffer[head_end + 4 : head_end + 4 + length])
-        del self.buffer[: head_end + 4 + length]
-        if self.answer is not None and not self.answer.done():
-            self.answer.set_result((status, body))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.answer is not None and not self.answer.done():
-            self.answer.set_exception(ConnectionResetError("the coordinator closed the connection"))
+class HttpConnection(Connection):
+    """load_heartbeat's keep-alive connection, posting a body and answering (status, body)."""
 
     async def post(self, path: str, token: str, content_type: str, body: bytes) -> tuple[int, bytes]:
-        assert self.transport is not None
-        self.answer = asyncio.get_running_loop().create_future()
         head = (
             f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
             f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode()
-        self.transport.write(head + body)
-        return await asyncio.wait_for(self.answer, timeout=REQUEST_TIMEOUT_S)
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
+        status = await self.request(head + body, REQUEST_TIMEOUT_S)
+        return status, self.body
 
 
 async def api_worker(worker_id: str, token: str, port: int, per_call: int, end_at: float, stats: Stats) -> None:

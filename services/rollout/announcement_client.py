@@ -20,7 +20,11 @@ from typing import Protocol
 import httpx
 from pydantic import ValidationError
 
-from services.rollout.coordinator_client import CoordinatorRejectedError, CoordinatorUnavailableError
+from services.rollout.coordinator_client import (
+    CoordinatorRejectedError,
+    CoordinatorUnavailableError,
+    TokenRefusedError,
+)
 from shared.api import MAX_WEIGHTS_WAIT_S, WEIGHTS_LATEST_PATH, is_news
 from shared.bus import StreamBus
 from shared.messages import WeightsPublished
@@ -46,11 +50,6 @@ class AnnouncementSource(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-class TokenRefusedError(CoordinatorUnavailableError):
-    """401: the coordinator does not know the token (yet): the worker is registering again, and the next
-    `token()` is the new one. Retried like an outage."""
 
 
 # what a caller of an AnnouncementSource retries with backoff

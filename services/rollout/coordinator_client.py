@@ -56,6 +56,11 @@ class RegistrationThrottledError(CoordinatorUnavailableError):
         self.retry_after_s = retry_after_s
 
 
+class TokenRefusedError(CoordinatorUnavailableError):
+    """401: the coordinator does not know the token (yet): the worker is registering again, and the next
+    token is the new one. Retried like an outage (the work API and the weights long poll raise it)."""
+
+
 class CoordinatorRejectedError(CoordinatorError):
     """The coordinator refused the request (4xx other than 410) or answered something unreadable."""
 
@@ -91,7 +96,7 @@ class CoordinatorClient:
             )
         if response.status_code == 403 and request.previous_worker_id is not None:
             raise IdentityRejectedError(f"rejoin as {request.previous_worker_id}: HTTP 403: {response.text[:200]}")
-        return _parse(response, 201, RegisterWorkerResponse)
+        return parse_body(response, 201, RegisterWorkerResponse)
 
     def heartbeat(self, worker_id: str, token: str, request: HeartbeatRequest) -> HeartbeatResponse:
         response = self._send(
@@ -99,15 +104,15 @@ class CoordinatorClient:
         )
         if response.status_code == 404:
             raise WorkerUnknownError(f"heartbeat of {worker_id}: HTTP 404: {response.text[:200]}")
-        return _parse(response, 200, HeartbeatResponse)
+        return parse_body(response, 200, HeartbeatResponse)
 
     def deregister(self, worker_id: str, token: str) -> None:
         response = self._send("DELETE", f"/v1/workers/{worker_id}", headers=_bearer(token))
-        _expect(response, 204)
+        expect_status(response, 204)
 
     def staleness(self, policy_version: int) -> StalenessResponse:
         response = self._send("GET", "/v1/staleness", params={"policy_version": policy_version})
-        return _parse(response, 200, StalenessResponse)
+        return parse_body(response, 200, StalenessResponse)
 
     def close(self) -> None:
         self._http.close()
@@ -132,10 +137,14 @@ def _bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def _expect(response: httpx.Response, status: int) -> None:
+def expect_status(response: httpx.Response, status: int, *, retry_refused_token: bool = False) -> None:
+    """Raise the error family's member for any answer but `status`: 410 expired, 5xx unavailable, 401 a refused
+    token (retried, when `retry_refused_token`: calls made with a token the worker renews by registering)."""
     if response.status_code == status:
         return
     what = f"{response.request.method} {response.request.url}: HTTP {response.status_code}: {response.text[:200]}"
+    if response.status_code == 401 and retry_refused_token:
+        raise TokenRefusedError(what)
     if response.status_code == 410:
         raise WorkerExpiredError(what)
     if response.status_code >= 500:
@@ -143,8 +152,9 @@ def _expect(response: httpx.Response, status: int) -> None:
     raise CoordinatorRejectedError(what)
 
 
-def _parse(response: httpx.Response, status: int, body_type: type[B]) -> B:
-    _expect(response, status)
+def parse_body(response: httpx.Response, status: int, body_type: type[B], *, retry_refused_token: bool = False) -> B:
+    """`expect_status`, then the body as `body_type` (malformed: CoordinatorRejectedError)."""
+    expect_status(response, status, retry_refused_token=retry_refused_token)
     try:
         return body_type.model_validate_json(response.content)
     except ValidationError as exc:

@@ -13,16 +13,14 @@ Errors are the family of services/rollout/coordinator_client.py, so the worker k
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
-from pydantic import BaseModel, ValidationError
 
-from services.rollout.announcement_client import TokenRefusedError
 from services.rollout.coordinator_client import (
-    CoordinatorRejectedError,
     CoordinatorUnavailableError,
-    WorkerExpiredError,
+    expect_status,
+    parse_body,
 )
 from shared.messages import RolloutGroup
 from shared.work_api import (
@@ -42,8 +40,6 @@ from shared.work_api import (
     TaskFailure,
     WorkSubmission,
 )
-
-B = TypeVar("B", bound=BaseModel)
 
 SUBMISSION_OVERHEAD_BYTES = 64 * 1024  # the envelope and msgpack headers around the groups, with room to spare
 
@@ -68,7 +64,7 @@ class WorkClient:
     def lease(self, max_groups: int) -> LeaseResponse:
         """Up to `max_groups` tasks, maybe none (then back off before asking again)."""
         body = LeaseRequest(max_groups=max_groups).model_dump(mode="json")
-        return _parse(self._send("POST", LEASE_PATH, json=body), 200, LeaseResponse)
+        return parse_body(self._send("POST", LEASE_PATH, json=body), 200, LeaseResponse, retry_refused_token=True)
 
     def submit(self, groups: Sequence[tuple[str, RolloutGroup]]) -> SubmitResponse:
         """Answer leases with (lease id, group); as many requests as the body limit needs, their answers merged.
@@ -89,7 +85,7 @@ class WorkClient:
             response = self._send(
                 "POST", ROLLOUTS_PATH, content=payload, headers={"Content-Type": MSGPACK_CONTENT_TYPE}
             )
-            answer = _parse(response, 200, SubmitResponse)
+            answer = parse_body(response, 200, SubmitResponse, retry_refused_token=True)
             accepted += answer.accepted
             refused += answer.refused
         return SubmitResponse(accepted=accepted, refused=refused)
@@ -101,7 +97,7 @@ class WorkClient:
         response = self._send("POST", FAILURES_PATH, json=body)
         if response.status_code == 409:
             return False
-        _expect(response, 204)
+        expect_status(response, 204, retry_refused_token=True)
         return True
 
     def close(self) -> None:
@@ -128,24 +124,3 @@ def _chunks(groups: list[SubmittedGroup]) -> Iterator[list[SubmittedGroup]]:
         num_bytes += size
     if chunk:
         yield chunk
-
-
-def _expect(response: httpx.Response, status: int) -> None:
-    if response.status_code == status:
-        return
-    what = f"{response.request.method} {response.request.url}: HTTP {response.status_code}: {response.text[:200]}"
-    if response.status_code == 401:
-        raise TokenRefusedError(what)
-    if response.status_code == 410:
-        raise WorkerExpiredError(what)
-    if response.status_code >= 500:
-        raise CoordinatorUnavailableError(what)
-    raise CoordinatorRejectedError(what)
-
-
-def _parse(response: httpx.Response, status: int, body_type: type[B]) -> B:
-    _expect(response, status)
-    try:
-        return body_type.model_validate_json(response.content)
-    except ValidationError as exc:
-        raise CoordinatorRejectedError(f"{response.request.url}: malformed {body_type.__name__}: {exc}") from exc
