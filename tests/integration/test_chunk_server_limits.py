@@ -16,6 +16,7 @@ import pytest
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.weights import build_manifest
 from tests.polling import wait_for
+from tests.sockets import closed_by_server
 from tests.weights_keys import SIGNING_KEY
 
 pytestmark = pytest.mark.integration
@@ -32,19 +33,6 @@ def limited_server() -> Iterator[ChunkServer]:
 
 def connect(server: ChunkServer) -> socket.socket:
     return socket.create_connection((server.host, server.port), timeout=5.0)
-
-
-def closed_by_server(sock: socket.socket, timeout_s: float) -> bool:
-    """True once the server closed `sock` (EOF after any response bytes) within `timeout_s`."""
-    sock.settimeout(timeout_s)
-    try:
-        while sock.recv(65536):
-            pass
-    except TimeoutError:
-        return False
-    except ConnectionResetError:
-        return True
-    return True
 
 
 def test_idle_connections_beyond_the_limit_are_refused_and_the_rest_closed_after_the_timeout() -> None:

@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from cluster.redis_server import free_port
 from services.coordinator.http_limits import uvicorn_limits
 from tests.polling import wait_for
+from tests.sockets import closed_by_server
 
 pytestmark = pytest.mark.integration
 
@@ -56,22 +57,10 @@ def served(max_connections: int = 100) -> Iterator[tuple[str, int]]:
         assert not thread.is_alive()
 
 
-def closed_within(sock: socket.socket, timeout_s: float) -> bool:
-    sock.settimeout(timeout_s)
-    try:
-        while sock.recv(4096):
-            pass
-    except TimeoutError:
-        return False
-    except ConnectionResetError:
-        return True
-    return True
-
-
 def test_a_silent_connection_is_closed_after_the_request_timeout() -> None:
     with served() as (_, port), socket.create_connection(("127.0.0.1", port)) as sock:
         started_s = time.monotonic()
-        assert closed_within(sock, timeout_s=5.0)
+        assert closed_by_server(sock, timeout_s=5.0)
         assert time.monotonic() - started_s < 3.0
 
 
@@ -86,7 +75,7 @@ def test_a_dribbling_request_is_closed_although_every_byte_arrives_quickly() -> 
             except (BrokenPipeError, ConnectionResetError):
                 closed = True
                 break
-            if closed_within(sock, timeout_s=0.05):
+            if closed_by_server(sock, timeout_s=0.05):
                 closed = True
                 break
         assert closed and time.monotonic() - started_s < 3.0
