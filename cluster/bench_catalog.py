@@ -52,6 +52,10 @@ BENCHMARKS: dict[str, Benchmark] = {
     "trust-power": Benchmark(
         "benchmarks.trust_power", "smallest deviation the exact checks catch within 50 groups (needs --model-dir)"
     ),
+    "provenance": Benchmark(
+        "benchmarks.provenance_power",
+        "keyed-sampling check: honest false positives, detection per deviation, audit cost (needs --model-dir; ~15 min)",
+    ),
     "signing": Benchmark("benchmarks.manifest_signing", "Ed25519 vs HMAC: sign and verify time per manifest"),
     "reward": Benchmark("benchmarks.reward_verifier_overhead", "scoring in the verifier's child process vs in-process"),
     "delta": Benchmark("benchmarks.delta_size", "delta size per codec after real AdamW steps (~5 min)"),

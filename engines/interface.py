@@ -85,8 +85,13 @@ class InferenceEngine(ABC):
         max_new_tokens: int,
         temperature: float,
         greedy: bool = False,
+        sampling_seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:
         """`num_samples` completions of each prompt: result[i][j] is sample j of prompts[i].
+
+        `sampling_seeds` (one per prompt): keyed sampling (shared/keyed_sampling.py), sample j of prompt i
+        drawn with seed sampling_seeds[i] + j, so anyone with the weights can check how each token was
+        chosen. None: the engine's own random sampling.
 
         A prompt is encoded by shared.tokenization.encode_prompt (the learner's evaluation uses the
         same rule): chat messages go through the tokenizer's chat template when it has one.
@@ -101,7 +106,12 @@ class InferenceEngine(ABC):
         if not prompts:
             return []
         return self.generate_from_ids(
-            self.encode_prompts(prompts, max_new_tokens), num_samples, max_new_tokens, temperature, greedy
+            self.encode_prompts(prompts, max_new_tokens),
+            num_samples,
+            max_new_tokens,
+            temperature,
+            greedy,
+            sampling_seeds,
         )
 
     @abstractmethod
@@ -112,6 +122,7 @@ class InferenceEngine(ABC):
         max_new_tokens: int,
         temperature: float,
         greedy: bool = False,
+        sampling_seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:
         """`generate` from prompts already encoded: a multi-turn episode continues its context (the prompt,
         the model's turns and the environment's observations, as ids) without re-encoding text.

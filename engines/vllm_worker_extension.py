@@ -1,6 +1,9 @@
-"""Methods vLLM adds to its worker (`LLM(worker_extension_cls="engines.vllm_worker_extension.WeightReload")`);
+"""Methods vLLM adds to its worker (`LLM(worker_extension_cls="engines.vllm_worker_extension.WorkerExtension")`);
 the engine calls them through `llm.collective_rpc`, with plain arguments only (a file path), so the
 same call works whether the worker runs in the engine's process or in its own.
+
+    reload_weights_from_file  a received version, in place (load_weights)
+    install_keyed_sampler     seeded requests sampled by keyed sampling (engines/vllm_keyed_sampler.py), once at start
 
 Imported by vLLM inside the worker by qualified name: it must stay importable on its own, and it
 imports nothing from vLLM at module level.
@@ -14,7 +17,7 @@ from typing import Any
 import torch
 
 
-class WeightReload:
+class WorkerExtension:
     """Mixed into vLLM's worker class: `self` is the worker (it has `reload_weights` and `model_runner`)."""
 
     def reload_weights_from_file(self, path: str, tie_word_embeddings: bool) -> int:
@@ -45,3 +48,10 @@ class WeightReload:
             if quant_method is not None:
                 quant_method.process_weights_after_loading(lm_head)
         return num_tensors
+
+    def install_keyed_sampler(self) -> None:
+        """Seeded requests get keyed sampling's tokens (engines/vllm_keyed_sampler.py); once, after start-up."""
+        from engines.vllm_keyed_sampler import install_keyed_sampler
+
+        worker: Any = self
+        install_keyed_sampler(worker.model_runner)

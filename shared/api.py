@@ -393,7 +393,14 @@ class CostResponse(Body):
     total_usd: float
     learner_usd: float
     workers_usd: float
-    usd_by_worker: dict[str, float]
+    usd_by_worker: dict[str, float] = Field(
+        description="each worker's billed cost: its active time backed by verified work"
+    )
+    unverified_usd: float = Field(
+        0.0,
+        description="workers' active time not billed: no scored group within the verified-work window, or flagged "
+        "(services/coordinator/ledger.py)",
+    )
     usd_per_hour_now: float = Field(
         description="current burn rate: learner (while running) + active and draining workers"
     )

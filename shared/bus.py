@@ -110,11 +110,13 @@ class StreamBus:
         done: Sequence[Delivery[Message]],
         *,
         tally: tuple[str, str] | None = None,
+        increments: Sequence[tuple[str, str, float]] = (),
     ) -> None:
         """XADD `messages` to `stream` and XACK the deliveries they were made from, in one MULTI/EXEC:
         a lost connection or a crash never leaves results without acks, nor acks without results
         (AOF logs the transaction as a unit). One round trip for the whole batch. `tally` (hash key,
-        field): a counter raised by len(messages) in the same transaction.
+        field): a counter raised by len(messages) in the same transaction; `increments` (hash key, field,
+        amount): HINCRBYFLOATs in it too (what the messages carry, counted with them).
 
         Redis at `maxmemory` (noeviction) refuses the whole EXEC with an OOM error (XADD is a
         write that may grow memory), so a failed publish acks nothing either."""
@@ -126,6 +128,8 @@ class StreamBus:
                 pipe.xack(delivery.stream, delivery.group, delivery.message_id)
             if tally is not None and messages:
                 pipe.hincrby(tally[0], tally[1], len(messages))
+            for key, field, amount in increments:
+                pipe.hincrbyfloat(key, field, amount)
             pipe.execute()
 
     def publish_raw(self, stream: Stream[Any], payload: bytes) -> str:

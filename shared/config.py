@@ -419,6 +419,40 @@ class CoordinatorConfig(Section):
     )
 
 
+class WorkConfig(Section):
+    """The work API's limits on one worker, and what the coordinator does with its accounting
+    (services/coordinator/work_leases.py, work_flags.py; docs/threat_model.md)."""
+
+    max_held_tasks: int = Field(
+        16,
+        ge=1,
+        le=1024,
+        description="leases one worker may hold unanswered at once (those past their lease time that no other worker "
+        "took yet included); a lease call past it gets fewer tasks or none. An honest worker holds one batch "
+        "(RL_WORKER_MAX_GROUPS_PER_BATCH, default 16) while it generates: keep this at least that",
+    )
+    quarantine_incomplete: bool = Field(
+        True,
+        description="quarantine a worker flagged for its completion ratio (under half the fleet's median, over its "
+        "leases ended since its last release) once quarantine_min_ended_leases of them ended",
+    )
+    quarantine_min_ended_leases: int = Field(
+        48,
+        ge=20,
+        description="ended leases (answered, failed or expired) a flagged worker needs before it is quarantined: three "
+        "default batches, so an honest worker that lost its first batch to a slow start (ratio 0.67) is not",
+    )
+    reward_flag_standard_errors: float = Field(
+        5.0,
+        gt=0,
+        description="a worker's mean group reward is flagged (a signal, never acted on) when it departs from the rest of "
+        "the fleet's by more than this many standard errors",
+    )
+    reward_flag_min_groups: int = Field(
+        50, ge=2, description="scored groups a worker (and the rest of the fleet) needs before its reward is compared"
+    )
+
+
 class ActivationConfig(Section):
     """Cost-aware activation (shared/activation.py) and the cost ledger, run by the coordinator."""
 
@@ -443,12 +477,22 @@ class ActivationConfig(Section):
     max_billing_gap_s: float = Field(
         10.0, gt=0, description="longest interval billed at once (a coordinator that was down bills no more than this)"
     )
+    verified_work_window_s: float = Field(
+        0.0,
+        ge=0,
+        description="a priced worker's active time is billed when a group of it is scored (verified work) within this "
+        "long; a stretch this long with none is not billed, nor is time while it is flagged "
+        "(services/coordinator/ledger.py). 0: 4 x the lease time (rollout.claim_idle_ms), at least 60 s; "
+        "an explicit value must be at least the lease time, within which an honest worker answers",
+    )
 
 
 class TrustConfig(Section):
     """The per-worker trust score, spot audits and quarantine (docs/trust.md): learner and coordinator."""
 
-    enabled: bool = Field(True, description="false: no score, no audits, nobody is quarantined")
+    enabled: bool = Field(
+        True, description="false: no score, no audits, nobody is quarantined for its score ([work] has its own policy)"
+    )
     band_nats: list[float] = Field(
         default_factory=lambda: [0.01, 2.0, 4.0],
         min_length=1,
@@ -480,7 +524,11 @@ class TrustConfig(Section):
         16, ge=1, le=10_000, description="steps whose references the tolerance takes the median of"
     )
     audit_fraction: float = Field(
-        0.25, ge=0, le=1, description="fraction of lag >= 1 groups re-scored at their claimed version (spot audits)"
+        0.25,
+        ge=0,
+        le=1,
+        description="fraction of groups re-scored at their claimed version (spot audits, any lag), which also check "
+        "their sampling provenance",
     )
     audit_keep_versions: int = Field(
         3, ge=0, description="recent versions whose weights the learner keeps in memory for audits (0: no audits)"
@@ -491,6 +539,31 @@ class TrustConfig(Section):
         0.25, ge=0, description="score removed by a group inside the band (CUSUM drift; floor 0)"
     )
     quarantine_score: float = Field(10.0, gt=0, description="a worker at or past this score is quarantined")
+    provenance: bool = Field(
+        True,
+        description="spot audits check that every token of a single-turn group is the one keyed sampling picks with "
+        "its task's seed (docs/trust.md#sampling-provenance); a failure counts as a failed audit",
+    )
+    provenance_tolerance: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="probability mass: a token whose keyed uniform lies further than this outside its CDF interval "
+        "at the claimed version is a violation (honest bf16 engines: see docs/trust.md#sampling-provenance)",
+    )
+    provenance_max_violation_fraction: float = Field(
+        0.1,
+        ge=0,
+        lt=1,
+        description="a sample fails provenance when more than this fraction of its tokens are violations; a group "
+        "fails when one of its samples does",
+    )
+    provenance_min_violations: int = Field(
+        3, ge=1, description="... and at least this many (a near-tie or two in a short sample is not enough)"
+    )
+
+
+MIN_VERIFIED_WORK_WINDOW_S = 60.0  # the billing window's derived default is never shorter
 
 
 class RunConfig(Section):
@@ -507,6 +580,7 @@ class RunConfig(Section):
     coordinator: CoordinatorConfig = CoordinatorConfig()
     activation: ActivationConfig = ActivationConfig()
     trust: TrustConfig = TrustConfig()
+    work: WorkConfig = WorkConfig()
     lora: LoraConfig = LoraConfig()
 
     @model_validator(mode="after")
@@ -516,10 +590,28 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _billing_window_covers_a_lease(self) -> RunConfig:
+        window_s = self.activation.verified_work_window_s
+        if window_s and window_s * 1000 < self.rollout.claim_idle_ms:
+            raise ValueError(
+                f"[activation] verified_work_window_s ({self.activation.verified_work_window_s}) is shorter than the "
+                f"lease time ([rollout] claim_idle_ms = {self.rollout.claim_idle_ms}): an honest worker answering in "
+                "time could go unbilled"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _pull_is_on_policy(self) -> RunConfig:
         if self.schedule.mode == "pull" and self.rollout.hold_versions_max:
             raise ValueError("mode = 'pull' samples every batch with the newest weights: hold_versions_max must be 0")
         return self
+
+    @property
+    def verified_work_window_s(self) -> float:
+        """How long a priced worker's active time may wait for a scored group of it and still be billed."""
+        if self.activation.verified_work_window_s:
+            return self.activation.verified_work_window_s
+        return max(MIN_VERIFIED_WORK_WINDOW_S, 4 * self.rollout.claim_idle_ms / 1000)
 
     @property
     def max_groups_in_flight(self) -> int:

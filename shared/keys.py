@@ -156,6 +156,22 @@ class RunKeys:
         accounting's rows)."""
         return self.prefix + "work:worker-ids"
 
+    def work_answered(self, lease_id: str) -> str:
+        """coordinator (work API): string "<worker id>:<sha256 of the answer>" of an accepted answer, kept
+        ANSWERED_TTL_S: the same answer sent again (a retry whose first reply was lost) is accepted again
+        without a second group or a dead letter."""
+        return self.prefix + f"work:answered:{lease_id}"
+
+    def work_release_baseline(self, worker_id: str) -> str:
+        """coordinator (services/coordinator/quarantine.py release -> work_leases.py): hash WorkCounter value ->
+        the worker's count when an admin last released it; its completion is judged on the leases ended since."""
+        return self.prefix + f"work:released:{worker_id}"
+
+    def worker_rewards(self, worker_id: str) -> str:
+        """reward -> coordinator (shared/worker_rewards.py): hash of the groups the reward service scored for one
+        worker (count, sum and sum of squares of their mean rewards), written with the scored groups."""
+        return self.prefix + f"reward:worker:{worker_id}"
+
     @property
     def operator_ids(self) -> str:
         """coordinator: set of every join credential id issued for the run (services/coordinator/operators.py)."""

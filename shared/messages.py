@@ -366,7 +366,13 @@ class WorkerTrust(BaseModel):
     num_groups: int = Field(ge=0, description="trained groups checked since the last release")
     num_suspicious: int = Field(ge=0, description="of those, groups whose statistic left the honest band")
     num_audits: int = Field(ge=0, description="exact comparisons at the claimed version (lag 0, or an audit)")
-    num_audit_failures: int = Field(ge=0, description="of those, groups off by more than trust.audit_tolerance_nats")
+    num_audit_failures: int = Field(
+        ge=0, description="of those, groups off by more than the tolerance or failing their provenance check"
+    )
+    num_provenance_checks: int = Field(0, ge=0, description="audited groups whose keyed sampling was checked")
+    num_provenance_failures: int = Field(
+        0, ge=0, description="of those, groups whose tokens keyed sampling did not pick"
+    )
     num_releases_seen: int = Field(ge=0, description="admin releases applied (each one reset the score)")
     last_statistic_nats: float = Field(
         ge=0.0, allow_inf_nan=False, description="the last group's mean |log mu - log pi|"

@@ -218,8 +218,13 @@ class GroupTrustRecord(BaseModel):
         0.0, description="the exact checks' tolerance at this step (measured, services/learner/numerics.py)"
     )
     suspicious: bool = Field(description="abs_diff_nats above the band of its lag (and the tolerance)")
-    audit_failed: bool = Field(description="exact_diff_nats above tolerance_nats")
+    audit_failed: bool = Field(description="exact_diff_nats above tolerance_nats, or provenance_failed")
     score: float = Field(description="the worker's score after this group")
+    provenance_violations: int | None = Field(
+        None, description="tokens outside their keyed-sampling interval by more than the tolerance; None: not checked"
+    )
+    provenance_max_gap: float | None = Field(None, description="the largest gap over the group's tokens (probability)")
+    provenance_failed: bool = Field(False, description="the group failed its sampling-provenance check")
 
 
 def read_trust_records(path: Path) -> list[GroupTrustRecord]:

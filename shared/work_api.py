@@ -11,7 +11,8 @@ does every stream operation on a worker's behalf after its checks. Consumer: rol
 
 A lease id is the entry id of the task on the `tasks` stream. Every call carries the worker's bearer
 token; a lease belongs to the worker whose token took it, until it is answered or its lease time
-(the run file's `rollout.claim_idle_ms`) runs out and another worker takes it.
+(the run file's `rollout.claim_idle_ms`) runs out and another worker takes it. A worker holds at most
+`[work] max_held_tasks` leases at once.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ class LeasedTask(Body):
 
 class LeaseResponse(Body):
     """Tasks leased to the caller, maybe none (then back off before asking again). Only an active worker
-    gets any: standby, draining and quarantined workers get an empty list, a dead one 410."""
+    gets any: standby, draining and quarantined workers get an empty list, a dead one 410; one holding
+    `[work] max_held_tasks` unanswered leases gets none until it answers some (fewer when it is close)."""
 
     lease_s: float = Field(description="seconds the worker has to answer before a task may go to another worker")
     tasks: list[LeasedTask]
@@ -130,13 +132,44 @@ class WorkCounts(Body):
         return self.accepted / self.num_decided if self.num_decided else None
 
 
+class RewardStats(Body):
+    """The groups of one worker the reward service scored (shared/worker_rewards.py): their number, and the sum
+    and sum of squares of each group's mean reward."""
+
+    num_groups: int = Field(0, ge=0)
+    reward_sum: float = 0.0
+    reward_sum_sq: float = Field(0.0, ge=0)
+
+    @property
+    def mean(self) -> float | None:
+        return self.reward_sum / self.num_groups if self.num_groups else None
+
+    @property
+    def variance(self) -> float | None:
+        """The sample variance of the group means (None under two groups)."""
+        if self.num_groups < 2:
+            return None
+        spread = self.reward_sum_sq - self.reward_sum * self.reward_sum / self.num_groups
+        return max(0.0, spread / (self.num_groups - 1))
+
+
 class WorkAccounting(Body):
     """GET /v1/work/accounting (admin): what the work API saw arrive, per worker and over the run."""
 
     lease_s: float
+    max_held: int = Field(0, ge=0, description="leases one worker may hold at once ([work] max_held_tasks)")
     workers: dict[str, WorkCounts] = Field(description="by worker id: every worker that ever leased a task")
     totals: WorkCounts
     flagged: dict[str, str] = Field(
         default_factory=dict,
-        description="worker id -> why its completion ratio departs from the fleet's (services/coordinator/work_leases.py)",
+        description="worker id -> why its completion ratio, over the leases ended since its last release, departs "
+        "from the fleet's (services/coordinator/work_flags.py); the coordinator quarantines these by policy",
+    )
+    rewards: dict[str, RewardStats] = Field(
+        default_factory=dict, description="by worker id: the groups the reward service scored for it"
+    )
+    reward_flagged: dict[str, str] = Field(
+        default_factory=dict,
+        description="worker id -> why its mean group reward departs from the rest of the fleet's: a signal for an "
+        "operator, never acted on (docs/threat_model.md)",
     )

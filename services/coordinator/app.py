@@ -97,7 +97,7 @@ def create_app(
         join_token_sha256=None if join_token is None else token_sha256(join_token),
         registration_limit=RegistrationLimit(run.coordinator.registrations_per_s, run.coordinator.registration_burst),
         access=access,
-        work=WorkLeases(redis_client, keys, lease_ms=run.rollout.claim_idle_ms),
+        work=WorkLeases(redis_client, keys, lease_ms=run.rollout.claim_idle_ms, config=run.work),
         bootstrap=bootstrap,
     )
 

@@ -1,5 +1,5 @@
-"""The control loop: prune the long dead -> measure -> assess capacity -> plan activation -> apply states
--> bill -> record history.
+"""The control loop: prune the long dead -> flag by the work accounting -> quarantine -> measure -> assess
+capacity -> plan activation -> apply states -> bill verified work -> record history.
 
 Runs every `activation.replan_interval_s`, and at once when membership changes (join, drain, leave).
 A pass reads every worker record (O(N): ~60 ms at 1000 workers, ~3x that on a starved host), in a
@@ -11,7 +11,8 @@ on the same Redis serves the same answers; what it keeps in memory (the learner 
 snapshot) is a cache a restarted coordinator rebuilds within a minute.
 
 States it moves: STANDBY <-> ACTIVE, and any live state -> QUARANTINED for a worker the learner reports
-as suspect (quarantine.py; only an admin's release moves it back). DRAINING and DEAD are never touched (draining is the
+as suspect, or that the work accounting flags for its completion ratio ([work] quarantine_incomplete;
+quarantine.py; only an admin's release moves it back). DRAINING and DEAD are never touched (draining is the
 operator's or the worker's call, dead is the lease's), so a planner racing a drain cannot undo it.
 
 The learner as the coordinator sees it (`LearnerView`: its version and S, read from `learner:state`)
@@ -25,6 +26,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,10 +40,11 @@ from services.coordinator.capacity_view import (
     queued_groups,
     recent_broadcast_s,
 )
-from services.coordinator.ledger import CostLedger
+from services.coordinator.ledger import CostLedger, WorkerBill
 from services.coordinator.measurements import BAD_MEASUREMENTS, sane_learner_state
 from services.coordinator.pruning import DeadWorkerPruner
 from services.coordinator.quarantine import Quarantine
+from services.coordinator.work_flags import completion_outliers
 from shared.activation import ActivationPlan, ActivationPolicy, Candidate, plan_activation
 from shared.api import (
     ActivationInfo,
@@ -118,12 +121,24 @@ class ControlPlane:
             assumed_samples_per_s=self.config.assumed_samples_per_s,
             activate_free_workers=self.config.activate_free_workers,
         )
-        self.ledger = CostLedger(coordinator.redis, coordinator.keys, max_billing_gap_s=self.config.max_billing_gap_s)
+        self.ledger = CostLedger(
+            coordinator.redis,
+            coordinator.keys,
+            max_billing_gap_s=self.config.max_billing_gap_s,
+            verified_work_window_s=coordinator.run.verified_work_window_s,
+        )
         self.window = LearnerWindow()
         self.pruner = DeadWorkerPruner(
             coordinator.redis, coordinator.keys, coordinator.run.coordinator.dead_worker_retention_s
         )
-        self.quarantine = Quarantine(coordinator.bus, coordinator.registry, coordinator.access, coordinator.run.run_id)
+        self.quarantine = Quarantine(
+            coordinator.bus,
+            coordinator.registry,
+            coordinator.access,
+            coordinator.run.run_id,
+            books=coordinator.work.books,
+            min_ended_leases=coordinator.run.work.quarantine_min_ended_leases,
+        )
         self.clock = time.time  # unix seconds of billing and dwell times (tests replace it)
         self.snapshot: ControlSnapshot | None = None
         self._lock = threading.Lock()  # one pass at a time (the loop's thread and on-demand passes)
@@ -170,8 +185,11 @@ class ControlPlane:
             self.complete_broadcasts(workers)
             learner = read_learner_view(c.bus, c.run).state
             self.window.observe(learner)
-            if c.run.trust.enabled:  # before planning: a quarantined worker is neither active nor standby
-                workers = self.quarantine.apply(learner, workers)
+            flagged = completion_outliers(c.work.books.counts_since_release(w.worker_id for w in workers))
+            # before planning: a quarantined worker is neither active nor standby
+            workers = self.quarantine.apply(
+                learner if c.run.trust.enabled else None, workers, flagged if c.run.work.quarantine_incomplete else {}
+            )
             broadcast_s, num_queued = recent_broadcast_s(c.redis, c.keys), queued_groups(c.bus)
             measured = measure_inputs(c.run, learner, self.window, workers, broadcast_s, num_queued)
             activation = None
@@ -181,7 +199,7 @@ class ControlPlane:
                 activation = activation_info(plan, now_s)
             else:
                 workers = self.apply_all_active(workers)
-            self.bill(now_s, learner, workers)
+            self.bill(now_s, learner, workers, flagged)
             self.record_history(learner, now_s)
             # the capacity answer describes the active set just decided
             measured = measure_inputs(c.run, learner, self.window, workers, broadcast_s, num_queued)
@@ -249,12 +267,21 @@ class ControlPlane:
             self.coordinator.registry.set_states({wid: (WorkerState.ACTIVE, (WorkerState.STANDBY,)) for wid in standby})
         return [w.model_copy(update={"state": WorkerState.ACTIVE}) if w.worker_id in standby else w for w in workers]
 
-    def bill(self, now_s: float, learner: LearnerState | None, workers: list[WorkerInfo]) -> None:
+    def bill(
+        self, now_s: float, learner: LearnerState | None, workers: list[WorkerInfo], flagged: Collection[str]
+    ) -> None:
+        """The learner while it runs; each priced worker for its active time backed by verified work (groups the
+        reward service scored), none while it is flagged (services/coordinator/ledger.py)."""
         learner_running = learner is not None and learner.status in RUNNING_LEARNER_STATUSES
+        billed = [w for w in workers if w.state in BILLED_STATES and w.price_per_hour > 0]
+        verified = self.coordinator.work.books.rewards(w.worker_id for w in billed)
         self.ledger.bill(
             now_s,
             self.config.learner_price_per_hour if learner_running else 0.0,
-            {w.worker_id: w.price_per_hour for w in workers if w.state in BILLED_STATES and w.price_per_hour > 0},
+            {
+                w.worker_id: WorkerBill(w.price_per_hour, verified[w.worker_id].num_groups, w.worker_id in flagged)
+                for w in billed
+            },
         )
 
     def record_history(self, learner: LearnerState | None, now_s: float) -> None:
@@ -302,6 +329,7 @@ class ControlPlane:
             learner_usd=totals.learner_usd,
             workers_usd=totals.workers_usd,
             usd_by_worker=totals.usd_by_worker,
+            unverified_usd=totals.unverified_usd,
             usd_per_hour_now=burn,
             learner_price_per_hour=self.config.learner_price_per_hour,
             billed_until_s=totals.billed_until_s,

@@ -18,14 +18,15 @@ import logging
 
 import redis
 
-from services.coordinator.ledger import PRUNED_WORKERS_FIELD, WORKER_FIELD_PREFIX
+from services.coordinator.ledger import PENDING_FIELD_PREFIXES, PRUNED_WORKERS_FIELD, WORKER_FIELD_PREFIX
 from shared.api import WorkerInfo, WorkerState
 from shared.keys import RunKeys
 
 log = logging.getLogger(__name__)
 
 # KEYS: worker hash, leases, worker ids, broadcast last swap, broadcast throughput, cost ledger.
-# ARGV: worker id, the ledger field of its cost, the ledger field pruned costs move to. Returns 1 if pruned.
+# ARGV: worker id, the ledger field of its cost, the ledger field pruned costs move to, then the ledger fields
+# of its open stretch of unverified time (dropped: dead that long, it was never verified). Returns 1 if pruned.
 _PRUNE_LUA = """
 if redis.call('HGET', KEYS[1], 'state') ~= 'dead' then return 0 end
 if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
@@ -38,6 +39,7 @@ if usd then
   redis.call('HINCRBYFLOAT', KEYS[6], ARGV[3], usd)
   redis.call('HDEL', KEYS[6], ARGV[2])
 end
+redis.call('HDEL', KEYS[6], unpack(ARGV, 4))
 return 1
 """
 MAX_PRUNED_PER_PASS = 1000  # a pass stays short even when thousands expire at once; the rest go next pass
@@ -73,7 +75,12 @@ class DeadWorkerPruner:
                         k.broadcast_throughput,
                         k.cost_ledger,
                     ],
-                    args=[worker_id, WORKER_FIELD_PREFIX + worker_id, PRUNED_WORKERS_FIELD],
+                    args=[
+                        worker_id,
+                        WORKER_FIELD_PREFIX + worker_id,
+                        PRUNED_WORKERS_FIELD,
+                        *(prefix + worker_id for prefix in PENDING_FIELD_PREFIXES),
+                    ],
                     client=pipe,
                 )
             results = pipe.execute()

@@ -1,7 +1,10 @@
-"""Quarantine: the coordinator acts on the learner's trust scores (docs/trust.md).
+"""Quarantine: the coordinator acts on the learner's trust scores (docs/trust.md), and by policy on the work
+accounting's completion flag ([work] quarantine_incomplete; services/coordinator/work_flags.py).
 
 Every control pass (`Quarantine.apply`): a worker the learner reports as suspect (LearnerState.trust_by_worker,
-`suspect`) that is active, standby or draining becomes QUARANTINED: its heartbeat answers say so (it takes no
+`suspect`), or one flagged for answering under half the fleet's median share of its leases (with at least
+[work] quarantine_min_ended_leases of them ended since its last release), that is active, standby or
+draining becomes QUARANTINED: its heartbeat answers say so (it takes no
 tasks and keeps heartbeating), it drops out of the relay plan, activation and billing (they consider other
 states only), and its rollout key is revoked (services/coordinator/redis_access.py). The QUARANTINE key tells the learner
 whose groups to drop (reason `quarantined`); an id stays in it until an admin releases the worker, even
@@ -15,7 +18,8 @@ score. (Workers of the cluster's shared join token are one identity: nothing to 
 Release (`POST /v1/workers/{id}/release`, admin token): back to ACTIVE when still leased, out of the key,
 out of its credential's quarantine set, and its release count + 1; the learner resets the worker's score
 when it sees the count grow, and until it has (`WorkerTrust.num_releases_seen`) the old suspect flag is
-not acted on again.
+not acted on again; its completion is judged on the leases that end after the release (a baseline of its
+counters, services/coordinator/work_accounting.py).
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Mapping
 
 from services.coordinator.operators import OperatorCredentials
 from services.coordinator.redis_access import RedisAccess
+from services.coordinator.work_accounting import WorkBooks
 from services.coordinator.worker_registry import UnknownWorkerError, WorkerRegistry
 from shared.api import WorkerInfo, WorkerState
 from shared.bus import StreamBus
@@ -42,44 +48,53 @@ class NotQuarantinedError(Exception):
 
 
 class Quarantine:
-    def __init__(self, bus: StreamBus, registry: WorkerRegistry, access: RedisAccess, run_id: str) -> None:
+    """`books`: the work accounting, whose completion baseline a release resets (None: no completion policy).
+    `min_ended_leases`: a worker flagged for its completion is quarantined only with this many leases ended
+    since its last release ([work] quarantine_min_ended_leases)."""
+
+    def __init__(
+        self,
+        bus: StreamBus,
+        registry: WorkerRegistry,
+        access: RedisAccess,
+        run_id: str,
+        *,
+        books: WorkBooks | None = None,
+        min_ended_leases: int = 0,
+    ) -> None:
         self.bus = bus
         self.access = access
         self.registry = registry
         self.operators = OperatorCredentials(registry.redis, registry.keys)  # the identities quarantine sticks to
         self.run_id = run_id
+        self.books = books
+        self.min_ended_leases = min_ended_leases
         self._lock = threading.Lock()  # the key is read, changed and written by passes and releases
 
     def current(self) -> QuarantinedWorkers:
         return self.bus.get_state(QUARANTINE) or QuarantinedWorkers(run_id=self.run_id)
 
-    def apply(self, learner: LearnerState | None, workers: list[WorkerInfo]) -> list[WorkerInfo]:
-        """Quarantine every worker the learner reports as suspect; returns the workers as they are now."""
-        if learner is None:
+    def apply(
+        self, learner: LearnerState | None, workers: list[WorkerInfo], incomplete: Mapping[str, str] | None = None
+    ) -> list[WorkerInfo]:
+        """Quarantine every worker the learner reports as suspect, and every one in `incomplete` (worker id ->
+        why: flagged for its completion ratio, services/coordinator/work_flags.py); returns the workers as
+        they are now."""
+        incomplete = incomplete or {}
+        if learner is None and not incomplete:
             return workers
         with self._lock:
             before = self.current()
-            suspects = {
-                w.worker_id
+            incomplete = self.still_incomplete(incomplete)
+            reasons = {
+                w.worker_id: why
                 for w in workers
-                if w.state in QUARANTINABLE_STATES
-                and (trust := learner.trust_by_worker.get(w.worker_id)) is not None
-                and trust.suspect
-                and trust.num_releases_seen >= before.num_releases.get(w.worker_id, 0)  # not a pre-release score
+                if w.state in QUARANTINABLE_STATES and (why := self.suspicion(learner, w.worker_id, before, incomplete))
             }
-            after = self.registry.set_states({wid: (WorkerState.QUARANTINED, QUARANTINABLE_STATES) for wid in suspects})
+            after = self.registry.set_states({wid: (WorkerState.QUARANTINED, QUARANTINABLE_STATES) for wid in reasons})
             for worker_id, state in sorted(after.items()):
                 if state == WorkerState.QUARANTINED:
-                    trust = learner.trust_by_worker[worker_id]
-                    log.warning(
-                        "quarantined worker %s: trust score %.1f (%d of %d groups suspicious, %d of %d audits failed)",
-                        worker_id,
-                        trust.score,
-                        trust.num_suspicious,
-                        trust.num_groups,
-                        trust.num_audit_failures,
-                        trust.num_audits,
-                    )
+                    log.warning("quarantined worker %s: %s", worker_id, reasons[worker_id])
                     self.access.revoke(worker_id)
             quarantined = set(before.worker_ids) | self.confirmed_quarantined(workers, before)
             quarantined |= {wid for wid, state in after.items() if state == WorkerState.QUARANTINED}
@@ -88,6 +103,28 @@ class Quarantine:
             # each pass, idempotent: a credential is held even when a pass stopped between the two writes
             self.operators.hold((w.worker_id, w.operator_id) for w in workers if w.worker_id in quarantined)
         return [w.model_copy(update={"state": after[w.worker_id]}) if after.get(w.worker_id) else w for w in workers]
+
+    def still_incomplete(self, incomplete: Mapping[str, str]) -> Mapping[str, str]:
+        """Those of `incomplete` with at least `min_ended_leases` ended since their last release, read now under
+        the lock: the flags were computed before it, and an admin's release since then starts a worker afresh."""
+        if not incomplete or self.books is None:
+            return incomplete
+        ended = self.books.counts_since_release(incomplete)
+        return {wid: why for wid, why in incomplete.items() if ended[wid].num_decided >= self.min_ended_leases}
+
+    @staticmethod
+    def suspicion(
+        learner: LearnerState | None, worker_id: str, before: QuarantinedWorkers, incomplete: Mapping[str, str]
+    ) -> str | None:
+        """Why the worker is to be quarantined (None: it is not): its trust score, or its completion."""
+        trust = learner.trust_by_worker.get(worker_id) if learner is not None else None
+        # a score the learner computed before the worker's latest release is not acted on again
+        if trust is not None and trust.suspect and trust.num_releases_seen >= before.num_releases.get(worker_id, 0):
+            return (
+                f"trust score {trust.score:.1f} ({trust.num_suspicious} of {trust.num_groups} groups suspicious, "
+                f"{trust.num_audit_failures} of {trust.num_audits} audits failed)"
+            )
+        return incomplete.get(worker_id)
 
     def confirmed_quarantined(self, workers: list[WorkerInfo], before: QuarantinedWorkers) -> set[str]:
         """Workers quarantined in the registry but missing from the key (a pass stopped between its two
@@ -110,6 +147,8 @@ class Quarantine:
                 state = self.registry.get(worker_id).state  # UnknownWorkerError for an unknown id
                 if state != WorkerState.QUARANTINED:
                     raise NotQuarantinedError(f"worker {worker_id} is {state.value}, not quarantined")
+            if self.books is not None:  # its completion is judged afresh (before it may lease again)
+                self.books.mark_released(worker_id)
             # back to work if it is still leased (a quarantined worker whose lease ran out stays dead)
             self.registry.set_states({worker_id: (WorkerState.ACTIVE, (WorkerState.QUARANTINED,))})
             num_releases = {**before.num_releases, worker_id: before.num_releases.get(worker_id, 0) + 1}

@@ -8,7 +8,11 @@ check and its effects are one atomic step that no concurrent call can split:
     lease    the caller is active (its record and its live lease); entries idle past the lease time are
              taken over (XCLAIM), counted `expired` for their holder and `leased` for the caller; then new
              entries (XREADGROUP). A task leased MAX_LEASES_PER_TASK times and never answered is
-             dead-lettered instead of handed out again (it keeps killing its workers).
+             dead-lettered instead of handed out again (it keeps killing its workers). The caller holds at
+             most `max_held` leases ([work] max_held_tasks), those past their lease time included: past it,
+             it gets fewer tasks or none (an empty answer, as when no task is queued: a worker backs off). A
+             lease it let expire comes back to it only after a second lease time, so a worker that never
+             answers cannot keep renewing its own leases (an honest one alone in a fleet still gets them).
     answer   the caller holds the lease now -> the group goes to `rollouts` (an id Redis chooses, no MAXLEN) and
              the task is acked, counted `returned` and `accepted`; otherwise, or when the group is
              malformed or answers another task or claims another worker, it is dead-lettered and counted
@@ -27,19 +31,21 @@ produced are `accepted`, and tasks dead-lettered here are the acks of `tasks` th
 
 from __future__ import annotations
 
+import hashlib
 import logging
-import statistics
 from collections.abc import Sequence
 from typing import Any, cast
 
 import redis
 from redis.typing import EncodableT
 
+from services.coordinator.work_accounting import WorkBooks
 from shared.bus import PAYLOAD_FIELD
+from shared.config import WorkConfig
 from shared.keys import RunKeys
 from shared.messages import DeadLetter, MessageDecodeError, RolloutGroup, TaskGroup
 from shared.streams import DEAD, ROLLOUTS, TASKS
-from shared.work_api import LeasedTask, Refusal, SubmitResponse, SubmittedGroup, WorkAccounting, WorkCounts
+from shared.work_api import LeasedTask, Refusal, SubmitResponse, SubmittedGroup, WorkAccounting
 from shared.work_counts import WorkCounter
 
 log = logging.getLogger(__name__)
@@ -48,36 +54,48 @@ MAX_LEASES_PER_TASK = 3  # as the bus's max_deliveries: a task that expired this
 MAX_DEAD_LETTER_PAYLOAD_BYTES = 64 * 1024
 PENDING_SCAN_FACTOR = 10  # expired leases are looked for among the oldest max_groups * this pending entries
 SERVICE = "coordinator-work-api"
+# How long an accepted answer is remembered, so that the same bytes sent again (a retry after a lost reply)
+# are accepted once more instead of dead-lettered: longer than any client's retry window.
+ANSWERED_TTL_S = 600
 NOT_HELD = "the lease is not held by this worker (never leased to it, reissued after its lease time, or answered)"
 
 # KEYS: tasks, worker hash, worker leases (zset), caller's counts, totals, worker ids (set)
-# ARGV: group, caller id, now_s, lease ms, max tasks, pending scan limit, counts key prefix, max leases per task
+# ARGV: group, caller id, now_s, lease ms, max tasks, pending scan limit, counts key prefix, max leases per task,
+# max leases held by one worker
 # Returns {state} when the caller may not lease ('unknown', 'dead', or its state), else
 # {'active', entries, retire} with entries [[id, [field, value, ...]], ...] leased to the caller and retire
 # [[id, holder], ...]: expired entries leased too often, for the caller to dead-letter (_RETIRE_LUA).
+# `room`: how many more leases the caller may hold; taking back its own expired lease does not change it.
 _LEASE_LUA = """
 local state = redis.call('HGET', KEYS[2], 'state')
 if not state then return {'unknown'} end
 local expiry = redis.call('ZSCORE', KEYS[3], ARGV[2])
 if (not expiry) or tonumber(expiry) <= tonumber(ARGV[3]) then return {'dead'} end
 if state ~= 'active' then return {state} end
-local lease_ms, count, max_leases = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[8])
+local lease_ms, count, max_leases, max_held = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local room = max_held - #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', max_held, ARGV[2])
 local entries, retire = {}, {}
 for _, p in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', ARGV[6])) do
   if #entries >= count then break end
-  if p[3] >= lease_ms then
+  local own = p[2] == ARGV[2]
+  local min_idle = own and 2 * lease_ms or lease_ms
+  if p[3] >= min_idle then
     if p[4] >= max_leases then
       retire[#retire + 1] = {p[1], p[2]}
-    else
-      local claimed = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], lease_ms, p[1])
+    elseif own or room > 0 then
+      local claimed = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], min_idle, p[1])
       redis.call('HINCRBY', ARGV[7] .. p[2], 'expired', 1)
       redis.call('HINCRBY', KEYS[5], 'expired', 1)
-      if claimed[1] then entries[#entries + 1] = claimed[1] end
+      if claimed[1] then
+        entries[#entries + 1] = claimed[1]
+        if not own then room = room - 1 end
+      end
     end
   end
 end
-if #entries < count then
-  local read = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count - #entries, 'STREAMS', KEYS[1], '>')
+local fresh = math.min(count - #entries, room)
+if fresh > 0 then
+  local read = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', fresh, 'STREAMS', KEYS[1], '>')
   if read then
     for _, entry in ipairs(read[1][2]) do entries[#entries + 1] = entry end
   end
@@ -90,16 +108,19 @@ end
 return {'active', entries, retire}
 """
 
-# KEYS: tasks, rollouts, dead, caller's counts, totals, worker ids (set), caller's worker record
-# ARGV: group, caller id, lease id, refusal ('1': refuse, '' accept), payload (the group, or the dead letter
-# of a refusal), the dead letter to write when the lease is not held, the group's number of samples.
+# KEYS: tasks, rollouts, dead, caller's counts, totals, worker ids (set), caller's worker record, the lease's
+# answered marker. ARGV: group, caller id, lease id, refusal ('1': refuse, '' accept), payload (the group, or the
+# dead letter of a refusal), the dead letter to write when the lease is not held, the group's number of
+# samples, "<caller id>:<sha256 of the answer>", the marker's TTL (s).
 # An accepted group also counts on the caller's record (num_groups_done, num_samples_done: what /v1/workers
 # and the dashboard show), only if the record still exists.
-# Returns {1, rollouts entry id} accepted, {0, 'held'} refused for its content, {0, 'not-held'}.
+# Returns {1, rollouts entry id} accepted, {1, 'repeat'} the caller's accepted answer sent again (nothing
+# written), {0, 'held'} refused for its content, {0, 'not-held'}.
 _ANSWER_LUA = """
 redis.call('SADD', KEYS[6], ARGV[2])
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
 if #pending == 0 or pending[1][2] ~= ARGV[2] then
+  if redis.call('GET', KEYS[8]) == ARGV[8] then return {1, 'repeat'} end
   redis.call('XADD', KEYS[3], '*', 'data', ARGV[6])
   redis.call('HINCRBY', KEYS[4], 'refused', 1)
   redis.call('HINCRBY', KEYS[5], 'refused', 1)
@@ -115,6 +136,7 @@ if ARGV[4] ~= '' then
 end
 local id = redis.call('XADD', KEYS[2], '*', 'data', ARGV[5])
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+redis.call('SET', KEYS[8], ARGV[8], 'EX', ARGV[9])
 redis.call('HINCRBY', KEYS[4], 'accepted', 1)
 redis.call('HINCRBY', KEYS[5], 'accepted', 1)
 if redis.call('EXISTS', KEYS[7]) == 1 then
@@ -148,12 +170,15 @@ class LeaseRefusedError(Exception):
 
 
 class WorkLeases:
-    """The work API's stream operations for one run. `lease_ms`: how long a worker has to answer a task."""
+    """The work API's stream operations for one run. `lease_ms`: how long a worker has to answer a task;
+    `config`: what one worker may hold, and the reward flag's thresholds."""
 
-    def __init__(self, client: redis.Redis, keys: RunKeys, *, lease_ms: int) -> None:
+    def __init__(self, client: redis.Redis, keys: RunKeys, *, lease_ms: int, config: WorkConfig | None = None) -> None:
         self.redis = client
         self.keys = keys
         self.lease_ms = lease_ms
+        self.config = config or WorkConfig()
+        self.books = WorkBooks(client, keys, self.config, lease_s=lease_ms / 1000)
         self.group = cast(str, TASKS.group)
         self.tasks, self.rollouts, self.dead = (keys.name_of(s) for s in (TASKS, ROLLOUTS, DEAD))
         self._lease_script = client.register_script(_LEASE_LUA)
@@ -166,8 +191,9 @@ class WorkLeases:
 
     # leasing
     def lease(self, worker_id: str, max_groups: int, now_s: float) -> list[LeasedTask]:
-        """Up to `max_groups` tasks for `worker_id`: expired leases first, then new tasks. Raises
-        LeaseRefusedError when the worker is not active (or unknown, or dead at `now_s`)."""
+        """Up to `max_groups` tasks for `worker_id`: expired leases first, then new tasks, as long as it holds
+        at most `max_held_tasks` leases (fewer or none past it). Raises LeaseRefusedError when the worker is
+        not active (or unknown, or dead at `now_s`)."""
         reply = self._run_lease_script(worker_id, max_groups, now_s)
         state = _text(reply[0])
         if state != "active":
@@ -203,6 +229,7 @@ class WorkLeases:
             max_groups * PENDING_SCAN_FACTOR,
             self.keys.work_counts(""),
             MAX_LEASES_PER_TASK,
+            self.config.max_held_tasks,
         ]
         try:
             return self._lease_script(keys=keys, args=args)
@@ -248,12 +275,21 @@ class WorkLeases:
             else:
                 payload, refuse = self._refusal_letter(worker_id, submitted, checked), "1"
             keys = [self.tasks, self.rollouts, self.dead, self.keys.work_counts(worker_id), self.keys.work_totals]
-            keys += [self.keys.work_worker_ids, self.keys.worker(worker_id)]
+            keys += [
+                self.keys.work_worker_ids,
+                self.keys.worker(worker_id),
+                self.keys.work_answered(submitted.lease_id),
+            ]
             args: list[EncodableT] = [self.group, worker_id, submitted.lease_id, refuse, payload]
             args.append(self._refusal_letter(worker_id, submitted))  # written instead if the lease is not held
             args.append(checked.num_samples if isinstance(checked, RolloutGroup) else 0)
+            args += [f"{worker_id}:{hashlib.sha256(submitted.group).hexdigest()}", ANSWERED_TTL_S]
             done, outcome = self._answer_script(keys=keys, args=args)
             if int(done):
+                if _text(outcome) == "repeat":
+                    log.info(
+                        "%s sent its accepted answer to lease %s again: accepted once", worker_id, submitted.lease_id
+                    )
                 accepted.append(submitted.lease_id)
                 continue
             reason = NOT_HELD if _text(outcome) == "not-held" else cast(str, checked)
@@ -305,29 +341,9 @@ class WorkLeases:
         letter = self._letter(lease_id, payload, f"worker {worker_id} could not serve it: {error}")
         return self._retire(lease_id, worker_id, 0, letter, WorkCounter.FAILED, 1)
 
-    # accounting
+    # accounting (services/coordinator/work_accounting.py)
     def accounting(self) -> WorkAccounting:
-        worker_ids = sorted(_text(worker_id) for worker_id in self.redis.smembers(self.keys.work_worker_ids))
-        with self.redis.pipeline(transaction=False) as pipe:
-            for worker_id in worker_ids:
-                pipe.hgetall(self.keys.work_counts(worker_id))
-            pipe.hgetall(self.keys.work_totals)
-            counts = pipe.execute()
-        held = self._held_by_consumer()
-        workers = {
-            worker_id: _counts(raw, held.get(worker_id, 0)) for worker_id, raw in zip(worker_ids, counts, strict=False)
-        }
-        totals = _counts(counts[-1], sum(held.values()))
-        return WorkAccounting(
-            lease_s=self.lease_s, workers=workers, totals=totals, flagged=completion_outliers(workers)
-        )
-
-    def _held_by_consumer(self) -> dict[str, int]:
-        try:
-            summary = self.redis.xpending(self.tasks, self.group)
-        except redis.ResponseError:  # no stream or group yet: nothing held
-            return {}
-        return {_text(c["name"]): int(c["pending"]) for c in summary.get("consumers") or []}
+        return self.books.accounting()
 
     def _letter(self, entry_id: str, payload: bytes, error: str, num_deliveries: int = 0) -> bytes:
         return DeadLetter(
@@ -340,39 +356,6 @@ class WorkLeases:
             payload=payload[:MAX_DEAD_LETTER_PAYLOAD_BYTES],
             num_deliveries=num_deliveries,
         ).encode()
-
-
-# A worker is flagged when, over at least MIN_DECIDED_LEASES ended leases, it answered less than
-# COMPLETION_FLOOR times the fleet's median completion ratio (the workers with that many, itself included):
-# one that leases and lets its tasks expire (or fails them) stands out against honest peers on the same tasks.
-MIN_DECIDED_LEASES = 20
-COMPLETION_FLOOR = 0.5
-
-
-def completion_outliers(workers: dict[str, WorkCounts]) -> dict[str, str]:
-    """Worker id -> why it is flagged: its completion ratio under COMPLETION_FLOOR x the fleet's median."""
-    ratios = {
-        worker_id: ratio
-        for worker_id, counts in workers.items()
-        if counts.num_decided >= MIN_DECIDED_LEASES and (ratio := counts.completion_ratio) is not None
-    }
-    if len(ratios) < 2:  # a fleet of one has no peers to depart from
-        return {}
-    median = statistics.median(ratios.values())
-    return {
-        worker_id: (
-            f"completion ratio {ratio:.2f} < {COMPLETION_FLOOR} x the fleet's median {median:.2f} "
-            f"({workers[worker_id].accepted} accepted of {workers[worker_id].num_decided} leases ended)"
-        )
-        for worker_id, ratio in ratios.items()
-        if ratio < COMPLETION_FLOOR * median
-    }
-
-
-def _counts(raw: dict[bytes, bytes], held: int) -> WorkCounts:
-    known = {counter.value for counter in WorkCounter}
-    values = {_text(name): max(int(value), 0) for name, value in raw.items() if _text(name) in known}
-    return WorkCounts(**values, held=held)
 
 
 def _payload_of(fields: Any) -> bytes:

@@ -5,10 +5,11 @@ An honest worker's behaviour log-probs mu then match to engine precision; a work
 weights (older than claimed), invented mu, or sent token ids it did not sample does not. Two sources of pi_v:
 
 - lag 0 (v == t): pi_prox, which the training step computed anyway, is pi_v: free.
-- lag >= 1: a spot audit for `audit_fraction` of the groups whose version the learner still holds in
+- a spot audit, at any lag, for `audit_fraction` of the groups whose version the learner still holds in
   memory (`VersionCache`, the last `audit_keep_versions` versions it published): one no-grad forward of
   the group's rows on a second copy of the model. The choice is random per group, so a worker cannot
-  tell which of its groups will be checked.
+  tell which of its groups will be checked. The same forward checks the group's sampling provenance
+  (provenance.py): whether each token is the one keyed sampling picks with the task's seed.
 
 Only versions this learner process published are compared, and only groups created after that publication:
 after a learner restart, a version number the old process published may name other weights.
@@ -28,9 +29,10 @@ from dataclasses import dataclass
 import torch
 
 from services.learner.batch import AdmittedGroup, TrainBatch
-from services.learner.grpo import token_logprobs
+from services.learner.provenance import ProvenanceCheck, audit_rows, group_provenance
 from services.learner.trust import GroupStatistic, group_abs_diffs
 from shared.config import TrustConfig
+from shared.keyed_sampling import sample_seeds
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class ExactCheck:
 
     exact_diff_nats: float | None  # mean |log mu - log pi_v| over the group's completion tokens
     audit_s: float  # wall seconds a spot audit took (0 for lag 0 and unchecked groups)
+    provenance: ProvenanceCheck | None = None  # a spot audit of a keyed (single-turn) group
 
 
 NOT_CHECKED = ExactCheck(None, 0.0)
@@ -102,39 +105,66 @@ class Auditor:
             published_at_s = self.cache.published_at_s(stat.policy_version)
             if published_at_s is None or admitted.group.rollout.created_at_s < published_at_s or stat.num_tokens == 0:
                 continue
-            if stat.lag == 0:
-                checks[index] = ExactCheck(stat.abs_diff_nats, 0.0)  # pi_prox is pi_v
-            elif self._rng.random() < self.config.audit_fraction and self.cache.weights(stat.policy_version):
+            if self._rng.random() < self.config.audit_fraction and self.cache.weights(stat.policy_version):
                 audits.setdefault(stat.policy_version, []).append(index)
+            elif stat.lag == 0:
+                checks[index] = ExactCheck(stat.abs_diff_nats, 0.0)  # pi_prox is pi_v
         for version, indices in audits.items():
+            audited = [groups[i] for i in indices]
             for index, check in zip(
-                indices, self.audit(version, [statistics[i] for i in indices], tensors), strict=True
+                indices, self.audit(version, audited, [statistics[i] for i in indices], tensors), strict=True
             ):
                 checks[index] = check
         return checks
 
-    def audit(self, version: int, statistics: list[GroupStatistic], tensors: TrainBatch) -> list[ExactCheck]:
-        """Recompute these groups' log-probs with `version`'s weights: one no-grad forward of their rows.
-        Each group is charged its share of the wall time."""
+    def audit(
+        self, version: int, groups: list[AdmittedGroup], statistics: list[GroupStatistic], tensors: TrainBatch
+    ) -> list[ExactCheck]:
+        """Recompute these groups' log-probs with `version`'s weights, and check their keyed sampling: one
+        no-grad forward of their rows. Each group is charged its share of the wall time."""
         started_s = time.perf_counter()
         model = self.model_at(version)
         rows = torch.cat([torch.arange(s.first_row, s.first_row + s.num_samples) for s in statistics])
         device = next(model.parameters()).device
         with torch.no_grad(), self.compute():
-            logprobs = token_logprobs(
+            logprobs, gaps = audit_rows(
                 model,  # type: ignore[arg-type]
                 tensors.input_ids[rows].to(device),
                 tensors.attention_mask[rows].to(device),
                 tensors.temperatures[rows].to(device),
-            ).cpu()  # (b, T - 1)
-        diffs = group_abs_diffs(
-            logprobs,
-            tensors.behaviour_logprobs[rows],
-            tensors.completion_mask[rows],
-            [s.num_samples for s in statistics],
-        )
+                tensors.completion_mask[rows].to(device),
+                self.row_seeds(groups),
+            )
+        logprobs, gaps = logprobs.cpu(), gaps.cpu()  # (b, T - 1) each
+        completion_mask = tensors.completion_mask[rows]
+        num_samples = [s.num_samples for s in statistics]
+        diffs = group_abs_diffs(logprobs, tensors.behaviour_logprobs[rows], completion_mask, num_samples)
         audit_s = (time.perf_counter() - started_s) / len(statistics)
-        return [ExactCheck(diff, audit_s) for _, diff in diffs]
+        checks = []
+        first_row = 0
+        for admitted, (_, diff), count in zip(groups, diffs, num_samples, strict=True):
+            span = slice(first_row, first_row + count)
+            provenance = (
+                group_provenance(gaps[span], completion_mask[span], self.config) if self.is_keyed(admitted) else None
+            )
+            checks.append(ExactCheck(diff, audit_s, provenance))
+            first_row += count
+        return checks
+
+    def is_keyed(self, admitted: AdmittedGroup) -> bool:
+        """Single-turn groups are sampled with keyed sampling (multi-turn episodes are not)."""
+        return self.config.provenance and not admitted.group.rollout.completion_mask
+
+    def row_seeds(self, groups: list[AdmittedGroup]) -> torch.Tensor:
+        """(b,) the keyed-sampling seed of every row of these groups; -1 for groups that are not keyed."""
+        seeds: list[int] = []
+        for admitted in groups:
+            rollout = admitted.group.rollout
+            if self.is_keyed(admitted):
+                seeds.extend(sample_seeds(rollout.task_id, rollout.num_samples))
+            else:
+                seeds.extend([-1] * rollout.num_samples)
+        return torch.tensor(seeds, dtype=torch.int64)
 
     def model_at(self, version: int) -> torch.nn.Module:
         if self._audit_model is None:

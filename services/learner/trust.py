@@ -98,6 +98,8 @@ class WorkerScore:
     num_suspicious: int = 0
     num_audits: int = 0
     num_audit_failures: int = 0
+    num_provenance_checks: int = 0
+    num_provenance_failures: int = 0
     num_releases_seen: int = 0
     last_statistic_nats: float = 0.0
 
@@ -109,6 +111,8 @@ class WorkerScore:
             num_suspicious=self.num_suspicious,
             num_audits=self.num_audits,
             num_audit_failures=self.num_audit_failures,
+            num_provenance_checks=self.num_provenance_checks,
+            num_provenance_failures=self.num_provenance_failures,
             num_releases_seen=self.num_releases_seen,
             last_statistic_nats=self.last_statistic_nats,
         )
@@ -143,10 +147,13 @@ class TrustTracker:
         abs_diff_nats: float,
         exact_diff_nats: float | None,
         tolerance_nats: float | None = None,
+        provenance_failed: bool | None = None,
     ) -> Verdict:
         """Add one group's evidence. `exact_diff_nats`: its mean |log mu - log pi_v| at the claimed version
         when the learner could compute it (None: not checked). `tolerance_nats`: how far an exact comparison
-        may be off (numerics.py, measured; None: audit_tolerance_nats); the band is never below it."""
+        may be off (numerics.py, measured; None: audit_tolerance_nats); the band is never below it.
+        `provenance_failed`: the group's keyed-sampling check (provenance.py; None: not checked); a failure
+        is a failed audit."""
         tolerance_nats = tolerance_nats if tolerance_nats is not None else self.config.audit_tolerance_nats
         worker = self.scores.get(worker_id)
         if worker is None:  # a worker released before this learner process saw it starts released
@@ -155,10 +162,13 @@ class TrustTracker:
             suspicious, audit_failed = False, exact_diff_nats > tolerance_nats
         else:
             suspicious, audit_failed = abs_diff_nats > max(self.band_nats(lag), tolerance_nats), False
+        audit_failed = audit_failed or bool(provenance_failed)
         worker.num_groups += 1
         worker.num_suspicious += suspicious
         worker.num_audits += exact_diff_nats is not None
         worker.num_audit_failures += audit_failed
+        worker.num_provenance_checks += provenance_failed is not None
+        worker.num_provenance_failures += bool(provenance_failed)
         worker.last_statistic_nats = abs_diff_nats
         step = suspicious * self.config.suspicious_weight + audit_failed * self.config.audit_failure_weight
         worker.score = worker.score + step if step else max(0.0, worker.score - self.config.honest_decay)

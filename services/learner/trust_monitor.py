@@ -81,8 +81,14 @@ class TrustMonitor:
         for stat, check in zip(statistics, checks, strict=True):
             previous = self.tracker.scores.get(stat.worker_id)
             was_suspect = previous is not None and previous.suspect  # read now: observe() updates it in place
+            provenance = check.provenance
             verdict = self.tracker.observe(
-                stat.worker_id, stat.lag, stat.abs_diff_nats, check.exact_diff_nats, tolerance_nats
+                stat.worker_id,
+                stat.lag,
+                stat.abs_diff_nats,
+                check.exact_diff_nats,
+                tolerance_nats,
+                provenance.failed if provenance is not None else None,
             )
             if check.audit_s > 0:
                 self.audit_s_total += check.audit_s
@@ -102,6 +108,9 @@ class TrustMonitor:
                 suspicious=verdict.suspicious,
                 audit_failed=verdict.audit_failed,
                 score=verdict.score,
+                provenance_violations=provenance.num_violations if provenance is not None else None,
+                provenance_max_gap=provenance.max_gap if provenance is not None else None,
+                provenance_failed=provenance is not None and provenance.failed,
             )
             lines.append(record.model_dump_json())
         with self.journal_path.open("a") as journal:

@@ -2,7 +2,7 @@
 
 Loop: trim what was consumed -> top up tasks -> receive rollouts -> verify the producer -> score ->
 publish scored -> ack. A rollout is acked only after its scored group is in Redis (and counted with it:
-RunKeys.reward_counts, as each task issued is); a rollout that cannot be scored is
+RunKeys.reward_counts, as each task issued is, and its reward per worker: shared/worker_rewards.py); a rollout that cannot be scored is
 dead-lettered with the reason and the service keeps running; so is one not signed by the worker it
 names (services/reward/provenance.py). Scoring decodes the token ids the learner trains on (never the
 worker's text) and runs the verifier in a child process under a hard timeout
@@ -22,6 +22,7 @@ from services.reward.provenance import ForgedRolloutError, ProducerCheck
 from services.reward.scoring import UNSCORABLE_ERRORS, GroupScorer
 from services.reward.settings import RewardSettings
 from services.reward.task_feed import TaskFeed
+from shared import worker_rewards
 from shared.bus import Delivery, StreamBus
 from shared.config import RunConfig
 from shared.keys import GROUPS_SCORED, RunKeys
@@ -112,7 +113,13 @@ class RewardService:
             # policy: a forged group, or one we cannot score, is dead-lettered, never retried
             except (ForgedRolloutError, *UNSCORABLE_ERRORS) as exc:
                 self.bus.dead_letter(delivery, str(exc))
-        self.bus.publish_and_ack(SCORED, scored, done, tally=(self.keys.reward_counts, GROUPS_SCORED))
+        self.bus.publish_and_ack(
+            SCORED,
+            scored,
+            done,
+            tally=(self.keys.reward_counts, GROUPS_SCORED),
+            increments=worker_rewards.increments(self.keys, scored),  # per worker, for the accounting
+        )
         self.num_scored += len(scored)
         self.forget_tasks(done)
 

@@ -38,6 +38,7 @@ from services.rollout.work_client import WorkClient
 from shared.api import HeartbeatRequest, RegisterWorkerRequest, RegisterWorkerResponse
 from shared.chunk_server import ChunkServer
 from shared.config import RunConfig
+from shared.keyed_sampling import task_seed
 from shared.lora import base_fingerprint
 from shared.messages import RolloutGroup
 from shared.retry import Backoff
@@ -363,6 +364,8 @@ class RolloutWorker:
             first.num_samples,
             first.max_new_tokens,
             first.temperature,
+            # keyed sampling: each task's seeds come from its id, so the learner can check how tokens were chosen
+            sampling_seeds=[task_seed(lease.task.task_id) for lease in batch],
         )
         generation_s = time.perf_counter() - started_s
         self.throughput.record(

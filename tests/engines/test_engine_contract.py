@@ -307,3 +307,40 @@ def test_a_context_continued_from_token_ids_gets_the_learners_logprobs(engine: I
     assert_logprobs_match_reference(folder, second_turns, temperature=0.7)
     with pytest.raises(PromptTooLongError):
         engine.generate_from_ids(contexts, 1, 1000, 1.0)
+
+
+def reference_distributions(folder: Folder, sample: Sample, temperature: float) -> torch.Tensor:
+    """(num_tokens, V) log_softmax(logits / T) of transformers at each completion position of `sample`."""
+    ids = torch.tensor([sample.prompt_token_ids + sample.token_ids])
+    with torch.no_grad():
+        logits = folder.reference(input_ids=ids).logits[0]  # (T, V)
+    num_prompt = len(sample.prompt_token_ids)
+    return torch.log_softmax(logits[num_prompt - 1 : num_prompt - 1 + sample.num_tokens] / temperature, dim=-1)
+
+
+def test_keyed_sampling_picks_what_the_seed_says_and_repeats(engine: InferenceEngine, folder: Folder) -> None:
+    from shared.keyed_sampling import choice_gaps
+
+    blob = folder.blob(folder.perturbed(base_state(folder), noise_scale=0.3, seed=5))
+    engine.load_weights(blob, policy_version=5)
+    folder.load_reference(blob)
+    seeds = [1_000 + 97 * i for i in range(len(PROMPTS))]
+
+    groups = engine.generate(PROMPTS, num_samples=4, max_new_tokens=8, temperature=0.7, sampling_seeds=seeds)
+    again = engine.generate(PROMPTS, num_samples=4, max_new_tokens=8, temperature=0.7, sampling_seeds=seeds)
+    other = engine.generate(
+        PROMPTS, num_samples=4, max_new_tokens=8, temperature=0.7, sampling_seeds=[s + 50 for s in seeds]
+    )
+
+    assert [[s.token_ids for s in g] for g in again] == [[s.token_ids for s in g] for g in groups]
+    assert [[s.token_ids for s in g] for g in other] != [[s.token_ids for s in g] for g in groups]
+    assert_logprobs_match_reference(folder, groups, temperature=0.7)  # behaviour log-probs unchanged
+    for seed, group in zip(seeds, groups, strict=True):
+        for j, sample in enumerate(group):
+            gaps = choice_gaps(
+                reference_distributions(folder, sample, 0.7),
+                torch.tensor(sample.token_ids),
+                torch.full((sample.num_tokens,), seed + j),
+                torch.arange(sample.num_tokens),
+            )
+            assert float(gaps.max()) < 1e-4, (seed + j, gaps.tolist())  # fp32 on both sides: only rounding

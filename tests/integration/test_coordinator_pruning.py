@@ -11,6 +11,7 @@ import httpx
 import pytest
 import redis
 
+from services.coordinator.ledger import WorkerBill
 from shared.api import RegisterWorkerRequest, StatusResponse
 from shared.config import CoordinatorConfig, RunConfig
 from shared.keys import RunKeys
@@ -92,8 +93,9 @@ def test_a_pruned_worker_keeps_its_cost_in_the_totals_and_its_hashes_go(
     served = serve(serve_coordinator, keys, clock)
     worker = register(served.client, "priced", price_per_hour=3.6)
     control = served.app.state.control
-    control.ledger.bill(1000.0, 0.0, {worker.worker_id: 3.6})
-    control.ledger.bill(1010.0, 0.0, {worker.worker_id: 3.6})  # 10 s at $3.6/h: $0.01
+    control.ledger.bill(1000.0, 0.0, {worker.worker_id: WorkerBill(3.6, 0, flagged=False)})
+    control.ledger.bill(1010.0, 0.0, {worker.worker_id: WorkerBill(3.6, 0, flagged=False)})  # 10 s at $3.6/h: $0.01
+    control.ledger.bill(1010.0, 0.0, {worker.worker_id: WorkerBill(3.6, 1, flagged=False)})  # backed by a scored group
     redis_client.hset(keys.broadcast_last_swap, worker.worker_id, "3:1000.0")
     redis_client.hset(keys.broadcast_throughput, worker.worker_id, "812.5")
     before = served.client.get("/v1/cost", headers=bearer(ADMIN_TOKEN)).json()
@@ -108,5 +110,6 @@ def test_a_pruned_worker_keeps_its_cost_in_the_totals_and_its_hashes_go(
     assert after["total_usd"] == pytest.approx(before["total_usd"])
     assert not redis_client.hexists(keys.broadcast_last_swap, worker.worker_id)
     assert not redis_client.hexists(keys.broadcast_throughput, worker.worker_id)
+    assert not [field for field in redis_client.hkeys(keys.cost_ledger) if worker.worker_id.encode() in field]
     assert not redis_client.exists(keys.worker(worker.worker_id))
     assert served.client.get(f"/v1/workers/{worker.worker_id}").status_code == 404

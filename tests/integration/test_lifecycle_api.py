@@ -12,6 +12,7 @@ import redis
 
 from services.coordinator.app import create_app
 from services.coordinator.control import ControlPlane, pass_interval_s
+from shared import worker_rewards
 from shared.api import RegisterWorkerResponse
 from shared.config import ActivationConfig, CoordinatorConfig, GRPOConfig, RunConfig, ScheduleConfig
 from shared.keys import RunKeys
@@ -185,8 +186,9 @@ def test_the_ledger_bills_the_learner_and_active_workers_only_while_they_run(
 
     api.delete(f"/v1/workers/{active.worker_id}", headers=bearer(active.token))
     control.run_once()  # the priced worker is activated ...
+    score_groups(redis_client, keys, standby.worker_id, 1)
     now[0] = 1150.0
-    control.run_once()  # ... and billed for 50 s: $0.10
+    control.run_once()  # ... and billed for 50 s, backed by a scored group: $0.10
     cost = api.get("/v1/cost").json()
     assert cost["usd_by_worker"][standby.worker_id] == pytest.approx(0.1)
     assert cost["total_usd"] == pytest.approx(0.15 + 0.1)
@@ -198,6 +200,59 @@ def test_the_ledger_bills_the_learner_and_active_workers_only_while_they_run(
     now[0] = 1200.0
     control.run_once()  # nothing runs any more: the ledger stands still
     assert api.get("/v1/cost").json()["total_usd"] == pytest.approx(0.25)
+
+
+def score_groups(client: redis.Redis, keys: RunKeys, worker_id: str, num_groups: int) -> None:
+    """What the reward service records when it scores `num_groups` groups of the worker (shared/worker_rewards.py)."""
+    client.hincrbyfloat(keys.worker_rewards(worker_id), worker_rewards.NUM_GROUPS, num_groups)
+
+
+def test_a_worker_is_billed_only_for_active_time_backed_by_verified_work(
+    start: Start, redis_client: redis.Redis, keys: RunKeys
+) -> None:
+    now = [1000.0]
+    api, control = start(clock=lambda: now[0], activate_free_workers=False, enabled=False, verified_work_window_s=60.0)
+    honest, idle = register(api, "honest", price_per_hour=36.0), register(api, "idle", price_per_hour=36.0)
+    control.run_once()  # both active ($0.01 a second each), their stretches open
+
+    for second in range(1, 101):  # honest: a group scored every 10 s; idle: none
+        if second % 10 == 0:
+            score_groups(redis_client, keys, honest.worker_id, 1)
+        now[0] = 1000.0 + second
+        control.run_once()
+
+    cost = api.get("/v1/cost").json()
+    assert cost["usd_by_worker"][honest.worker_id] == pytest.approx(1.0)  # 100 s, each backed by a group
+    assert cost["usd_by_worker"].get(idle.worker_id, 0.0) == 0.0  # 100 s, none verified
+    assert cost["unverified_usd"] == pytest.approx(0.6)  # its first 60 s window dropped, 40 s still open
+    assert cost["workers_usd"] == pytest.approx(1.0) and cost["total_usd"] == pytest.approx(1.0)
+
+    score_groups(redis_client, keys, idle.worker_id, 1)  # its first group: the open 40 s are billed
+    control.run_once()
+    assert api.get("/v1/cost").json()["usd_by_worker"][idle.worker_id] == pytest.approx(0.4)
+
+
+def test_a_flagged_worker_is_not_billed_even_for_scored_groups(
+    start: Start, redis_client: redis.Redis, keys: RunKeys
+) -> None:
+    now = [1000.0]
+    api, control = start(clock=lambda: now[0], activate_free_workers=False, enabled=False)
+    worker = register(api, "flagged", price_per_hour=36.0)
+    control.run_once()
+    for peer in (register(api, "honest-a"), register(api, "honest-b")):  # answered all their 20 leases
+        redis_client.hset(keys.work_counts(peer.worker_id), mapping={"leased": 20, "returned": 20, "accepted": 20})
+    # what the work API counted for it: 18 of its 20 leases expired (fewer ended leases than [work]
+    # quarantine_min_ended_leases: flagged, not quarantined)
+    redis_client.hset(keys.work_counts(worker.worker_id), mapping={"leased": 20, "accepted": 2, "expired": 18})
+
+    score_groups(redis_client, keys, worker.worker_id, 2)
+    now[0] = 1010.0
+    control.run_once()
+
+    cost = api.get("/v1/cost").json()
+    assert api.get(f"/v1/workers/{worker.worker_id}").json()["state"] == "active"
+    assert cost["usd_by_worker"].get(worker.worker_id, 0.0) == 0.0
+    assert cost["unverified_usd"] == pytest.approx(0.1)
 
 
 # capacity

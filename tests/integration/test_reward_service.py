@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 
 from services.reward.service import RewardService
 from services.reward.settings import RewardSettings
+from shared import worker_rewards
 from shared.bus import StreamBus
 from shared.config import RunConfig
 from shared.keys import RunKeys
@@ -118,6 +119,22 @@ def test_rollouts_are_scored_by_the_verifier_and_acked(service, bus, keys, token
     wait_for(lambda: bus.backlog(ROLLOUTS) == 0, "the rollout acked")
     assert bus.dead_letters() == []
     assert service.scorer.text_mismatches_by_worker == {}  # an honest worker's text is the decoded text
+
+
+def test_the_rewards_of_each_workers_scored_groups_are_recorded_with_them(service, bus, keys, tokenizer) -> None:
+    wait_for(lambda: bus.length(TASKS) >= 3, "tasks")
+    first, second, forged = take_tasks(bus, keys, 3)
+    right, wrong = right_answer(first), wrong_answer(first)
+    bus.publish(ROLLOUTS, rollout_for(first, [right, wrong, right + right, ""], tokenizer))  # mean 0.375
+    bus.publish(ROLLOUTS, rollout_for(second, [right_answer(second)] * 4, tokenizer))  # mean 1.0
+    bus.publish(ROLLOUTS, unsigned_rollout_for(forged, [right_answer(forged)] * 4, tokenizer))  # dead-lettered
+
+    wait_for(lambda: bus.length(SCORED) == 2 and bus.backlog(ROLLOUTS) == 0, "two groups scored, one refused")
+
+    stats = worker_rewards.parse(bus.redis.hgetall(keys.worker_rewards("w-test")))
+    assert stats.num_groups == 2  # only what was scored: the forged group is not w-test's work
+    assert stats.reward_sum == pytest.approx(0.375 + 1.0)
+    assert stats.reward_sum_sq == pytest.approx(0.375**2 + 1.0)
 
 
 def test_bad_rollouts_are_dead_lettered_and_the_service_keeps_scoring(service, bus, keys, tokenizer) -> None:

@@ -178,6 +178,23 @@ def test_a_second_answer_to_the_same_lease_is_refused_and_dead_lettered(served, 
     assert (counts.accepted, counts.refused) == (1, 1)
 
 
+def test_the_same_answer_sent_again_is_accepted_once_without_a_dead_letter(served, join, bus: StreamBus) -> None:
+    worker = join("retrier")
+    add_tasks(bus, 1)
+    [(lease_id, task)] = worker.lease()
+    group = answer(task, worker.worker_id)
+
+    first = worker.submit([(lease_id, group)])
+    retry = worker.submit([(lease_id, group)])  # its first reply was lost: the same bytes again
+    other = worker.submit([(lease_id, answer(task, worker.worker_id))])  # a second, different answer
+
+    assert first.accepted == [lease_id] and retry.accepted == [lease_id] and retry.refused == []
+    assert other.accepted == [] and "not held" in other.refused[0].reason
+    assert bus.length(ROLLOUTS) == 1 and bus.length(DEAD) == 1  # the different answer's letter only
+    counts = assert_counters_close(served).workers[worker.worker_id]
+    assert (counts.accepted, counts.refused) == (1, 1)
+
+
 def test_concurrent_answers_to_one_lease_are_accepted_once(served, join, bus: StreamBus) -> None:
     worker = join("racer")
     add_tasks(bus, 1)
@@ -232,14 +249,16 @@ def test_only_active_workers_get_tasks(served, join, bus: StreamBus, clock: Manu
     active, standby, draining, quarantined, dead = (join(name) for name in ("a", "s", "d", "q", "x"))
     registry = served.app.state.coordinator.registry
     add_tasks(bus, 4)
-    registry.set_states({standby.worker_id: (WorkerState.STANDBY, (WorkerState.ACTIVE,))})
-    registry.set_states({quarantined.worker_id: (WorkerState.QUARANTINED, (WorkerState.ACTIVE,))})
-    assert draining.http.post(f"/v1/workers/{draining.worker_id}/drain").status_code == 200
-    registry.redis.zadd(registry.keys.worker_leases, {dead.worker_id: clock() - 1})  # its lease ran out
+    # no control pass until the checks are done: activation would make the standby worker active again
+    with served.app.state.control._lock:
+        registry.set_states({standby.worker_id: (WorkerState.STANDBY, (WorkerState.ACTIVE,))})
+        registry.set_states({quarantined.worker_id: (WorkerState.QUARANTINED, (WorkerState.ACTIVE,))})
+        assert draining.http.post(f"/v1/workers/{draining.worker_id}/drain").status_code == 200
+        registry.redis.zadd(registry.keys.worker_leases, {dead.worker_id: clock() - 1})  # its lease ran out
 
-    assert standby.lease() == [] and draining.lease() == [] and quarantined.lease() == []
-    assert dead.http.post(LEASE_PATH, json={"max_groups": 4}).status_code == 410
-    assert len(active.lease(max_groups=4)) == 4
+        assert standby.lease() == [] and draining.lease() == [] and quarantined.lease() == []
+        assert dead.http.post(LEASE_PATH, json={"max_groups": 4}).status_code == 410
+        assert len(active.lease(max_groups=4)) == 4
     admin = served.client.post(LEASE_PATH, json={"max_groups": 1}, headers=bearer(ADMIN_TOKEN))
     assert admin.status_code == 403  # the admin is no worker
     assert served.client.post(LEASE_PATH, json={"max_groups": 1}).status_code == 401
@@ -351,16 +370,18 @@ def test_workers_show_the_groups_accepted_not_what_their_heartbeats_claim(served
 
 def test_a_worker_that_leases_and_never_answers_is_flagged_against_the_fleet(served, join, bus: StreamBus) -> None:
     dropper, honest_a, honest_b = join("dropper"), join("honest-a"), join("honest-b")
-    add_tasks(bus, 24)
-    held = dropper.lease(max_groups=24)  # takes every task, answers none
-    assert len(held) == 24
+    held: list[tuple[str, TaskGroup]] = []
     reissued: list[tuple[str, TaskGroup]] = []
-    for worker in (honest_a, honest_b):  # the leases run out and go to the honest workers, who answer them
-        taken = wait_for(lambda worker=worker: worker.lease(max_groups=12), "expired leases", timeout_s=10)
-        while len(taken) < 12:
-            taken += worker.lease(max_groups=12 - len(taken))
-        assert worker.submit([(lease_id, answer(task, worker.worker_id)) for lease_id, task in taken]).refused == []
-        reissued += taken
+    for _ in range(2):  # two rounds of 12: it may hold at most [work] max_held_tasks (16) at once
+        add_tasks(bus, 12)
+        held += dropper.lease(max_groups=12)  # takes every task, answers none
+        for worker in (honest_a, honest_b):  # the leases run out and go to the honest workers, who answer them
+            taken = wait_for(lambda worker=worker: worker.lease(max_groups=6), "expired leases", timeout_s=10)
+            while len(taken) < 6:
+                taken += worker.lease(max_groups=6 - len(taken))
+            assert worker.submit([(lease_id, answer(task, worker.worker_id)) for lease_id, task in taken]).refused == []
+            reissued += taken
+    assert len(held) == 24
     add_tasks(bus, 16)
     for worker in (honest_a, honest_b):
         fresh = worker.lease(max_groups=8)

@@ -17,6 +17,14 @@ def test_the_in_flight_bound_keeps_at_least_one_step_even_when_synchronous() -> 
     assert RunConfig.model_validate({"data": {"max_groups_in_flight": 7}}).max_groups_in_flight == 7
 
 
+def test_the_verified_work_window_covers_the_lease_time() -> None:
+    assert RunConfig().verified_work_window_s == 60.0  # 4 x 15 s
+    assert RunConfig.model_validate({"rollout": {"claim_idle_ms": 600_000}}).verified_work_window_s == 2400.0
+    assert RunConfig.model_validate({"activation": {"verified_work_window_s": 30.0}}).verified_work_window_s == 30.0
+    with pytest.raises(ValueError, match="verified_work_window_s"):  # shorter than the lease: honest work unbilled
+        RunConfig.model_validate({"activation": {"verified_work_window_s": 10.0}})
+
+
 def test_overrides_replace_top_level_keys(repo_root: Path) -> None:
     assert load_run_config(repo_root / "configs" / "demo.toml", run_id="other").run_id == "other"
 

@@ -1,9 +1,9 @@
 """A worker whose completion ratio departs from the fleet's is flagged in the work accounting
-(services/coordinator/work_leases.py completion_outliers): one that leases tasks and lets them expire."""
+(services/coordinator/work_flags.py completion_outliers): one that leases tasks and lets them expire."""
 
 from __future__ import annotations
 
-from services.coordinator.work_leases import MIN_DECIDED_LEASES, completion_outliers
+from services.coordinator.work_flags import MIN_DECIDED_LEASES, completion_outliers
 from shared.work_api import WorkCounts
 
 

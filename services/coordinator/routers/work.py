@@ -42,8 +42,9 @@ def lease_tasks(
     request: LeaseRequest, caller: WorkerCallerDep, work: WorkLeasesDep, registry: RegistryDep
 ) -> LeaseResponse:
     """Up to `max_groups` tasks, answering at once (maybe with none: back off before asking again). Leases
-    another worker let expire come first. Standby, draining and quarantined workers get none; a dead
-    worker gets 410 (register again)."""
+    another worker let expire come first. A worker holding `[work] max_held_tasks` unanswered leases gets
+    none until it answers some (or they expire and go to others). Standby, draining and quarantined
+    workers get none; a dead worker gets 410 (register again)."""
     try:
         tasks = work.lease(caller.worker_id, request.max_groups, registry.clock())
     except LeaseRefusedError as exc:
@@ -89,5 +90,7 @@ def report_failure(failure: TaskFailure, caller: WorkerCallerDep, work: WorkLeas
 @router.get(ACCOUNTING_PATH, responses=error_docs(401, 403))
 def work_accounting(caller: AdminCallerDep, work: WorkLeasesDep) -> WorkAccounting:
     """Admin token only: per worker and in total, tasks leased, groups returned, accepted and refused,
-    leases expired, tasks failed, and leases held now (leased = accepted + failed + expired + held)."""
+    leases expired, tasks failed, and leases held now (leased = accepted + failed + expired + held); the
+    rewards of each worker's scored groups; the workers flagged for their completion ratio (quarantined by
+    policy) and for their mean reward (a signal only)."""
     return work.accounting()

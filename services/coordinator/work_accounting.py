@@ -1,0 +1,122 @@
+"""The work accounting as the coordinator reads it (GET /v1/work/accounting, and each control pass): the
+work API's counters per worker and in total (shared/work_counts.py, written by services/coordinator/work_leases.py),
+the leases held now (XPENDING), what the reward service recorded per worker (shared/worker_rewards.py), and
+the workers they flag (services/coordinator/work_flags.py).
+
+A worker's completion is judged on the leases ended since an admin last released it: the release stores
+its counters as a baseline (RunKeys.work_release_baseline), so a released worker starts afresh instead of
+being quarantined again for what it did before. The counters themselves are never reset: the run's
+accounting closes from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import cast
+
+import redis
+from redis.typing import EncodableT
+
+from services.coordinator.work_flags import completion_outliers, reward_outliers, since_release
+from shared import worker_rewards
+from shared.config import WorkConfig
+from shared.keys import RunKeys
+from shared.streams import TASKS
+from shared.work_api import RewardStats, WorkAccounting, WorkCounts
+from shared.work_counts import WorkCounter
+
+
+class WorkBooks:
+    """Reads of the work accounting for one run; `lease_s` is reported with it."""
+
+    def __init__(self, client: redis.Redis, keys: RunKeys, config: WorkConfig, *, lease_s: float) -> None:
+        self.redis = client
+        self.keys = keys
+        self.config = config
+        self.lease_s = lease_s
+        self.tasks = keys.name_of(TASKS)
+        self.group = cast(str, TASKS.group)
+
+    def accounting(self) -> WorkAccounting:
+        worker_ids = sorted(_text(worker_id) for worker_id in self.redis.smembers(self.keys.work_worker_ids))
+        with self.redis.pipeline(transaction=False) as pipe:
+            for worker_id in worker_ids:
+                pipe.hgetall(self.keys.work_counts(worker_id))
+            pipe.hgetall(self.keys.work_totals)
+            counts = pipe.execute()
+        held = self._held_by_consumer()
+        workers = {
+            worker_id: _counts(raw, held.get(worker_id, 0)) for worker_id, raw in zip(worker_ids, counts, strict=False)
+        }
+        totals = _counts(counts[-1], sum(held.values()))
+        rewards = self.rewards(worker_ids)
+        return WorkAccounting(
+            lease_s=self.lease_s,
+            max_held=self.config.max_held_tasks,
+            workers=workers,
+            totals=totals,
+            flagged=completion_outliers(self._since_release(workers)),
+            rewards={worker_id: stats for worker_id, stats in rewards.items() if stats.num_groups},
+            reward_flagged=reward_outliers(
+                rewards,
+                num_standard_errors=self.config.reward_flag_standard_errors,
+                min_groups=self.config.reward_flag_min_groups,
+            ),
+        )
+
+    def counts_since_release(self, worker_ids: Iterable[str]) -> dict[str, WorkCounts]:
+        """Each worker's counters over the leases ended since an admin last released it (`held`: 0, not read);
+        what the completion flag judges."""
+        worker_ids = list(worker_ids)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for worker_id in worker_ids:
+                pipe.hgetall(self.keys.work_counts(worker_id))
+            counts = pipe.execute()
+        return self._since_release({wid: _counts(raw, 0) for wid, raw in zip(worker_ids, counts, strict=True)})
+
+    def rewards(self, worker_ids: Iterable[str]) -> dict[str, RewardStats]:
+        """What the reward service recorded for each worker (shared/worker_rewards.py; none: zeros)."""
+        worker_ids = list(worker_ids)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for worker_id in worker_ids:
+                pipe.hgetall(self.keys.worker_rewards(worker_id))
+            raws = pipe.execute()
+        return {worker_id: worker_rewards.parse(raw) for worker_id, raw in zip(worker_ids, raws, strict=True)}
+
+    def mark_released(self, worker_id: str) -> None:
+        """An admin released the worker: its completion is judged from now on (the counters stay as they are)."""
+        raw = self.redis.hgetall(self.keys.work_counts(worker_id))
+        counts: dict[EncodableT, EncodableT] = {_text(name): _text(value) for name, value in raw.items()}
+        baseline = self.keys.work_release_baseline(worker_id)
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(baseline)
+            if counts:
+                pipe.hset(baseline, mapping=counts)
+            pipe.execute()
+
+    def _since_release(self, workers: dict[str, WorkCounts]) -> dict[str, WorkCounts]:
+        with self.redis.pipeline(transaction=False) as pipe:
+            for worker_id in workers:
+                pipe.hgetall(self.keys.work_release_baseline(worker_id))
+            baselines = pipe.execute()
+        return {
+            worker_id: since_release(counts, _counts(raw, 0) if raw else None)
+            for (worker_id, counts), raw in zip(workers.items(), baselines, strict=True)
+        }
+
+    def _held_by_consumer(self) -> dict[str, int]:
+        try:
+            summary = self.redis.xpending(self.tasks, self.group)
+        except redis.ResponseError:  # no stream or group yet: nothing held
+            return {}
+        return {_text(c["name"]): int(c["pending"]) for c in summary.get("consumers") or []}
+
+
+def _counts(raw: dict[bytes, bytes], held: int) -> WorkCounts:
+    known = {counter.value for counter in WorkCounter}
+    values = {_text(name): max(int(value), 0) for name, value in raw.items() if _text(name) in known}
+    return WorkCounts(**values, held=held)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
