@@ -63,7 +63,7 @@ help:
 	@echo "make bench-load 1000 simulated workers heartbeating once a second against one coordinator"
 	@echo "make bench-work 1000 simulated workers taking and answering tasks: direct Redis (before) vs the work API (~6 min)"
 	@echo "make bench-stream-memory  Redis memory per 1,000 learner steps, stream trimming on vs off"
-	@echo "make bench-hostile  the demo with a dropper and a replayer worker beside the honest ones: task accounting (~5 min)"
+	@echo "make bench-hostile  the demo with a dropper and a replayer worker beside the honest ones, and without: task accounting, slowdown (~6 min)"
 	@echo "make k8s-render  render the Helm chart (deploy/relay-rl) to runs/k8s/$(K8S_VALUES).yaml: K8S_VALUES=cpu-demo|gpu, RUN_CONFIG=<run file>; Secrets left out"
 	@echo "make k8s-validate render the chart for every values set, validate each object offline against the Kubernetes schemas, run its containers as processes (~2 min)"
 

@@ -9,7 +9,9 @@ Two more workers join over REST with the cluster's join token and use the work A
     replayer   answers every task it leases twice, with two different groups (a well-formed group of garbage
                tokens, signed with its own rollout key): the second answer must be refused
 At the stop the runner writes runs/<id>/accounting.json (cluster/accounting.py); this adds the work API's
-per-worker counters (GET /v1/work/accounting) and writes both to benchmarks/results/hostile_fleet.json.
+per-worker counters (GET /v1/work/accounting) and writes both to benchmarks/results/hostile_fleet.json, with
+the learner's run time beside that of the same run file with the honest workers only, run just before
+(`--no-baseline` skips it).
 Required: 0 tasks unaccounted, in total and per worker; the dropper flagged; every second answer refused.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import threading
 import time
 import uuid
@@ -121,17 +124,43 @@ class HostileWorker(threading.Thread):
         return sign_rollout(group, key).encode()
 
 
+RUN_ID = "hostile-fleet"
+BASELINE_RUN_ID = "hostile-fleet-baseline"
+
+
+def fresh_cluster(config: Path, num_workers: int, run_id: str) -> LocalCluster:
+    """A cluster for a fresh run (the runner resumes a run whose folder exists: it is removed first)."""
+    runs_dir = REPO_ROOT / "runs"
+    shutil.rmtree(runs_dir / run_id, ignore_errors=True)
+    return LocalCluster(ClusterOptions(config_path=config, num_workers=num_workers, runs_dir=runs_dir, run_id=run_id))
+
+
+def learner_outcome(cluster: LocalCluster) -> dict[str, object]:
+    """What the learner reached and how long it took (its run time: from its start to its last step)."""
+    summary = json.loads((cluster.run_dir / "learner_summary.json").read_text())
+    return {key: summary[key] for key in ("num_steps", "stop_reason", "wall_s", "reward_mean_last")}
+
+
+def run_baseline(config: Path, num_workers: int) -> dict[str, object]:
+    """The same run file with the honest workers only, just before: the speed the hostile run is compared with."""
+    cluster = fresh_cluster(config, num_workers, BASELINE_RUN_ID)
+    try:
+        cluster.start()
+        cluster.wait_until_done()
+    finally:
+        cluster.stop()
+    return learner_outcome(cluster)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=REPO_ROOT / "benchmarks" / "hostile_fleet.toml")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--no-baseline", action="store_true", help="skip the run without hostile workers")
     args = parser.parse_args()
-    cluster = LocalCluster(
-        ClusterOptions(
-            config_path=args.config, num_workers=args.workers, runs_dir=REPO_ROOT / "runs", run_id="hostile-fleet"
-        )
-    )
+    baseline = None if args.no_baseline else run_baseline(args.config, args.workers)
+    cluster = fresh_cluster(args.config, args.workers, RUN_ID)
     stop = threading.Event()
     hostile: list[HostileWorker] = []
     work: WorkAccounting | None = None
@@ -181,6 +210,8 @@ def main() -> None:
             },
             "flagged": {names.get(wid, wid): why for wid, why in (work.flagged.items() if work else [])},
         },
+        "learner": learner_outcome(cluster),
+        "learner_without_hostile_workers": baseline,
         "run_accounting": accounting,
     }
     args.out.write_text(json.dumps(result, indent=1) + "\n")
