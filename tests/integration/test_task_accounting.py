@@ -32,7 +32,7 @@ def test_every_task_is_accounted_for_in_total_and_per_worker_while_streams_are_t
     for _ in range(20):
         pipeline.step()
 
-    # a worker reports a task it cannot serve; one answers a lease twice (the second is refused)
+    # a worker reports a task it cannot serve; one answers a lease twice (a second, different answer is refused)
     work = pipeline.work
     pipeline.issue_tasks()
     (failing,) = work.lease("w-0", 1, time.time())
@@ -40,7 +40,9 @@ def test_every_task_is_accounted_for_in_total_and_per_worker_while_streams_are_t
     (answered,) = work.lease("w-1", 1, time.time())
     group = SubmittedGroup(lease_id=answered.lease_id, group=pipeline.rollout(answered.task, "w-1").encode())
     assert work.submit("w-1", [group]).accepted == [answered.lease_id]
-    assert work.submit("w-1", [group]).refused  # already answered
+    assert work.submit("w-1", [group]).accepted == [answered.lease_id]  # the same bytes again: a retry, accepted once
+    second = SubmittedGroup(lease_id=answered.lease_id, group=pipeline.rollout(answered.task, "w-1").encode())
+    assert work.submit("w-1", [second]).refused  # another answer: already answered
 
     # a slow worker's leases expire and go to another worker, which answers them
     redis_client.hset(keys.worker("w-slow"), mapping={"state": "active"})
