@@ -17,6 +17,7 @@ always falls between two groups; the learner's evaluator likewise uses its engin
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,6 +56,7 @@ class TorchEngine(InferenceEngine):
         self.ties_output_to_input = (
             self.model.get_output_embeddings().weight is self.model.get_input_embeddings().weight
         )
+        self.cache_argument = kv_cache_argument(self.model)
         # LoRA: the base weight of every layer an adapter changed, kept the first time it is changed
         self._lora_base: dict[str, torch.Tensor] = {}
 
@@ -158,7 +160,7 @@ class TorchEngine(InferenceEngine):
             use_cache=True,
             logits_to_keep=1,
         )
-        cache = out.past_key_values
+        cache = out[self.cache_argument]
         cache.batch_repeat_interleave(num_samples)  # (P, ...) -> (B, ...): sample j of prompt i is row i*G + j
         logits = out.logits[:, -1].repeat_interleave(num_samples, dim=0)  # (B, V)
         attention_mask = attention_mask.repeat_interleave(num_samples, dim=0)  # (B, L)
@@ -184,8 +186,8 @@ class TorchEngine(InferenceEngine):
                 input_ids=token[:, None],
                 attention_mask=attention_mask,
                 position_ids=next_position,
-                past_key_values=cache,
                 use_cache=True,
+                **{self.cache_argument: cache},
             )
             logits = out.logits[:, -1]
             next_position = next_position + 1
@@ -247,6 +249,12 @@ class TorchEngine(InferenceEngine):
     def _check_fits(self, state: dict[str, torch.Tensor]) -> None:
         expected_shapes = {name: tuple(tensor.shape) for name, tensor in self.model.state_dict().items()}
         check_state_fits(state, expected_shapes, self.ties_output_to_input)
+
+
+def kv_cache_argument(model: torch.nn.Module) -> str:
+    """The name under which this transformers version's forward takes and returns the KV cache: `cache` from
+    5.2x on, `past_key_values` before (deprecated there, removed in 5.40); vLLM's environment pins an older one."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def keyed_row_seeds(sampling_seeds: Sequence[int] | None, num_prompts: int, num_samples: int) -> torch.Tensor | None:

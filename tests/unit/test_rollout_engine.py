@@ -167,3 +167,16 @@ def test_the_engines_compute_in_the_folders_dtype_unless_the_run_file_says(tmp_p
     (folder / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))  # transformers 4's name
     assert engine_dtype(RolloutConfig(), folder) == "bfloat16"
     assert engine_dtype(RolloutConfig(dtype="float32"), folder) == "float32"
+
+
+def test_sampling_uses_this_transformers_versions_cache_argument_without_deprecation_warnings(
+    engine: TorchEngine,
+) -> None:
+    import inspect
+    import warnings
+
+    assert engine.cache_argument in inspect.signature(engine.model.forward).parameters
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine.generate(MIXED_PROMPTS, num_samples=2, max_new_tokens=4, temperature=1.0)
+    assert not [w for w in caught if "past_key_values" in str(w.message)], [str(w.message) for w in caught]
