@@ -36,3 +36,10 @@ def test_both_variants_install_the_services_extras_and_pin_torch_first(dockerfil
     (vllm_pin,) = tomllib.loads((repo_root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["vllm"]
     assert vllm_pin in gpu.group(1)  # the same vLLM as `make setup-vllm`
     assert 'CMD ["relay-rl", "--help"]' in dockerfile
+
+
+def test_the_secrets_file_is_kept_out_of_git_and_out_of_the_build_context(repo_root: Path) -> None:
+    """`.env` holds the learner's signing key and every Redis password (docker compose reads it)."""
+    for ignore_file in (".gitignore", ".dockerignore"):
+        patterns = [line.strip() for line in (repo_root / ignore_file).read_text().splitlines()]
+        assert ".env" in patterns, ignore_file
