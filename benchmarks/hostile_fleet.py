@@ -22,14 +22,15 @@ import json
 import shutil
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import httpx
 
 from cluster.local import ClusterOptions, LocalCluster
+from engines.interface import Sample
+from services.rollout.rollout_groups import build_rollout_group
 from shared.api import RegisterWorkerResponse
-from shared.messages import RolloutGroup, pack_float32, pack_int32
+from shared.messages import TaskGroup
 from shared.rollout_mac import sign_rollout
 from shared.work_api import (
     ACCOUNTING_PATH,
@@ -102,25 +103,10 @@ class HostileWorker(threading.Thread):
         self.num_second_accepted += len(second.accepted)
         self.num_second_refused += len(second.refused)
 
-    def group(self, task, key: bytes) -> bytes:
-        lengths = [1] * task.num_samples
-        group = RolloutGroup(
-            run_id=self.run_id,
-            group_id=uuid.uuid4().hex,
-            task_id=task.task_id,
-            task_name=task.task_name,
-            prompt=task.prompt,
-            worker_id=self.worker_id,
-            policy_version=0,
-            temperature=task.temperature,
-            prompt_token_ids=pack_int32([1, 2]),
-            completion_token_ids=pack_int32([3] * task.num_samples),
-            completion_lengths=pack_int32(lengths),
-            behaviour_logprobs=pack_float32([-1.0] * task.num_samples),
-            completion_texts=["7"] * task.num_samples,
-            finish_reasons=["length"] * task.num_samples,
-            generation_s=0.01,
-        )
+    def group(self, task: TaskGroup, key: bytes) -> bytes:
+        """A well-formed, signed group of garbage: one token per sample."""
+        garbage = Sample(prompt_token_ids=[1, 2], token_ids=[3], logprobs=[-1.0], text="7", finish_reason="length")
+        group = build_rollout_group(task, [garbage] * task.num_samples, self.worker_id, 0, 0.01)
         return sign_rollout(group, key).encode()
 
 

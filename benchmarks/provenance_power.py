@@ -211,7 +211,7 @@ def main() -> None:
         "audit_s_per_group_logprobs_only": logprobs_only_s,
         "audit_s_per_group_with_provenance": with_provenance_s,
         "wall_s": time.monotonic() - started_s,
-        "rows": [row for row in rows],
+        "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

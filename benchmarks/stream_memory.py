@@ -29,12 +29,14 @@ from pathlib import Path
 import redis
 
 from cluster.redis_server import RedisServer
+from engines.interface import Sample
 from services.coordinator.work_leases import WorkLeases
 from services.learner.batch import BatchCollector
+from services.rollout.rollout_groups import build_rollout_group
 from shared.bus import StreamBus
 from shared.config import WorkConfig
 from shared.keys import GROUPS_SCORED, TASKS_ISSUED, RunKeys
-from shared.messages import LearnerState, RolloutGroup, ScoredGroup, TaskGroup, pack_float32, pack_int32
+from shared.messages import LearnerState, RolloutGroup, ScoredGroup, TaskGroup
 from shared.stream_trim import TRIM_INTERVAL_S, ConsumedTrimmer
 from shared.streams import LEARNER_STATE, ROLLOUTS, SCORED, TASKS
 from shared.work_api import SubmittedGroup
@@ -178,24 +180,14 @@ class SimulatedPipeline:
         )
 
     def rollout(self, task: TaskGroup, worker_id: str) -> RolloutGroup:
-        num_tokens = self.shape.group_size * self.shape.max_new_tokens
-        return RolloutGroup(
-            run_id=self.run_id,
-            group_id=uuid.uuid4().hex,
-            task_id=task.task_id,
-            task_name=task.task_name,
-            prompt=task.prompt,
-            worker_id=worker_id,
-            policy_version=self.version,
-            temperature=1.0,
-            prompt_token_ids=pack_int32([7] * self.shape.prompt_tokens),
-            completion_token_ids=pack_int32([11] * num_tokens),
-            completion_lengths=pack_int32([self.shape.max_new_tokens] * self.shape.group_size),
-            behaviour_logprobs=pack_float32([-1.0] * num_tokens),
-            completion_texts=["y" * (4 * self.shape.max_new_tokens)] * self.shape.group_size,
-            finish_reasons=["length"] * self.shape.group_size,
-            generation_s=0.01,
+        sample = Sample(
+            prompt_token_ids=[7] * self.shape.prompt_tokens,
+            token_ids=[11] * self.shape.max_new_tokens,
+            logprobs=[-1.0] * self.shape.max_new_tokens,
+            text="y" * (4 * self.shape.max_new_tokens),
+            finish_reason="length",
         )
+        return build_rollout_group(task, [sample] * self.shape.group_size, worker_id, self.version, 0.01)
 
 
 STEPS_PER_S = 10.0

@@ -101,7 +101,7 @@ def chosen_token_logprobs(
     chunk_tokens: int = 0,
 ) -> torch.Tensor:
     """`token_logprobs` on the model's own parameters (the body of a sharded policy's registered forward)."""
-    _check_plain_lm_head(model)
+    check_plain_lm_head(model)
     head = cast(torch.nn.Linear, model.get_output_embeddings())  # H -> V, tied to the embedding or not
     hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     # (B, T, H) hidden states after the final norm; no KV cache: nothing is generated
@@ -204,7 +204,7 @@ def _scaled_logits(hidden: torch.Tensor, weight: torch.Tensor, temperatures: tor
     return (hidden @ weight.T).float().div_(temperatures[:, None])
 
 
-def _check_plain_lm_head(model: PreTrainedModel) -> None:
+def check_plain_lm_head(model: PreTrainedModel) -> None:
     # token_logprobs rebuilds the logits as lm_head(hidden); models that post-process them would be wrong.
     if getattr(model.get_output_embeddings(), "bias", None) is not None:
         raise ValueError("token_logprobs does not support an LM head with a bias")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from services.learner.grpo import _check_plain_lm_head
+from services.learner.grpo import check_plain_lm_head
 from shared.config import TrustConfig
 from shared.keyed_sampling import choice_gaps
 
@@ -53,7 +53,7 @@ def audit_rows(
     """One no-grad forward of (b, T) right-padded rows -> ((b, T - 1) float32 log-probs of each target token,
     0 off the completion; (b, T - 1) float64 keyed-sampling gaps, 0 off the completion and on rows whose
     seed is negative: not keyed). row_seeds: (b,) the seed of each row (shared/keyed_sampling.sample_seeds)."""
-    _check_plain_lm_head(model)
+    check_plain_lm_head(model)
     head = model.get_output_embeddings()
     hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     targets_mask = completion_mask.bool()  # (b, T - 1)
