@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.sample_rows import sample_rows
 from cluster.local import REPO_ROOT
 from engines.interface import Sample
 from engines.torch_engine import TorchEngine
@@ -46,22 +47,6 @@ from shared.tasks import TaskAdapter, build_task
 NUM_GROUPS_BUDGET = 50
 NUM_CHERRY_DRAWS = 4
 WEIGHT_DELTAS = (0.001, 0.01, 0.03)
-
-
-def rows_of(groups: list[list[Sample]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded (B, T) input ids and attention mask and (B, T - 1) completion mask, as the learner's batch."""
-    rows = [sample for group in groups for sample in group]
-    width = max(len(s.prompt_token_ids) + len(s.token_ids) for s in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    completion_mask = torch.zeros((len(rows), width - 1), dtype=torch.bool)
-    for row, sample in enumerate(rows):
-        ids = sample.prompt_token_ids + sample.token_ids
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        attention_mask[row, : len(ids)] = 1
-        first = len(sample.prompt_token_ids) - 1
-        completion_mask[row, first : first + len(sample.token_ids)] = True
-    return input_ids, attention_mask, completion_mask
 
 
 def perturbed_state(model: torch.nn.Module, relative_noise: float, seed: int) -> dict[str, torch.Tensor]:
@@ -132,7 +117,8 @@ def main() -> None:
         )
 
     def audit(groups: list[list[Sample]], claimed_ids: list[str]) -> tuple[torch.Tensor, torch.Tensor, float]:
-        input_ids, attention_mask, completion_mask = rows_of(groups, pad_id)
+        batch = sample_rows(groups, pad_id)
+        input_ids, attention_mask, completion_mask = batch.input_ids, batch.attention_mask, batch.completion_mask
         seeds = torch.tensor([s for task_id in claimed_ids for s in sample_seeds(task_id, run.grpo.group_size)])
         started_s = time.perf_counter()
         with torch.no_grad(), policy.precision.compute():
@@ -187,7 +173,8 @@ def main() -> None:
         rows.append(evaluate(f"weights_{delta:g}", keyed(deviant, task_ids), task_ids, delta=delta))
 
     # the audit's cost: log-probs alone (what it computed before provenance) vs log-probs and gaps
-    input_ids, attention_mask, completion_mask = rows_of(honest_bf16, pad_id)
+    honest_rows = sample_rows(honest_bf16, pad_id)
+    input_ids, attention_mask = honest_rows.input_ids, honest_rows.attention_mask
     temperatures = torch.full((input_ids.shape[0],), run.grpo.temperature)
     with torch.no_grad(), policy.precision.compute():
         timed_s = time.perf_counter()

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.sample_rows import sample_rows
 from cluster.local import REPO_ROOT
 from services.learner.batch import TrainBatch
 from services.learner.grpo import token_logprobs
@@ -60,27 +61,16 @@ def sample_batch(model_dir: Path, run: RunConfig, num_groups: int, seed: int) ->
     groups = engine.generate(
         [p.input for p in prompts], run.grpo.group_size, run.grpo.max_new_tokens, run.grpo.temperature
     )
-    rows = [sample for group in groups for sample in group]
-    width = max(len(s.prompt_token_ids) + len(s.token_ids) for s in rows)
-    input_ids = torch.full((len(rows), width), engine.pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    completion_mask = torch.zeros((len(rows), width - 1), dtype=torch.bool)
-    behaviour = torch.zeros((len(rows), width - 1))
-    for row, sample in enumerate(rows):
-        ids = sample.prompt_token_ids + sample.token_ids
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        attention_mask[row, : len(ids)] = 1
-        first = len(sample.prompt_token_ids) - 1  # position j - 1 predicts token j
-        completion_mask[row, first : first + len(sample.token_ids)] = True
-        behaviour[row, first : first + len(sample.token_ids)] = torch.tensor(sample.logprobs)
+    rows = sample_rows(groups, engine.pad_token_id)
+    num_rows = rows.input_ids.shape[0]
     batch = TrainBatch(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        completion_mask=completion_mask,
-        behaviour_logprobs=behaviour,
-        advantages=torch.zeros((len(rows), 1)),
-        temperatures=torch.full((len(rows),), run.grpo.temperature),
-        rewards=torch.zeros(len(rows)),
+        input_ids=rows.input_ids,
+        attention_mask=rows.attention_mask,
+        completion_mask=rows.completion_mask,
+        behaviour_logprobs=rows.behaviour_logprobs,
+        advantages=torch.zeros((num_rows, 1)),
+        temperatures=torch.full((num_rows,), run.grpo.temperature),
+        rewards=torch.zeros(num_rows),
     )
     return batch, [run.grpo.group_size] * num_groups
 

@@ -96,12 +96,14 @@ class StreamBus:
         counter incremented in the same MULTI/EXEC (the reward service's tasks issued)."""
         name = self.keys.name_of(stream)
         if tally is None:
-            return _text(self.redis.xadd(name, {_PAYLOAD_FIELD: message.encode()}, maxlen=maxlen, approximate=True))
+            return redis_text(
+                self.redis.xadd(name, {_PAYLOAD_FIELD: message.encode()}, maxlen=maxlen, approximate=True)
+            )
         with self.redis.pipeline(transaction=True) as pipe:
             pipe.xadd(name, {_PAYLOAD_FIELD: message.encode()}, maxlen=maxlen, approximate=True)
             pipe.hincrby(tally[0], tally[1], 1)
             entry_id, _ = pipe.execute()
-        return _text(entry_id)
+        return redis_text(entry_id)
 
     def publish_and_ack(
         self,
@@ -134,7 +136,7 @@ class StreamBus:
 
     def publish_raw(self, stream: Stream[Any], payload: bytes) -> str:
         """XADD bytes as they are. For tests and tools that need to inject malformed payloads."""
-        return _text(self.redis.xadd(self.keys.name_of(stream), {_PAYLOAD_FIELD: payload}))
+        return redis_text(self.redis.xadd(self.keys.name_of(stream), {_PAYLOAD_FIELD: payload}))
 
     # consuming
     def ensure_group(self, stream: Stream[Any], start_id: str = "0") -> None:
@@ -204,7 +206,7 @@ class StreamBus:
     def counts(self, counter_key: str) -> dict[str, int]:
         """A hash of counters (as `ack_and_count` keeps them), field -> count."""
         raw = cast(dict[bytes, bytes], self.redis.hgetall(counter_key))
-        return {_text(name): int(value) for name, value in raw.items()}
+        return {redis_text(name): int(value) for name, value in raw.items()}
 
     def put_counts(self, counter_key: str, counts: dict[str, int]) -> None:
         """Set counters of a hash (fields not named keep their values)."""
@@ -232,7 +234,7 @@ class StreamBus:
         if not newest:
             return None
         raw_id, fields = newest[0]
-        entry_id = _text(raw_id)
+        entry_id = redis_text(raw_id)
         try:
             return Entry(entry_id, stream.message_type.decode(fields.get(_PAYLOAD_FIELD, b"")))
         except MessageDecodeError as exc:
@@ -263,7 +265,7 @@ class StreamBus:
                 messages.append(stream.message_type.decode(fields.get(_PAYLOAD_FIELD, b"")))
             except MessageDecodeError:
                 num_undecodable += 1
-        return messages, num_undecodable, _text(raw[0][0]) if raw else after_id
+        return messages, num_undecodable, redis_text(raw[0][0]) if raw else after_id
 
     def wait_for_entries(self, stream: Stream[Any], *, after_id: str, block_ms: int) -> bool:
         """Block until the stream has an entry newer than `after_id` ("0-0": any entry), at most
@@ -319,7 +321,7 @@ class StreamBus:
         last_delivered = _stream_id(info.get("last-delivered-id"))
         if not int(info.get("pending") or 0):
             return last_delivered
-        summary = self.redis.xpending(name, _text(info.get("name")))
+        summary = self.redis.xpending(name, redis_text(info.get("name")))
         oldest_pending = summary.get("min")
         return min(last_delivered, _stream_id(oldest_pending)) if oldest_pending is not None else last_delivered
 
@@ -341,7 +343,7 @@ class StreamBus:
         except redis.ResponseError:  # no such stream yet
             return 0, 0
         for info in groups:
-            if _text(info.get("name")) == group:
+            if redis_text(info.get("name")) == group:
                 lag = info.get("lag")
                 if lag is None:  # Redis cannot tell after some trims: count conservatively
                     lag = self.redis.xlen(name)
@@ -363,7 +365,7 @@ class StreamBus:
         name, group = self.keys.name_of(stream), _group_of(stream)
         decoded: list[Delivery[M]] = []
         for raw_id, fields in entries:
-            entry_id = _text(raw_id)
+            entry_id = redis_text(raw_id)
             payload = fields.get(_PAYLOAD_FIELD, b"")
             num_deliveries = deliveries.get(entry_id, 1)
             if num_deliveries > self.max_deliveries:
@@ -384,7 +386,7 @@ class StreamBus:
         counts: dict[str, int] = {}
         for entry_id in entry_ids:
             for info in self.redis.xpending_range(name, group, min=entry_id, max=entry_id, count=1):
-                counts[_text(entry_id)] = int(info["times_delivered"])
+                counts[redis_text(entry_id)] = int(info["times_delivered"])
         return counts
 
     def _dead_letter_raw(
@@ -468,9 +470,10 @@ def _range_entries(response: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
 
 def _stream_id(value: object) -> tuple[int, int]:
     """A stream id "<ms>-<seq>" as a pair that orders like the id."""
-    milliseconds, _, sequence = _text(value).partition("-")
+    milliseconds, _, sequence = redis_text(value).partition("-")
     return int(milliseconds), int(sequence or 0)
 
 
-def _text(value: object) -> str:
+def redis_text(value: object) -> str:
+    """A Redis reply value (bytes from a bytes-mode client, or already str) as text."""
     return value.decode() if isinstance(value, bytes) else str(value)

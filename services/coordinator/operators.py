@@ -33,6 +33,7 @@ from redis.typing import EncodableT
 
 from services.coordinator.auth import TOKEN_SEPARATOR, token_sha256
 from shared.api import OperatorInfo, OperatorState
+from shared.bus import redis_text
 from shared.keys import RunKeys
 
 OPERATOR_ID_PREFIX = "op-"
@@ -74,7 +75,7 @@ class OperatorCredentials:
         if not separator or not operator_id.startswith(OPERATOR_ID_PREFIX):
             return None
         stored = self.redis.hget(self.keys.operator(operator_id), "token_sha256")
-        if stored is None or not hmac.compare_digest(token_sha256(presented_join_token), _text(stored)):
+        if stored is None or not hmac.compare_digest(token_sha256(presented_join_token), redis_text(stored)):
             return None
         return self.get(operator_id)
 
@@ -89,7 +90,7 @@ class OperatorCredentials:
 
     def list_operators(self) -> list[OperatorInfo]:
         """Every credential of the run, oldest first (worker_ids left empty: the router fills them in)."""
-        operator_ids = sorted(_text(i) for i in self.redis.smembers(self.keys.operator_ids))
+        operator_ids = sorted(redis_text(i) for i in self.redis.smembers(self.keys.operator_ids))
         with self.redis.pipeline(transaction=False) as pipe:
             for operator_id in operator_ids:
                 pipe.hgetall(self.keys.operator(operator_id))
@@ -120,7 +121,7 @@ class OperatorCredentials:
         """An admin released `worker_id`: it leaves every credential's quarantine set (the worker's record
         may be gone, so all are tried: one SREM per credential, an admin's rare call). Returns the ids of
         the credentials it was held in."""
-        operator_ids = [_text(i) for i in self.redis.smembers(self.keys.operator_ids)]
+        operator_ids = [redis_text(i) for i in self.redis.smembers(self.keys.operator_ids)]
         with self.redis.pipeline(transaction=False) as pipe:
             for operator_id in operator_ids:
                 pipe.srem(self.keys.operator_quarantine(operator_id), worker_id)
@@ -129,9 +130,9 @@ class OperatorCredentials:
 
 
 def _info(raw: dict[bytes, bytes], quarantined: set[bytes]) -> OperatorInfo:
-    record = {_text(name): _text(value) for name, value in raw.items()}
+    record = {redis_text(name): redis_text(value) for name, value in raw.items()}
     revoked_at_s = float(record["revoked_at_s"])
-    quarantined_ids = sorted(_text(worker_id) for worker_id in quarantined)
+    quarantined_ids = sorted(redis_text(worker_id) for worker_id in quarantined)
     if revoked_at_s > 0:
         state = OperatorState.REVOKED
     elif quarantined_ids:
@@ -146,7 +147,3 @@ def _info(raw: dict[bytes, bytes], quarantined: set[bytes]) -> OperatorInfo:
         revoked_at_s=revoked_at_s if revoked_at_s > 0 else None,
         quarantined_worker_ids=quarantined_ids,
     )
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

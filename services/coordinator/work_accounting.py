@@ -19,6 +19,7 @@ from redis.typing import EncodableT
 
 from services.coordinator.work_flags import completion_outliers, reward_outliers, since_release
 from shared import worker_rewards
+from shared.bus import redis_text
 from shared.config import WorkConfig
 from shared.keys import RunKeys
 from shared.streams import TASKS
@@ -38,7 +39,7 @@ class WorkBooks:
         self.group = cast(str, TASKS.group)
 
     def accounting(self) -> WorkAccounting:
-        worker_ids = sorted(_text(worker_id) for worker_id in self.redis.smembers(self.keys.work_worker_ids))
+        worker_ids = sorted(redis_text(worker_id) for worker_id in self.redis.smembers(self.keys.work_worker_ids))
         with self.redis.pipeline(transaction=False) as pipe:
             for worker_id in worker_ids:
                 pipe.hgetall(self.keys.work_counts(worker_id))
@@ -86,7 +87,7 @@ class WorkBooks:
     def mark_released(self, worker_id: str) -> None:
         """An admin released the worker: its completion is judged from now on (the counters stay as they are)."""
         raw = self.redis.hgetall(self.keys.work_counts(worker_id))
-        counts: dict[EncodableT, EncodableT] = {_text(name): _text(value) for name, value in raw.items()}
+        counts: dict[EncodableT, EncodableT] = {redis_text(name): redis_text(value) for name, value in raw.items()}
         baseline = self.keys.work_release_baseline(worker_id)
         with self.redis.pipeline(transaction=True) as pipe:
             pipe.delete(baseline)
@@ -109,14 +110,10 @@ class WorkBooks:
             summary = self.redis.xpending(self.tasks, self.group)
         except redis.ResponseError:  # no stream or group yet: nothing held
             return {}
-        return {_text(c["name"]): int(c["pending"]) for c in summary.get("consumers") or []}
+        return {redis_text(c["name"]): int(c["pending"]) for c in summary.get("consumers") or []}
 
 
 def _counts(raw: dict[bytes, bytes], held: int) -> WorkCounts:
     known = {counter.value for counter in WorkCounter}
-    values = {_text(name): max(int(value), 0) for name, value in raw.items() if _text(name) in known}
+    values = {redis_text(name): max(int(value), 0) for name, value in raw.items() if redis_text(name) in known}
     return WorkCounts(**values, held=held)
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -40,7 +40,7 @@ import redis
 from redis.typing import EncodableT
 
 from services.coordinator.work_accounting import WorkBooks
-from shared.bus import PAYLOAD_FIELD
+from shared.bus import PAYLOAD_FIELD, redis_text
 from shared.config import WorkConfig
 from shared.keys import RunKeys
 from shared.messages import DeadLetter, MessageDecodeError, RolloutGroup, TaskGroup
@@ -195,15 +195,15 @@ class WorkLeases:
         at most `max_held_tasks` leases (fewer or none past it). Raises LeaseRefusedError when the worker is
         not active (or unknown, or dead at `now_s`)."""
         reply = self._run_lease_script(worker_id, max_groups, now_s)
-        state = _text(reply[0])
+        state = redis_text(reply[0])
         if state != "active":
             raise LeaseRefusedError(state)
         entries, retire = reply[1], reply[2]
         for entry_id, holder in retire:
-            self._retire_overleased(_text(entry_id), _text(holder))
+            self._retire_overleased(redis_text(entry_id), redis_text(holder))
         leased: list[LeasedTask] = []
         for raw_id, fields in entries:
-            entry_id, payload = _text(raw_id), _payload_of(fields)
+            entry_id, payload = redis_text(raw_id), _payload_of(fields)
             try:
                 leased.append(LeasedTask(lease_id=entry_id, task=TaskGroup.decode(payload)))
             except MessageDecodeError as exc:  # the reward service wrote it; it never reaches a worker
@@ -286,13 +286,13 @@ class WorkLeases:
             args += [f"{worker_id}:{hashlib.sha256(submitted.group).hexdigest()}", ANSWERED_TTL_S]
             done, outcome = self._answer_script(keys=keys, args=args)
             if int(done):
-                if _text(outcome) == "repeat":
+                if redis_text(outcome) == "repeat":
                     log.info(
                         "%s sent its accepted answer to lease %s again: accepted once", worker_id, submitted.lease_id
                     )
                 accepted.append(submitted.lease_id)
                 continue
-            reason = NOT_HELD if _text(outcome) == "not-held" else cast(str, checked)
+            reason = NOT_HELD if redis_text(outcome) == "not-held" else cast(str, checked)
             refused.append(Refusal(lease_id=submitted.lease_id, reason=reason))
             log.info("refused an answer of %s to lease %s: %s", worker_id, submitted.lease_id, reason)
         return SubmitResponse(accepted=accepted, refused=refused)
@@ -364,7 +364,3 @@ def _payload_of(fields: Any) -> bytes:
         return cast(bytes, fields.get(PAYLOAD_FIELD, b""))
     pairs = dict(zip(fields[::2], fields[1::2], strict=True))
     return cast(bytes, pairs.get(PAYLOAD_FIELD, b""))
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

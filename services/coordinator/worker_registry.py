@@ -38,6 +38,7 @@ from services.coordinator.measurements import (
     sanitize_worker_record,
 )
 from shared.api import HeartbeatRequest, RegisterWorkerRequest, WorkerInfo, WorkerState
+from shared.bus import redis_text
 from shared.keys import RunKeys
 
 
@@ -255,7 +256,9 @@ class WorkerRegistry:
                     client=pipe,
                 )
             results = pipe.execute()
-        return {worker_id: WorkerState(_text(r)) if r else None for worker_id, r in zip(changes, results, strict=True)}
+        return {
+            worker_id: WorkerState(redis_text(r)) if r else None for worker_id, r in zip(changes, results, strict=True)
+        }
 
     def drain(self, worker_id: str) -> WorkerInfo:
         """Mark an active or standby worker draining (idempotent). Raises UnknownWorkerError or WorkerDeadError."""
@@ -272,7 +275,7 @@ class WorkerRegistry:
     def expire_due(self) -> list[str]:
         """Mark every worker whose lease has run out as dead; returns their ids."""
         now_s = self.clock()
-        due = [_text(worker_id) for worker_id in self.redis.zrangebyscore(self.keys.worker_leases, "-inf", now_s)]
+        due = [redis_text(worker_id) for worker_id in self.redis.zrangebyscore(self.keys.worker_leases, "-inf", now_s)]
         return [
             worker_id
             for worker_id in due
@@ -292,7 +295,7 @@ class WorkerRegistry:
         returns every record as one JSON document, validated in one pass: at 1000 workers ~10x cheaper
         than parsing 1000 HGETALL replies in redis-py (the control loop reads this every second)."""
         self.expire_due()
-        worker_ids = [_text(worker_id) for worker_id in self.redis.smembers(self.keys.worker_ids)]
+        worker_ids = [redis_text(worker_id) for worker_id in self.redis.smembers(self.keys.worker_ids)]
         records: list[WorkerInfo] = []
         for start in range(0, len(worker_ids), LIST_CHUNK):
             raw = self._list_script(keys=[], args=[self.keys.worker(""), *worker_ids[start : start + LIST_CHUNK]])
@@ -306,7 +309,7 @@ class WorkerRegistry:
     def token_sha256_of(self, worker_id: str) -> str | None:
         """The stored token digest of a worker, or None when there is no such worker."""
         digest = self.redis.hget(self.keys.worker(worker_id), "token_sha256")
-        return None if digest is None else _text(digest)
+        return None if digest is None else redis_text(digest)
 
     def operator_of(self, worker_id: str) -> str | None:
         """The join credential a worker registered with ("": the shared token, and records older than
@@ -314,7 +317,7 @@ class WorkerRegistry:
         if not self.redis.exists(self.keys.worker(worker_id)):
             return None
         operator_id = self.redis.hget(self.keys.worker(worker_id), "operator_id")
-        return "" if operator_id is None else _text(operator_id)
+        return "" if operator_id is None else redis_text(operator_id)
 
     def _read_record(self, worker_id: str) -> WorkerRecord | None:
         raw = self.redis.hgetall(self.keys.worker(worker_id))
@@ -347,7 +350,7 @@ def _to_redis_fields(values: Mapping[str, object]) -> dict[str, str]:
 
 def _record_from_redis(raw: Mapping[bytes | str, bytes | str]) -> WorkerRecord:
     return WorkerRecord.model_validate(
-        sanitize_worker_record({_text(name): _text(value) for name, value in raw.items()})
+        sanitize_worker_record({redis_text(name): redis_text(value) for name, value in raw.items()})
     )
 
 
@@ -376,7 +379,3 @@ def _numbers_in_bounds(record: WorkerInfo) -> bool:
         if not low <= getattr(record, name) <= high:  # NaN fails every comparison
             return False
     return all(low <= getattr(record, name) <= high for name, (low, high, _) in WORKER_INT_FIELDS.items())
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
