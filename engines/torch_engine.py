@@ -56,7 +56,6 @@ class TorchEngine(InferenceEngine):
         self.ties_output_to_input = (
             self.model.get_output_embeddings().weight is self.model.get_input_embeddings().weight
         )
-        self.cache_argument = kv_cache_argument(self.model)
         # LoRA: the base weight of every layer an adapter changed, kept the first time it is changed
         self._lora_base: dict[str, torch.Tensor] = {}
 
@@ -160,7 +159,8 @@ class TorchEngine(InferenceEngine):
             use_cache=True,
             logits_to_keep=1,
         )
-        cache = out[self.cache_argument]
+        cache_argument = kv_cache_argument(self.model)  # per call: tests swap the model for a stand-in
+        cache = getattr(out, cache_argument)
         cache.batch_repeat_interleave(num_samples)  # (P, ...) -> (B, ...): sample j of prompt i is row i*G + j
         logits = out.logits[:, -1].repeat_interleave(num_samples, dim=0)  # (B, V)
         attention_mask = attention_mask.repeat_interleave(num_samples, dim=0)  # (B, L)
@@ -187,7 +187,7 @@ class TorchEngine(InferenceEngine):
                 attention_mask=attention_mask,
                 position_ids=next_position,
                 use_cache=True,
-                **{self.cache_argument: cache},
+                **{cache_argument: cache},
             )
             logits = out.logits[:, -1]
             next_position = next_position + 1

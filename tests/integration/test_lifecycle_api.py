@@ -186,8 +186,8 @@ def test_the_ledger_bills_the_learner_and_active_workers_only_while_they_run(
 
     api.delete(f"/v1/workers/{active.worker_id}", headers=bearer(active.token))
     control.run_once()  # the priced worker is activated ...
+    now[0] = 1150.0  # the clock moves first: a background pass between the two then bills exactly what run_once would
     score_groups(redis_client, keys, standby.worker_id, 1)
-    now[0] = 1150.0
     control.run_once()  # ... and billed for 50 s, backed by a scored group: $0.10
     cost = api.get("/v1/cost").json()
     assert cost["usd_by_worker"][standby.worker_id] == pytest.approx(0.1)
@@ -216,9 +216,9 @@ def test_a_worker_is_billed_only_for_active_time_backed_by_verified_work(
     control.run_once()  # both active ($0.01 a second each), their stretches open
 
     for second in range(1, 101):  # honest: a group scored every 10 s; idle: none
+        now[0] = 1000.0 + second  # first: a background pass in between then bills exactly what run_once would
         if second % 10 == 0:
             score_groups(redis_client, keys, honest.worker_id, 1)
-        now[0] = 1000.0 + second
         control.run_once()
 
     cost = api.get("/v1/cost").json()
@@ -245,8 +245,8 @@ def test_a_flagged_worker_is_not_billed_even_for_scored_groups(
     # quarantine_min_ended_leases: flagged, not quarantined)
     redis_client.hset(keys.work_counts(worker.worker_id), mapping={"leased": 20, "accepted": 2, "expired": 18})
 
-    score_groups(redis_client, keys, worker.worker_id, 2)
     now[0] = 1010.0
+    score_groups(redis_client, keys, worker.worker_id, 2)
     control.run_once()
 
     cost = api.get("/v1/cost").json()

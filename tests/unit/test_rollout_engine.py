@@ -175,7 +175,9 @@ def test_sampling_uses_this_transformers_versions_cache_argument_without_depreca
     import inspect
     import warnings
 
-    assert engine.cache_argument in inspect.signature(engine.model.forward).parameters
+    from engines.torch_engine import kv_cache_argument
+
+    assert kv_cache_argument(engine.model) in inspect.signature(engine.model.forward).parameters
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         engine.generate(MIXED_PROMPTS, num_samples=2, max_new_tokens=4, temperature=1.0)
