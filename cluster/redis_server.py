@@ -22,6 +22,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
@@ -56,7 +57,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 class RedisServer:
     """A redis-server child process on 127.0.0.1; `append_only` turns on AOF (fsync every second).
     `acl_file`: the users it loads (cluster/redis_acl.py), then `probe_user` (name, password) is who the
-    readiness check logs in as. `maxmemory_bytes`: its memory cap (noeviction; module docstring)."""
+    readiness check logs in as. `maxmemory_bytes`: its memory cap (noeviction; module docstring).
+    `server_args`: more redis-server options, after ours (a test slowing its loading down)."""
 
     def __init__(
         self,
@@ -66,6 +68,7 @@ class RedisServer:
         acl_file: Path | None = None,
         probe_user: tuple[str, str] | None = None,
         maxmemory_bytes: int = DEFAULT_MAXMEMORY_BYTES,
+        server_args: Sequence[str] = (),
     ) -> None:
         if maxmemory_bytes < 1024**2:
             raise ValueError(f"maxmemory_bytes must be at least 1 MiB, got {maxmemory_bytes}")
@@ -75,6 +78,7 @@ class RedisServer:
         self.append_only = append_only
         self.acl_file = acl_file
         self.probe_user = probe_user
+        self.server_args = tuple(server_args)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -90,6 +94,14 @@ class RedisServer:
         return self.process.poll() if self.process is not None else None
 
     def start(self, timeout_s: float = 60.0) -> RedisServer:
+        """Start it and wait until it answers commands with its data loaded (`_wait_ready`)."""
+        self.launch()
+        self._wait_ready(timeout_s)
+        return self
+
+    def launch(self) -> RedisServer:
+        """Start the process and return at once: until it listens it refuses connections, then until its
+        data is loaded it answers LOADING errors (what `start` waits out)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [
             find_server_binary(),
@@ -118,12 +130,12 @@ class RedisServer:
         ]
         if self.acl_file is not None:
             args += ["--aclfile", str(self.acl_file.resolve())]
+        args += self.server_args
         # Its own session: a terminal's Ctrl-C must not kill Redis before the services using it stop.
         # umask 077: the ACL file it rewrites on ACL SAVE (a new file renamed over the old) stays 0600.
         self.process = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, umask=0o077
         )
-        self._wait_ready(timeout_s)
         return self
 
     def _wait_ready(self, timeout_s: float) -> None:

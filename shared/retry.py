@@ -10,18 +10,26 @@ Two shapes of the same policy:
   learner, which must not die on a Redis restart but should not hang forever either);
 - `Backoff.wait(stop, exc, what)` in a service loop that retries until it is stopped (reward service,
   rollout worker, weight announcements, registration and heartbeats).
+
+What counts as an outage is `is_redis_outage(exc)`, for every caller: the classes redis-py raises for one
+(REDIS_OUTAGE_ERRORS), and the same replies when a path surfaced them as a plain ResponseError. Code that
+reads Redis replies itself, without redis-py's parser, turns an error reply into redis-py's class with
+`redis_reply_error` (services/coordinator/redis_script.py), so a LOADING reply is a BusyLoadingError there
+too.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 import redis
+from redis._parsers.base import BaseParser
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +39,46 @@ T = TypeVar("T")
 # (policy noeviction, cluster/redis_server.py) Redis refuses every write that may grow memory with an OOM
 # error, and a refused MULTI/EXEC or script has no effect at all (no ack without its XADD), while reads,
 # acks and trims still go through; the consumers drain and trim, and the writer's retry then succeeds.
+# Restarting includes a Redis replaying its AOF: until its data is loaded it answers every command with a
+# LOADING error, which redis-py raises as BusyLoadingError, a ConnectionError.
 # Other Redis errors (a wrong command, a missing group) are bugs and propagate.
 REDIS_OUTAGE_ERRORS: tuple[type[Exception], ...] = (
     redis.ConnectionError,
     redis.TimeoutError,
     redis.exceptions.OutOfMemoryError,
 )
+
+# how a redis-py pipeline prefixes the error reply of its n-th command (Pipeline.annotate_exception)
+_PIPELINE_ANNOTATION = re.compile(r"^Command # \d+ \(.*\) of pipeline caused error: ", re.DOTALL)
+
+
+def redis_reply_error(reply: str) -> redis.RedisError:
+    """The exception redis-py raises for the error reply `reply` ("LOADING Redis is loading ..."), from
+    redis-py's own table: LOADING -> BusyLoadingError, OOM -> OutOfMemoryError, NOSCRIPT -> NoScriptError,
+    anything not in it a plain ResponseError. For code that parses replies itself: raising every error
+    reply as a plain ResponseError hides an outage from each `except REDIS_OUTAGE_ERRORS` (the heartbeat's
+    hot path answered 500 while Redis replayed its AOF)."""
+    error = BaseParser.parse_error(reply)
+    assert isinstance(error, redis.RedisError), type(error)
+    return error
+
+
+def as_redis_outage(exc: BaseException) -> BaseException | None:
+    """`exc` as the Redis outage it is (one of REDIS_OUTAGE_ERRORS), None when it is none: itself, or for
+    a ResponseError whose message is an outage's error reply (a LOADING or OOM reply that reached us
+    unclassified, also as a pipeline reports it: "Command # 2 (XADD ...) of pipeline caused error:
+    LOADING ..."), the class redis-py gives that reply (BusyLoadingError, OutOfMemoryError)."""
+    if isinstance(exc, REDIS_OUTAGE_ERRORS):
+        return exc
+    if not isinstance(exc, redis.ResponseError) or not exc.args:
+        return None
+    classified = redis_reply_error(_PIPELINE_ANNOTATION.sub("", str(exc.args[0]), count=1))
+    return classified if isinstance(classified, REDIS_OUTAGE_ERRORS) else None
+
+
+def is_redis_outage(exc: BaseException) -> bool:
+    """Whether `exc` is a Redis outage to wait out (`as_redis_outage`); anything else is a bug."""
+    return as_redis_outage(exc) is not None
 
 
 class Backoff:
@@ -69,19 +111,22 @@ def call_with_retry(
     call: Callable[[], T],
     what: str,
     *,
-    errors: tuple[type[Exception], ...] = REDIS_OUTAGE_ERRORS,
+    is_outage: Callable[[Exception], bool] = is_redis_outage,
     on_retry: Callable[[], None] | None = None,
     max_outage_s: float = 120.0,
     backoff: Backoff | None = None,
 ) -> T:
-    """`call()`, retried on `errors` with backoff for up to `max_outage_s`, then the last error is raised.
+    """`call()`, retried with backoff while it fails with an outage (`is_outage`) for up to `max_outage_s`,
+    then the last error is raised; any other error at once.
     `on_retry` runs after each failed attempt (e.g. to note that a reply may have been lost)."""
     backoff = backoff or Backoff()
     deadline_s = time.monotonic() + max_outage_s
     while True:
         try:
             return call()
-        except errors as exc:
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
             delay_s = backoff.next_delay_s()
             if time.monotonic() + delay_s > deadline_s:
                 raise

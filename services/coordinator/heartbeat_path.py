@@ -29,7 +29,8 @@ How a heartbeat is served, step by step (files under services/coordinator/):
        (control.py: ControlPlane.complete_broadcasts)
     8. response             here: serve, control.py: ControlPlane.learner_view
        200 with the state the script read and the learner's version as of the control loop's last
-       pass; Redis unreachable -> 503 with Retry-After, as errors.py answers everywhere else
+       pass; a Redis outage (unreachable, loading its data, full) -> 503 with Retry-After, as errors.py
+       answers everywhere else
 
     F. FastAPI fallback     here: replay, app.py: CoordinatorAPI.serve_with_fastapi, routers/workers.py: heartbeat
        the body already read is replayed to FastAPI, whose endpoint answers exactly as without this
@@ -55,9 +56,11 @@ from starlette.concurrency import run_in_threadpool
 
 from services.coordinator.auth import TOKEN_SEPARATOR, token_sha256
 from services.coordinator.broadcast_times import BroadcastTimes
+from services.coordinator.errors import REDIS_RETRY_AFTER_S, redis_outage_detail
 from services.coordinator.heartbeat_batch import OK, HeartbeatBatcher, HeartbeatEntry
 from services.coordinator.worker_registry import heartbeat_fields
 from shared.api import HeartbeatRequest, HeartbeatResponse, WorkerState
+from shared.retry import is_redis_outage
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -93,9 +96,11 @@ class HeartbeatFastPath:
             try:
                 if request is not None and await self.serve(worker_id, token, request, send):
                     return
-            except (redis.ConnectionError, redis.TimeoutError) as exc:  # as services/coordinator/errors.py: retry
-                detail = json.dumps({"detail": f"redis is unreachable: {exc}"}).encode()
-                await send_json(send, 503, detail, [(b"retry-after", b"1")])
+            except redis.RedisError as exc:  # the boundary policy of services/coordinator/errors.py
+                if not is_redis_outage(exc):
+                    raise
+                detail = json.dumps({"detail": redis_outage_detail(exc)}).encode()
+                await send_json(send, 503, detail, [(b"retry-after", str(REDIS_RETRY_AFTER_S).encode())])
                 return
         await self.app(scope, replay(body or b"", receive), send)  # FastAPI answers with the reason
 

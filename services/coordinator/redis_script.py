@@ -8,7 +8,9 @@ first call on a fresh Redis (NOSCRIPT) sends the source once.
 
 Errors match redis-py's, so callers keep one policy: redis.ConnectionError when the connection fails or
 closes (the connection is dropped and the next call dials again), redis.TimeoutError when Redis does not
-answer within `timeout_s`, redis.ResponseError for an error reply (a failing script).
+answer within `timeout_s`, and for an error reply the class redis-py's parser gives it
+(shared/retry.py: redis_reply_error): BusyLoadingError (a ConnectionError) while Redis loads its data,
+OutOfMemoryError at maxmemory, a ResponseError for a failing script.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any
 
 import hiredis
 import redis
+
+from shared.retry import redis_reply_error
 
 DEFAULT_TIMEOUT_S = 5.0
 READ_BYTES = 65536
@@ -90,7 +94,7 @@ class ScriptConnection:
                 await self.close()
                 raise redis.ConnectionError(f"redis connection failed: {exc}") from exc
         if isinstance(reply, hiredis.ReplyError):
-            raise redis.ResponseError(str(reply))
+            raise redis_reply_error(str(reply))
         return reply
 
     async def _round_trip(self, request: bytes) -> Any:
@@ -130,7 +134,7 @@ class ScriptConnection:
             reply = await self._round_trip(pack_command("SELECT", str(self.db)))
             if isinstance(reply, hiredis.ReplyError):
                 await self.close()
-                raise redis.ResponseError(str(reply))
+                raise redis_reply_error(str(reply))
 
     async def close(self) -> None:
         writer, self._reader, self._writer = self._writer, None, None

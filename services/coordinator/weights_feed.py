@@ -27,7 +27,7 @@ from shared.api import is_news
 from shared.bus import StreamBus
 from shared.keys import RunKeys
 from shared.messages import WeightsPublished
-from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
+from shared.retry import Backoff, is_redis_outage
 from shared.streams import WEIGHTS
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,9 @@ class WeightsFeed:
                 last_id = newest_id
                 self.bus.wait_for_entries(WEIGHTS, after_id=last_id, block_ms=self.block_ms)
                 backoff.reset()
-            except REDIS_OUTAGE_ERRORS as exc:
+            except redis.RedisError as exc:
+                if not is_redis_outage(exc):
+                    raise
                 backoff.wait(self._stopping, exc, "following weight announcements")
 
     def _read_newest(self, after_id: str) -> tuple[Announcement | None, str]:

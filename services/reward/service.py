@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 
+import redis
+
 from services.reward.decode import CompletionDecoder
 from services.reward.provenance import ForgedRolloutError, ProducerCheck
 from services.reward.scoring import UNSCORABLE_ERRORS, GroupScorer
@@ -27,7 +29,7 @@ from shared.bus import Delivery, StreamBus
 from shared.config import RunConfig
 from shared.keys import GROUPS_SCORED, RunKeys
 from shared.messages import RolloutGroup
-from shared.retry import REDIS_OUTAGE_ERRORS, Backoff
+from shared.retry import Backoff, is_redis_outage
 from shared.stream_trim import ConsumedTrimmer
 from shared.streams import ROLLOUTS, SCORED, TASKS
 from shared.tasks import TaskAdapter, build_task
@@ -73,7 +75,9 @@ class RewardService:
                         started = True
                     self.serve_once()
                     backoff.reset()
-                except REDIS_OUTAGE_ERRORS as exc:  # policy: wait Redis out; nothing unacked is lost
+                except redis.RedisError as exc:  # policy: wait Redis out; nothing unacked is lost
+                    if not is_redis_outage(exc):
+                        raise
                     backoff.wait(self.stop_event, exc, "redis")
         finally:
             self.scorer.verifiers.close()

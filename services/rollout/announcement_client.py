@@ -6,8 +6,8 @@
                           tests and tools that have Redis
 
 Both answer the newest announcement that decodes (garbage entries on the stream are skipped), and "news"
-means the same for both (shared.api.is_news). An outage raises one of ANNOUNCEMENT_OUTAGE_ERRORS, which
-a caller retries with backoff.
+means the same for both (shared.api.is_news). An outage raises an error `is_announcement_outage` accepts,
+which a caller retries with backoff.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from services.rollout.coordinator_client import (
 from shared.api import MAX_WEIGHTS_WAIT_S, WEIGHTS_LATEST_PATH, is_news
 from shared.bus import StreamBus
 from shared.messages import WeightsPublished
-from shared.retry import REDIS_OUTAGE_ERRORS
+from shared.retry import is_redis_outage
 from shared.streams import WEIGHTS
 
 log = logging.getLogger(__name__)
@@ -52,8 +52,10 @@ class AnnouncementSource(Protocol):
     def close(self) -> None: ...
 
 
-# what a caller of an AnnouncementSource retries with backoff
-ANNOUNCEMENT_OUTAGE_ERRORS: tuple[type[Exception], ...] = (CoordinatorUnavailableError, *REDIS_OUTAGE_ERRORS)
+def is_announcement_outage(exc: BaseException) -> bool:
+    """Whether a caller of an AnnouncementSource retries `exc` with backoff: the coordinator or Redis is
+    out (shared/retry.py: unreachable, loading its data, full)."""
+    return isinstance(exc, CoordinatorUnavailableError) or is_redis_outage(exc)
 
 
 class HttpAnnouncements:

@@ -40,7 +40,7 @@ from pathlib import Path
 import httpx
 
 from engines.interface import InferenceEngine, WeightsLoadError
-from services.rollout.announcement_client import ANNOUNCEMENT_OUTAGE_ERRORS, AnnouncementSource
+from services.rollout.announcement_client import AnnouncementSource, is_announcement_outage
 from services.rollout.relay_fetch import ArtifactFetch, RelayFetcher, SourceResolver
 from shared.api import MAX_DURATION_S, WeightSwapReport
 from shared.chunk_client import AnnouncementError, announced_source, fetch_manifest
@@ -288,7 +288,9 @@ class WeightsSync:
                     if announcement is not None and not self._stopping.is_set() and self._should_try(announcement):
                         self._fetch(announcement)
                     backoff.reset()
-                except ANNOUNCEMENT_OUTAGE_ERRORS as exc:
+                except Exception as exc:
+                    if not is_announcement_outage(exc):
+                        raise
                     if not self._stopping.is_set():
                         backoff.wait(self._stopping, exc, "reading weight announcements")
         except BaseException as exc:  # noqa: B036 (handed to the worker loop, see update)
