@@ -1,13 +1,45 @@
-# One image for every service and for a worker on any machine:
-#   docker build -t relay-rl:0.1.0 .                              CPU: torch's CPU wheel (the demo, CPU workers)
-#   docker build --build-arg VARIANT=gpu -t relay-rl:0.1.0-gpu .  GPU: vllm==0.33.0 and the CUDA torch it pins
+# One image for every service and for a worker on any machine (docs/docker.md):
+#   docker build -t relay-rl:latest .                              CPU: torch's CPU wheel (the demo, CPU workers)
+#   docker build --build-arg VARIANT=gpu -t relay-rl:latest-gpu .  GPU: vllm==0.33.0 and the CUDA torch it pins
 # docker-compose.yml and the Helm chart (deploy/relay-rl) pick the command; a worker on another machine:
-#   docker run --rm relay-rl:0.1.0 relay-rl worker --coordinator http://<host>:8000 --token=<join token>
-# (add --gpus all and the -gpu tag for --engine vllm). Not built here: this machine has no Docker engine.
-FROM python:3.11-slim
+#   docker run --rm relay-rl:latest relay-rl worker --coordinator http://<host>:8000 --token=<join token>
+# (add --gpus all and the -gpu tag for --engine vllm).
+#
+# Two stages: the builder has a C compiler (reasoning-gym needs pycosat, which ships no wheel) and builds
+# one virtual environment in /opt/venv; the runtime image gets that folder and the sources, no compiler.
+# Every version is pinned: the base image by its full tag, each Python package by docker/requirements-*.txt
+# (`make docker-lock` regenerates them), torch by its exact build.
+ARG BASE_IMAGE=python:3.11.14-slim-bookworm
+
+FROM ${BASE_IMAGE} AS builder
 ARG VARIANT=cpu
+# where the CPU torch comes from: PyTorch's CPU index (a mirror or a local index works the same way)
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY docker/requirements-cpu.txt docker/requirements-gpu.txt /tmp/requirements/
+# the dependencies first, in their own layer: a source change rebuilds only the layers below
+RUN case "$VARIANT" in \
+      cpu) pip install --no-deps "torch==2.13.0+cpu" --index-url "$TORCH_INDEX_URL" \
+           && pip install -r /tmp/requirements/requirements-cpu.txt ;; \
+      gpu) pip install -r /tmp/requirements/requirements-gpu.txt ;; \
+      *) echo "VARIANT must be cpu or gpu, not $VARIANT" >&2; exit 2 ;; \
+    esac
+# the project itself, editable at /app (the CLI reads configs/ from the source folder), nothing else: every
+# dependency is in the locked set above. Installed against empty packages: the builder never sees the sources,
+# so a source change rebuilds only the runtime stage's COPY layers below, not this environment.
 WORKDIR /app
-ENV PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+COPY pyproject.toml ./
+RUN for package in shared services engines cluster simulator; do mkdir "$package" && touch "$package/__init__.py"; done \
+    && pip install --no-deps -e . && pip check
+
+FROM ${BASE_IMAGE}
+WORKDIR /app
+ENV PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 PATH=/opt/venv/bin:$PATH
+COPY --from=builder /opt/venv /opt/venv
 COPY pyproject.toml ./
 COPY shared ./shared
 COPY services ./services
@@ -15,14 +47,5 @@ COPY engines ./engines
 COPY cluster ./cluster
 COPY simulator ./simulator
 COPY configs ./configs
-# torch first and pinned, so no dependency can pull another build: the CPU wheel, or on the GPU variant
-# the CUDA torch vllm pins. The `tasks` extra: the math and logic task adapters (docs/tasks.md).
-RUN case "$VARIANT" in \
-      cpu) pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
-           && pip install --no-cache-dir -e ".[train,tasks]" ;; \
-      gpu) pip install --no-cache-dir vllm==0.33.0 \
-           && pip install --no-cache-dir -e ".[vllm,train,tasks]" ;; \
-      *) echo "VARIANT must be cpu or gpu, not $VARIANT" >&2; exit 2 ;; \
-    esac
 # `relay-rl` (pyproject [project.scripts]) is on PATH: `docker run IMAGE relay-rl worker ...`
 CMD ["relay-rl", "--help"]

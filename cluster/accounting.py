@@ -275,3 +275,28 @@ def _held_by_consumer(bus: StreamBus) -> dict[str, int]:
 
 def _text(value: object) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m cluster.accounting --run-id <id>`: the run's group accounting as JSON, read with the Redis URL
+    in RL_REDIS_URL (an operator's: it reads every stream). Read it once every consumer has stopped (above);
+    exits 1 when a group is unaccounted for."""
+    import argparse
+    import json
+    import os
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m cluster.accounting", description=main.__doc__)
+    parser.add_argument("--run-id", required=True)
+    args = parser.parse_args(argv)
+    redis_url = os.environ.get("RL_REDIS_URL")
+    if not redis_url:
+        raise SystemExit("set RL_REDIS_URL (an operator's Redis URL)")
+    accounting = count_groups(redis_url, args.run_id)
+    print(json.dumps({**accounting.model_dump(mode="json"), **accounting.summary()}, indent=2))
+    if accounting.num_unaccounted != 0 or accounting.num_unaccounted_workers != 0:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

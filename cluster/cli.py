@@ -6,7 +6,7 @@
     relay-rl operators issue|list|revoke         join credentials quarantine sticks to (admin token)
     relay-rl status [--json]                     the run at a glance: learner step, reward, workers by state
     relay-rl bench NAME [ARGS] | --list          the benchmarks the Makefile runs (make bench-*)
-    relay-rl keys                                a new Ed25519 pair for weight manifests (make keys)
+    relay-rl keys [--compose] [--out .env]       a new Ed25519 pair; --compose: every secret compose needs (make keys)
     relay-rl model get NAME | list               a pretrained base from the catalog, converted once (make model)
 
 `relay-rl COMMAND --help` says more. Only the standard library is imported before the arguments are
@@ -68,7 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("name", nargs="?", choices=sorted(bench_catalog.BENCHMARKS), metavar="NAME")
     bench.add_argument("--list", action="store_true", help="list the benchmarks and exit")
-    commands.add_parser("keys", help="print a new Ed25519 pair: RL_SIGNING_KEY (learner only), RL_WEIGHTS_PUBLIC_KEY")
+    keys = commands.add_parser(
+        "keys",
+        help="print a new Ed25519 pair: RL_SIGNING_KEY (learner only), RL_WEIGHTS_PUBLIC_KEY; --compose: every secret",
+    )
+    keys.add_argument(
+        "--compose", action="store_true", help="every variable docker-compose.yml requires, as a .env file"
+    )
+    keys.add_argument("--out", type=Path, help="write to this file (mode 0600; an existing file is an error)")
     model = commands.add_parser(
         "model",
         help="a pretrained base from the catalog: get (fetch, convert, check; prints its folder) or list",
@@ -104,11 +111,28 @@ def main(argv: Sequence[str] | None = None) -> None:
             return
         bench_catalog.run(args.name, extra)
     elif args.command == "keys":
-        from shared.signing import main as signing_main
-
-        sys.exit(signing_main(["generate"]))
+        print_keys(args.compose, args.out)
     elif args.command == "model":
         model_cache.main(args)
+
+
+def print_keys(compose: bool, out: Path | None) -> None:
+    """`relay-rl keys [--compose] [--out FILE]`: only the secrets go to stdout (so `> .env` is safe)."""
+    from cluster.secrets import ClusterSecrets, write_private
+
+    secrets = ClusterSecrets.generate()
+    if compose:
+        text = secrets.compose_env_text()
+    else:
+        text = f"RL_SIGNING_KEY={secrets.signing_key}\nRL_WEIGHTS_PUBLIC_KEY={secrets.weights_public_key}\n"
+    if out is None:
+        sys.stdout.write(text)
+        return
+    try:
+        write_private(out, text)
+    except FileExistsError as error:
+        sys.exit(str(error))
+    print(f"wrote {out} (mode 0600): {len(text.splitlines())} lines", file=sys.stderr)
 
 
 def run_demo(args: list[str]) -> None:

@@ -213,7 +213,8 @@ class LocalCluster:
     def start_redis(self) -> None:
         """Redis with ACLs on: the default user off, one user per trusted service (cluster/redis_acl.py).
         Supervised: a restart reuses the same port, AOF and ACL file."""
-        acl_file = self.redis_users.write_acl_file(self.run_dir / "redis" / "users.acl")
+        acl_file = self.run_dir / "redis" / "users.acl"
+        self.redis_users.write_acl_file(acl_file)
         probe_user = (OPERATOR, self.redis_users.passwords[OPERATOR])
         redis_server = RedisServer(self.run_dir / "redis", acl_file=acl_file, probe_user=probe_user)
         self.redis = redis_server

@@ -66,13 +66,20 @@ class RedisUsers:
             lines.append(" ".join(["user", name, *self.rules(name), f"#{digest}"]))
         return "\n".join(lines) + "\n"
 
-    def write_acl_file(self, path: Path) -> Path:
-        """The ACL file redis-server loads (mode 0600)."""
+    def write_acl_file(self, path: Path) -> bool:
+        """The ACL file redis-server loads (mode 0600), replaced whole (a new file renamed over the old one,
+        never truncated under a running Redis) and only when its text changes. Returns whether it changed:
+        a second `docker compose up` with the same .env leaves a live Redis's file untouched."""
+        text = self.acl_file_text()
+        if path.exists() and path.read_text() == text:
+            return False
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        staging = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(self.acl_file_text())
-        return path
+            f.write(text)
+        staging.replace(path)
+        return True
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -91,7 +98,10 @@ def main(argv: list[str] | None = None) -> None:
     if missing:
         raise SystemExit(f"set {', '.join(missing)}")
     users = RedisUsers(args.run_id, passwords={name: os.environ[variable] for name, variable in variables.items()})
-    print(f"wrote {users.write_acl_file(args.out)}: users {', '.join(names)}; the default user is off")
+    if users.write_acl_file(args.out):
+        print(f"wrote {args.out}: users {', '.join(names)}; the default user is off")
+    else:
+        print(f"{args.out} is up to date: left as it is")
 
 
 if __name__ == "__main__":

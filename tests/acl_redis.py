@@ -33,7 +33,8 @@ def acl_redis_server(tmp_path: Path) -> Iterator[AclRedis]:
     """A redis-server of its own with the local cluster's ACL file (the default user off), for a fresh run id."""
     run_id = f"test-{uuid.uuid4().hex[:10]}"
     users = RedisUsers(run_id)
-    acl_file = users.write_acl_file(tmp_path / "users.acl")
+    acl_file = tmp_path / "users.acl"
+    users.write_acl_file(acl_file)
     server = RedisServer(tmp_path / "redis", acl_file=acl_file, probe_user=(OPERATOR, users.passwords[OPERATOR]))
     server.start()
     try:

@@ -453,7 +453,7 @@ class Learner:
         """The policy folder, checked; the demo's tiny model is built only when the run file asks
         (`[model] init = "tiny-random"`): a wrong path is an error, never a silent random model."""
         model_dir = self.settings.resolved_model_dir(self.config.model)
-        if self.config.model.init == "tiny-random" and not (model_dir / "config.json").exists():
+        if self.config.model.init == "tiny-random" and not (model_dir / "model.safetensors").exists():
             from transformers.utils import logging as hf_logging
 
             hf_logging.disable_progress_bar()  # a progress bar per save is noise in a service log

@@ -10,6 +10,8 @@ learner and the workers as a real checkpoint would.
 from __future__ import annotations
 
 import argparse
+import shutil
+import tempfile
 from pathlib import Path
 
 from shared.config import ModelConfig, load_run_config
@@ -89,15 +91,36 @@ def build_model(config: ModelConfig, vocab_size: int, pad_id: int, eos_id: int, 
     model.save_pretrained(out_dir, safe_serialization=True)
 
 
+POLICY_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+
 def build_initial_policy(config: ModelConfig, alphabet: str, out_dir: Path) -> Path:
-    """Write tokenizer + random-init model to `out_dir` (created). Returns `out_dir`."""
+    """The tokenizer + random-init model in `out_dir`, built once: a folder that already holds a policy is
+    returned as it is, so a second `docker compose up` (or a resumed run) never rewrites the model a run's
+    checkpoints and workers were built against. The folder appears whole or not at all: it is built in a
+    sibling folder and renamed into place."""
+    if all((out_dir / name).exists() for name in POLICY_FILES):
+        return out_dir
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise FileExistsError(f"{out_dir} holds files but not a whole policy ({', '.join(POLICY_FILES)}): remove it")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
+    try:
+        _build_into(config, alphabet, building)
+        if out_dir.exists():
+            out_dir.rmdir()  # empty (checked above)
+        building.rename(out_dir)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return out_dir
+
+
+def _build_into(config: ModelConfig, alphabet: str, out_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     build_tokenizer(alphabet, out_dir)
     tokenizer = AutoTokenizer.from_pretrained(out_dir)
     build_model(config, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id, out_dir)
-    return out_dir
 
 
 def main() -> None:
@@ -111,8 +134,9 @@ def main() -> None:
 
     transformers_logging.disable_progress_bar()
     run = load_run_config(args.config)
+    existed = all((args.out / name).exists() for name in POLICY_FILES)
     out = build_initial_policy(run.model, task_type(run.task.name).alphabet, args.out)
-    print(f"wrote {out}")
+    print(f"{out} already holds the policy: left as it is" if existed else f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -75,3 +75,24 @@ def test_the_coordinator_bootstrap_hands_out_no_redis_at_all(repo_root: Path) ->
     assert "redis" not in bootstrap.model_dump_json().lower()  # workers go through the coordinator's work API
     assert bootstrap.run_id == "the-run" and bootstrap.run_config_toml == run_file.read_text()
     assert cluster_bootstrap(settings.model_copy(update={"weights_public_key": None}), run) is None
+
+
+def test_keys_compose_prints_only_the_env_file_and_never_overwrites_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`relay-rl keys --compose > .env` must be a valid .env (nothing but the secrets on stdout), and
+    `--out` (what `make keys` runs) writes it 0600 and refuses to replace a running cluster's."""
+    main(["keys", "--compose"])
+    printed = capsys.readouterr().out
+    variables = dict(line.split("=", 1) for line in printed.splitlines() if line and not line.startswith("#"))
+    assert len(variables) == 8 and all(re.fullmatch(r"RL_[A-Z_]+", name) for name in variables)
+    assert all(value and " " not in value for value in variables.values())
+
+    env_file = tmp_path / ".env"
+    main(["keys", "--compose", "--out", str(env_file)])
+    assert capsys.readouterr().out == ""
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    written = env_file.read_text()
+    with pytest.raises(SystemExit, match="exists"):
+        main(["keys", "--compose", "--out", str(env_file)])
+    assert env_file.read_text() == written

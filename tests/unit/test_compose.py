@@ -117,3 +117,39 @@ def test_redis_runs_with_acls_and_only_trusted_services_have_users(compose: dict
     assert services["redis-acl"]["command"][:3] == ["python", "-m", "cluster.redis_acl"]
     assert services["redis"]["depends_on"]["redis-acl"] == {"condition": "service_completed_successfully"}
     assert "RL_REDIS_PASSWORD_OPERATOR" in " ".join(services["redis"]["healthcheck"]["test"])
+
+
+def test_make_keys_writes_every_variable_the_compose_file_requires(repo_root: Path) -> None:
+    """`make keys` (relay-rl keys --compose --out .env) covers every `${NAME:?...}` of the compose file, and
+    nothing it writes is a variable the file does not read."""
+    import re
+
+    from cluster.secrets import ClusterSecrets
+
+    text = (repo_root / "docker-compose.yml").read_text()
+    required = set(re.findall(r"\$\{(RL_[A-Z_]+):\?", text))
+    env = ClusterSecrets.generate().compose_env()
+    assert set(env) == required
+    assert len(required) == 8
+    assert all(re.fullmatch(r"[0-9a-f]{48,64}", value) for value in env.values())  # URL-safe, no quoting
+
+
+def test_each_worker_has_its_own_name_port_and_advertised_address(compose: dict) -> None:
+    """Every chunk server (the learner's and each worker's) is published on the host and advertised as
+    http://${RL_PUBLIC_HOST:-<compose name>}:<port>, the same port inside and out: with RL_PUBLIC_HOST set,
+    a worker on another machine reaches any of them, and they reach it."""
+    services = compose["services"]
+    workers = {name: service for name, service in services.items() if name.startswith("worker-")}
+    names, ports = set(), set()
+    for name, service in workers.items():
+        env = service["environment"]
+        port = env["RL_WORKER_PORT"]
+        assert env["RL_WORKER_PUBLIC_URL"] == f"http://${{RL_PUBLIC_HOST:-{name}}}:{port}"
+        assert service["ports"] == [f"{port}:{port}"]
+        assert f"127.0.0.1:{port}/healthz" in " ".join(service["healthcheck"]["test"])
+        names.add(env["RL_WORKER_NAME"])
+        ports.add(port)
+    assert len(names) == len(ports) == len(workers)
+    learner = services["learner"]
+    assert learner["environment"]["RL_LEARNER_PUBLIC_URL"] == "http://${RL_PUBLIC_HOST:-learner}:8100"
+    assert learner["ports"] == ["8100:8100"]
