@@ -24,7 +24,9 @@ $py -m venv "$work/cpu"
 "$work/cpu/bin/pip" install -q -U pip
 "$work/cpu/bin/pip" install -q torch==2.13.0
 .venv/bin/pip freeze --exclude-editable | grep -v -E '^(torch|relay-rl)==' > "$work/tested.txt"
-"$work/cpu/bin/pip" install -q -c "$work/tested.txt" ".[train,tasks]"
+mkdir "$work/src"  # installed from a copy: a non-editable install leaves build/ in the folder it builds
+cp -r pyproject.toml shared services engines cluster simulator "$work/src/"
+"$work/cpu/bin/pip" install -q -c "$work/tested.txt" "$work/src[train,tasks]"
 {
   header "pip install -r docker/requirements-cpu.txt (after torch==2.13.0+cpu --no-deps), then the repo --no-deps"
   "$work/cpu/bin/pip" freeze --exclude-editable | grep -v -i -E '^(torch|relay[-_]rl|pip|setuptools|wheel) *(==|@)' | LC_ALL=C sort -f
@@ -33,7 +35,7 @@ $py -m venv "$work/cpu"
 # GPU: resolve only (the CUDA wheels are several GB)
 $py -m venv "$work/gpu"
 "$work/gpu/bin/pip" install -q -U pip
-"$work/gpu/bin/pip" install -q --dry-run --ignore-installed --report "$work/gpu.json" ".[vllm,train,tasks]"
+"$work/gpu/bin/pip" install -q --dry-run --ignore-installed --report "$work/gpu.json" "$work/src[vllm,train,tasks]"
 {
   header "pip install -r docker/requirements-gpu.txt (torch and vllm included), then the repo --no-deps"
   $py - "$work/gpu.json" <<'PY'
