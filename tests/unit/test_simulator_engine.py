@@ -21,7 +21,8 @@ def workers(num: int, samples_per_s: float, price: float = 0.0) -> list[WorkerSp
 
 @pytest.mark.parametrize(("num_workers", "staleness_bound"), [(4, 3), (8, 3), (20, 4), (40, 4)])
 def test_utilization_matches_the_capacity_model_in_its_fluid_regime(num_workers: int, staleness_bound: int) -> None:
-    # many small batches, a deep queue (M = B * (S - 1)) and a fixed broadcast: the model's assumptions hold
+    # many small batches, a deep queue (RunConfig.max_groups_in_flight: B * max(1, S - 1)) and a fixed broadcast:
+    # the model's assumptions hold
     config = SimConfig(
         group_size=4,
         groups_per_step=64,
