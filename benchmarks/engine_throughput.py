@@ -39,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.result_file import write_result
+
 RESULTS = Path("benchmarks/results/engine_throughput.json")
 NUM_PROMPTS = 16
 NUM_SAMPLES = 8
@@ -180,7 +182,7 @@ def main() -> None:
                 print(name, variant, json.dumps(entry["engines"][variant]), flush=True)
             results["models"][name] = entry
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_result(RESULTS, results)
     print(f"wrote {RESULTS}")
 
 

@@ -25,7 +25,6 @@ Writes benchmarks/results/eval_time.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -37,6 +36,8 @@ import types
 from pathlib import Path
 
 import torch
+
+from benchmarks.result_file import write_result
 
 BASE_COMMIT = "b747aad"  # the last commit where evaluation decoded without a KV cache, in the learner loop
 RESULTS = Path("benchmarks/results/eval_time.json")
@@ -150,7 +151,7 @@ def main() -> None:
         "stall": stall,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print(
         f"{args.num_prompts} prompts x {args.max_new_tokens} tokens: old {old_s:.2f}s, new {new_s:.2f}s "
         f"(x{old_s / new_s:.1f}); same completions: {same_tokens}"

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from benchmarks.result_file import write_result
+
 if TYPE_CHECKING:
     from services.learner.batch import TrainBatch
 
@@ -208,7 +210,7 @@ def main() -> None:
         "demo_batch": "512 rows x 300 tokens",
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(RESULTS, result)
     if slope:
         print(f"old path: {slope * 1024:.2f} MiB per row x token -> ~{slope * demo_row_tokens:.0f} GiB at 512 x 300")
     print(f"wrote {RESULTS}")

@@ -43,6 +43,7 @@ from typing import Self
 import httpx
 import uvloop
 
+from benchmarks.result_file import write_result
 from cluster.redis_server import RedisServer, free_port
 from shared.bus import StreamBus, connect
 from shared.keys import RunKeys
@@ -329,7 +330,7 @@ def main() -> None:
         "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
 
 

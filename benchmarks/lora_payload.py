@@ -42,6 +42,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from benchmarks.result_file import write_result
+
 if TYPE_CHECKING:
     from shared.config import LoraConfig
 
@@ -189,7 +191,7 @@ def main() -> None:
             print(name, json.dumps(entry), flush=True)
             results["models"][name] = entry  # type: ignore[index]
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_result(RESULTS, results)
     print(f"wrote {RESULTS}")
 
 

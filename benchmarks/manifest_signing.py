@@ -20,6 +20,7 @@ import platform
 import timeit
 from pathlib import Path
 
+from benchmarks.result_file import write_result
 from shared.signing import generate_key_pair, load_signing_key
 from shared.weights import DEFAULT_HASH_ALGORITHM, Manifest, payload_digest, sha256_hex, sign, verify_signature
 
@@ -87,8 +88,13 @@ def main() -> None:
         number = args.number if total_size_bytes < 10**8 else max(1, args.number // 20)
         results[name] = measure(manifest_of(total_size_bytes, chunk_size_bytes), number, args.repeat)
         print(name, json.dumps({key: round(value, 1) for key, value in results[name].items()}), flush=True)
-    RESULTS.write_text(
-        json.dumps({"machine": platform.processor() or platform.machine(), "results": results}, indent=2) + "\n"
+    write_result(
+        RESULTS,
+        {
+            "command": "python -m benchmarks.manifest_signing",
+            "machine": platform.processor() or platform.machine(),
+            "results": results,
+        },
     )
     print(f"wrote {RESULTS}")
 

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.result_file import write_result
 from services.reward.decode import CompletionDecoder
 from shared.config import TaskConfig
 from shared.messages import RolloutGroup, pack_float32, pack_int32
@@ -101,7 +102,7 @@ def main() -> None:
         "pool_overhead_per_group_us": round(median_us["pool"] - median_us["in_process"], 1),
         "all_repeats_per_group_us": {name: [round(1e6 * v, 1) for v in values] for name, values in timings.items()},
     }
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(RESULTS, result)
     print(json.dumps(result, indent=2))
 
 

@@ -12,12 +12,12 @@ Writes benchmarks/results/simulator_validation.json.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.result_file import write_result
 from simulator.validation import measure_run, predict, run_cluster
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -73,7 +73,7 @@ def main() -> None:
         "runs": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print(f"wrote {args.out}")
 
 

@@ -12,6 +12,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from cluster.checkout import source_checkout
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -94,9 +96,5 @@ def list_text() -> str:
 def run(name: str, args: list[str]) -> None:
     """exec `python -m <module> <default args> <args>` from the repository root (never returns)."""
     bench = BENCHMARKS[name]
-    if not (REPO_ROOT / "benchmarks").is_dir():
-        sys.exit(
-            f"relay-rl bench: {REPO_ROOT / 'benchmarks'} not found: benchmarks run from a checkout of the repository"
-        )
-    os.chdir(REPO_ROOT)
+    os.chdir(source_checkout("bench", REPO_ROOT))
     os.execv(sys.executable, [sys.executable, "-m", bench.module, *bench.default_args, *args])

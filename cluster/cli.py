@@ -23,6 +23,7 @@ from pathlib import Path
 
 # standard library only at module level (each defers its heavy imports to when it runs): --help stays instant
 from cluster import bench_catalog, model_cache, operators, remote_worker, status_view
+from cluster.checkout import source_checkout
 from cluster.join import DEFAULT_RUN_DIR, REPO_ROOT
 
 
@@ -145,6 +146,7 @@ def run_demo(args: list[str]) -> None:
     if {"-h", "--help"} & set(args):
         local.main()
         return
+    source_checkout("demo")
     with demo_progress_bar(REPO_ROOT / "runs"):
         local.main()
 

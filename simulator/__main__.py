@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> None:
         args.out.write_text(
             json.dumps(
                 {
+                    "date": time.strftime("%Y-%m-%d", time.gmtime()),
                     "command": " ".join(["python -m simulator", *(sys.argv[1:] if argv is None else argv)]),
                     "assumptions": {"fleet": fleet.__doc__, "workload_and_baseline": cost.__doc__},
                     "table_markdown": table,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.broadcast.run import RESULTS_DIR
+from benchmarks.result_file import write_result
 
 
 def cell_row(path: Path) -> dict[str, Any]:
@@ -58,7 +59,7 @@ def main() -> None:
         (cell_row(path) for path in args.cells.glob("*.json")),
         key=lambda r: (r["chunk_size_bytes"], r["receive_into"], r["date"]),
     )
-    args.out.write_text(json.dumps({"num_receivers": 16, "mode": "pipelined", "runs": rows}, indent=2) + "\n")
+    write_result(args.out, {"num_receivers": 16, "mode": "pipelined", "runs": rows})
     print(
         "| chunk | receive into | ended (UTC) | nice | end to end | / line floor | depth 1 / line | per hop "
         "| publish | CPU s/GiB | machine busy |"

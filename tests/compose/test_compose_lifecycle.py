@@ -147,7 +147,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         stack.compose("down", "-v", "--remove-orphans", "--timeout", "20", check=False, timeout_s=180)
         report = os.environ.get("RL_COMPOSE_REPORT")
         if report:
-            Path(report).write_text(json.dumps(stack.timeline, indent=2) + "\n")
+            dated = {"command": "make test-compose", "date": time.strftime("%Y-%m-%d", time.gmtime()), **stack.timeline}
+            Path(report).write_text(json.dumps(dated, indent=2) + "\n")
         print(json.dumps(stack.timeline, indent=2))
 
 

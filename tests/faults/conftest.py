@@ -64,6 +64,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     for name, row in ROWS.items():
         rows[name] = {"test": name, "measured_at": stamp, "commit": commit(), **row}
     table = {
+        "date": stamp[:10],
         "command": "make test-faults",
         "config": "tests/faults/faults.toml",
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_at_end": os.getloadavg()},

@@ -1,0 +1,425 @@
+"""docs/results.md, generated from benchmarks/results/*.json: every published figure with the command that
+produced it and the date it was measured, read from the result file itself, so a number on the page cannot
+drift from its source (tests/unit/test_results_page.py fails when the page and the files disagree).
+
+    python -m benchmarks.results_page            # rewrite docs/results.md (make results-page)
+    python -m benchmarks.results_page --check    # exit 1 if docs/results.md is not what the files give
+
+A result file gets a section here when its benchmark publishes it: `Result` names the file, what it
+measures, its command (where the file does not record one) and its headline figures as paths into the
+JSON. The page never computes a number; it formats what the file holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+PAGE = REPO_ROOT / "docs" / "results.md"
+
+
+@dataclass(frozen=True)
+class Figure:
+    label: str
+    path: str  # keys joined by "/" (a key may hold dots); a number part indexes a list
+    unit: str = ""
+    digits: int | None = None  # rounding; None: as stored
+
+
+@dataclass(frozen=True)
+class Result:
+    file: str
+    title: str
+    what: str
+    figures: tuple[Figure, ...]
+    command: str | None = None  # where the file records none
+    docs: str = ""  # the page that explains it
+    extra_files: tuple[str, ...] = field(default_factory=tuple)  # variants of the same benchmark, listed
+
+
+def value_at(data: Any, path: str) -> Any:
+    node = data
+    for part in path.split("/"):
+        if isinstance(node, list):
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            raise KeyError(f"{path}: no {part!r}")
+    return node
+
+
+def formatted(value: Any, figure: Figure) -> str:
+    if isinstance(value, bool) or value is None:
+        text = str(value).lower()
+    elif isinstance(value, float) and figure.digits is not None:
+        text = f"{value:,.{figure.digits}f}"
+    elif isinstance(value, int):
+        text = f"{value:,}"
+    elif isinstance(value, list):
+        text = ", ".join(str(item) for item in value)
+    else:
+        text = str(value)
+    return f"{text} {figure.unit}".rstrip()
+
+
+F = Figure
+RESULTS: tuple[Result, ...] = (
+    Result(
+        "demo_report.json",
+        "The demo",
+        "`make demo`: configs/demo.toml, 400 steps, 64 prompts x 8 samples per step, S = 2, 3 workers, relay + delta",
+        (
+            F("mean train reward, first 10 steps", "reward_mean_first10"),
+            F("mean train reward, last 10 steps", "reward_mean_last10"),
+            F("held-out greedy accuracy, before", "eval_accuracy_before"),
+            F("held-out greedy accuracy, after", "eval_accuracy_after"),
+            F("wall time, start to report", "wall_s", "s"),
+            F("learner busy fraction", "learner_busy_fraction"),
+            F("max staleness trained on", "max_trained_staleness"),
+            F("groups dropped as stale", "num_dropped_stale"),
+            F("delta payload / full size (mean)", "broadcast/delta_size_fraction_mean"),
+            F("T_bcast, learner publish start to engine sampling with it: mean", "broadcast/t_bcast_mean_s", "s"),
+            F("T_bcast max", "broadcast/t_bcast_max_s", "s"),
+            F("of which the learner's publication (mean)", "broadcast/t_bcast_publish_mean_s", "s"),
+            F("rollout pause per swap (engine loading the weights): mean", "broadcast/rollout_pause_mean_s", "s"),
+            F("rollout pause max", "broadcast/rollout_pause_max_s", "s"),
+            F("swaps", "broadcast/rollout_pause_num_swaps"),
+        ),
+        command="make demo (python -m cluster.local; runs/<run-id>/report.json)",
+        docs="../README.md",
+    ),
+    Result(
+        "demo_lora_report.json",
+        "The demo with LoRA adapters",
+        "`make demo LORA=1`: configs/demo_lora.toml, rank-32 adapters on the tiny random base",
+        (
+            F("mean train reward, first 10 steps", "reward_mean_first10"),
+            F("mean train reward, last 10 steps", "reward_mean_last10"),
+            F("wall time", "wall_s", "s"),
+        ),
+        command="make demo LORA=1",
+        docs="lora.md",
+    ),
+    Result(
+        "poker_report.json",
+        "Kuhn poker",
+        "the kuhn_poker task on the demo's cluster (configs/poker.toml)",
+        (
+            F("mean train reward, first 10 steps", "reward_mean_first10"),
+            F("mean train reward, last 10 steps", "reward_mean_last10"),
+            F("held-out accuracy after", "eval_accuracy_after"),
+            F("wall time", "wall_s", "s"),
+        ),
+        command="python -m cluster.local --config configs/poker.toml",
+        docs="tasks.md",
+    ),
+    Result(
+        "broadcast.json",
+        "Weight broadcast",
+        "a 256 MiB version to 1-16 receivers over 200 Mbit/s tbf-shaped links, one-to-many vs the pipelined relay",
+        (
+            F("line-rate floor", "line_floor_s", "s"),
+            F("16 receivers, one-to-many / line floor", "table/16/one_to_many/end_to_end_ratio_line"),
+            F("16 receivers, pipelined relay / line floor", "table/16/pipelined/end_to_end_ratio_line"),
+            F("1 receiver, pipelined / line floor", "table/1/pipelined/end_to_end_ratio_line"),
+        ),
+        docs="broadcast_benchmark.md",
+        extra_files=("broadcast_matrix.json",),
+    ),
+    Result(
+        "delta_size.json",
+        "Weight deltas",
+        "delta size of a 128M-parameter Qwen3 between consecutive versions, per precision and codec",
+        (
+            F("chosen codec, size / full (mixed precision, lr 1e-6)", "summary/0/chosen_size_fraction"),
+            F("changed 16-bit values (same)", "summary/0/changed_fraction_16bit"),
+        ),
+        docs="deltas.md",
+        extra_files=("delta_size_after_20_steps.json",),
+    ),
+    Result(
+        "precision_step_time.json",
+        "Mixed-precision step time",
+        "one learner step of the 128M Qwen3, mixed precision against float32",
+        (
+            F("mixed step, median", "step_times/0/step_s_median", "s"),
+            F("mixed / fp32", "step_times/0/vs_fp32"),
+        ),
+        docs="precision.md",
+    ),
+    Result(
+        "learner_memory.json",
+        "Learner memory at a 151,936-token vocabulary",
+        "peak RSS of one learner step, whole-batch log-probs (old path) vs micro-batches with chunked log-probs",
+        (
+            F("old path, extrapolated to the demo batch", "old_path_demo_batch_extrapolated_gib", "GiB"),
+            F("new path, peak RSS at 32 rows", "new_path/0/peak_rss_gib", "GiB"),
+        ),
+        docs="guide.md",
+    ),
+    Result(
+        "engine_throughput.json",
+        "Inference engines",
+        "torch and vLLM-CPU engines: start, tokens/s and weight swap on three model shapes",
+        (F("prompts x samples per call", "workload/num_prompts"), F("samples", "workload/num_samples")),
+        docs="engines.md",
+    ),
+    Result(
+        "lora_payload.json",
+        "LoRA payload",
+        "bytes per version of rank-32 adapters against full weights",
+        (
+            F("qwen2-25m: adapter / full bytes", "models/qwen2-25m/adapter_fraction"),
+            F("demo: adapter / full bytes", "models/demo/adapter_fraction"),
+        ),
+        docs="lora.md",
+    ),
+    Result(
+        "eval_time.json",
+        "Held-out evaluation",
+        "20 prompts, 256 new tokens: the engine path against the old per-prompt path",
+        (F("speed-up", "speedup", "x", 1), F("engine path, median", "new_median_s", "s", 3)),
+        docs="evaluation.md",
+        extra_files=("eval_time_h128.json",),
+    ),
+    Result(
+        "load_heartbeat.json",
+        "Coordinator under 1,000 workers",
+        "1,000 simulated workers heartbeating at 1,000/s against one coordinator (target: no errors, p99 < 100 ms)",
+        (
+            F("p99 per run", "summary/working tree/p99_ms_per_run", "ms"),
+            F("errors per run", "summary/working tree/errors_per_run"),
+        ),
+        docs="design.md",
+        extra_files=("load_heartbeat_contended_host.json", "load_heartbeat_one_core_busy.json"),
+    ),
+    Result(
+        "work_throughput.json",
+        "The work API",
+        "1,000 simulated workers leasing tasks and answering: direct Redis vs the coordinator's work API",
+        (
+            F("work API, groups/s (median)", "groups_per_s_median/work_api", "", 0),
+            F("work API / direct Redis", "work_api_over_redis"),
+            F("what the learner consumes, groups/s", "learner_groups_per_s"),
+        ),
+        docs="threat_model.md",
+    ),
+    Result(
+        "hostile_fleet.json",
+        "A hostile fleet",
+        "the demo with a worker that leases and never answers and one that answers twice",
+        (
+            F("learner wall, with the hostile workers", "learner/wall_s", "s", 1),
+            F("learner wall, without", "learner_without_hostile_workers/wall_s", "s", 1),
+            F("second answers refused", "hostile/replayer/second_answers_refused"),
+            F("tasks issued", "run_accounting/num_tasks_issued"),
+        ),
+        docs="threat_model.md",
+    ),
+    Result(
+        "stream_memory.json",
+        "Redis memory",
+        "Redis memory over 1,000 learner steps with stream trimming on",
+        (F("growth per 1,000 steps, trimming on", "results/0/growth_per_1000_steps_bytes", "bytes"),),
+        docs="operations.md",
+    ),
+    Result(
+        "trust.json",
+        "Trust scores",
+        "detection delay per liar kind and false positives on honest workers (torch workers, the demo task)",
+        (
+            F("groups to quarantine: garbage log-probs", "detection_groups_by_kind/garbage_logprobs"),
+            F("stale weights", "detection_groups_by_kind/stale_weights"),
+            F("swapped text", "detection_groups_by_kind/swapped_text"),
+            F("honest worker runs", "num_honest_worker_runs"),
+            F("false positives among them", "num_false_positives_total"),
+        ),
+        docs="trust.md",
+    ),
+    Result(
+        "trust_bf16.json",
+        "Trust with honest bf16 vLLM workers",
+        "SmolLM2-135M on vLLM-CPU bf16 workers against the mixed-precision learner",
+        (F("exact checks", "num_exact_checks_total"), F("honest workers suspected", "num_honest_suspected_total")),
+        docs="trust.md",
+    ),
+    Result(
+        "trust_power.json",
+        "Power of the exact checks",
+        "smallest deviation caught within 50 groups, SmolLM2-135M",
+        (
+            F("weights x (1 + d N(0,1)), smallest d caught at lag 0", "smallest_caught_within_50/weights_lag0"),
+            F("temperature, smallest change caught at lag 0", "smallest_caught_within_50/temperature_lag0"),
+        ),
+        docs="trust.md",
+    ),
+    Result(
+        "provenance_power.json",
+        "Sampling provenance",
+        "keyed sampling checked in the spot audits: honest false positives, detection per deviation, audit cost",
+        (
+            F("audit s/group, log-probs only", "audit_s_per_group_logprobs_only", "s", 2),
+            F("audit s/group, with provenance", "audit_s_per_group_with_provenance", "s", 2),
+        ),
+        docs="trust.md#sampling-provenance",
+        extra_files=("provenance_bf16_run.json",),
+    ),
+    Result(
+        "manifest_signing.json",
+        "Manifest signing",
+        "Ed25519 against HMAC, per manifest",
+        (
+            F("Ed25519 verify, Qwen3-0.6B manifest", "results/qwen3_0.6b_bf16/ed25519_verify_us", "us", 0),
+            F("Ed25519 sign, same", "results/qwen3_0.6b_bf16/ed25519_sign_us", "us", 0),
+        ),
+        command="python -m benchmarks.manifest_signing",
+        docs="design.md",
+    ),
+    Result(
+        "reward_verifier_overhead.json",
+        "Reward verifier isolation",
+        "scoring a group in the verifier's child process against in-process",
+        (
+            F("in-process, per group", "median_per_group_us/in_process", "us"),
+            F("child process, per group", "median_per_group_us/pool", "us"),
+        ),
+        docs="tasks.md",
+    ),
+    Result(
+        "ppo_minibatches.json",
+        "PPO minibatches",
+        "GRPO with 1-4 minibatches and 1-2 epochs per step, lags 0-2, 3 seeds, 150 steps",
+        (F("steps", "steps"),),
+        docs="guide.md",
+        extra_files=("ppo_minibatches_400.json",),
+    ),
+    Result(
+        "simulator_validation.json",
+        "Simulator validation",
+        "the simulator against measured cluster runs (target |simulated - measured| / measured <= 0.10)",
+        (F("every run within 10%", "all_within_10_percent"), F("first run's error", "runs/0/simulator_relative_error")),
+        docs="capacity_model.md",
+    ),
+    Result(
+        "cost_comparison.json",
+        "Cost at scale (simulated)",
+        "the simulator's cost of this design against a centralized baseline, 10-1,000 workers",
+        (
+            F("10 workers: cost ratio", "rows/0/cost_ratio"),
+            F("10 workers: rollout cost ratio", "rows/0/rollout_cost_ratio"),
+        ),
+        docs="capacity_model.md",
+        extra_files=("cost_comparison_full_weights.json",),
+    ),
+    Result(
+        "compose_lifecycle.json",
+        "docker compose on a real engine",
+        "`tests/compose/`: up, kill -9 of four services inside their containers, an outside worker joining, "
+        "stop + up, down + up, the accounting, down -v (docs/docker.md; stand-in base images)",
+        (
+            F("up to the learner's first step", "up_to_first_step_s", "s", 1),
+            F("kill -9 to healthy: worker-0", "kill_worker-0_to_healthy_s", "s", 1),
+            F("kill -9 to healthy: coordinator", "kill_coordinator_to_healthy_s", "s", 1),
+            F("kill -9 to healthy: Redis", "kill_redis_to_healthy_s", "s", 1),
+            F("kill -9 to healthy: learner", "kill_learner_to_healthy_s", "s", 1),
+            F("outside worker: start to groups accepted", "outside_worker_start_to_groups_accepted_s", "s", 1),
+            F("stop + up to the next step", "stop_up_to_next_step_s", "s", 1),
+            F("down + up to the next step", "down_up_to_next_step_s", "s", 1),
+            F("tasks issued", "groups_issued", "", 0),
+            F("groups trained", "groups_trained", "", 0),
+            F("unaccounted", "groups_unaccounted", "", 0),
+        ),
+        docs="docker.md",
+    ),
+    Result(
+        "fault_suite.json",
+        "The fault suite",
+        "`make test-faults`: a real local cluster per test, one injected fault each",
+        (F("tests", "num_tests"), F("passed", "num_passed"), F("test wall time in all", "total_test_wall_s", "s")),
+        docs="operations.md",
+    ),
+    Result(
+        "gpu_check.json",
+        "GPU check",
+        "`make gpu-check` on a lent GPU: model build, learner step, FSDP2, engine, a short cluster run",
+        (
+            F("device", "device"),
+            F("FSDP step, tokens/s", "fsdp/tokens_per_s"),
+            F("FSDP peak memory", "fsdp/peak_memory_gib", "GiB"),
+            F("cluster steps finished", "cluster/num_steps"),
+        ),
+        docs="gpu_check.md",
+        extra_files=("gpu_check_smoke.json", "gpu_smoke.json"),
+    ),
+)
+
+
+def load(name: str) -> dict[str, Any]:
+    data = json.loads((RESULTS_DIR / name).read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{name}: not a JSON object")
+    return data
+
+
+def render() -> str:
+    lines = [
+        "# Results",
+        "",
+        "Every published figure, generated from `benchmarks/results/*.json` by `python -m benchmarks.results_page`",
+        "(`make results-page`): each with the command that produced it and the date it was measured, as the",
+        "result file records them. Do not edit by hand; rerun the benchmark, then the generator.",
+        "",
+    ]
+    for result in RESULTS:
+        data = load(result.file)
+        command = str(data.get("command") or result.command or "")
+        if not command:
+            raise ValueError(f"{result.file}: no command recorded and none given")
+        date = str(data.get("date") or "")
+        if not date:
+            raise ValueError(f"{result.file}: no date recorded")
+        lines += [f"## {result.title}", "", result.what + ".", ""]
+        lines += [f"- command: `{command}`", f"- measured: {date[:10]}", f"- file: `benchmarks/results/{result.file}`"]
+        for extra in result.extra_files:
+            extra_data = load(extra)
+            lines.append(
+                f"- also: `benchmarks/results/{extra}` (`{extra_data.get('command', result.command)}`, {str(extra_data.get('date', ''))[:10]})"
+            )
+        if result.docs:
+            lines.append(f"- explained in: [{result.docs}]({result.docs})")
+        lines += ["", "| figure | value |", "|---|---:|"]
+        lines += [f"| {figure.label} | {formatted(value_at(data, figure.path), figure)} |" for figure in result.figures]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def unlisted() -> list[str]:
+    """Result files with no section (neither a Result nor an extra file of one)."""
+    listed = {result.file for result in RESULTS} | {extra for result in RESULTS for extra in result.extra_files}
+    return sorted(path.name for path in RESULTS_DIR.glob("*.json") if path.name not in listed)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.results_page", description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if docs/results.md differs from the files")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        if PAGE.read_text() != text:
+            sys.exit("docs/results.md is out of date: make results-page")
+        return
+    PAGE.write_text(text)
+    print(f"wrote {PAGE} ({len(RESULTS)} results)")
+    for name in unlisted():
+        print(f"not on the page: benchmarks/results/{name}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
