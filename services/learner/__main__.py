@@ -3,7 +3,7 @@
 Environment: RL_REDIS_URL, RL_RUN_CONFIG, RL_RUN_ID, RL_RUN_DIR, RL_MODEL_DIR (default
 the run file's [model] path, else <run_dir>/model, built there only with [model] init = "tiny-random"),
 RL_SIGNING_KEY (required: the Ed25519 private key, `python -m shared.signing generate`), RL_LEARNER_HOST, RL_LEARNER_PORT,
-RL_LEARNER_PUBLIC_URL, RL_POLL_BLOCK_MS, RL_TORCH_NUM_THREADS, RL_LOG_LEVEL, RL_METRICS_PORT, RL_METRICS_HOST
+RL_LEARNER_PUBLIC_URL, RL_SCORED_BLOCK_MS, RL_TORCH_NUM_THREADS, RL_LOG_LEVEL, RL_METRICS_PORT, RL_METRICS_HOST
 (Prometheus /metrics; 0: off).
 
 Writes into RL_RUN_DIR: metrics.jsonl, checkpoints/latest.pt, learner_summary.json, model_final/.

@@ -92,7 +92,7 @@ class BatchCollector:
         groups_per_step: int,
         vocab_size: int,
         max_positions: int,
-        poll_block_ms: int = 500,
+        scored_block_ms: int = 500,
         dynamic_sampling: bool = False,
         trim_interval_s: float = TRIM_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
@@ -103,7 +103,7 @@ class BatchCollector:
         self.groups_per_step = groups_per_step
         self.vocab_size = vocab_size
         self.max_positions = max_positions
-        self.poll_block_ms = poll_block_ms
+        self.scored_block_ms = scored_block_ms
         self.dynamic_sampling = dynamic_sampling
         self._window = FlatGroupTally()  # groups past the admission rule since the last on_window call
         self.num_dropped: Counter[str] = Counter()  # cumulative, by DropReason value (restore_decisions)
@@ -244,7 +244,7 @@ class BatchCollector:
             return [(self._replay.popleft(), True) for _ in range(min(count, len(self._replay)))]
         call_with_retry(self.trimmer.trim_if_due, "trim scored")  # frees memory even at maxmemory
         deliveries = call_with_retry(
-            lambda: self.bus.read(SCORED, LEARNER_CONSUMER, count=count, block_ms=self.poll_block_ms),
+            lambda: self.bus.read(SCORED, LEARNER_CONSUMER, count=count, block_ms=self.scored_block_ms),
             "read scored",
             on_retry=self._note_lost_reply,
         )

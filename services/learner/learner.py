@@ -120,7 +120,7 @@ class Learner:
             groups_per_step=run.grpo.groups_per_step,
             vocab_size=self.policy.config.vocab_size,
             max_positions=self.policy.config.max_position_embeddings,
-            poll_block_ms=settings.poll_block_ms,
+            scored_block_ms=settings.scored_block_ms,
             dynamic_sampling=run.grpo.dynamic_sampling,
             trim_interval_s=settings.trim_interval_s,
         )

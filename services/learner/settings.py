@@ -28,7 +28,7 @@ class LearnerSettings(ServiceSettings):
     learner_public_url: str | None = Field(
         None, description="RL_LEARNER_PUBLIC_URL: how workers reach the chunk server; default http://<host>:<port>"
     )
-    poll_block_ms: int = Field(500, ge=1, le=5000, description="RL_POLL_BLOCK_MS: XREADGROUP BLOCK on `scored`")
+    scored_block_ms: int = Field(500, ge=1, le=5000, description="RL_SCORED_BLOCK_MS: XREADGROUP BLOCK on `scored`")
     trim_interval_s: float = Field(
         TRIM_INTERVAL_S, gt=0, description="RL_TRIM_INTERVAL_S: how often the consumed entries of `scored` are trimmed"
     )

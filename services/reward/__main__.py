@@ -1,6 +1,6 @@
 """python -m services.reward: the data plane (prompts out, scored groups in). Needs no torch.
 
-Environment: RL_REDIS_URL, RL_RUN_CONFIG, RL_RUN_ID, RL_CONSUMER_NAME, RL_POLL_BLOCK_MS,
+Environment: RL_REDIS_URL, RL_RUN_CONFIG, RL_RUN_ID, RL_CONSUMER_NAME, RL_ROLLOUTS_BLOCK_MS,
 RL_CLAIM_IDLE_MS, RL_REFERENCE_TTL_S, RL_TRIM_INTERVAL_S, RL_DEAD_LETTERS_KEPT, RL_MODEL_DIR (the policy
 folder: its tokenizer.json decodes the token ids), RL_LOG_LEVEL, RL_METRICS_PORT (Prometheus /metrics; 0: off), RL_METRICS_HOST (its bind address, default 127.0.0.1).
 """

@@ -104,7 +104,7 @@ class RewardService:
         )
         if claimed:
             return claimed
-        return self.bus.read(ROLLOUTS, self.settings.consumer_name, count=32, block_ms=self.settings.poll_block_ms)
+        return self.bus.read(ROLLOUTS, self.settings.consumer_name, count=32, block_ms=self.settings.rollouts_block_ms)
 
     def score_and_forward(self, deliveries: list[Delivery[RolloutGroup]]) -> None:
         """Scored groups go to `scored` and their rollouts are acked in one transaction."""

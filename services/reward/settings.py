@@ -12,11 +12,11 @@ from shared.stream_trim import DEAD_LETTERS_KEPT, TRIM_INTERVAL_S
 
 class RewardSettings(ServiceSettings):
     consumer_name: str = Field("reward-0", description="RL_CONSUMER_NAME: this instance's consumer name in the group")
-    poll_block_ms: int = Field(
+    rollouts_block_ms: int = Field(
         50,
         ge=1,
         le=5000,
-        description="RL_POLL_BLOCK_MS: XREADGROUP BLOCK; short, because the task feed is topped up between reads",
+        description="RL_ROLLOUTS_BLOCK_MS: XREADGROUP BLOCK; short, because the task feed is topped up between reads",
     )
     claim_idle_ms: int = Field(15000, ge=100, description="RL_CLAIM_IDLE_MS: take over rollouts pending this long")
     reference_ttl_s: int = Field(3600, ge=1, description="RL_REFERENCE_TTL_S: how long a task's reference is kept")

@@ -88,7 +88,7 @@ def make_collector(
         groups_per_step=groups_per_step,
         vocab_size=16,
         max_positions=32,
-        poll_block_ms=50,
+        scored_block_ms=50,
         dynamic_sampling=dynamic_sampling,
     )
     collector.ensure_group()

@@ -178,7 +178,7 @@ def learner_settings(redis_url: str, run_dir: Path, model_dir: Path) -> LearnerS
         model_dir=model_dir,
         signing_key=SIGNING_KEY_HEX,
         learner_port=0,
-        poll_block_ms=50,
+        scored_block_ms=50,
     )
 
 
@@ -305,7 +305,7 @@ def start_learner_process(
         "RL_MODEL_DIR": str(policy_dir),
         "RL_SIGNING_KEY": SIGNING_KEY_HEX,
         "RL_LEARNER_PORT": "0",
-        "RL_POLL_BLOCK_MS": "50",
+        "RL_SCORED_BLOCK_MS": "50",
     }
     log_file = open(run_dir / "learner.log", "ab")  # noqa: SIM115 (closed with the test's tmp dir)
     return subprocess.Popen(

@@ -80,7 +80,7 @@ def test_a_suspect_worker_is_quarantined_its_groups_dropped_and_an_admin_release
 
     # the learner: the liar's queued groups are dropped with reason `quarantined`, the honest one's trained
     collector = BatchCollector(
-        bus, keys, staleness_bound=2, groups_per_step=2, vocab_size=16, max_positions=32, poll_block_ms=50
+        bus, keys, staleness_bound=2, groups_per_step=2, vocab_size=16, max_positions=32, scored_block_ms=50
     )
     collector.ensure_group()
     monitor = TrustMonitor(TrustConfig(), torch.nn.Linear(1, 1), bus, tmp_path / "trust.jsonl")

@@ -77,7 +77,7 @@ def test_the_reward_service_scores_each_task_with_its_verifier(
     )
     bus.redis.set(keys.rollout_key("w-test"), TEST_WORKER_ROLLOUT_KEY)
     service = RewardService(
-        run, RewardSettings(redis_url=redis_server.url, poll_block_ms=50, model_dir=ascii_policy_dir), bus
+        run, RewardSettings(redis_url=redis_server.url, rollouts_block_ms=50, model_dir=ascii_policy_dir), bus
     )
     thread = threading.Thread(target=service.run_forever, daemon=True)
     thread.start()
