@@ -1,63 +1,42 @@
-"""Held-out evaluation time, before and after it moved onto the workers' engine: 20 prompts x 256 new
-tokens, greedy, on one model, side by side in one process, alternating old / new, repeated.
+"""Held-out evaluation time on the workers' engine: 20 prompts x 256 new tokens, greedy, on one model, repeated,
+compared with the committed result (benchmarks/results/eval_time.json) where it measured the same shape.
 
     python -m benchmarks.eval_time                   # or: make bench-eval
     python -m benchmarks.eval_time --repeats 5 --max-new-tokens 128
 
-old  the learner's evaluation as of the base commit (BASE_COMMIT): services/learner/evaluate.py and
-     services/learner/decode.py loaded from git as they were: no KV cache, the whole prefix re-run for
-     every new token, prompts of equal length batched together.
-new  services/learner/evaluator.py's work: load the snapshot into the TorchEngine (engines/torch_engine.py),
-     evaluate_greedy on it: KV cache, all prompts in one left-padded batch.
+What is timed: services/learner/evaluator.py's work, i.e. load the snapshot into the TorchEngine
+(engines/torch_engine.py) and evaluate_greedy on it (KV cache, all prompts in one left-padded batch).
 
-Every completion is forced to the full 256 tokens: both paths get an EOS set that never matches (a random
-model would otherwise stop at an EOS by chance, and the paths would decode different lengths). The model
-is the demo's tiny random Qwen2 (configs/demo.toml: hidden 64, 2 layers, character tokenizer) with 512
-positions so that prompt + 256 tokens fit; `--hidden-size/--num-layers` size it up. The prompts are the
-arithmetic task's 20 held-out prompts. Both paths must produce the same tokens (reported).
+Every completion is forced to the full 256 tokens (an EOS set that never matches: a random model would
+otherwise stop at an EOS by chance). The model is the demo's tiny random Qwen2 (configs/demo.toml: hidden 64,
+2 layers, character tokenizer) with 512 positions so that prompt + 256 tokens fit; `--hidden-size/--num-layers`
+size it up. The prompts are the arithmetic task's 20 held-out prompts. The engine's greedy tokens are checked
+against transformers' own `generate` (do_sample off) on the learner's model, prompt by prompt (reported).
 
-Also measured: the learner's stall per evaluation with the new design, i.e. how long Evaluator.submit
-blocks the training loop: when the eval thread is idle (the snapshot of the weights: the common case),
-and when the previous evaluation is still running (then it waits at most --max-stall-s and skips).
-Writes benchmarks/results/eval_time.json.
+Also measured: the learner's stall per evaluation, i.e. how long Evaluator.submit blocks the training loop:
+when the eval thread is idle (the snapshot of the weights: the common case), and when the previous evaluation
+is still running (then it waits at most --max-stall-s and skips). Writes benchmarks/results/eval_time.json.
+(Until 2026-11-28 this benchmark also ran the learner's evaluation of an older commit, read from git, side by
+side; the committed eval_time_h128.json is such a run.)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 
 import torch
 
 from benchmarks.result_file import write_result
 
-BASE_COMMIT = "b747aad"  # the last commit where evaluation decoded without a KV cache, in the learner loop
 RESULTS = Path("benchmarks/results/eval_time.json")
-
-
-def load_base_evaluate() -> types.ModuleType:
-    """The base commit's services/learner/evaluate.py (and the decode.py it imports), as modules."""
-    modules = {}
-    for name, path in [
-        ("services.learner.decode", "services/learner/decode.py"),
-        ("base_evaluate", "services/learner/evaluate.py"),
-    ]:
-        source = subprocess.run(
-            ["git", "show", f"{BASE_COMMIT}:{path}"], check=True, capture_output=True, text=True
-        ).stdout
-        module = types.ModuleType(name)
-        sys.modules[name] = module  # evaluate.py imports decode.py by this name
-        exec(compile(source, f"{BASE_COMMIT}:{path}", "exec"), module.__dict__)
-        modules[name] = module
-    return modules["base_evaluate"]
 
 
 def build_model(out_dir: Path, hidden_size: int, num_layers: int) -> Path:
@@ -77,7 +56,7 @@ def build_model(out_dir: Path, hidden_size: int, num_layers: int) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each path (alternating)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed evaluations")
     parser.add_argument("--num-prompts", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--hidden-size", type=int, default=64, help="64: the demo model")
@@ -95,7 +74,7 @@ def main() -> None:
     from shared.tasks import make_task
 
     hf_logging.disable_progress_bar()
-    base_evaluate = load_base_evaluate()
+    committed = committed_median_s(args.out, args)
     task = make_task("arithmetic_mod10", num_eval_prompts=args.num_prompts, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_model(Path(tmp) / "model", args.hidden_size, args.num_layers)
@@ -103,27 +82,18 @@ def main() -> None:
         engine = TorchEngine(model_dir)
         engine.eos_token_ids = torch.tensor([], dtype=torch.long)  # never stops: every row decodes max_new_tokens
 
-        def run_old() -> object:
-            return base_evaluate.evaluate_greedy(
-                model, tokenizer, task, max_new_tokens=args.max_new_tokens, eos_token_ids=set()
-            )
-
-        def run_new() -> object:
-            engine.load_state_dict(model.state_dict(), policy_version=1)  # what the eval thread does first
-            return evaluate_greedy(engine, task, max_new_tokens=args.max_new_tokens)
-
-        same_tokens = compare_tokens(base_evaluate, model, tokenizer, task, engine, args.max_new_tokens)
-        runs: dict[str, list[float]] = {"old_s": [], "new_s": []}
+        same_tokens = compare_tokens(model, tokenizer, task, engine, args.max_new_tokens)
+        runs_s: list[float] = []
         for repeat in range(args.repeats):
-            for key, fn in (("old_s", run_old), ("new_s", run_new)):
-                started_s = time.perf_counter()
-                fn()
-                runs[key].append(time.perf_counter() - started_s)
-            print(f"repeat {repeat + 1}: old {runs['old_s'][-1]:.2f}s  new {runs['new_s'][-1]:.2f}s", flush=True)
+            started_s = time.perf_counter()
+            engine.load_state_dict(model.state_dict(), policy_version=1)  # what the eval thread does first
+            evaluate_greedy(engine, task, max_new_tokens=args.max_new_tokens)
+            runs_s.append(time.perf_counter() - started_s)
+            print(f"repeat {repeat + 1}: {runs_s[-1]:.2f}s", flush=True)
 
         stall = measure_stall(Evaluator, engine, task, model, args.max_new_tokens, args.max_stall_s)
 
-    old_s, new_s = statistics.median(runs["old_s"]), statistics.median(runs["new_s"])
+    median_s = statistics.median(runs_s)
     result = {
         "command": "python -m benchmarks.eval_time " + " ".join(sys.argv[1:]),
         "machine": {
@@ -131,6 +101,7 @@ def main() -> None:
             "cpu_count": os.cpu_count(),
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
+            "load_average_1m": os.getloadavg()[0],
         },
         "model": {
             "architecture": "qwen2 (random init, character tokenizer: the demo's)",
@@ -140,21 +111,21 @@ def main() -> None:
         },
         "num_prompts": args.num_prompts,
         "max_new_tokens": args.max_new_tokens,
-        "forced_length": "EOS set emptied for both paths: every completion is max_new_tokens long",
-        "same_completions": same_tokens,
-        "old_path": f"{BASE_COMMIT}: services/learner/evaluate.py + decode.py (no KV cache, in the learner loop)",
-        "new_path": "TorchEngine.load_state_dict + evaluate_greedy (KV cache, on the eval thread)",
-        "runs_s": runs,
-        "old_median_s": old_s,
-        "new_median_s": new_s,
-        "speedup": old_s / new_s,
+        "forced_length": "EOS set emptied: every completion is max_new_tokens long",
+        "same_completions_as_transformers_generate": same_tokens,
+        "path": "TorchEngine.load_state_dict + evaluate_greedy (KV cache, on the eval thread)",
+        "runs_s": runs_s,
+        "median_s": median_s,
+        "committed_median_s": committed,
+        "vs_committed": None if committed is None else median_s / committed,
         "stall": stall,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_result(args.out, result)
+    versus = "" if committed is None else f" ({median_s / committed:.2f}x the committed {committed:.2f}s)"
     print(
-        f"{args.num_prompts} prompts x {args.max_new_tokens} tokens: old {old_s:.2f}s, new {new_s:.2f}s "
-        f"(x{old_s / new_s:.1f}); same completions: {same_tokens}"
+        f"{args.num_prompts} prompts x {args.max_new_tokens} tokens: {median_s:.2f}s{versus}; "
+        f"same completions as transformers' generate: {same_tokens}"
     )
     print(
         f"training-loop stall per eval: {stall['idle_median_s'] * 1000:.1f} ms when the eval thread is idle; "
@@ -163,23 +134,41 @@ def main() -> None:
     )
 
 
-def compare_tokens(base_evaluate, model, tokenizer, task, engine, max_new_tokens: int) -> bool:  # type: ignore[no-untyped-def]
-    """Whether the old and the new path decode the same greedy tokens for every prompt."""
+def committed_median_s(path: Path, args: argparse.Namespace) -> float | None:
+    """The committed result's engine-path median for the same model shape and workload, if there is one."""
+    if not path.exists():
+        return None
+    committed = json.loads(path.read_text())
+    same_shape = (
+        committed.get("model", {}).get("hidden_size") == args.hidden_size
+        and committed.get("model", {}).get("num_layers") == args.num_layers
+        and committed.get("num_prompts") == args.num_prompts
+        and committed.get("max_new_tokens") == args.max_new_tokens
+    )
+    value = committed.get("median_s", committed.get("new_median_s"))  # new_median_s: the file's earlier format
+    return float(value) if same_shape and value is not None else None
+
+
+def compare_tokens(model, tokenizer, task, engine, max_new_tokens: int) -> bool:  # type: ignore[no-untyped-def]
+    """Whether the engine's greedy tokens are transformers' own greedy `generate` on the same weights, per prompt."""
     from shared.tokenization import encode_prompt
 
-    prompt_ids = [encode_prompt(tokenizer, item.input) for item in task.eval_set]
-    old = base_evaluate.generate(
-        model,
-        prompt_ids,
-        num_samples=1,
-        max_new_tokens=max_new_tokens,
-        temperature=1.0,
-        eos_token_ids=set(),
-        greedy=True,
-    )
     engine.load_state_dict(model.state_dict(), policy_version=0)
-    new = engine.generate([item.input for item in task.eval_set], 1, max_new_tokens, temperature=1.0, greedy=True)
-    return [c.token_ids for (c,) in old] == [s.token_ids for (s,) in new]
+    ours = engine.generate([item.input for item in task.eval_set], 1, max_new_tokens, temperature=1.0, greedy=True)
+    for item, (sample,) in zip(task.eval_set, ours, strict=True):
+        prompt = torch.tensor([encode_prompt(tokenizer, item.input)])
+        with torch.no_grad():
+            out = model.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        if out[0, prompt.shape[1] :].tolist() != list(sample.token_ids):
+            return False
+    return True
 
 
 def measure_stall(evaluator_class, engine, task, model, max_new_tokens: int, max_stall_s: float) -> dict:  # type: ignore[no-untyped-def]

@@ -2,7 +2,6 @@
 
     python -m benchmarks.load_heartbeat                 # or: make bench-load
     python -m benchmarks.load_heartbeat --workers 1000 --duration-s 45
-    python -m benchmarks.load_heartbeat --baseline cf346b0   # alternate with an older coordinator, same host
     python -m benchmarks.load_heartbeat --burn-cores 1       # with a neighbour process spinning on one core
 
 Starts a private redis-server and `python -m services.coordinator` (a real uvicorn process, its control
@@ -14,8 +13,9 @@ as little as possible. Reports latency percentiles of the heartbeats sent after 
 (non-200 answers, timeouts, broken connections), the achieved rate, the CPU of the coordinator, Redis
 and the load generator, how many heartbeats shared each Redis call, and the machine's CPU steal (time
 the hypervisor gave to other tenants of this host). Runs `--repeat` times (3), each with its own Redis
-and coordinator; with `--baseline REV` the coordinator of that commit (a temporary git worktree) runs
-in alternation, so both see the same host. Writes every run to benchmarks/results/load_heartbeat.json.
+and coordinator. Writes every run to benchmarks/results/load_heartbeat.json. (Until 2026-11-28 a
+`--baseline REV` mode also ran an older commit's coordinator from a git worktree in alternation; the
+committed results are such runs, their `summary` keyed by the code that ran.)
 Target: no errors, p99 < 100 ms.
 """
 
@@ -300,12 +300,6 @@ def main() -> None:
         default=0,
         help="keep this many busy-loop processes running meanwhile: a noisy neighbour you can reproduce",
     )
-    parser.add_argument(
-        "--baseline",
-        metavar="GIT_REV",
-        help="also run the coordinator of this commit, alternating with "
-        "the working tree's, for a side-by-side comparison under the same host conditions",
-    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
@@ -313,8 +307,6 @@ def main() -> None:
         for _ in range(args.burn_cores):
             stack.enter_context(busy_loop())
         trees = {"working tree": REPO_ROOT}
-        if args.baseline:
-            trees = {args.baseline: stack.enter_context(git_worktree(args.baseline)), **trees}
         runs = []
         for index in range(args.repeat):
             for code, tree in trees.items():
@@ -353,22 +345,6 @@ def busy_loop() -> Iterator[None]:
     finally:
         process.kill()
         process.wait()
-
-
-@contextlib.contextmanager
-def git_worktree(rev: str) -> Iterator[Path]:
-    """A checkout of `rev` beside the repo, removed afterwards; `python -m services.coordinator` run in it
-    imports its code (the current directory comes first on sys.path)."""
-    path = Path(tempfile.mkdtemp(prefix="load-baseline-"))
-    subprocess.run(
-        ["git", "worktree", "add", "--detach", str(path), rev], cwd=REPO_ROOT, check=True, capture_output=True
-    )
-    try:
-        yield path
-    finally:
-        subprocess.run(
-            ["git", "worktree", "remove", "--force", str(path)], cwd=REPO_ROOT, check=False, capture_output=True
-        )
 
 
 def measure(args: argparse.Namespace, tree: Path = REPO_ROOT) -> dict:

@@ -184,8 +184,13 @@ RESULTS: tuple[Result, ...] = (
     Result(
         "eval_time.json",
         "Held-out evaluation",
-        "20 prompts, 256 new tokens: the engine path against the old per-prompt path",
-        (F("speed-up", "speedup", "x", 1), F("engine path, median", "new_median_s", "s", 3)),
+        "20 prompts x 256 new tokens, greedy, on the workers' engine, and the learner's stall per evaluation",
+        (
+            F("one evaluation, median", "median_s", "s", 3),
+            F("against the committed run before it", "vs_committed", "x", 2),
+            F("same tokens as transformers' generate", "same_completions_as_transformers_generate"),
+            F("training-loop stall with the eval thread idle, median", "stall/idle_median_s", "s", 4),
+        ),
         docs="evaluation.md",
         extra_files=("eval_time_h128.json",),
     ),
