@@ -238,6 +238,8 @@ class Bench:
                 os.kill(self.redis.pid, signal.SIGKILL)
                 self.redis.wait()
         self.wan.remove()
+        # the learner's spilled versions (hundreds of MB each) go; the node logs stay for a look (node_logs)
+        shutil.rmtree(self.log_dir / "published", ignore_errors=True)
 
     # one broadcast
     def broadcast(
