@@ -43,7 +43,9 @@ BENCHMARKS: dict[str, Benchmark] = {
     "learner-memory": Benchmark(
         "benchmarks.learner_memory", "peak RSS of one learner step at a 151,936-token vocabulary (~15 min)"
     ),
-    "eval": Benchmark("benchmarks.eval_time", "held-out evaluation time on the engine, and the learner's stall (~1 min)"),
+    "eval": Benchmark(
+        "benchmarks.eval_time", "held-out evaluation time on the engine, and the learner's stall (~1 min)"
+    ),
     "trust": Benchmark("benchmarks.trust", "trust score: detection delay per liar kind, false positives (~30 min)"),
     "trust-bf16": Benchmark(
         "benchmarks.trust",

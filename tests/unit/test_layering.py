@@ -1,11 +1,11 @@
 """The layering, frozen: a new import that crosses a line fails here, naming the file and the import.
 
-    services/<x>   imports shared/ and engines/ only: never another service, the runner (cluster/) or benchmarks
-    shared/        the contracts between processes: imports no service, engine, runner, simulator or benchmark
-    engines/       imports shared/ only (of the project)
-    vLLM           imported by the vLLM engine alone: engines/vllm_engine.py and the sampler hook it installs
-                   into vLLM's own worker (engines/vllm_keyed_sampler.py); benchmarks/gpu.py also times bare
-                   vLLM as its baseline
+services/<x>   imports shared/ and engines/ only: never another service, the runner (cluster/) or benchmarks
+shared/        the contracts between processes: imports no service, engine, runner, simulator or benchmark
+engines/       imports shared/ only (of the project)
+vLLM           imported by the vLLM engine alone: engines/vllm_engine.py and the sampler hook it installs
+               into vLLM's own worker (engines/vllm_keyed_sampler.py); benchmarks/gpu.py also times bare
+               vLLM as its baseline
 """
 
 from __future__ import annotations
@@ -69,7 +69,9 @@ def test_only_the_vllm_engine_imports_vllm(repo_root: Path) -> None:
 def test_the_checker_sees_a_crossing(tmp_path: Path) -> None:
     """The rule can fail: a service importing another service is reported."""
     (tmp_path / "services" / "learner").mkdir(parents=True)
-    (tmp_path / "services" / "learner" / "loop.py").write_text("from services.reward.service import X\nimport shared.bus\n")
+    (tmp_path / "services" / "learner" / "loop.py").write_text(
+        "from services.reward.service import X\nimport shared.bus\n"
+    )
     assert _crossings(tmp_path, "services", {"shared", "engines"}) == [
         "services/learner/loop.py: import services.reward.service"
     ]
