@@ -225,6 +225,8 @@ def learner_step_phase(args: argparse.Namespace) -> dict:
 
 
 def cluster_phase(args: argparse.Namespace) -> dict:
+    from cluster.run_report import load_report
+
     run_id = f"bench-gpu-{int(time.time())}"
     config = REPO_ROOT / "configs" / ("gpu_smoke_cpu.toml" if args.smoke else "gpu_smoke.toml")
     command = [sys.executable, "-m", "cluster.local", "--config", str(config), "--workers", "1"]
@@ -234,18 +236,17 @@ def cluster_phase(args: argparse.Namespace) -> dict:
     report_path = REPO_ROOT / "runs" / run_id / "report.json"
     if done.returncode != 0 or not report_path.exists():
         raise RuntimeError(f"cluster run failed ({done.returncode}): {done.stdout[-800:]} {done.stderr[-800:]}")
-    report = json.loads(report_path.read_text())
-    keys = (
-        "num_steps",
-        "wall_s",
-        "learner_busy_fraction",
-        "reward_mean_first10",
-        "reward_mean_last10",
-        "max_trained_staleness",
-        "num_dead_letters",
-    )
-    return {"run_id": run_id, "runner_wall_s": round(time.perf_counter() - started_s, 1)} | {
-        key: report.get(key) for key in keys
+    report = load_report(report_path)
+    return {
+        "run_id": run_id,
+        "runner_wall_s": round(time.perf_counter() - started_s, 1),
+        "num_steps": report.num_steps,
+        "wall_s": report.wall_s,
+        "learner_busy_fraction": report.learner_busy_fraction,
+        "reward_mean_first10": report.reward_mean_first10,
+        "reward_mean_last10": report.reward_mean_last10,
+        "max_trained_staleness": report.max_trained_staleness,
+        "num_dead_letters": report.num_dead_letters,
     }
 
 

@@ -185,8 +185,9 @@ def timed_steps(policy: Policy, batch: Any, num_timed_steps: int) -> list[float]
         result = policy.train_step(batch, [batch.num_samples], shuffle_seed=step)
         synchronize()
         step_s.append(time.perf_counter() - started_s)
-        if not (math.isfinite(result.loss.loss) and math.isfinite(result.grad_norm)):
-            raise RuntimeError(f"step {step}: loss {result.loss.loss}, grad norm {result.grad_norm}")
+        diagnostics = result.diagnostics
+        if not (math.isfinite(diagnostics.loss) and math.isfinite(diagnostics.grad_norm)):
+            raise RuntimeError(f"step {step}: loss {diagnostics.loss}, grad norm {diagnostics.grad_norm}")
     return step_s[1:]
 
 
@@ -213,14 +214,14 @@ def fsdp_part(model_dir: Path, sizes: Sizes) -> dict[str, Any]:
     num_rows = run.learner.micro_batch_size * sizes.micro_batches_per_step
     plain = Policy(model_dir, run)
     batch = synthetic_batch(num_rows, seq_len, min(64, seq_len // 4), plain.config.vocab_size)
-    plain_loss = plain.train_step(batch, [num_rows], shuffle_seed=0).loss.loss
+    plain_loss = plain.train_step(batch, [num_rows], shuffle_seed=0).diagnostics.loss
     del plain
     free_device_memory()
 
     ranks = init_one_rank()
     try:
         policy = Policy(model_dir, run, ranks)
-        first_loss = policy.train_step(batch, [num_rows], shuffle_seed=0).loss.loss
+        first_loss = policy.train_step(batch, [num_rows], shuffle_seed=0).diagnostics.loss
         reset_peak_memory()
         step_s = timed_steps(policy, batch, sizes.num_timed_steps)
         synchronize()
@@ -320,7 +321,7 @@ def sampling_rate(engine: Any, prompts: list[str], sizes: Sizes) -> dict[str, An
 def cluster_part(sizes: Sizes, runs_dir: Path, run_id: str) -> dict[str, Any]:
     """A whole local cluster run (one torch-engine worker) to the end of its steps; its summary."""
     from cluster.local import ClusterOptions, LocalCluster
-    from cluster.report import summarize
+    from cluster.report import build_report
     from shared.run_records import LearnerSummary, read_metrics
 
     config_path = REPO_ROOT / "configs" / sizes.cluster_config
@@ -333,10 +334,8 @@ def cluster_part(sizes: Sizes, runs_dir: Path, run_id: str) -> dict[str, Any]:
         cluster.stop()
     wall_s = time.monotonic() - started_s
     steps, evals = read_metrics(cluster.run_dir / "metrics.jsonl")
-    report = summarize(steps, evals, cluster.run, status, wall_s)
+    report = build_report(cluster.run_dir, cluster.run, status, wall_s, steps, evals)  # no plots: no matplotlib
     summary = LearnerSummary.model_validate_json((cluster.run_dir / "learner_summary.json").read_text())
-    keys = ["num_steps", "wall_s", "learner_busy_fraction", "reward_mean_first10", "reward_mean_last10"]
-    keys += ["eval_accuracy_before", "eval_accuracy_after", "max_trained_staleness", "num_dead_letters"]
     return {
         "config": f"configs/{sizes.cluster_config}",
         "num_steps_target": cluster.run.schedule.num_steps,
@@ -344,7 +343,16 @@ def cluster_part(sizes: Sizes, runs_dir: Path, run_id: str) -> dict[str, Any]:
         "learner_device": cluster.run.learner.device,
         "learner_precision": cluster.run.learner.precision,
         "engine": cluster.run.rollout.engine,
-    } | {key: report[key] for key in keys}
+        "num_steps": report.num_steps,
+        "wall_s": report.wall_s,
+        "learner_busy_fraction": report.learner_busy_fraction,
+        "reward_mean_first10": report.reward_mean_first10,
+        "reward_mean_last10": report.reward_mean_last10,
+        "eval_accuracy_before": report.eval_accuracy_before,
+        "eval_accuracy_after": report.eval_accuracy_after,
+        "max_trained_staleness": report.max_trained_staleness,
+        "num_dead_letters": report.num_dead_letters,
+    }
 
 
 # device helpers

@@ -133,8 +133,8 @@ def train(
         )
         result.rewards.append(float(batch.rewards.mean()))
         result.train_s.append(step_result.train_s)
-        result.clip_fraction.append(step_result.loss.clip_fraction)
-        result.ess_fraction.append(step_result.importance.ess_fraction)
+        result.clip_fraction.append(step_result.diagnostics.clip_fraction)
+        result.ess_fraction.append(step_result.diagnostics.ess_fraction)
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             evaluate(step + 1)
     result.wall_s = time.perf_counter() - started_s

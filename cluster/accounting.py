@@ -146,15 +146,19 @@ class GroupAccounting(BaseModel):
         )
 
     def summary(self) -> dict[str, Any]:
-        return {
-            **self.model_dump(),
-            "num_dead_lettered": self.num_dead_lettered,
-            "num_pending": self.num_pending,
-            "num_accounted": self.num_accounted,
-            "num_unaccounted": self.num_unaccounted,
-            "unaccounted_by_stage": self.unaccounted_by_stage,
-            "num_unaccounted_workers": self.num_unaccounted_workers,
-        }
+        """The counts and their TOTALS, as people read them (the run report, `python -m cluster.accounting`)."""
+        return {**self.model_dump(), **{name: getattr(self, name) for name in TOTALS}}
+
+
+# GroupAccounting's derived counts, written out next to the counts (summary) and computed again on reading
+TOTALS = (
+    "num_dead_lettered",
+    "num_pending",
+    "num_accounted",
+    "num_unaccounted",
+    "unaccounted_by_stage",
+    "num_unaccounted_workers",
+)
 
 
 def count_groups(redis_url: str, run_id: str) -> GroupAccounting:

@@ -45,6 +45,7 @@ from cluster.model_cache import link_catalog_model
 from cluster.processes import ServiceProcess, start_service
 from cluster.redis_acl import OPERATOR, RedisUsers
 from cluster.redis_server import RedisServer, free_port
+from cluster.run_report import RunReport
 from cluster.supervisor import RestartMode, RestartPolicy, ServiceState, SupervisionRecord, Supervisor
 from shared.api import StatusResponse, WorkerState
 from shared.config import RunConfig, load_run_config, resolve_model_dir
@@ -551,30 +552,37 @@ def main() -> None:
     if failure is not None:
         sys.exit(f"cluster failed: {failure}")
     print(f"report: {cluster.run_dir / 'report.json'}")
-    for key in (
-        "num_steps",
-        "reward_mean_first10",
-        "reward_mean_last10",
-        "eval_accuracy_before",
-        "eval_accuracy_after",
-        "learner_busy_fraction",
-        "max_trained_staleness",
-        "num_dropped_stale",
-        "num_restarts",
-        "wall_s",
-    ):
-        print(f"  {key}: {report[key]}")
-    zero_variance = report["zero_variance"]
-    print(
-        f"  zero_variance_fraction: {zero_variance['zero_variance_fraction']}"
-        f" (flat groups at 0: {zero_variance['num_flat_at_zero']}, at 1: {zero_variance['num_flat_at_max']};"
-        f" skipped by dynamic sampling: {zero_variance['num_skipped']})"
-    )
-    if zero_variance["warning"] is not None:
-        print(f"  WARNING: {zero_variance['warning']}")
-    if report.get("accounting") is not None:
-        accounting = report["accounting"]
-        print(f"  tasks issued {accounting['num_tasks_issued']}, unaccounted {accounting['num_unaccounted']}")
+    print_summary(report)
+
+
+def print_summary(report: RunReport) -> None:
+    """The report's headline, as the run's last lines."""
+    headline = {
+        "num_steps": report.num_steps,
+        "reward_mean_first10": report.reward_mean_first10,
+        "reward_mean_last10": report.reward_mean_last10,
+        "eval_accuracy_before": report.eval_accuracy_before,
+        "eval_accuracy_after": report.eval_accuracy_after,
+        "learner_busy_fraction": report.learner_busy_fraction,
+        "max_trained_staleness": report.max_trained_staleness,
+        "num_dropped_stale": report.num_dropped_stale,
+        "num_restarts": report.num_restarts,
+        "wall_s": report.wall_s,
+    }
+    for name, value in headline.items():
+        print(f"  {name}: {value}")
+    zero_variance = report.zero_variance
+    if zero_variance is not None:
+        print(
+            f"  zero_variance_fraction: {zero_variance.zero_variance_fraction}"
+            f" (flat groups at 0: {zero_variance.num_flat_at_zero}, at 1: {zero_variance.num_flat_at_max};"
+            f" skipped by dynamic sampling: {zero_variance.num_skipped})"
+        )
+        if zero_variance.warning is not None:
+            print(f"  WARNING: {zero_variance.warning}")
+    if report.accounting is not None:
+        accounting = report.accounting
+        print(f"  tasks issued {accounting.num_tasks_issued}, unaccounted {accounting.num_unaccounted}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The run report: runs/<run-id>/report.json plus PNG plots, built from the learner's files.
+"""The run report: runs/<run-id>/report.json (a RunReport, cluster/run_report.py) plus PNG plots, built
+from the learner's files.
 
 Reads <run_dir>/metrics.jsonl (one StepRecord per learner step, plus EvalRecords; the zero-variance
 section sums their FlatGroups), broadcast.jsonl
@@ -10,11 +11,18 @@ shared/run_records.py, shared/api.py, cluster/supervisor.py and cluster/accounti
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
 from cluster.accounting import GroupAccounting
+from cluster.run_report import (
+    BroadcastSection,
+    EvalPoint,
+    RunReport,
+    WorkerRow,
+    ZeroVarianceSection,
+    save_report,
+)
 from cluster.supervisor import SupervisionRecord
 from shared.api import BroadcastTimesResponse, StatusResponse
 from shared.config import RunConfig
@@ -27,9 +35,15 @@ def mean(values: list[float]) -> float | None:
     return round(sum(values) / len(values), 4) if values else None
 
 
-def summarize(
-    steps: list[StepRecord], evals: list[EvalRecord], run: RunConfig, status: StatusResponse | None, wall_s: float
-) -> dict:
+def build_report(
+    run_dir: Path,
+    run: RunConfig,
+    status: StatusResponse | None,
+    wall_s: float,
+    steps: list[StepRecord],
+    evals: list[EvalRecord],
+) -> RunReport:
+    """The run's report, plots aside, from its records in `run_dir` and the coordinator's last status."""
     rewards = [step.reward_mean for step in steps]
     staleness: Counter[int] = Counter()
     for step in steps:
@@ -40,40 +54,43 @@ def summarize(
     learner_wall_s = steps[-1].wall_s if steps else 0.0
     dropped = steps[-1].num_dropped if steps else {}
     workers = status.workers if status is not None else []
-    return {
-        "run_id": run.run_id,
-        "num_steps": len(steps),
-        "reward_mean_first10": mean(rewards[:10]),
-        "reward_mean_last10": mean(rewards[-10:]),
-        "wall_s": round(wall_s, 1),
-        "learner_wall_s": round(learner_wall_s, 1),
-        "learner_train_s": round(train_s, 2),
-        "learner_idle_s": round(idle_s, 2),
-        "learner_busy_fraction": round(train_s / learner_wall_s, 4) if learner_wall_s else None,
-        "staleness_bound": run.schedule.staleness_bound,
-        "max_trained_staleness": max(staleness) if staleness else None,
-        "staleness_histogram": {str(lag): staleness[lag] for lag in sorted(staleness)},
-        "num_dropped_stale": int(dropped.get("stale", 0)),
-        "num_dropped": dropped,
-        "eval_accuracy_before": evals[0].eval_accuracy if evals else None,
-        "eval_accuracy_after": evals[-1].eval_accuracy if evals else None,
-        "evals": [{"step": e.eval_step, "accuracy": e.eval_accuracy} for e in evals],
-        "num_dead_letters": status.num_dead_letters if status is not None else None,
-        # the coordinator's ledger: learner + workers while active
-        "cost_usd": status.cost_usd if status is not None else None,
-        "workers": [
-            {
-                "name": w.name,
-                "policy_version": w.policy_version,
-                "state": w.state.value,
-                "num_groups_done": w.num_groups_done,
-            }
+    supervision = read_supervision(run_dir)
+    return RunReport(
+        run_id=run.run_id,
+        num_steps=len(steps),
+        reward_mean_first10=mean(rewards[:10]),
+        reward_mean_last10=mean(rewards[-10:]),
+        wall_s=round(wall_s, 1),
+        learner_wall_s=round(learner_wall_s, 1),
+        learner_train_s=round(train_s, 2),
+        learner_idle_s=round(idle_s, 2),
+        learner_busy_fraction=round(train_s / learner_wall_s, 4) if learner_wall_s else None,
+        staleness_bound=run.schedule.staleness_bound,
+        max_trained_staleness=max(staleness) if staleness else None,
+        staleness_histogram={str(lag): staleness[lag] for lag in sorted(staleness)},
+        num_dropped_stale=int(dropped.get(DropReason.STALE.value, 0)),
+        num_dropped=dropped,
+        eval_accuracy_before=evals[0].eval_accuracy if evals else None,
+        eval_accuracy_after=evals[-1].eval_accuracy if evals else None,
+        evals=[EvalPoint(step=e.eval_step, accuracy=e.eval_accuracy) for e in evals],
+        num_dead_letters=status.num_dead_letters if status is not None else None,
+        cost_usd=status.cost_usd if status is not None else None,  # the coordinator's ledger
+        workers=[
+            WorkerRow(name=w.name, policy_version=w.policy_version, state=w.state, num_groups_done=w.num_groups_done)
             for w in workers
         ],
-    }
+        zero_variance=summarize_zero_variance(steps, run, status),
+        broadcast=summarize_broadcast(run_dir),
+        num_restarts=supervision.num_restarts,
+        restarts={name: service.restarts() for name, service in supervision.services.items()},
+        gave_up_on=[name for name, service in supervision.services.items() if service.gave_up],
+        accounting=read_accounting(run_dir),
+    )
 
 
-def summarize_zero_variance(steps: list[StepRecord], run: RunConfig, status: StatusResponse | None) -> dict:
+def summarize_zero_variance(
+    steps: list[StepRecord], run: RunConfig, status: StatusResponse | None
+) -> ZeroVarianceSection:
     """Groups with zero reward variance (every sample scored the same: no gradient) over the run's steps, split
     by the reward they sit at; dynamic sampling's cost; the learner's warnings (docs/operations.md)."""
     total = FlatGroups.total(step.flat_groups for step in steps)
@@ -86,23 +103,23 @@ def summarize_zero_variance(steps: list[StepRecord], run: RunConfig, status: Sta
     last_logged = next((step.zero_variance_warning for step in reversed(steps) if step.zero_variance_warning), None)
     # the learner's warning standing at the end (also one raised while a batch never filled), else its last one
     warning = (learner.zero_variance_warning if learner is not None else None) or last_logged
-    return {
-        "zero_variance_fraction": round(total.zero_variance_fraction, 4) if total.num_groups else None,
-        "zero_variance_fraction_last10": mean([step.flat_groups.zero_variance_fraction for step in steps[-10:]]),
-        "num_groups_looked_at": total.num_groups,
-        "num_flat_at_zero": total.num_flat_at_zero,
-        "num_flat_at_max": total.num_flat_at_max,
-        "num_flat_other": total.num_flat_other,
-        "cut_fraction": round(total.cut_fraction, 4),  # samples that stopped at max_new_tokens
-        "dynamic_sampling": run.grpo.dynamic_sampling,
-        "num_skipped": num_skipped,
-        "groups_per_trained_group": round((num_trained + num_skipped) / num_trained, 4) if num_trained else None,
-        "warned_at_steps": warned_at,
-        "warning": warning,
-    }
+    return ZeroVarianceSection(
+        zero_variance_fraction=round(total.zero_variance_fraction, 4) if total.num_groups else None,
+        zero_variance_fraction_last10=mean([step.flat_groups.zero_variance_fraction for step in steps[-10:]]),
+        num_groups_looked_at=total.num_groups,
+        num_flat_at_zero=total.num_flat_at_zero,
+        num_flat_at_max=total.num_flat_at_max,
+        num_flat_other=total.num_flat_other,
+        cut_fraction=round(total.cut_fraction, 4),  # samples that stopped at max_new_tokens
+        dynamic_sampling=run.grpo.dynamic_sampling,
+        num_skipped=num_skipped,
+        groups_per_trained_group=round((num_trained + num_skipped) / num_trained, 4) if num_trained else None,
+        warned_at_steps=warned_at,
+        warning=warning,
+    )
 
 
-def summarize_broadcast(run_dir: Path) -> dict:
+def summarize_broadcast(run_dir: Path) -> BroadcastSection:
     """Weight broadcast: bytes announced per version as a fraction of the full weights (the learner's
     broadcast.jsonl), measured T_bcast, its learner-publication share, and the rollout pause per swap (the
     coordinator's, saved by the runner in broadcast_times.json)."""
@@ -114,49 +131,41 @@ def summarize_broadcast(run_dir: Path) -> dict:
     splits = list(times.splits_by_version.values()) if times is not None else []
     publish = [s.publish_s for s in splits if s.publish_s is not None]
     transfer = [s.transfer_s for s in splits if s.transfer_s is not None]
-    return {
-        "num_versions": len(versions),
-        "num_delta_versions": len(deltas),
-        "full_size_bytes": versions[-1].full_size_bytes if versions else None,
-        "delta_size_fraction_mean": mean(deltas),
-        "bytes_fraction_overall": round(
+    return BroadcastSection(
+        num_versions=len(versions),
+        num_delta_versions=len(deltas),
+        full_size_bytes=versions[-1].full_size_bytes if versions else None,
+        delta_size_fraction_mean=mean(deltas),
+        bytes_fraction_overall=round(
             sum(v.payload_size_bytes for v in versions) / sum(v.full_size_bytes for v in versions), 4
         )
         if versions
         else None,
-        "t_bcast_num_versions": len(seconds),
-        "t_bcast_mean_s": mean(seconds),
-        "t_bcast_max_s": round(max(seconds), 4) if seconds else None,
-        "t_bcast_window": times.window if times is not None else None,
-        "t_bcast_publish_mean_s": mean(publish),  # learner: publish start -> announced
-        "t_bcast_transfer_mean_s": mean(transfer),  # announced -> the last worker samples with it
-        "rollout_pause_mean_s": times.pause_mean_s if times is not None else None,  # per swap: engine loading
-        "rollout_pause_max_s": times.pause_max_s if times is not None else None,
-        "rollout_pause_num_swaps": sum(s.num_paused for s in splits),
-    }
+        t_bcast_num_versions=len(seconds),
+        t_bcast_mean_s=mean(seconds),
+        t_bcast_max_s=round(max(seconds), 4) if seconds else None,
+        t_bcast_window=times.window if times is not None else None,
+        t_bcast_publish_mean_s=mean(publish),  # learner: publish start -> announced
+        t_bcast_transfer_mean_s=mean(transfer),  # announced -> the last worker samples with it
+        rollout_pause_mean_s=times.pause_mean_s if times is not None else None,  # per swap: engine loading
+        rollout_pause_max_s=times.pause_max_s if times is not None else None,
+        rollout_pause_num_swaps=sum(s.num_paused for s in splits),
+    )
 
 
-def summarize_supervision(run_dir: Path) -> dict:
-    """Restarts by service (with each crash's exit code) and the services the supervisor gave up on."""
+def read_supervision(run_dir: Path) -> SupervisionRecord:
+    """The supervisor's restarts by service, with each crash's exit code (none recorded: no restarts)."""
     path = run_dir / "supervision.json"
-    record = SupervisionRecord.model_validate_json(path.read_text()) if path.exists() else SupervisionRecord()
-    return {
-        "num_restarts": record.num_restarts,
-        "restarts": {
-            name: {"num_restarts": s.num_restarts, "crash_exit_codes": s.crash_exit_codes, "gave_up": s.gave_up}
-            for name, s in record.services.items()
-        },
-        "gave_up_on": [name for name, service in record.services.items() if service.gave_up],
-    }
+    return SupervisionRecord.model_validate_json(path.read_text()) if path.exists() else SupervisionRecord()
 
 
-def summarize_accounting(run_dir: Path) -> dict | None:
+def read_accounting(run_dir: Path) -> GroupAccounting | None:
     """Every group produced: trained, dropped by reason, dead-lettered or pending (None: not counted)."""
     path = run_dir / "accounting.json"
-    return GroupAccounting.model_validate_json(path.read_text()).summary() if path.exists() else None
+    return GroupAccounting.model_validate_json(path.read_text()) if path.exists() else None
 
 
-def plot(steps: list[StepRecord], evals: list[EvalRecord], report: dict, run_dir: Path) -> list[Path]:
+def plot(steps: list[StepRecord], evals: list[EvalRecord], report: RunReport, run_dir: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -178,11 +187,9 @@ def plot(steps: list[StepRecord], evals: list[EvalRecord], report: dict, run_dir
     paths.append(plot_learning_curves(steps, evals, run_dir / "learning_curves.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    histogram = report["staleness_histogram"]
+    histogram = report.staleness_histogram
     ax.bar([int(lag) for lag in histogram], list(histogram.values()))
-    ax.axvline(
-        report["staleness_bound"] + 0.5, color="red", linestyle="--", label=f"bound S = {report['staleness_bound']}"
-    )
+    ax.axvline(report.staleness_bound + 0.5, color="red", linestyle="--", label=f"bound S = {report.staleness_bound}")
     ax.set(xlabel="staleness t - v of trained groups (steps)", ylabel="groups", title="Staleness of trained groups")
     ax.legend()
     paths.append(_save(fig, run_dir / "staleness_histogram.png"))
@@ -201,7 +208,7 @@ def plot(steps: list[StepRecord], evals: list[EvalRecord], report: dict, run_dir
     ax.set(
         xlabel="learner step",
         ylabel="seconds",
-        title=f"Learner busy/idle (busy fraction {report['learner_busy_fraction']})",
+        title=f"Learner busy/idle (busy fraction {report.learner_busy_fraction})",
     )
     ax.legend()
     paths.append(_save(fig, run_dir / "learner_busy_idle.png"))
@@ -266,14 +273,10 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def write_report(run_dir: Path, run: RunConfig, status: StatusResponse | None, wall_s: float) -> dict:
+def write_report(run_dir: Path, run: RunConfig, status: StatusResponse | None, wall_s: float) -> RunReport:
     steps, evals = read_metrics(run_dir / "metrics.jsonl")
-    report = summarize(steps, evals, run, status, wall_s)
-    report["zero_variance"] = summarize_zero_variance(steps, run, status)
-    report["broadcast"] = summarize_broadcast(run_dir)
-    report.update(summarize_supervision(run_dir))
-    report["accounting"] = summarize_accounting(run_dir)
+    report = build_report(run_dir, run, status, wall_s, steps, evals)
     if steps:
-        report["plots"] = [p.name for p in plot(steps, evals, report, run_dir)]
-    (run_dir / "report.json").write_text(json.dumps(report, indent=2))
+        report.plots = [path.name for path in plot(steps, evals, report, run_dir)]
+    save_report(run_dir / "report.json", report)
     return report

@@ -84,16 +84,26 @@ class ServiceState(StrEnum):
     STOPPED = "stopped"  # stopped by the supervisor (end of run)
 
 
-class ServiceRecord(BaseModel):
-    """One service's supervision history."""
+class ServiceRestarts(BaseModel):
+    """One service's crashes and restarts: what the run report shows of its ServiceRecord (`restarts`)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    restart_policy: RestartMode
-    state: ServiceState
     num_restarts: int = Field(0, ge=0, description="times started again after a crash")
     crash_exit_codes: list[int] = Field(default_factory=list, description="exit code of each crash (-9: SIGKILL)")
     gave_up: bool = Field(False, description="more than max_restarts crashes within window_s: left down")
+
+
+class ServiceRecord(ServiceRestarts):
+    """One service's supervision history."""
+
+    restart_policy: RestartMode
+    state: ServiceState
+
+    def restarts(self) -> ServiceRestarts:
+        return ServiceRestarts(
+            num_restarts=self.num_restarts, crash_exit_codes=self.crash_exit_codes, gave_up=self.gave_up
+        )
 
 
 class SupervisionRecord(BaseModel):

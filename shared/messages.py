@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Sequence
-from typing import Final, Literal, Self
+from dataclasses import dataclass
+from typing import Annotated, Final, Literal, Self
 
 import msgpack
 import numpy as np
@@ -379,6 +380,58 @@ class WorkerTrust(BaseModel):
     )
 
 
+@dataclass(frozen=True)
+class MetricName:
+    """A field's Prometheus name when it is not the field's own (kept so dashboards keep their series)."""
+
+    name: str
+
+
+class StepDiagnostics(BaseModel):
+    """One learner step's loss and off-policy diagnostics, defined here once. Producer: the learner's step
+    (services/learner/trainer.py, StepResult.diagnostics). Every StepRecord of metrics.jsonl holds them (it
+    extends this class: the same flat fields), LearnerState.last_step carries the last step's, and
+    Prometheus shows each field as relayrl_learner_last_<name> (shared/metrics.py), described by its
+    description. A new diagnostic is a field here and its line in trainer.step_diagnostics; the rest follows.
+
+    The batch is measured against the behaviour policy mu (the worker's), with pi_prox the weights at the
+    step's start; fields with a default are the on-policy value, which metrics.jsonl lines written before
+    the field existed read as."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    loss: float = Field(description="the GRPO loss, mean over the step's optimizer updates")
+    ratio_mean: float = Field(
+        description="pi / mu over completion tokens, before truncation, with pi the weights at the step's start "
+        "(pi_prox: equal to is_weight_mean)"
+    )
+    clip_fraction: float = Field(
+        ge=0,
+        le=1,
+        description="tokens where the PPO clip bound the objective, over every token of every update of the step "
+        "(0 with one update per step)",
+    )
+    truncated_fraction: float = Field(
+        ge=0, le=1, description="tokens whose importance weight hit max_importance_weight"
+    )
+    approx_kl: float = Field(description="KL(behaviour || the weights at the step's start), k3 estimator")
+    grad_norm: float = Field(description="gradient norm before clipping, mean over the step's updates")
+    num_updates: int = Field(1, ge=1, description="optimizer updates in this step: num_minibatches * ppo_epochs")
+    is_weight_mean: Annotated[float, MetricName("importance_weight_mean")] = Field(
+        1.0, ge=0, description="importance weight pi_prox / mu over completion tokens, before truncation: mean"
+    )
+    is_weight_max: Annotated[float, MetricName("importance_weight_max")] = Field(
+        1.0, ge=0, description="importance weight pi_prox / mu, before truncation: max"
+    )
+    ess_fraction: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="effective sample size of the importance weights over n completion tokens, "
+        "(sum w)^2 / (n sum w^2) in (0, 1]; 1 when on-policy",
+    )
+
+
 # starting: loading / resuming; training: taking steps; done: reached num_steps or max_wall_s.
 LearnerStatus = Literal["starting", "training", "done"]
 
@@ -411,14 +464,10 @@ class LearnerState(Message):
     mismatch_by_worker: dict[str, WorkerMismatch] = Field(
         default_factory=dict, description="the last step's engine mismatch by worker id (workers with lag-0 groups)"
     )
-    last_clip_fraction: float = Field(
-        0.0, ge=0, le=1, description="the last step's tokens bound by the PPO clip, over its updates (StepRecord)"
-    )
-    last_ess_fraction: float = Field(
-        1.0, ge=0, le=1, description="the last step's importance-weight effective sample size / tokens (StepRecord)"
-    )
-    last_is_weight_max: float = Field(
-        1.0, ge=0, description="the last step's largest importance weight pi_prox / mu, before truncation"
+    last_step: StepDiagnostics | None = Field(
+        None,
+        description="the last step's loss and off-policy diagnostics (its StepRecord's); None until this learner "
+        "process has taken a step",
     )
     trust_by_worker: dict[str, WorkerTrust] = Field(
         default_factory=dict, description="every worker whose groups the learner trained on: its trust (docs/trust.md)"

@@ -3,7 +3,8 @@ keeps (no counters scattered through the loops). Names start with `relayrl_`; se
 follow Prometheus conventions.
 
     learner      LearnerState (the same message it writes to Redis after every step): `learner_families`,
-                 here because the coordinator serves it too
+                 here because the coordinator serves it too; the last step's diagnostics are generated
+                 from StepDiagnostics' fields (`step_diagnostics_families`)
     reward       stream depths (`stream_depth_families`, served by the coordinator too) and its counters
                  (services/reward/prometheus.py)
     rollout      the HeartbeatRequest it would send now (services/rollout/prometheus.py)
@@ -24,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from shared.messages import LearnerState
+from shared.messages import LearnerState, MetricName, StepDiagnostics
 from shared.streams import DEAD, GROUPED_STREAMS
 
 if TYPE_CHECKING:
@@ -87,17 +88,8 @@ def learner_families(state: LearnerState | None) -> Iterator[Metric]:
     yield gauge("learner_busy_fraction", "train seconds / wall seconds so far", state.busy_fraction)
     yield gauge("learner_last_reward_mean", "mean reward of the last step's batch", state.last_reward_mean)
     yield gauge("learner_staleness_bound", "S", state.staleness_bound)
-    yield gauge("learner_last_clip_fraction", "last step: tokens bound by the PPO clip", state.last_clip_fraction)
-    yield gauge(
-        "learner_last_ess_fraction",
-        "last step: importance weights' effective sample size / tokens",
-        state.last_ess_fraction,
-    )
-    yield gauge(
-        "learner_last_importance_weight_max",
-        "last step: largest pi_prox / mu before truncation",
-        state.last_is_weight_max,
-    )
+    if state.last_step is not None:
+        yield from step_diagnostics_families(state.last_step)
     trained = CounterMetricFamily(PREFIX + "learner_trained_groups", "groups trained on, by lag t - v", labels=["lag"])
     for lag, count in sorted(state.staleness_histogram.items(), key=lambda item: int(item[0])):
         trained.add_metric([lag], count)
@@ -110,6 +102,14 @@ def learner_families(state: LearnerState | None) -> Iterator[Metric]:
     yield dropped
     yield from zero_variance_families(state)
     yield from engine_mismatch_families(state)
+
+
+def step_diagnostics_families(last_step: StepDiagnostics) -> Iterator[Metric]:
+    """One gauge per field of StepDiagnostics, relayrl_learner_last_<name> (or its MetricName), its help the
+    field's description: a diagnostic added there shows here with no edit."""
+    for name, field in StepDiagnostics.model_fields.items():
+        metric_name = next((m.name for m in field.metadata if isinstance(m, MetricName)), name)
+        yield gauge(f"learner_last_{metric_name}", f"last step: {field.description}", getattr(last_step, name))
 
 
 def zero_variance_families(state: LearnerState) -> Iterator[Metric]:

@@ -2,7 +2,7 @@
 that reads them (cluster/report.py, simulator/validation.py, tests).
 
     metrics.jsonl          one StepRecord per optimizer step and one EvalRecord per evaluation, told apart
-                           by their first key ("step" / "eval_step")
+                           by their key "step" / "eval_step"
     broadcast.jsonl        one PublishRecord per announced version (bytes as a fraction of the full size)
     trust.jsonl            one GroupTrustRecord per trained group: the trust statistic (docs/trust.md)
     learner_summary.json   a LearnerSummary when the learner stops
@@ -19,14 +19,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.messages import FlatGroups, WorkerMismatch
+from shared.messages import FlatGroups, StepDiagnostics, WorkerMismatch
 
 
-class StepRecord(BaseModel):
+class StepRecord(StepDiagnostics):
     """One learner step: one batch, num_minibatches * ppo_epochs optimizer updates, one policy version.
-    Times in seconds; `wall_s` since the run began (across restarts)."""
+    Times in seconds; `wall_s` since the run began (across restarts). Its loss and off-policy diagnostics
+    are the fields of StepDiagnostics (shared/messages.py), inherited: a metrics.jsonl line stays flat."""
 
-    model_config = ConfigDict(extra="forbid")
+    # the diagnostics are a strict, frozen wire type; a record read from a file is neither
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=False)
 
     step: int = Field(description="index of this step, 1-based: the version it produced")
     policy_version: int = Field(description="learner version after the step")
@@ -43,28 +45,6 @@ class StepRecord(BaseModel):
     num_samples: int
     num_tokens: int = Field(description="completion tokens trained on")
     num_replayed_groups: int = Field(description="groups re-read from this consumer's pending entries after a restart")
-    loss: float = Field(description="the GRPO loss, mean over the step's optimizer updates")
-    ratio_mean: float = Field(
-        description="pi / mu over completion tokens, before truncation, with pi the weights at the step's start "
-        "(pi_prox: equal to is_weight_mean)"
-    )
-    clip_fraction: float = Field(
-        description="tokens where the PPO clip bound the objective, over every token of every update of the step "
-        "(0 with one update per step)"
-    )
-    truncated_fraction: float = Field(description="tokens whose importance weight hit max_importance_weight")
-    approx_kl: float = Field(description="KL(behaviour || the weights at the step's start), k3 estimator")
-    grad_norm: float = Field(description="gradient norm before clipping, mean over the step's updates")
-    num_updates: int = Field(1, description="optimizer updates in this step: num_minibatches * ppo_epochs")
-    is_weight_mean: float = Field(
-        1.0, description="importance weight pi_prox / mu over completion tokens, before truncation: mean"
-    )
-    is_weight_max: float = Field(1.0, description="importance weight pi_prox / mu, before truncation: max")
-    ess_fraction: float = Field(
-        1.0,
-        description="effective sample size of the importance weights over n completion tokens, "
-        "(sum w)^2 / (n sum w^2) in (0, 1]; 1 when on-policy",
-    )
     wall_s: float
     mismatch_by_worker: dict[str, WorkerMismatch] = Field(
         default_factory=dict,
@@ -79,6 +59,11 @@ class StepRecord(BaseModel):
     zero_variance_warning: str | None = Field(
         None, description="the learner's zero-variance warning, on the steps where it logged one (docs/operations.md)"
     )
+
+    @property
+    def diagnostics(self) -> StepDiagnostics:
+        """The step's diagnostics alone (as LearnerState.last_step carries them)."""
+        return StepDiagnostics(**self.model_dump(include=set(StepDiagnostics.model_fields)))
 
 
 class EvalRecord(BaseModel):

@@ -4,24 +4,25 @@ that every process it started is gone (reaped by PID)."""
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import pytest
 
 from cluster.local import ClusterOptions, LocalCluster
 from cluster.report import write_report
+from cluster.run_report import RunReport, load_report
 
 
-def run_to_completion(options: ClusterOptions) -> tuple[LocalCluster, dict[str, Any]]:
-    """The finished cluster and its report.json contents."""
+def run_to_completion(options: ClusterOptions) -> tuple[LocalCluster, RunReport]:
+    """The finished cluster and its report.json, read back as every reader reads it."""
     cluster = LocalCluster(options)
     try:
         cluster.start()
         status = cluster.wait_until_done()
     finally:
         cluster.stop()
-    report = write_report(cluster.run_dir, cluster.run, status, wall_s=0.0)
-    assert cluster.redis is not None
+    write_report(cluster.run_dir, cluster.run, status, wall_s=0.0)
+    report = load_report(cluster.run_dir / "report.json")
+    assert cluster.redis is not None and cluster.redis.process is not None
     for pid in [process.pid for process in cluster.services.values()] + [cluster.redis.process.pid]:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # every child is gone (reaped), none left behind

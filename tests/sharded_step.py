@@ -70,9 +70,9 @@ def run_steps(model_dir: Path, out_dir: Path, ranks: RankGroup, precision: str =
         result = policy.train_step(fixed_batch(policy.config.vocab_size, seed=step), GROUP_SIZES, shuffle_seed=step)
         steps.append(
             {
-                "loss": result.loss.loss,
-                "grad_norm": result.grad_norm,
-                "clip_fraction": result.loss.clip_fraction,
+                "loss": result.diagnostics.loss,
+                "grad_norm": result.diagnostics.grad_norm,
+                "clip_fraction": result.diagnostics.clip_fraction,
                 "proximal_sum": float(result.logprobs.double().sum()),
             }
         )

@@ -27,6 +27,7 @@ from typing import Any
 
 from cluster.local import raise_keyboard_interrupt
 from cluster.report import write_report
+from cluster.run_report import RunReport
 from shared.api import DashboardResponse
 from shared.config import RunConfig, load_run_config
 from shared.run_records import EvalRecord, StepRecord, read_metrics
@@ -110,7 +111,7 @@ class CellResult:
     wall_s: float
     busy_fraction: float
     steps_per_hour: float
-    is_weight_mean: float | None  # means over steps of the learner's diagnostics (None: not logged)
+    is_weight_mean: float | None  # means over steps of the learner's diagnostics (None: no step)
     truncated_fraction: float
     cost_usd: float | None
     predicted_utilization: float | None  # the capacity model's, median over the run's dashboard polls
@@ -149,7 +150,7 @@ def summarize(
     run_id: str,
     steps: list[StepRecord],
     evals: list[EvalRecord],
-    report: dict[str, Any],
+    report: RunReport,
     polls: list[DashboardResponse],
 ) -> CellResult:
     rewards = [step.reward_mean for step in steps]
@@ -159,7 +160,6 @@ def summarize(
             lags[lag] = lags.get(lag, 0) + count
     wall_s = steps[-1].wall_s if steps else 0.0
     train_s = sum(step.train_s for step in steps)
-    is_weights = [w for step in steps if (w := getattr(step, "is_weight_mean", None)) is not None]
     last_dropped = steps[-1].num_dropped if steps else {}
     predicted = [p.capacity.predicted_utilization for p in polls if p.capacity.predicted_utilization is not None]
     rates = [w.samples_per_s for p in polls for w in p.workers if w.samples_per_s > 0]
@@ -178,9 +178,9 @@ def summarize(
         wall_s=wall_s,
         busy_fraction=train_s / wall_s if wall_s else 0.0,
         steps_per_hour=3600.0 * len(steps) / wall_s if wall_s else 0.0,
-        is_weight_mean=statistics.fmean(is_weights) if is_weights else None,
+        is_weight_mean=statistics.fmean(step.is_weight_mean for step in steps) if steps else None,
         truncated_fraction=statistics.fmean(step.truncated_fraction for step in steps) if steps else 0.0,
-        cost_usd=report.get("cost_usd"),
+        cost_usd=report.cost_usd,
         predicted_utilization=statistics.median(predicted) if predicted else None,
         cost_curve=[(p.learner.learner_version, p.cost.total_usd) for p in polls if p.learner is not None],
         worker_samples_per_s=statistics.fmean(rates) if rates else None,

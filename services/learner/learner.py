@@ -59,7 +59,7 @@ from shared.bus import StreamBus
 from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import RunConfig
 from shared.keys import RunKeys
-from shared.messages import BatchRequest, FlatGroups, LearnerState, LearnerStatus, WorkerMismatch
+from shared.messages import BatchRequest, FlatGroups, LearnerState, LearnerStatus, StepDiagnostics, WorkerMismatch
 from shared.retry import call_with_retry
 from shared.run_records import LearnerSummary, RunTotals, StepRecord, read_metrics
 from shared.streams import BATCH_REQUEST, LEARNER_STATE, SCORED
@@ -105,7 +105,7 @@ class Learner:
         self.checkpointed_version = -1
         self.last_train_s = 0.0
         self.last_mismatch: dict[str, WorkerMismatch] = {}  # the last step's, by worker (into LearnerState)
-        self.last_record: StepRecord | None = None  # the last step's diagnostics (into LearnerState)
+        self.last_diagnostics: StepDiagnostics | None = None  # the last step's (into LearnerState)
         self.zero_variance = ZeroVarianceAlarm.from_config(run.grpo)  # warns when groups stay flat (no gradient)
         self.zero_variance_logged: str | None = None  # the warning logged while this step's batch was collected
         self.last_window = FlatGroups()  # the last step's worth of groups decided (into LearnerState)
@@ -289,6 +289,7 @@ class Learner:
         lags = Counter(admitted.staleness for admitted in batch.groups)
         rewards = tensors.rewards.tolist()
         record = StepRecord(
+            **result.diagnostics.model_dump(),  # loss, clip_fraction, ess_fraction, ...: StepRecord extends them
             step=self.version,
             policy_version=self.version,
             train_s=result.train_s,
@@ -304,16 +305,6 @@ class Learner:
             num_samples=tensors.num_samples,
             num_tokens=tensors.num_tokens,
             num_replayed_groups=sum(1 for admitted in batch.groups if admitted.replayed),
-            loss=result.loss.loss,
-            ratio_mean=result.loss.ratio_mean,
-            clip_fraction=result.loss.clip_fraction,
-            truncated_fraction=result.loss.truncated_fraction,
-            approx_kl=result.loss.approx_kl,
-            grad_norm=result.grad_norm,
-            num_updates=result.num_updates,
-            is_weight_mean=result.importance.weight_mean,
-            is_weight_max=result.importance.weight_max,
-            ess_fraction=result.importance.ess_fraction,
             wall_s=self.wall_s(),
             mismatch_by_worker=engine_mismatch(batch.groups, tensors, result.logprobs),
             flat_groups=batch.flat_groups,
@@ -324,7 +315,7 @@ class Learner:
         self.metrics.append(record)
         self.last_train_s = record.train_s
         self.last_mismatch = record.mismatch_by_worker
-        self.last_record = record
+        self.last_diagnostics = result.diagnostics
         self.write_state("training")
         flat = record.flat_groups
         log.info(
@@ -502,7 +493,6 @@ class Learner:
         )
 
     def write_state(self, status: LearnerStatus) -> None:
-        last = self.last_record
         state = LearnerState(
             run_id=self.config.run_id,
             status=status,
@@ -520,10 +510,7 @@ class Learner:
             wall_s=self.wall_s(),
             staleness_histogram=dict(sorted(self.totals.staleness_histogram.items(), key=lambda item: int(item[0]))),
             mismatch_by_worker=self.last_mismatch,
-            # the last step's off-policy diagnostics (the fields' on-policy defaults before one)
-            last_clip_fraction=last.clip_fraction if last else 0.0,
-            last_ess_fraction=last.ess_fraction if last else 1.0,
-            last_is_weight_max=last.is_weight_max if last else 1.0,
+            last_step=self.last_diagnostics,
             num_groups_trained=self.totals.num_groups,
             num_dead_lettered=self.collector.num_dead_lettered,
             num_restarts=self.totals.num_restarts,

@@ -24,7 +24,7 @@ import itertools
 import logging
 import statistics
 import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +35,7 @@ from services.learner.distributed import RankGroup
 from services.learner.grpo import ImportanceStats, LossStats, importance_stats, policy_loss, token_logprobs
 from services.learner.precision import resolve_precision
 from shared.config import GRPOConfig, LearnerConfig
+from shared.messages import StepDiagnostics
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -92,14 +93,10 @@ def make_optimizer(model: torch.nn.Module, grpo: GRPOConfig) -> torch.optim.Opti
 
 @dataclass(frozen=True)
 class StepResult:
-    """One learner step. `loss.loss` and `loss.clip_fraction` are over the step's updates (clip_fraction over
-    every token of every update); `loss.ratio_mean`, `loss.truncated_fraction`, `loss.approx_kl` and
-    `importance` are the batch against the weights at the step's start."""
+    """One learner step: its diagnostics (the learner's StepRecord and LearnerState carry them as they are),
+    its time and the log-probs it started from."""
 
-    loss: LossStats
-    importance: ImportanceStats  # pi_prox / mu over the whole batch
-    grad_norm: float  # before clipping, mean over the updates
-    num_updates: int  # optimizer updates taken: num_minibatches * ppo_epochs
+    diagnostics: StepDiagnostics
     train_s: float  # every forward, backward and optimizer step of the learner step
     logprobs: torch.Tensor  # (B, T - 1) float32 on CPU, detached: pi_prox, the log-probs at the step's start
 
@@ -165,15 +162,25 @@ def train_step(
         importance = importance_stats(
             proximal, batch.behaviour_logprobs, batch.completion_mask, grpo.max_importance_weight
         )
+    return StepResult(step_diagnostics(updates, start, importance), time.perf_counter() - started_s, proximal.cpu())
+
+
+def step_diagnostics(updates: list[UpdateResult], start: LossStats, importance: ImportanceStats) -> StepDiagnostics:
+    """The step's diagnostics: the loss, clip fraction and gradient norm over its updates; the rest is the
+    whole batch against the weights at the step's start (`start`, `importance`)."""
     num_update_tokens = sum(update.num_tokens for update in updates)
-    stats = replace(
-        start,
+    return StepDiagnostics(
         loss=statistics.fmean(update.loss for update in updates),
+        ratio_mean=start.ratio_mean,
         clip_fraction=sum(update.num_clipped for update in updates) / max(num_update_tokens, 1),
+        truncated_fraction=start.truncated_fraction,
+        approx_kl=start.approx_kl,
+        grad_norm=statistics.fmean(update.grad_norm for update in updates),
+        num_updates=len(updates),
+        is_weight_mean=importance.weight_mean,
+        is_weight_max=importance.weight_max,
+        ess_fraction=importance.ess_fraction,
     )
-    grad_norm = statistics.fmean(update.grad_norm for update in updates)
-    train_s = time.perf_counter() - started_s
-    return StepResult(stats, importance, grad_norm, len(updates), train_s, proximal.cpu())
 
 
 def minibatch_plan(

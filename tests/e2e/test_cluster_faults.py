@@ -17,6 +17,7 @@ import pytest
 
 from cluster.local import ClusterOptions, LocalCluster
 from cluster.report import write_report
+from cluster.supervisor import ServiceRestarts
 from shared.api import StatusResponse
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -59,18 +60,22 @@ def test_the_supervised_run_survives_kill_9_of_a_worker_the_learner_the_reward_s
     report = write_report(cluster.run_dir, cluster.run, status, wall_s=0.0)
 
     assert list(killed) == list(KILLS)
-    assert report["num_steps"] == cluster.run.schedule.num_steps
-    assert report["max_trained_staleness"] <= cluster.run.schedule.staleness_bound
-    assert report["num_dead_letters"] == 0
-    assert report["reward_mean_last10"] > report["reward_mean_first10"] + 0.1
+    assert report.num_steps == cluster.run.schedule.num_steps
+    assert report.max_trained_staleness is not None
+    assert report.max_trained_staleness <= cluster.run.schedule.staleness_bound
+    assert report.num_dead_letters == 0
+    assert report.reward_mean_first10 is not None and report.reward_mean_last10 is not None
+    assert report.reward_mean_last10 > report.reward_mean_first10 + 0.1
+    restarted_once = ServiceRestarts(num_restarts=1, crash_exit_codes=[-signal.SIGKILL], gave_up=False)
     for name in KILLS:  # restarted once each, after its kill -9; nothing else crashed
-        assert report["restarts"][name] == {"num_restarts": 1, "crash_exit_codes": [-signal.SIGKILL], "gave_up": False}
+        assert report.restarts[name] == restarted_once
         assert cluster.services[name].pid != killed[name]
-    assert report["num_restarts"] == len(KILLS) and report["gave_up_on"] == []
-    accounting = report["accounting"]
-    assert accounting["num_unaccounted"] == 0, accounting
-    assert accounting["num_trained"] == cluster.run.schedule.num_steps * cluster.run.grpo.groups_per_step
-    assert accounting["num_produced"] > accounting["num_trained"]
-    assert accounting["num_dead_lettered_reward"] == accounting["num_dead_lettered_learner"] == 0
+    assert report.num_restarts == len(KILLS) and report.gave_up_on == []
+    accounting = report.accounting
+    assert accounting is not None
+    assert accounting.num_unaccounted == 0, accounting.summary()
+    assert accounting.num_trained == cluster.run.schedule.num_steps * cluster.run.grpo.groups_per_step
+    assert accounting.num_produced > accounting.num_trained
+    assert accounting.num_dead_lettered_reward == accounting.num_dead_lettered_learner == 0
     log = (cluster.run_dir / "logs" / "learner.log").read_text()
     assert "resum" in log.lower()

@@ -39,10 +39,11 @@ def test_a_cluster_with_a_two_rank_learner_trains_and_leaves_no_process_behind(t
         ClusterOptions(config_path=config, num_workers=2, runs_dir=tmp_path, progress_interval_s=1.0, learner_procs=2)
     )
 
-    assert report["num_steps"] == 30
-    assert report["max_trained_staleness"] <= cluster.run.schedule.staleness_bound
-    assert report["num_dead_letters"] == 0
-    assert all(w["policy_version"] > 0 and w["num_groups_done"] > 0 for w in report["workers"]), report["workers"]
+    assert report.num_steps == 30
+    assert report.max_trained_staleness is not None
+    assert report.max_trained_staleness <= cluster.run.schedule.staleness_bound
+    assert report.num_dead_letters == 0
+    assert all(w.policy_version > 0 and w.num_groups_done > 0 for w in report.workers), report.workers
     log = (cluster.run_dir / "logs" / "learner.log").read_text()
     assert "rank 1 of 2" in log and "policy sharded over 2 ranks" in log
     assert log.count("chunk server on") == 1  # rank 0's only

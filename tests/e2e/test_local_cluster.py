@@ -22,12 +22,14 @@ def test_a_short_run_learns_within_the_staleness_bound_and_stops_every_process(t
         )
     )  # also checks that every child is gone (reaped), none left behind
 
-    assert report["num_steps"] == cluster.run.schedule.num_steps
-    assert report["max_trained_staleness"] <= cluster.run.schedule.staleness_bound
-    assert report["reward_mean_last10"] > report["reward_mean_first10"] + 0.1, report
-    assert report["num_dead_letters"] == 0
-    workers = report["workers"]
+    assert report.num_steps == cluster.run.schedule.num_steps
+    assert report.max_trained_staleness is not None
+    assert report.max_trained_staleness <= cluster.run.schedule.staleness_bound
+    assert report.reward_mean_first10 is not None and report.reward_mean_last10 is not None
+    assert report.reward_mean_last10 > report.reward_mean_first10 + 0.1, report
+    assert report.num_dead_letters == 0
+    workers = report.workers
     assert len(workers) == 3
-    assert all(w["policy_version"] > 0 and w["num_groups_done"] > 0 for w in workers), workers
+    assert all(w.policy_version > 0 and w.num_groups_done > 0 for w in workers), workers
     for plot in ("reward_vs_step.png", "learning_curves.png", "staleness_histogram.png", "learner_busy_idle.png"):
         assert (cluster.run_dir / plot).stat().st_size > 1000

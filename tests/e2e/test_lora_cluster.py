@@ -4,7 +4,6 @@ the checkpoint holds the adapter, and model_final is a plain HF folder with the 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ import torch
 from cluster.local import ClusterOptions
 from services.learner.checkpoint import checkpoint_path, load_checkpoint
 from shared.lora import PEFT_PREFIX
+from shared.run_records import read_publish_journal
 from tests.cluster_runs import run_to_completion
 
 pytestmark = pytest.mark.e2e
@@ -30,13 +30,13 @@ def test_a_lora_run_publishes_adapters_that_every_worker_applies(tmp_path: Path,
         )
     )
 
-    assert report["num_steps"] == cluster.run.schedule.num_steps
-    assert report["num_dead_letters"] == 0
-    assert all(w["policy_version"] > 0 and w["num_groups_done"] > 0 for w in report["workers"]), report["workers"]
+    assert report.num_steps == cluster.run.schedule.num_steps
+    assert report.num_dead_letters == 0
+    assert all(w.policy_version > 0 and w.num_groups_done > 0 for w in report.workers), report.workers
     base_bytes = (cluster.model_dir / "model.safetensors").stat().st_size
-    published = [json.loads(line) for line in (cluster.run_dir / "broadcast.jsonl").read_text().splitlines()]
+    published = read_publish_journal(cluster.run_dir / "broadcast.jsonl")
     assert len(published) == cluster.run.schedule.num_steps + 1  # version 0, then one per step
-    assert all(p["payload"] == "full" and p["payload_size_bytes"] < base_bytes / 3 for p in published), published
+    assert all(p.payload == "full" and p.payload_size_bytes < base_bytes / 3 for p in published), published
     checkpoint = load_checkpoint(checkpoint_path(cluster.run_dir))
     assert checkpoint is not None and checkpoint.policy_version == cluster.run.schedule.num_steps
     assert checkpoint.model_state and all(name.startswith(PEFT_PREFIX) for name in checkpoint.model_state)

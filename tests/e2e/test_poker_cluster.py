@@ -4,6 +4,7 @@ the reward service replays them, the learner trains on the masked groups."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis
@@ -37,8 +38,8 @@ def test_a_poker_run_trains_masked_episodes_rewarded_by_the_replay(tmp_path: Pat
         cluster.stop()
     report = write_report(cluster.run_dir, cluster.run, status, wall_s=0.0)
 
-    assert report["num_steps"] == cluster.run.schedule.num_steps
-    assert report["num_dead_letters"] == 0
+    assert report.num_steps == cluster.run.schedule.num_steps
+    assert report.num_dead_letters == 0
     assert cluster.run.grpo.groups_per_step * cluster.run.schedule.num_steps <= len(scored)
     decoder = CompletionDecoder(cluster.model_dir, cluster.run.grpo.max_new_tokens)
     task = KuhnPokerTask(num_eval_prompts=cluster.run.task.num_eval_prompts, seed=cluster.run.task.seed)
@@ -62,9 +63,10 @@ def read_scored(cluster: LocalCluster) -> tuple[list[ScoredGroup], dict[str, str
     keys = RunKeys(cluster.run.run_id)
     client = redis.Redis.from_url(cluster.redis_url_for(OPERATOR))
     try:
-        groups = [ScoredGroup.decode(fields[b"data"]) for _, fields in client.xrange(keys.name_of(SCORED))]
+        entries = cast(list[tuple[bytes, dict[bytes, bytes]]], client.xrange(keys.name_of(SCORED)))
+        groups = [ScoredGroup.decode(fields[b"data"]) for _, fields in entries]
         task_ids = [group.rollout.task_id for group in groups]
-        states = client.mget([keys.task_reference(task_id) for task_id in task_ids])
+        states = cast(list[bytes], client.mget([keys.task_reference(task_id) for task_id in task_ids]))
     finally:
         client.close()
     return groups, {task_id: state.decode() for task_id, state in zip(task_ids, states, strict=True)}

@@ -21,7 +21,7 @@ def test_a_pull_mode_cluster_trains_only_on_policy_groups_and_drops_nothing(tmp_
     config = tmp_path / "pull.toml"
     config.write_text(dump_toml(raw))
     cluster, report = run_to_completion(ClusterOptions(config_path=config, num_workers=2, runs_dir=tmp_path))
-    assert report["num_steps"] == 12
+    assert report.num_steps == 12
     # S = 2 would admit lag 1 and 2: every group trained at lag 0 is the pull, not the bound
-    assert report["staleness_histogram"] == {"0": 12 * 64}, report["staleness_histogram"]
-    assert report["num_dropped_stale"] == 0
+    assert report.staleness_histogram == {"0": 12 * 64}, report.staleness_histogram
+    assert report.num_dropped_stale == 0

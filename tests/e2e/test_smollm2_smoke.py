@@ -30,8 +30,8 @@ def test_the_smollm2_run_file_trains_two_steps_on_the_pretrained_base(tmp_path: 
     )  # also checks that every child is gone
 
     assert cluster.run.learner.precision == "mixed"
-    assert report["num_steps"] == 2
-    assert report["num_dead_letters"] == 0
-    assert 0.0 <= report["eval_accuracy_after"] <= 1.0
+    assert report.num_steps == 2
+    assert report.num_dead_letters == 0
+    assert report.eval_accuracy_after is not None and 0.0 <= report.eval_accuracy_after <= 1.0
     assert (cluster.run_dir / "model").is_symlink()  # the catalog model's cached folder, linked
     assert (cluster.run_dir / "learning_curves.png").stat().st_size > 1000

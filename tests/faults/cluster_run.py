@@ -26,6 +26,8 @@ from cluster.accounting import GroupAccounting
 from cluster.local import ClusterOptions, LocalCluster
 from cluster.redis_acl import OPERATOR
 from cluster.report import write_report
+from cluster.run_report import RunReport
+from cluster.supervisor import ServiceRestarts
 from shared.api import StatusResponse, WorkerInfo
 from shared.bus import StreamBus, connect
 from shared.keys import RunKeys
@@ -40,7 +42,7 @@ Inspection = Callable[[LocalCluster, StatusResponse], None]  # (the cluster, its
 class FaultRun:
     cluster: LocalCluster
     final_status: StatusResponse  # the coordinator's, once the learner had finished
-    report: dict[str, Any]  # runs/<id>/report.json
+    report: RunReport  # runs/<id>/report.json
     accounting: GroupAccounting
     injected_at_version: int | None  # the learner version seen when the fault was injected
     wall_s: float
@@ -130,9 +132,9 @@ def result_row(run: FaultRun) -> dict[str, Any]:
     accounting = run.accounting
     return {
         "injected_at_version": run.injected_at_version,
-        "num_steps": run.report["num_steps"],
+        "num_steps": run.report.num_steps,
         "run_wall_s": round(run.wall_s, 1),
-        "restarts": {name: r["crash_exit_codes"] for name, r in run.report["restarts"].items() if r["num_restarts"]},
+        "restarts": {name: r.crash_exit_codes for name, r in run.report.restarts.items() if r.num_restarts},
         "accounting": {
             "produced": accounting.num_produced,
             "trained": accounting.num_trained,
@@ -149,8 +151,9 @@ def assert_nothing_lost(run: FaultRun, *, num_dead_lettered: int = 0) -> None:
     dropped with a reason, dead-lettered (exactly `num_dead_lettered`) or still pending."""
     schedule = run.cluster.run.schedule
     accounting = run.accounting
-    assert run.report["num_steps"] == schedule.num_steps, run.report
-    assert run.report["max_trained_staleness"] <= schedule.staleness_bound
+    assert run.report.num_steps == schedule.num_steps, run.report
+    assert run.report.max_trained_staleness is not None
+    assert run.report.max_trained_staleness <= schedule.staleness_bound
     assert accounting.num_unaccounted == 0, accounting.summary()
     assert accounting.num_trained == schedule.num_steps * run.cluster.run.grpo.groups_per_step, accounting.summary()
     assert accounting.num_produced >= accounting.num_trained
@@ -178,8 +181,8 @@ def kill(service: str) -> Injection:
 
 def assert_restarted_once_after_kill_9(run: FaultRun, service: str) -> None:
     """`service` crashed once (the kill -9) and was started again; nothing else crashed."""
-    restarts = run.report["restarts"]
-    assert restarts[service] == {"num_restarts": 1, "crash_exit_codes": [-signal.SIGKILL], "gave_up": False}
-    crashed = {name: r["crash_exit_codes"] for name, r in restarts.items() if r["crash_exit_codes"]}
+    restarts = run.report.restarts
+    assert restarts[service] == ServiceRestarts(num_restarts=1, crash_exit_codes=[-signal.SIGKILL], gave_up=False)
+    crashed = {name: r.crash_exit_codes for name, r in restarts.items() if r.crash_exit_codes}
     assert crashed == {service: [-signal.SIGKILL]}
-    assert run.report["gave_up_on"] == []
+    assert run.report.gave_up_on == []

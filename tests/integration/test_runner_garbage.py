@@ -15,6 +15,7 @@ from cluster.accounting import GroupAccounting
 from cluster.local import ClusterOptions, LocalCluster
 from cluster.redis_acl import OPERATOR
 from cluster.report import write_report
+from cluster.run_report import load_report
 from shared import streams
 from shared.bus import StreamBus, connect
 from shared.keys import RunKeys
@@ -73,9 +74,10 @@ def test_garbage_in_every_stream_cannot_stop_the_accounting_the_report_or_redis_
     assert accounting.num_pending_reward == len(GARBAGE) + 1  # garbage nobody consumed is pending, not lost
     assert any("learner state" in problem for problem in accounting.problems)
     assert any("not a count" in problem for problem in accounting.problems)
-    report = write_report(cluster.run_dir, cluster.run, None, wall_s=1.0)
-    assert (cluster.run_dir / "report.json").exists()
-    assert report["accounting"]["num_unleased"] == len(GARBAGE) + 1 - 2  # two were delivered (held)
+    write_report(cluster.run_dir, cluster.run, None, wall_s=1.0)
+    report = load_report(cluster.run_dir / "report.json")
+    assert report.accounting is not None
+    assert report.accounting.num_unleased == len(GARBAGE) + 1 - 2  # two were delivered (held)
 
 
 def test_redis_is_stopped_even_when_the_accounting_cannot_be_read(repo_root: Path, tmp_path: Path) -> None:

@@ -116,7 +116,7 @@ def step_gradients(micro_batch_size: int) -> tuple[dict[str, torch.Tensor], floa
     grpo = GRPOConfig(max_grad_norm=1e9)  # no clipping: compare raw gradients
     learner = LearnerConfig(micro_batch_size=micro_batch_size, logprob_chunk_tokens=16)
     result = train_step(model, optimizer, random_batch(num_rows=7), grpo, learner)
-    return gradients(model), result.loss.loss
+    return gradients(model), result.diagnostics.loss
 
 
 def test_micro_batched_gradients_equal_the_whole_batch_token_mean_gradient() -> None:

@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.rollout.prometheus import SwapPauses, rollout_families
 from shared.api import HeartbeatRequest, WeightSwapReport
-from shared.messages import FlatGroups, LearnerState
+from shared.messages import FlatGroups, LearnerState, StepDiagnostics
 from shared.metrics import CallbackCollector, learner_families, new_registry
 
 
@@ -61,6 +61,33 @@ def test_learner_metrics_show_flat_groups_and_the_zero_variance_warning() -> Non
     }
     assert metrics["relayrl_learner_last_groups_per_trained_group"][0].value == 2.0
     assert metrics["relayrl_learner_zero_variance_warning"][0].value == 1
+
+
+def test_every_step_diagnostic_is_a_gauge_named_and_described_by_its_field() -> None:
+    """StepDiagnostics is the one definition: each field becomes relayrl_learner_last_<name> with its description
+    as help (the importance weights keep their older series names), and none show before the first step."""
+    last_step = StepDiagnostics(
+        loss=0.25, ratio_mean=1.1, clip_fraction=0.1, truncated_fraction=0.02, approx_kl=0.01, grad_norm=3.0
+    )
+    state = LearnerState(
+        run_id="r",
+        status="training",
+        learner_version=3,
+        published_version=3,
+        staleness_bound=2,
+        num_steps_target=100,
+        last_step=last_step,
+    )
+    text = generate_latest(new_registry(CallbackCollector(lambda: learner_families(state)))).decode()
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    older_names = {"is_weight_mean": "importance_weight_mean", "is_weight_max": "importance_weight_max"}
+    for name, field in StepDiagnostics.model_fields.items():
+        family = families[f"relayrl_learner_last_{older_names.get(name, name)}"]
+        assert field.description and family.documentation == f"last step: {field.description}"
+        assert family.samples[0].value == getattr(last_step, name)
+    assert families["relayrl_learner_last_ess_fraction"].samples[0].value == 1.0  # on-policy default
+    before_a_step = parse(CallbackCollector(lambda: learner_families(state.model_copy(update={"last_step": None}))))
+    assert "relayrl_learner_last_loss" not in before_a_step and "relayrl_learner_steps" in before_a_step
 
 
 def test_rollout_metrics_come_from_the_heartbeat_it_would_send() -> None:

@@ -95,8 +95,8 @@ def test_one_minibatch_is_the_old_single_update_and_never_clips() -> None:
     result = train_step(new_model, new_optimizer, batch, grpo)
     old_single_update(old_model, old_optimizer, batch, grpo)
 
-    assert result.num_updates == 1 and optimizer_steps(new_optimizer) == {1}
-    assert result.loss.clip_fraction == 0.0
+    assert result.diagnostics.num_updates == 1 and optimizer_steps(new_optimizer) == {1}
+    assert result.diagnostics.clip_fraction == 0.0
     moved = 0.0
     for (name, new), old, start in zip(
         new_model.named_parameters(), old_model.parameters(), tiny_qwen2().parameters(), strict=True
@@ -115,9 +115,9 @@ def test_four_minibatches_take_four_optimizer_steps_and_the_clip_binds_after_the
 
     result = train_step(model, optimizer, batch, grpo, shuffle_seed=3)
 
-    assert result.num_updates == 4 and optimizer_steps(optimizer) == {4}
-    assert result.loss.clip_fraction > 0.0  # pi_theta left the trust region around pi_prox
-    assert result.loss.clip_fraction < 0.75  # the first minibatch (a quarter of the groups) is never clipped
+    assert result.diagnostics.num_updates == 4 and optimizer_steps(optimizer) == {4}
+    assert result.diagnostics.clip_fraction > 0.0  # pi_theta left the trust region around pi_prox
+    assert result.diagnostics.clip_fraction < 0.75  # the first minibatch (a quarter of the groups) is never clipped
     # StepResult.logprobs keeps its meaning for the trust monitor and the mismatch: pi_prox, the step's start.
     with torch.no_grad():
         at_start = token_logprobs(start, batch.input_ids, batch.attention_mask, batch.temperatures)
@@ -139,8 +139,8 @@ def test_epochs_multiply_the_updates_and_micro_batches_do_not_change_them() -> N
         models.append(model)
         assert optimizer_steps(optimizer) == {4}
     whole, micro = results
-    assert whole.num_updates == micro.num_updates == 4
-    assert micro.loss.loss == pytest.approx(whole.loss.loss, rel=1e-4, abs=1e-6)
+    assert whole.diagnostics.num_updates == micro.diagnostics.num_updates == 4
+    assert micro.diagnostics.loss == pytest.approx(whole.diagnostics.loss, rel=1e-4, abs=1e-6)
     # Inside a minibatch the micro-batch gradients add up to its token mean: the same updates.
     for (name, a), b in zip(models[0].named_parameters(), models[1].parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
@@ -215,10 +215,10 @@ def test_the_step_reports_ess_one_when_behaviour_is_the_proximal_policy_and_less
     fresh_model = copy.deepcopy(model)
     fresh_result = train_step(fresh_model, torch.optim.AdamW(fresh_model.parameters()), fresh, grpo)
     stale_result = train_step(model, torch.optim.AdamW(model.parameters()), batch, grpo)
-    assert fresh_result.importance.ess_fraction == pytest.approx(1.0, abs=1e-5)
-    assert fresh_result.importance.weight_max == pytest.approx(1.0, abs=1e-4)
-    assert stale_result.importance.ess_fraction < 0.99
-    assert stale_result.importance.weight_max > 1.1
+    assert fresh_result.diagnostics.ess_fraction == pytest.approx(1.0, abs=1e-5)
+    assert fresh_result.diagnostics.is_weight_max == pytest.approx(1.0, abs=1e-4)
+    assert stale_result.diagnostics.ess_fraction < 0.99
+    assert stale_result.diagnostics.is_weight_max > 1.1
 
 
 def test_the_run_file_bounds_num_minibatches_by_the_groups_per_step() -> None:

@@ -34,13 +34,13 @@ def test_the_report_says_what_t_bcast_measures_and_carries_the_rollout_pause(tmp
     )
     (tmp_path / "broadcast_times.json").write_text(times.model_dump_json())
     section = summarize_broadcast(tmp_path)
-    assert section["t_bcast_window"] == "learner publish start -> engine sampling with the version"
-    assert (section["t_bcast_mean_s"], section["t_bcast_publish_mean_s"], section["t_bcast_transfer_mean_s"]) == (
+    assert section.t_bcast_window == "learner publish start -> engine sampling with the version"
+    assert (section.t_bcast_mean_s, section.t_bcast_publish_mean_s, section.t_bcast_transfer_mean_s) == (
         0.4,
         0.15,
         0.25,
     )
-    assert (section["rollout_pause_mean_s"], section["rollout_pause_max_s"], section["rollout_pause_num_swaps"]) == (
+    assert (section.rollout_pause_mean_s, section.rollout_pause_max_s, section.rollout_pause_num_swaps) == (
         0.05,
         0.05,
         2,
@@ -51,6 +51,6 @@ def test_broadcast_times_saved_by_an_older_coordinator_still_make_a_report(tmp_p
     old = '{"seconds_by_version": {"1": 0.25}, "num_versions": 1, "mean_s": 0.25, "max_s": 0.25, "last_s": 0.25}'
     (tmp_path / "broadcast_times.json").write_text(old)
     section = summarize_broadcast(tmp_path)
-    assert section["t_bcast_mean_s"] == 0.25
-    assert section["t_bcast_window"] == "learner announcement -> engine sampling with the version"
-    assert (section["rollout_pause_mean_s"], section["t_bcast_publish_mean_s"]) == (None, None)
+    assert section.t_bcast_mean_s == 0.25
+    assert section.t_bcast_window == "learner announcement -> engine sampling with the version"
+    assert (section.rollout_pause_mean_s, section.t_bcast_publish_mean_s) == (None, None)
