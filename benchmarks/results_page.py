@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ class Result:
     figures: tuple[Figure, ...]
     command: str | None = None  # where the file records none
     docs: str = ""  # the page that explains it
-    extra_files: tuple[str, ...] = field(default_factory=tuple)  # variants of the same benchmark, listed
+    extra_files: tuple[str, ...] = ()  # variants of the same benchmark, listed
 
 
 def value_at(data: Any, path: str) -> Any:

@@ -98,5 +98,5 @@ def list_text() -> str:
 def run(name: str, args: list[str]) -> None:
     """exec `python -m <module> <default args> <args>` from the repository root (never returns)."""
     bench = BENCHMARKS[name]
-    os.chdir(source_checkout("bench", REPO_ROOT))
+    os.chdir(source_checkout("bench"))
     os.execv(sys.executable, [sys.executable, "-m", bench.module, *bench.default_args, *args])

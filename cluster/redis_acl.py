@@ -37,6 +37,7 @@ from shared.redis_urls import with_credentials
 
 TRUSTED_SERVICES = ("coordinator", "reward", "learner")
 OPERATOR = "operator"
+REDIS_USERS = (*TRUSTED_SERVICES, OPERATOR)  # every user with a password
 _SERVICE_RULES = ("resetchannels", "-@all", "+@all", "-@dangerous")
 
 
@@ -46,9 +47,7 @@ class RedisUsers:
     its own URL with its own password)."""
 
     run_id: str
-    passwords: dict[str, str] = field(
-        default_factory=lambda: {name: secrets.token_urlsafe(24) for name in (*TRUSTED_SERVICES, OPERATOR)}
-    )
+    passwords: dict[str, str] = field(default_factory=lambda: {name: secrets.token_urlsafe(24) for name in REDIS_USERS})
 
     def url_for(self, name: str, base_url: str) -> str:
         """`base_url` (no credentials) with `name`'s user and password."""
@@ -92,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run-id", required=True, help="the run whose keys (rl:<run_id>:*) the services may touch")
     parser.add_argument("--out", type=Path, required=True, help="the ACL file to write (mode 0600)")
     args = parser.parse_args(argv)
-    names = (*TRUSTED_SERVICES, OPERATOR)
+    names = REDIS_USERS
     variables = {name: f"RL_REDIS_PASSWORD_{name.upper()}" for name in names}
     missing = [variable for variable in variables.values() if not os.environ.get(variable)]
     if missing:

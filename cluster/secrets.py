@@ -17,10 +17,8 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.redis_acl import OPERATOR, TRUSTED_SERVICES
+from cluster.redis_acl import REDIS_USERS
 from shared.signing import generate_key_pair
-
-REDIS_USERS = (*TRUSTED_SERVICES, OPERATOR)
 
 
 def _token() -> str:

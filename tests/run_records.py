@@ -1,10 +1,11 @@
-"""StepRecord / EvalRecord with neutral values for the fields a test does not care about: the report and
+"""StepRecord / EvalRecord / LearnerState with neutral values for the fields a test does not care about: the report and
 benchmark-summary tests name only the fields they check."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from shared.messages import LearnerState
 from shared.run_records import EvalRecord, StepRecord
 
 STEP_DEFAULTS: dict[str, Any] = {
@@ -38,3 +39,9 @@ def step_record(step: int, **fields: Any) -> StepRecord:
 def eval_record(version: int, accuracy: float, **fields: Any) -> EvalRecord:
     values = {"eval_reward_mean": accuracy, "num_eval_prompts": 10, "eval_s": 1.0, "wall_s": 1.0, **fields}
     return EvalRecord(eval_step=version, eval_accuracy=accuracy, **values)
+
+
+def learner_state(learner_version: int = 3, **fields: Any) -> LearnerState:
+    """A training learner at `learner_version` (published too) with `fields` over neutral values."""
+    values = {"run_id": "r", "status": "training", "published_version": learner_version, "staleness_bound": 2}
+    return LearnerState(**{**values, "learner_version": learner_version, "num_steps_target": 100, **fields})

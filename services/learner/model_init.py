@@ -94,12 +94,16 @@ def build_model(config: ModelConfig, vocab_size: int, pad_id: int, eos_id: int, 
 POLICY_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
 
+def holds_policy(folder: Path) -> bool:
+    return all((folder / name).exists() for name in POLICY_FILES)
+
+
 def build_initial_policy(config: ModelConfig, alphabet: str, out_dir: Path) -> Path:
     """The tokenizer + random-init model in `out_dir`, built once: a folder that already holds a policy is
     returned as it is, so a second `docker compose up` (or a resumed run) never rewrites the model a run's
     checkpoints and workers were built against. The folder appears whole or not at all: it is built in a
     sibling folder and renamed into place."""
-    if all((out_dir / name).exists() for name in POLICY_FILES):
+    if holds_policy(out_dir):
         return out_dir
     if out_dir.exists() and any(out_dir.iterdir()):
         raise FileExistsError(f"{out_dir} holds files but not a whole policy ({', '.join(POLICY_FILES)}): remove it")
@@ -134,7 +138,7 @@ def main() -> None:
 
     transformers_logging.disable_progress_bar()
     run = load_run_config(args.config)
-    existed = all((args.out / name).exists() for name in POLICY_FILES)
+    existed = holds_policy(args.out)
     out = build_initial_policy(run.model, task_type(run.task.name).alphabet, args.out)
     print(f"{out} already holds the policy: left as it is" if existed else f"wrote {out}")
 

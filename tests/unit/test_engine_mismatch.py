@@ -17,6 +17,7 @@ from shared.bus import Delivery
 from shared.messages import LearnerState, RolloutGroup, ScoredGroup, WorkerMismatch, pack_float32, pack_int32
 from shared.metrics import CallbackCollector, learner_families, new_registry
 from shared.run_records import StepRecord, read_metrics
+from tests.run_records import learner_state
 
 
 def admitted(worker_id: str, staleness: int, completions: list[list[int]], logprobs: list[float]) -> AdmittedGroup:
@@ -66,12 +67,7 @@ def test_mismatch_is_per_worker_over_lag_0_completion_tokens_only() -> None:
 
 def test_mismatch_travels_in_the_step_record_the_learner_state_and_prometheus(tmp_path: Path) -> None:
     mismatch = {"w-1": WorkerMismatch(num_tokens=10, logprob_abs_diff_mean=0.02, kl_k3=0.0003)}
-    state = LearnerState(
-        run_id="r",
-        status="training",
-        learner_version=3,
-        published_version=3,
-        staleness_bound=2,
+    state = learner_state(
         num_steps_target=10,
         mismatch_by_worker=mismatch,
     )

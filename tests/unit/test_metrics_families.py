@@ -7,8 +7,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.rollout.prometheus import SwapPauses, rollout_families
 from shared.api import HeartbeatRequest, WeightSwapReport
-from shared.messages import FlatGroups, LearnerState, StepDiagnostics
+from shared.messages import FlatGroups, StepDiagnostics
 from shared.metrics import CallbackCollector, learner_families, new_registry
+from tests.run_records import learner_state
 
 
 def parse(collector: CallbackCollector) -> dict[str, list]:
@@ -17,13 +18,8 @@ def parse(collector: CallbackCollector) -> dict[str, list]:
 
 
 def test_learner_metrics_come_from_its_state() -> None:
-    state = LearnerState(
-        run_id="r",
-        status="training",
+    state = learner_state(
         learner_version=12,
-        published_version=12,
-        staleness_bound=2,
-        num_steps_target=100,
         num_dropped={"stale": 3},
         num_steps_done=12,
         train_s_total=6.0,
@@ -42,13 +38,7 @@ def test_learner_metrics_come_from_its_state() -> None:
 
 def test_learner_metrics_show_flat_groups_and_the_zero_variance_warning() -> None:
     flat = FlatGroups(num_groups=10, num_flat_at_zero=8, num_flat_at_max=1, num_skipped=5, num_samples=80)
-    state = LearnerState(
-        run_id="r",
-        status="training",
-        learner_version=3,
-        published_version=3,
-        staleness_bound=2,
-        num_steps_target=100,
+    state = learner_state(
         last_flat_groups=flat,
         zero_variance_warning="zero reward variance: ...",
     )
@@ -69,13 +59,7 @@ def test_every_step_diagnostic_is_a_gauge_named_and_described_by_its_field() -> 
     last_step = StepDiagnostics(
         loss=0.25, ratio_mean=1.1, clip_fraction=0.1, truncated_fraction=0.02, approx_kl=0.01, grad_norm=3.0
     )
-    state = LearnerState(
-        run_id="r",
-        status="training",
-        learner_version=3,
-        published_version=3,
-        staleness_bound=2,
-        num_steps_target=100,
+    state = learner_state(
         last_step=last_step,
     )
     text = generate_latest(new_registry(CallbackCollector(lambda: learner_families(state)))).decode()
