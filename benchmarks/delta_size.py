@@ -1,5 +1,5 @@
 """Delta size of a policy version at real learning rates per learner precision, every codec of
-shared/delta.py and the pick; with each precision's step time and learner bytes per parameter.
+shared/weight_channel/delta.py and the pick; with each precision's step time and learner bytes per parameter.
 
     python -m benchmarks.delta_size          # make bench-delta; writes benchmarks/results/delta_size.json
 
@@ -37,7 +37,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
 from services.learner.publish import serialize_weights
-from shared.delta import CODECS, apply_delta, encode_smallest, encode_with
+from shared.weight_channel.delta import CODECS, apply_delta, encode_smallest, encode_with
 
 RESULTS = Path(__file__).resolve().parent / "results" / "delta_size.json"
 MODEL_CONFIG = {

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from benchmarks.result_file import write_result
 from shared.signing import generate_key_pair, load_signing_key
-from shared.weights import DEFAULT_HASH_ALGORITHM, Manifest, payload_digest, sha256_hex, sign, verify_signature
+from shared.weight_channel import Manifest, verify_signature
+from shared.weight_channel.manifest import DEFAULT_HASH_ALGORITHM, payload_digest, sha256_hex, sign
 
 RESULTS = Path(__file__).resolve().parent / "results" / "manifest_signing.json"
 SHAPES = {  # name -> (payload bytes, chunk bytes)

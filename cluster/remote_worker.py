@@ -17,7 +17,7 @@
                  then against the learner's newest manifest (its learner URL from the coordinator's relay
                  plan, its signature checked with the key): a folder with another tokenizer or architecture
                  (model fingerprint) is refused here. A learner this machine cannot reach, or no version
-                 yet: the worker's own check at the first weights refuses it (shared/weights.py)
+                 yet: the worker's own check at the first weights refuses it (shared/weight_channel/manifest.py)
     5. exec      `python -m services.rollout` with that environment in place of this process: Ctrl-C
                  drains it (finish the batch, deregister, exit 0). The worker needs no Redis: it takes
                  tasks and hands back groups through the coordinator's work API.
@@ -267,14 +267,21 @@ def check_against_learner(coordinator_url: str, public_key_hex: str, model_dir: 
     from shared.api import RelayPlanResponse
     from shared.signing import load_public_key
     from shared.tokenization import model_fingerprint
-    from shared.weights import Manifest, ManifestError, ModelMismatchError, check_model_fingerprint, verify_signature
+    from shared.weight_channel import (
+        Manifest,
+        ManifestError,
+        ModelMismatchError,
+        check_model_fingerprint,
+        manifest_path,
+        verify_signature,
+    )
 
     try:
         plan = httpx.get(coordinator_url.rstrip("/") + "/v1/broadcast/plan", timeout=BOOTSTRAP_TIMEOUT_S)
         learner_url = RelayPlanResponse.model_validate_json(plan.raise_for_status().content).learner_url
         if not learner_url:
             return NOTHING_PUBLISHED
-        latest = httpx.get(learner_url.rstrip("/") + "/v1/weights/latest", timeout=BOOTSTRAP_TIMEOUT_S)
+        latest = httpx.get(learner_url.rstrip("/") + manifest_path(None), timeout=BOOTSTRAP_TIMEOUT_S)
         if latest.status_code == 404:
             return NOTHING_PUBLISHED
         manifest = Manifest.model_validate_json(latest.raise_for_status().content)

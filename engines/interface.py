@@ -19,10 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.lora import LoraAdapter
 from shared.messages import FinishReason  # "stop": ended with EOS; "length": hit max_new_tokens
 from shared.tokenization import PromptInput
-from shared.weights import Buffer
+from shared.weight_channel import Buffer, LoraAdapter, WeightsLoadError
 
 
 class EngineError(RuntimeError):
@@ -36,11 +35,6 @@ class UnencodablePromptError(EngineError, ValueError):
 
 class PromptTooLongError(EngineError, ValueError):
     """Prompt plus completion would not fit in the model's context."""
-
-
-class WeightsLoadError(RuntimeError):
-    """A weights blob that does not fit the model (bad bytes, missing/unexpected keys, wrong shapes).
-    The engine keeps the weights it had."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +64,7 @@ class InferenceEngine(ABC):
     # A folder where this engine wants received weights written as files (vLLM loads checkpoints by path):
     # the worker's chunk store writes each full version there chunk by chunk as it arrives. None: memory.
     weights_dir: Path | None = None
-    # The folder the engine loaded: the base a LoRA adapter applies to (shared.lora.base_fingerprint of it).
+    # The folder the engine loaded: the base a LoRA adapter applies to (shared.weight_channel.lora.base_fingerprint of it).
     model_dir: Path | None = None
 
     @property
@@ -148,6 +142,6 @@ class InferenceEngine(ABC):
     def load_adapter(self, adapter_bytes: Buffer, adapter: LoraAdapter, policy_version: int) -> None:
         """Swap in `policy_version` of a LoRA run: the base this engine loaded with the adapter applied
         (W_base + (alpha / r) B A on every target; each version onto the base, never onto the previous
-        one). `adapter_bytes`: peft's adapter_model.safetensors layout (shared/lora.py). Raises
+        one). `adapter_bytes`: peft's adapter_model.safetensors layout (shared/weight_channel/lora.py). Raises
         WeightsLoadError and keeps the old weights and version if the adapter does not fit the model."""
         raise WeightsLoadError(f"{type(self).__name__} cannot apply LoRA adapters")

@@ -25,13 +25,10 @@ from pathlib import Path
 import torch
 
 from engines.interface import InferenceEngine, Sample
-from engines.lora_fit import check_adapter_fits
 from engines.prompts import check_prompt_ids, check_sampling_args, encode_checked_observation, encode_checked_prompts
-from engines.weights_fit import check_state_fits, parse_blob
 from shared.keyed_sampling import keyed_choice
-from shared.lora import LoraAdapter
 from shared.tokenization import PromptInput, check_model_folder, eos_token_ids, model_fingerprint, pad_token_id
-from shared.weights import Buffer
+from shared.weight_channel import Buffer, LoraAdapter, check_adapter_fits, check_state_fits, parse_blob
 
 log = logging.getLogger(__name__)
 

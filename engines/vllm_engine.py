@@ -35,13 +35,19 @@ from pathlib import Path
 from typing import Any
 
 from engines.interface import InferenceEngine, Sample, WeightsLoadError
-from engines.lora_fit import check_adapter_fits
 from engines.prompts import check_prompt_ids, check_sampling_args, encode_checked_observation, encode_checked_prompts
 from engines.select import EngineUnavailableError
-from engines.weights_fit import TIED_OUTPUT_KEY, check_state_fits, parse_blob
-from shared.lora import ADAPTER_CONFIG_FILE, ADAPTER_FILE, LoraAdapter
 from shared.tokenization import PromptInput, check_model_folder, eos_token_ids, model_fingerprint
-from shared.weights import Buffer
+from shared.weight_channel import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_FILE,
+    TIED_OUTPUT_KEY,
+    Buffer,
+    LoraAdapter,
+    check_adapter_fits,
+    check_state_fits,
+    parse_blob,
+)
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +260,7 @@ class VLLMEngine(InferenceEngine):
     # weights
     def _checked_file(self, safetensors_bytes: Buffer, path: Path | None) -> tuple[Path, bool]:
         """A safetensors file of the blob for vLLM to load, after checking it fits the checkpoint exactly
-        (engines/weights_fit.py, as the torch engine); raises WeightsLoadError, and then nothing was
+        (shared/weight_channel/fit.py, as the torch engine); raises WeightsLoadError, and then nothing was
         loaded. The receiver's own file (`path`: the chunks were written into it as they arrived) is used
         as it is; the blob is written to the engine's folder only when there is none, or when a tied head
         must be left out. Returns the file and whether it was written here (and is to be deleted)."""

@@ -285,7 +285,7 @@ class BroadcastConfig(Section):
         1 << 20,
         ge=1024,
         description="size of one weight chunk (the unit of verification and repair; "
-        "the rule: shared/chunk_sizing.py, python -m shared.chunk_sizing)",
+        "the rule: shared/weight_channel/chunk_sizing.py, python -m shared.weight_channel.chunk_sizing)",
     )
     keep_versions: int = Field(4, ge=1, description="versions a chunk server keeps")
     chunk_wait_s: float = Field(

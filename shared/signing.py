@@ -12,7 +12,7 @@ env file, a compose secret or a shell variable without PEM's line breaks. A key 
 of the public key's sha256) goes into every manifest, so a receiver configured with another public
 key says "signed by key X, I trust key Y" instead of a bare "bad signature".
 
-The manifest-level operations (`sign`, `verify_signature`) are in shared.weights, next to Manifest.
+The manifest-level operations (`sign`, `verify_signature`) are in shared/weight_channel/manifest.py, next to Manifest.
 
     python -m shared.signing generate   # a new pair: RL_SIGNING_KEY=... and RL_WEIGHTS_PUBLIC_KEY=...
     python -m shared.signing public     # the public half of $RL_SIGNING_KEY

@@ -3,7 +3,7 @@ relay), for tests of verification and of routing around a bad source."""
 
 from __future__ import annotations
 
-from shared.chunk_server import ChunkStore
+from shared.weight_channel import ChunkStore
 
 
 class CorruptingStore(ChunkStore):

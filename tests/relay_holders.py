@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import threading
 
-from services.rollout.relay_fetch import ArtifactFetch, RelayFetcher
-from shared.chunk_server import ChunkServer, ChunkStore
-from shared.weights import Manifest
+from shared.weight_channel import ChunkServer, ChunkStore, Manifest
+from shared.weight_channel.relay_fetch import ArtifactFetch, RelayFetcher
 
 
 class Holder:

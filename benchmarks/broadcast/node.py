@@ -5,7 +5,7 @@ project's real code end to end.
     python -m benchmarks.broadcast.node --role receiver --host IP --redis-url URL --run-id R
 
 learner   a torch module of random bf16 tensors (`--size-bytes` in all), a ChunkStore served by the
-          real ChunkServer, and the real WeightPublisher (services/learner/publish.py) over a StreamBus
+          real ChunkServer, and the real WeightPublisher (shared/weight_channel/publisher.py) over a StreamBus
           on the learner's Redis: serialise, hash, chunk, sign, store, announce on `weights`.
 receiver  the real WeightsSync (services/rollout/weights_sync.py) with `start()`: its own thread reads
           the announcement from the learner's Redis over the emulated link, fetches and checks the
@@ -35,9 +35,9 @@ from typing import Any
 
 from services.rollout.announcement_client import StreamAnnouncements
 from shared.bus import StreamBus, connect
-from shared.chunk_server import ChunkServer, ChunkStore
 from shared.keys import RunKeys
 from shared.signing import load_signing_key
+from shared.weight_channel import ChunkServer, ChunkStore
 
 SIGNING_KEY = load_signing_key("5" * 64)  # fixed: the learner node signs, receivers verify with PUBLIC_KEY
 PUBLIC_KEY = SIGNING_KEY.public_key()
@@ -75,7 +75,7 @@ def safetensors_file_bytes(size_bytes: int) -> int:
     receiver's buffer for a version is (computed on meta tensors: no memory)."""
     import torch
 
-    from services.learner.serialize import safetensors_size
+    from shared.weight_channel import safetensors_size
 
     meta = {
         f"weights.{index}": torch.empty(shape, dtype=torch.bfloat16, device="meta")
@@ -111,7 +111,8 @@ def make_model(size_bytes: int, fill: bool) -> Any:
 def serve_learner(args: argparse.Namespace) -> None:
     import torch
 
-    from services.learner.publish import WeightPublisher
+    from services.learner.publish import publication_state
+    from shared.weight_channel import WeightPublisher
 
     # as the learner keeps them: every version in a file of its spill folder, served from a mapping of it
     store = ChunkStore(keep_versions=2, spill_dir=Path(args.spill_dir) if args.spill_dir else None)
@@ -119,7 +120,9 @@ def serve_learner(args: argparse.Namespace) -> None:
     client = connect(args.redis_url)
     model = make_model(args.size_bytes, fill=True)
     publisher: WeightPublisher | None = None  # one per run id (every scenario is its own run), newest only
-    warm_up(store, model, args)  # steady state: the buffer of the next version is faulted in (shared/buffers.py)
+    warm_up(
+        store, model, args
+    )  # steady state: the buffer of the next version is faulted in (shared/weight_channel/buffers.py)
     emit({"event": "up", "url": server.url})
     for line in sys.stdin:
         command = json.loads(line)
@@ -146,7 +149,7 @@ def serve_learner(args: argparse.Namespace) -> None:
             for parameter in model.weights:
                 parameter[0].normal_()
         started_at_s = time.time()  # the window opens: serialise, hash, chunk, sign, store, announce
-        published = publisher.publish(model, command["version"])
+        published = publisher.publish(publication_state(model), command["version"])
         emit(
             {
                 "event": "published",
@@ -161,7 +164,8 @@ def serve_learner(args: argparse.Namespace) -> None:
 
 
 def serve_receiver(args: argparse.Namespace) -> None:
-    from services.rollout.weights_sync import VerifiedVersion, WeightsSync
+    from services.rollout.weights_sync import WeightsSync
+    from shared.weight_channel import VerifiedVersion
 
     # a new version evicts the last one; file mode (vLLM): full versions are received into files there
     spill_dir = Path(args.weights_dir) if args.receive_into == "file" else None
@@ -221,8 +225,9 @@ def serve_receiver(args: argparse.Namespace) -> None:
 
 def warm_up(store: ChunkStore, model: Any, args: argparse.Namespace) -> None:
     """One untimed publication under a run nobody follows, so the timed ones find what a running learner
-    has: a buffer for the version faulted in while it trained (shared/buffers.py)."""
-    from services.learner.publish import WeightPublisher
+    has: a buffer for the version faulted in while it trained (shared/weight_channel/buffers.py)."""
+    from services.learner.publish import publication_state
+    from shared.weight_channel import WeightPublisher
 
     if not args.steady_state:
         return
@@ -235,7 +240,7 @@ def warm_up(store: ChunkStore, model: Any, args: argparse.Namespace) -> None:
         signing_key=SIGNING_KEY,
         chunk_size_bytes=args.chunk_size_bytes,
     )
-    publisher.publish(model, 0)
+    publisher.publish(publication_state(model), 0)
     publisher.close()
     store.spares.wait()
 

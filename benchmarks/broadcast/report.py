@@ -15,7 +15,7 @@ from statistics import mean
 from typing import Any
 
 from benchmarks.broadcast.wan import GOODPUT_FRACTION
-from shared.chunk_client import RELAY_PIECE_BYTES
+from shared.weight_channel import RELAY_PIECE_BYTES
 
 GIB = float(1 << 30)
 TARGET_RATIO = {16: 1.25, 4: 1.10, 1: 1.08}  # pipelined end to end / line-rate floor (issue 11)

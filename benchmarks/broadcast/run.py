@@ -9,7 +9,7 @@ Redis, relaying from their own ChunkServer). See docs/broadcast_benchmark.md.
     calibrate     raw TCP through one link (= the goodput cap) and N flows out of the learner at once
     for N in 1, 2, 4, 8, 16, each a fresh run (run id) with fresh receiver processes:
         one-to-many   every receiver streams the whole version from the learner
-        pipelined     the coordinator's plan (shared/relay_plan.py: one seed, a chain ranked by bandwidth)
+        pipelined     the coordinator's plan (shared/weight_channel/relay_plan.py: one seed, a chain ranked by bandwidth)
         window        learner: time.time() right before `publish` (serialise, hash, chunk, sign, store,
                       announce all inside) -> receiver: `on_ready` (verified full weights ready to load)
         pause         then the first and the last receiver, one at a time, load the ready version into a
@@ -51,8 +51,7 @@ from benchmarks.broadcast.wan import (
     shared_uplink,
 )
 from cluster.redis_server import find_server_binary
-from shared.chunk_client import RELAY_PIECE_BYTES
-from shared.relay_plan import RelayCandidate, plan_relay
+from shared.weight_channel import RELAY_PIECE_BYTES, RelayCandidate, plan_relay
 
 log = logging.getLogger("bench-broadcast")
 
@@ -310,7 +309,7 @@ class Bench:
 
     # holders per mode
     def planned(self, receivers: list[str]) -> dict[str, list[str]]:
-        """Holders per receiver from the coordinator's rule (shared/relay_plan.py) on their link speeds:
+        """Holders per receiver from the coordinator's rule (shared/weight_channel/relay_plan.py) on their link speeds:
         parent then fallbacks (the learner, last resort, is added by WeightsSync). Keys in chain order."""
         ids = {f"{index:03d}": name for index, name in enumerate(receivers)}
         candidates = [RelayCandidate(i, self.url(name), self.wan.links[name].down_mbps) for i, name in ids.items()]
@@ -522,13 +521,13 @@ def main() -> None:
         "link_mbps": args.mbps,
         "receive_into": args.receive_into,
         "state": "steady: every process has held a version before (the learner published one untimed, each "
-        "receiver faulted in a version-sized buffer, as after its previous version; shared/buffers.py)"
+        "receiver faulted in a version-sized buffer, as after its previous version; shared/weight_channel/buffers.py)"
         if args.steady_state
         else "cold: every process meets its first version (buffers faulted in inside the window)",
         "link_emulation": f"network namespace per node, veth into one bridge, MTU {MTU_BYTES}, tc tbf on both "
         f"directions of every link (rate {args.mbps:g} Mbit/s, burst {TBF_BURST}, a {QUEUE_MS:g} ms drop-tail queue; "
         f"no fair queueing in this kernel); TCP goodput at most {GOODPUT_FRACTION:.4f} of the line rate",
-        "plan": "shared/relay_plan.py: num_seeds=1, fanout=1 (a chain ranked by bandwidth), fallbacks = other ancestors then other branches",
+        "plan": "shared/weight_channel/relay_plan.py: num_seeds=1, fanout=1 (a chain ranked by bandwidth), fallbacks = other ancestors then other branches",
         "calibration": calibration,
         **summarize(runs, extras, args.mbps, args.chunk_size_bytes),
         "wall_s": round(time.monotonic() - started_s, 1),

@@ -23,7 +23,7 @@ transaction across workers):
      only when the coordinator assigned it that parent (`relay_assigned`, written when it served the
      worker's GET /parent): its latest observation (`relay_observed`), and, when it got less than
      half of the version from the parent, one more miss of that parent (`relay_misses`, by URL). The
-     relay plan ranks parents by these (services/coordinator/relay_view.py, shared/relay_plan.py).
+     relay plan ranks parents by these (services/coordinator/relay_view.py, shared/weight_channel/relay_plan.py).
 Both the REST endpoint (WorkerRegistry.extend_lease, one entry, synchronous) and the hot path
 (services/coordinator/heartbeat_path.py, batched) run this one script.
 """

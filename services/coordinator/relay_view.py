@@ -3,7 +3,7 @@
 The plan is computed on every read from the registry (alive workers, their reported bandwidth) and what
 relay children observed of their parents (`RelayKeys`: each child's latest observation, each parent's
 misses), so it follows joins, drains, deaths and parents that do not deliver with no state of its own
-(shared/relay_plan.py holds the rule). Serving a worker its parent records that assignment: the
+(shared/weight_channel/relay_plan.py holds the rule). Serving a worker its parent records that assignment: the
 heartbeat script keeps a child's observation only of the parent it was assigned. Swap reports arrive
 with heartbeats and become T_bcast in services/coordinator/broadcast_times.py. Served by
 services/coordinator/routers/broadcast.py.
@@ -27,19 +27,19 @@ from shared.api import (
     WorkerInfo,
     WorkerState,
 )
-from shared.chunk_client import announced_source
 from shared.messages import MessageDecodeError
-from shared.relay_plan import (
+from shared.streams import WEIGHTS
+from shared.weight_channel import (
     LEARNER,
     Delivery,
     ParentObservation,
     RelayCandidate,
     RelayPlan,
+    WeightsError,
+    announced_source,
     deliveries,
     plan_relay,
 )
-from shared.streams import WEIGHTS
-from shared.weights import WeightsError
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def record_assignment(coordinator: Coordinator, worker_id: str, parent_url: str)
 
 def read_deliveries(coordinator: Coordinator, alive_ids: set[str]) -> dict[str, Delivery]:
     """By parent URL: what the alive children's latest reports and the recorded misses say of it
-    (shared/relay_plan.py `deliveries`); a bad stored entry is dropped and counted."""
+    (shared/weight_channel/relay_plan.py `deliveries`); a bad stored entry is dropped and counted."""
     relay = RelayKeys.of(coordinator.keys)
     observations = [
         o

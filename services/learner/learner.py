@@ -51,12 +51,11 @@ from services.learner.mismatch import engine_mismatch
 from services.learner.model_init import build_initial_policy
 from services.learner.policy import Policy
 from services.learner.precision import set_config_dtype
-from services.learner.publish import WeightPublisher
+from services.learner.publish import publication_state
 from services.learner.settings import LearnerSettings
 from services.learner.trust_monitor import TrustMonitor
 from services.learner.zero_variance import ZeroVarianceAlarm
 from shared.bus import StreamBus
-from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import RunConfig
 from shared.keys import RunKeys
 from shared.messages import BatchRequest, FlatGroups, LearnerState, LearnerStatus, StepDiagnostics, WorkerMismatch
@@ -65,6 +64,7 @@ from shared.run_records import LearnerSummary, RunTotals, StepRecord, read_metri
 from shared.streams import BATCH_REQUEST, LEARNER_STATE, SCORED
 from shared.tasks import build_task
 from shared.tokenization import check_model_folder, model_fingerprint, pad_token_id
+from shared.weight_channel import ChunkServer, ChunkStore, WeightPublisher
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ class Learner:
         started_s = time.perf_counter()
         weights = self.policy.weights()  # sharded: gathered to rank 0 here, a parameter at a time
         gather_s = time.perf_counter() - started_s
-        publish_s = gather_s + self.publisher.publish(weights, self.version).publish_s
+        publish_s = gather_s + self.publisher.publish(publication_state(weights), self.version).publish_s
         self.trust.on_publish(self.version, weights)
         return publish_s
 

@@ -2,7 +2,7 @@
 
     apply_lora           freeze the base, inject peft LoRA layers into the model in place (the model stays
                          the HF causal LM: grpo.token_logprobs, the auditor and the trainer see no wrapper)
-    adapter_state        the adapter tensors in peft's file layout: what a version publishes (shared/lora.py)
+    adapter_state        the adapter tensors in peft's file layout: what a version publishes (shared/weight_channel/lora.py)
     merged_state         the base's state dict with every adapter merged in (W + (alpha / r) B A): what the
                          evaluator's engine and model_final take
     restore_adapter      put a checkpoint's adapter back (a checkpoint holds `adapter_state`: the base is
@@ -26,7 +26,7 @@ from typing import TypeVar, cast
 import torch
 
 from shared.config import LoraConfig
-from shared.lora import PEFT_PREFIX, LoraAdapter, base_fingerprint
+from shared.weight_channel import PEFT_PREFIX, LoraAdapter, base_fingerprint
 
 log = logging.getLogger(__name__)
 

@@ -28,10 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.chunk_server import ChunkStore, ReceivedBytes
 from shared.messages import RolloutGroup, pack_float32, pack_int32, unpack_float32, unpack_int32
 from shared.signing import Ed25519PrivateKey, Ed25519PublicKey
-from shared.weights import Buffer, Manifest, Payload, chunk_digests, payload_digest, sign
+from shared.weight_channel import Buffer, ChunkStore, Manifest
+from shared.weight_channel.manifest import Payload, chunk_digests, payload_digest, sign
+from shared.weight_channel.store import ReceivedBytes
 
 log = logging.getLogger(__name__)
 

@@ -36,14 +36,13 @@ from services.rollout.weight_hold import WeightHold
 from services.rollout.weights_sync import WeightsSync
 from services.rollout.work_client import WorkClient
 from shared.api import HeartbeatRequest, RegisterWorkerRequest, RegisterWorkerResponse
-from shared.chunk_server import ChunkServer
 from shared.config import RunConfig
 from shared.keyed_sampling import task_seed
-from shared.lora import base_fingerprint
 from shared.messages import RolloutGroup
 from shared.retry import Backoff
 from shared.rollout_mac import sign_rollout
 from shared.tokenization import PromptInput
+from shared.weight_channel import ChunkServer, base_fingerprint
 from shared.work_api import LeasedTask
 
 log = logging.getLogger(__name__)

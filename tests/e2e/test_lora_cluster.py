@@ -11,8 +11,8 @@ import torch
 
 from cluster.local import ClusterOptions
 from services.learner.checkpoint import checkpoint_path, load_checkpoint
-from shared.lora import PEFT_PREFIX
 from shared.run_records import read_publish_journal
+from shared.weight_channel import PEFT_PREFIX
 from tests.cluster_runs import run_to_completion
 
 pytestmark = pytest.mark.e2e

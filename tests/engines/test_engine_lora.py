@@ -26,7 +26,7 @@ from safetensors.torch import save as safetensors_save
 from engines.interface import InferenceEngine, WeightsLoadError
 from services.learner.lora import adapter_spec, adapter_state
 from shared.config import LoraConfig
-from shared.lora import LoraAdapter
+from shared.weight_channel import LoraAdapter
 from tests.hf_folders import build_folder
 from tests.lora_policies import learner_logprobs, lora_policy
 from tests.vllm_required import require_vllm

@@ -18,7 +18,7 @@ from services.rollout.faults import FaultKind
 from shared.api import StatusResponse, WorkerState
 from shared.run_records import read_trust_records
 from shared.signing import load_public_key
-from shared.weights import Manifest, ManifestError, verify_signature
+from shared.weight_channel import Manifest, ManifestError, verify_signature
 from tests.faults.cluster_run import FaultRun, assert_nothing_lost
 from tests.faults.conftest import FaultRunner
 

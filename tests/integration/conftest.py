@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import RunConfig
+from shared.weight_channel import ChunkServer, ChunkStore
 from tests.acl_redis import AclRedis, acl_redis_server
 from tests.coordinator_rest import ServeCoordinator, ServedCoordinator, served_coordinator
 from tests.manual_clock import ManualClock

@@ -1,6 +1,6 @@
 """The chunk server's limits against real sockets: bounded threads, idle and dribbling connections
 closed after the stated timeout, a reader that stops reading cut off, absurd numbers in a URL answered
-400 (shared/chunk_server.py, "Limits")."""
+400 (shared/weight_channel/server.py, "Limits")."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from shared.chunk_server import ChunkServer, ChunkStore
-from shared.weights import build_manifest
+from shared.weight_channel import ChunkServer, ChunkStore
+from shared.weight_channel.manifest import build_manifest
 from tests.polling import wait_for
 from tests.sockets import closed_by_server
 from tests.weights_keys import SIGNING_KEY

@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared.buffers import SPARE_SUFFIX
-from shared.chunk_client import fetch_manifest, fetch_version
-from shared.chunk_server import ChunkServer, ChunkStore
-from shared.weights import build_manifest
+from shared.weight_channel import ChunkServer, ChunkStore
+from shared.weight_channel.buffers import SPARE_SUFFIX
+from shared.weight_channel.client import fetch_manifest, fetch_version
+from shared.weight_channel.manifest import build_manifest
 from tests.weights_keys import PUBLIC_KEY, SIGNING_KEY
 
 pytestmark = pytest.mark.integration
@@ -57,7 +57,7 @@ def test_evicted_and_replaced_versions_leave_no_file(tmp_path: Path) -> None:
     for policy_version in (1, 2, 3):
         store.put_version(*version(policy_version, MIB)[1:])
     assert store.versions() == [2, 3]
-    store.spares.wait()  # plus one spare file, faulted in for the next version (shared/buffers.py)
+    store.spares.wait()  # plus one spare file, faulted in for the next version (shared/weight_channel/buffers.py)
     versions = sorted(path.name.split("-")[0] for path in spill_dir.iterdir() if path.suffix != SPARE_SUFFIX)
     assert versions == ["2", "3"]
     _, replacement, chunks = version(3, MIB)  # a restarted learner re-uses the number

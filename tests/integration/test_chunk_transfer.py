@@ -9,9 +9,9 @@ import time
 import httpx
 import pytest
 
-from shared.chunk_client import FetchError, fetch_manifest, fetch_version
-from shared.chunk_server import ChunkServer, ChunkStore
-from shared.weights import ChunkVerificationError, ManifestError, build_manifest
+from shared.weight_channel import ChunkServer, ChunkStore, ManifestError
+from shared.weight_channel.client import FetchError, fetch_manifest, fetch_version
+from shared.weight_channel.manifest import ChunkVerificationError, build_manifest
 from tests.weights_keys import FORGER_KEY, PUBLIC_KEY, SIGNING_KEY
 
 pytestmark = pytest.mark.integration

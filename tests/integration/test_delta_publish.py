@@ -13,13 +13,13 @@ import redis
 import torch
 
 from engines.torch_engine import TorchEngine
-from services.learner.publish import WeightPublisher
+from services.learner.publish import publication_state
 from services.learner.trainer import load_policy
 from services.rollout.announcement_client import StreamAnnouncements
 from services.rollout.weights_sync import WeightsSync
 from shared.bus import StreamBus
-from shared.chunk_server import ChunkServer, ChunkStore
 from shared.keys import RunKeys
+from shared.weight_channel import ChunkServer, ChunkStore, WeightPublisher
 from tests.weights_keys import FORGER_KEY, PUBLIC_KEY, SIGNING_KEY
 
 pytestmark = pytest.mark.integration
@@ -111,7 +111,7 @@ def test_deltas_rebuild_the_learners_exact_weights_and_late_joiners_get_the_full
     for version in range(5):
         if version:
             train_a_little(model, seed=version)
-        published = publisher.publish(model, version)
+        published = publisher.publish(publication_state(model), version)
         payloads.append(published.manifest.payload)
         assert first.update(first_engine) == version and second.update(second_engine) == version
         assert_same_weights(first_engine, model)
@@ -138,7 +138,7 @@ def test_deltas_rebuild_the_learners_exact_weights_and_late_joiners_get_the_full
     # a worker that missed a version (its base is 4; 6 is a delta against 5) also falls back to the full
     for version in (5, 6):
         train_a_little(model, seed=version)
-        publisher.publish(model, version)
+        publisher.publish(publication_state(model), version)
     assert late.update(late_engine) == 6
     assert_same_weights(late_engine, model)
     assert late.store.is_complete(6, "full") and not late.store.is_complete(6, "delta")
@@ -165,7 +165,7 @@ def test_a_forged_delta_is_refused_and_the_engine_keeps_its_weights(
         full_every=10,
     )
     sync, engine = new_worker(redis_client, keys, tiny_policy_dir, worker_servers)
-    honest.publish(model, 0)
+    honest.publish(publication_state(model), 0)
     assert sync.update(engine) == 0
 
     forger = WeightPublisher(
@@ -179,7 +179,7 @@ def test_a_forged_delta_is_refused_and_the_engine_keeps_its_weights(
     )
     forger._previous = honest._previous  # noqa: SLF001 (a forger that knows the base: it can build a valid-looking delta)
     train_a_little(model, seed=1)
-    assert forger.publish(model, 1).manifest.payload == "delta"
+    assert forger.publish(publication_state(model), 1).manifest.payload == "delta"
 
     assert sync.update(engine) is None
     assert engine.policy_version == 0 and sync.num_rejected == 1

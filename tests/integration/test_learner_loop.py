@@ -29,7 +29,6 @@ from services.learner.publish import load_weights_blob
 from services.learner.settings import LearnerSettings
 from services.learner.trainer import load_policy
 from shared.bus import StreamBus, connect
-from shared.chunk_client import fetch_manifest, fetch_version
 from shared.config import BroadcastConfig, GRPOConfig, LearnerConfig, RunConfig, ScheduleConfig
 from shared.keys import RunKeys
 from shared.messages import ScoredGroup, WeightsPublished, pack_int32
@@ -37,7 +36,8 @@ from shared.retry import call_with_retry
 from shared.run_records import LearnerSummary
 from shared.streams import LEARNER_STATE, SCORED, WEIGHTS
 from shared.tasks import make_task
-from shared.weights import WeightsError
+from shared.weight_channel import WeightsError
+from shared.weight_channel.client import fetch_manifest, fetch_version
 from tests.gated_task import GatedTask
 from tests.polling import wait_for
 from tests.selfplay import sample_scored_groups

@@ -11,15 +11,14 @@ import pytest
 import torch
 from safetensors.torch import load as safetensors_load
 
-from services.learner.publish import WeightPublisher, load_weights_blob, serialize_weights
+from services.learner.publish import load_weights_blob, publication_state, serialize_weights
 from services.learner.trainer import load_policy
 from shared.bus import StreamBus
-from shared.chunk_client import fetch_manifest, fetch_version
-from shared.chunk_server import ChunkServer
 from shared.keys import RunKeys
 from shared.messages import WeightsPublished
 from shared.streams import WEIGHTS, Stream
-from shared.weights import ManifestError
+from shared.weight_channel import ChunkServer, ManifestError, WeightPublisher
+from shared.weight_channel.client import fetch_manifest, fetch_version
 from tests.weights_keys import FORGER_KEY, PUBLIC_KEY, SIGNING_KEY
 
 pytestmark = pytest.mark.integration
@@ -61,7 +60,7 @@ def test_a_published_version_is_fetched_verified_and_loads_into_a_fresh_model_id
     )
 
     before_s = time.time()
-    published = publisher.publish(model, policy_version=3)
+    published = publisher.publish(publication_state(model), policy_version=3)
 
     assert published.manifest.num_chunks > 1
     # T_bcast starts before the serialising, hashing, signing and storing that precede the announcement

@@ -20,10 +20,9 @@ import torch
 
 from cluster.redis_server import RedisServer
 from engines.torch_engine import TorchEngine
-from services.learner.publish import WeightPublisher
+from services.learner.publish import publication_state
 from services.rollout.worker import RolloutWorker
 from shared.bus import StreamBus
-from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import (
     ActivationConfig,
     CoordinatorConfig,
@@ -35,6 +34,7 @@ from shared.config import (
 from shared.keys import RunKeys
 from shared.messages import LearnerState, TaskGroup
 from shared.streams import LEARNER_STATE, ROLLOUTS, TASKS
+from shared.weight_channel import ChunkServer, ChunkStore, WeightPublisher
 from tests.coordinator_rest import ADMIN_TOKEN, JOIN_HEADERS, JOIN_TOKEN, worker_settings
 from tests.polling import CallCounter, wait_for
 from tests.weights_keys import PUBLIC_KEY_HEX, SIGNING_KEY
@@ -63,7 +63,7 @@ def publish_version_0(bus: StreamBus, keys: RunKeys, model_dir: Path) -> Iterato
     publisher = WeightPublisher(
         bus, keys, store, public_url=server.url, signing_key=SIGNING_KEY, chunk_size_bytes=64 * 1024
     )
-    publisher.publish(TorchEngine(model_dir).model, 0)
+    publisher.publish(publication_state(TorchEngine(model_dir).model), 0)
     set_learner(bus, keys, train_s=1.0)
     yield
     server.stop()

@@ -15,18 +15,17 @@ from safetensors.torch import load as safetensors_load
 from engines.interface import InferenceEngine
 from engines.torch_engine import TorchEngine
 from services.learner.lora import adapter_spec
-from services.learner.publish import WeightPublisher, serialize_weights
+from services.learner.publish import publication_state, serialize_weights
 from services.learner.trainer import load_policy
 from services.rollout.announcement_client import StreamAnnouncements
 from services.rollout.weights_sync import WeightsSync
 from shared.bus import StreamBus
-from shared.chunk_client import fetch_manifest, fetch_version
-from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import LoraConfig, ModelConfig
 from shared.keys import RunKeys
-from shared.lora import PEFT_PREFIX, base_fingerprint
 from shared.streams import WEIGHTS
 from shared.tasks import TASKS
+from shared.weight_channel import PEFT_PREFIX, ChunkServer, ChunkStore, WeightPublisher, base_fingerprint
+from shared.weight_channel.client import fetch_manifest, fetch_version
 from tests.lora_policies import learner_logprobs, lora_policy
 from tests.weights_keys import PUBLIC_KEY, SIGNING_KEY
 
@@ -79,7 +78,7 @@ def test_a_lora_version_is_the_adapter_only_and_a_worker_on_the_same_base_sample
     try:
         for version in (0, 1):
             model = lora_model(tiny_policy_dir, seed=version)
-            published = learner.publish(model, policy_version=version)
+            published = learner.publish(publication_state(model), policy_version=version)
             manifest = published.manifest
             assert manifest.payload == "full" and manifest.lora == adapter_spec(LORA, tiny_policy_dir)
             assert manifest.total_size_bytes < full_size_bytes / 4  # rank 4 on a 64-wide model
@@ -127,7 +126,7 @@ def test_a_worker_holding_another_base_refuses_the_adapter_and_keeps_its_weights
     )
     engine = TorchEngine(other_base)
     try:
-        learner.publish(lora_model(tiny_policy_dir, seed=0), policy_version=0)
+        learner.publish(publication_state(lora_model(tiny_policy_dir, seed=0)), policy_version=0)
         with caplog.at_level(logging.ERROR, logger="services.rollout.weights_sync"):
             assert sync.update(engine) is None
             assert sync.update(engine) is None  # permanent: not retried
@@ -168,7 +167,7 @@ def test_a_vllm_worker_applies_lora_versions_in_place(
     try:
         for version in (0, 1):
             model = lora_model(folder, seed=version)
-            learner.publish(model, policy_version=version)
+            learner.publish(publication_state(model), policy_version=version)
             assert sync.update(engine) == version
             assert_engine_samples(engine, model)
     finally:

@@ -1,4 +1,4 @@
-"""Pipelined relay over real chunk servers (services/rollout/relay_fetch.py): a chain relays while the
+"""Pipelined relay over real chunk servers (shared/weight_channel/relay_fetch.py): a chain relays while the
 learner is still publishing, bytes arrive identical everywhere, and corrupt, dead or stalled holders
 are routed around."""
 
@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 
 from services.rollout.faults import FaultKind, TamperingStore
-from services.rollout.relay_fetch import RelayFetcher, RelayFetchError
-from shared.chunk_client import fetch_manifest
-from shared.chunk_server import ChunkStore, ManifestMismatchError
-from shared.weights import Manifest, ManifestError, build_manifest, verify_signature
+from shared.weight_channel import ChunkStore, Manifest, ManifestError, verify_signature
+from shared.weight_channel.client import fetch_manifest
+from shared.weight_channel.manifest import build_manifest
+from shared.weight_channel.relay_fetch import RelayFetcher, RelayFetchError
+from shared.weight_channel.store import ManifestMismatchError
 from tests import relay_holders
 from tests.corrupting_store import CorruptingStore
 from tests.polling import wait_for
@@ -170,9 +171,8 @@ def test_a_lying_workers_store_serves_lies_its_children_refuse(holders: list[Hol
 
 RELAY_PROGRAM = """
 import sys
-from services.rollout.relay_fetch import RelayFetcher
-from shared.chunk_server import ChunkServer, ChunkStore
-from shared.weights import Manifest
+from shared.weight_channel import ChunkServer, ChunkStore, Manifest
+from shared.weight_channel.relay_fetch import RelayFetcher
 
 manifest = Manifest.from_json(sys.stdin.readline())
 store = ChunkStore()

@@ -1,4 +1,4 @@
-"""Relay liveness over real chunk servers (shared/chunk_server.py, services/rollout/relay_fetch.py): a
+"""Relay liveness over real chunk servers (shared/weight_channel/store.py, server.py, relay_fetch.py): a
 holder waits for a chunk while its own copy of the version makes progress, whatever the depth and the
 chunk size, and forwards a chunk's bytes cut-through with a verdict after them, so a child never holds
 unverified bytes and never blames an honest relay for bytes it passed on."""
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from services.rollout.faults import FaultKind, TamperingStore
-from shared.chunk_server import ChunkStore
-from shared.weights import ChunkVerificationError, Manifest, build_manifest
+from shared.weight_channel import ChunkStore, Manifest
+from shared.weight_channel.manifest import ChunkVerificationError, build_manifest
 from tests import relay_holders
 from tests.polling import wait_for
 from tests.weights_keys import PUBLIC_KEY, SIGNING_KEY

@@ -22,14 +22,14 @@ import redis
 
 from cluster.redis_server import RedisServer
 from engines.torch_engine import TorchEngine
-from services.learner.publish import WeightPublisher
+from services.learner.publish import publication_state
 from shared.api import ClusterBootstrap
 from shared.bus import StreamBus
-from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import RunConfig
 from shared.keys import RunKeys
 from shared.streams import TASKS
 from shared.tokenization import model_fingerprint
+from shared.weight_channel import ChunkServer, ChunkStore, WeightPublisher
 from tests.coordinator_rest import JOIN_TOKEN, served_coordinator
 from tests.integration.test_lifecycle_worker import rollout_task_ids, set_learner, tasks_fed, workers_named
 from tests.polling import wait_for
@@ -86,7 +86,7 @@ def publish_version_0(bus: StreamBus, keys: RunKeys, model_dir: Path) -> Iterato
         chunk_size_bytes=64 * 1024,
         model_fingerprint=model_fingerprint(model_dir),
     )
-    publisher.publish(TorchEngine(model_dir).model, 0)
+    publisher.publish(publication_state(TorchEngine(model_dir).model), 0)
     set_learner(bus, keys, train_s=1.0)
     yield
     server.stop()

@@ -15,19 +15,18 @@ import torch
 from safetensors.torch import save as safetensors_save
 
 from engines.torch_engine import TorchEngine
-from engines.weights_fit import TIED_OUTPUT_KEY
 from services.rollout.announcement_client import HttpAnnouncements, StreamAnnouncements
-from services.rollout.weights_sync import VerifiedVersion, WeightsSync
+from services.rollout.weights_sync import WeightsSync
 from shared.bus import StreamBus
-from shared.chunk_client import fetch_manifest, fetch_version
-from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import RunConfig
 from shared.keys import RunKeys
 from shared.messages import WeightsPublished
 from shared.signing import Ed25519PrivateKey, key_id
 from shared.streams import WEIGHTS
 from shared.tokenization import model_fingerprint
-from shared.weights import ManifestError, build_manifest
+from shared.weight_channel import TIED_OUTPUT_KEY, ChunkServer, ChunkStore, ManifestError, VerifiedVersion
+from shared.weight_channel.client import fetch_manifest, fetch_version
+from shared.weight_channel.manifest import build_manifest
 from tests.coordinator_rest import ServeCoordinator, register
 from tests.corrupting_store import CorruptingStore
 from tests.polling import wait_for

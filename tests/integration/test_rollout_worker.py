@@ -23,13 +23,13 @@ from services.rollout.membership import Membership
 from services.rollout.worker import RolloutWorker
 from shared.api import HeartbeatRequest, RegisterWorkerRequest, WorkerInfo
 from shared.bus import StreamBus
-from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import CoordinatorConfig, RolloutConfig, RunConfig, ScheduleConfig, TaskConfig
 from shared.keys import RunKeys
 from shared.messages import EnvironmentSpec, LearnerState, RolloutGroup, TaskGroup, WeightsPublished
 from shared.streams import DEAD, LEARNER_STATE, ROLLOUTS, TASKS, WEIGHTS
 from shared.tasks.poker import KuhnPokerEnvironment, KuhnPokerTask
-from shared.weights import build_manifest
+from shared.weight_channel import ChunkServer, ChunkStore
+from shared.weight_channel.manifest import build_manifest
 from tests.coordinator_rest import JOIN_TOKEN, ServeCoordinator, worker_settings
 from tests.manual_clock import ManualClock
 from tests.polling import CallCounter, wait_for

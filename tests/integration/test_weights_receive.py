@@ -16,15 +16,16 @@ import torch
 from safetensors.torch import load_file
 
 from engines.torch_engine import TorchEngine
-from services.learner.publish import WeightPublisher, serialize_weights
+from services.learner.publish import publication_state, serialize_weights
 from services.rollout.announcement_client import StreamAnnouncements
-from services.rollout.relay_fetch import RelayFetcher
-from services.rollout.weights_sync import VerifiedVersion, WeightsSync
+from services.rollout.weights_sync import WeightsSync
 from shared.bus import StreamBus
-from shared.chunk_client import fetch_manifest
-from shared.chunk_server import STREAM_VERIFIED, ChunkServer, ChunkStore
 from shared.keys import RunKeys
-from shared.weights import Buffer, ChunkVerificationError, build_manifest
+from shared.weight_channel import Buffer, ChunkServer, ChunkStore, VerifiedVersion, WeightPublisher
+from shared.weight_channel.client import fetch_manifest
+from shared.weight_channel.manifest import ChunkVerificationError, build_manifest
+from shared.weight_channel.protocol import STREAM_VERIFIED
+from shared.weight_channel.relay_fetch import RelayFetcher
 from tests.polling import wait_for
 from tests.weights_keys import PUBLIC_KEY, SIGNING_KEY
 
@@ -80,9 +81,9 @@ def test_the_learner_publishes_without_hashing_its_chunks_twice(
     def no_second_pass(*_: object, **__: object) -> list[str]:
         raise AssertionError("the store re-hashed chunks the learner had just hashed")
 
-    monkeypatch.setattr("shared.chunk_server.chunk_digests", no_second_pass)
+    monkeypatch.setattr("shared.weight_channel.store.chunk_digests", no_second_pass)
     model = TorchEngine(model_dir).model
-    published = publisher.publish(model, policy_version=0)
+    published = publisher.publish(publication_state(model), policy_version=0)
 
     blob = serialize_weights(model)
     manifest, _ = build_manifest(
@@ -115,7 +116,7 @@ def test_a_received_version_lands_in_the_file_the_engine_loads_by_path(
         on_ready=ready.append,
     )
     try:
-        published = publisher.publish(perturbed(source, seed=1), policy_version=1)
+        published = publisher.publish(publication_state(perturbed(source, seed=1)), policy_version=1)
         sync.start()
         wait_for(lambda: ready, "version 1 ready", timeout_s=20.0)
         version = ready[0]
@@ -124,7 +125,9 @@ def test_a_received_version_lands_in_the_file_the_engine_loads_by_path(
         received = store.file_path(published.manifest)
         assert received is not None and received.read_bytes() == serialize_weights(source.model)
 
-        publisher.publish(perturbed(source, seed=2), policy_version=2)  # evicts version 1 from the store
+        publisher.publish(
+            publication_state(perturbed(source, seed=2)), policy_version=2
+        )  # evicts version 1 from the store
         wait_for(lambda: len(ready) == 2, "version 2 ready", timeout_s=20.0)
         assert store.versions() == [2] and not received.exists()  # the store's own file went with the eviction...
         assert sync.update(engine) == 2  # ...the newest ready version loads, from its file

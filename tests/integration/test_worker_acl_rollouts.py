@@ -15,15 +15,15 @@ import torch
 from cluster.redis_acl import OPERATOR, TRUSTED_SERVICES
 from engines.torch_engine import TorchEngine
 from services.coordinator.redis_access import RedisAccess
-from services.learner.publish import WeightPublisher
+from services.learner.publish import publication_state
 from services.reward.provenance import ProducerCheck
 from services.rollout.settings import RolloutSettings
 from services.rollout.worker import RolloutWorker
 from shared.bus import StreamBus
-from shared.chunk_server import ChunkServer, ChunkStore
 from shared.config import CoordinatorConfig, GRPOConfig, RolloutConfig, RunConfig
 from shared.messages import LearnerState, TaskGroup
 from shared.streams import LEARNER_STATE, ROLLOUTS, TASKS
+from shared.weight_channel import ChunkServer, ChunkStore, WeightPublisher
 from tests.acl_redis import AclRedis
 from tests.coordinator_rest import JOIN_TOKEN, served_coordinator
 from tests.manual_clock import ManualClock
@@ -66,7 +66,7 @@ def test_a_worker_without_redis_works_through_the_coordinator_and_again_after_it
     chunks = ChunkServer(store, wait_s=1.0).start()
     WeightPublisher(
         learner, keys, store, public_url=chunks.url, signing_key=SIGNING_KEY, chunk_size_bytes=64 * 1024
-    ).publish(TorchEngine(model_dir).model, 0)
+    ).publish(publication_state(TorchEngine(model_dir).model), 0)
     learner.put_state(
         LEARNER_STATE,
         LearnerState(

@@ -1,11 +1,11 @@
-"""Version-sized buffers faulted in ahead of use (shared/buffers.py): the spare is handed out only when
+"""Version-sized buffers faulted in ahead of use (shared/weight_channel/buffers.py): the spare is handed out only when
 it fits, a file spare becomes the requested file, and nothing is left behind."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from shared.buffers import SPARE_SUFFIX, SpareBuffers, allocate_buffer
+from shared.weight_channel.buffers import SPARE_SUFFIX, SpareBuffers, allocate_buffer
 
 
 def test_the_spare_is_used_when_the_size_and_place_match_and_replaced_otherwise(tmp_path: Path) -> None:

@@ -1,11 +1,11 @@
-"""The chunk-size rule (shared/chunk_sizing.py): long enough on the link for per-chunk costs to vanish,
+"""The chunk-size rule (shared/weight_channel/chunk_sizing.py): long enough on the link for per-chunk costs to vanish,
 short enough that one bad chunk refetched down the chain costs a small fraction of the transfer."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.chunk_sizing import (
+from shared.weight_channel.chunk_sizing import (
     BAD_CHUNK_FRACTION,
     MAX_CHUNK_SIZE_BYTES,
     MAX_NUM_CHUNKS,

@@ -1,4 +1,4 @@
-"""Delta payloads (shared/delta.py) and their signed manifests (shared/weights.py)."""
+"""Delta payloads (shared/weight_channel/delta.py) and their signed manifests (shared/weight_channel/manifest.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import os
 import numpy as np
 import pytest
 
-import shared.delta as delta_module
-from shared.delta import (
+import shared.weight_channel.delta as delta_module
+from shared.weight_channel import ManifestError, verify_signature
+from shared.weight_channel.delta import (
     CODEC,
     CODECS,
     SPARSE16,
@@ -20,7 +21,7 @@ from shared.delta import (
     encode_smallest,
     encode_with,
 )
-from shared.weights import ManifestError, build_delta_manifest, build_manifest, sha256_hex, sign, verify_signature
+from shared.weight_channel.manifest import build_delta_manifest, build_manifest, sha256_hex, sign
 from tests.weights_keys import PUBLIC_KEY, SIGNING_KEY
 
 

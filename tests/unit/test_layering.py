@@ -11,12 +11,18 @@ vLLM           imported by the vLLM engine alone: engines/vllm_engine.py and the
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
 
 PROJECT_PACKAGES = ("shared", "services", "engines", "cluster", "simulator", "benchmarks")
 VLLM_IMPORTERS = {"engines/vllm_engine.py", "engines/vllm_keyed_sampler.py", "benchmarks/gpu.py"}
+WEIGHT_CHANNEL = "shared.weight_channel"
+CHUNK_PROTOCOL = {f"{WEIGHT_CHANNEL}.protocol", f"{WEIGHT_CHANNEL}.server", f"{WEIGHT_CHANNEL}.client"}
+WEIGHT_CHANNEL_INSIDERS = {  # files outside the package that may import its submodules (not the protocol)
+    "services/rollout/faults.py": {f"{WEIGHT_CHANNEL}.store", f"{WEIGHT_CHANNEL}.manifest"},
+}
 
 
 def _imports(path: Path) -> list[str]:
@@ -28,6 +34,17 @@ def _imports(path: Path) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.append(node.module)
     return names
+
+
+def _imported_names(path: Path) -> list[tuple[str, str]]:
+    """(module, name) for every `from module import name` (absolute) in `path`; (module, "") for `import module`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, "") for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.extend((node.module, alias.name) for alias in node.names)
+    return found
 
 
 def _crossings(repo_root: Path, package: str, allowed: set[str]) -> list[str]:
@@ -66,6 +83,63 @@ def test_only_the_vllm_engine_imports_vllm(repo_root: Path) -> None:
     assert "engines/vllm_engine.py" in importers
 
 
+def _project_files(repo_root: Path) -> list[Path]:
+    return sorted(path for package in PROJECT_PACKAGES for path in (repo_root / package).rglob("*.py"))
+
+
+def _outside_the_weight_channel(repo_root: Path, path: Path) -> bool:
+    return not path.relative_to(repo_root).as_posix().startswith(WEIGHT_CHANNEL.replace(".", "/") + "/")
+
+
+def _weight_channel_misuses(repo_root: Path) -> list[str]:
+    """`file: import` for every import of the weight channel that breaks its rule (module docstring)."""
+    public = set(importlib.import_module(WEIGHT_CHANNEL).__all__)
+    found = []
+    for path in _project_files(repo_root):
+        if not _outside_the_weight_channel(repo_root, path):
+            continue
+        relative = path.relative_to(repo_root).as_posix()
+        for module, name in _imported_names(path):
+            if module == WEIGHT_CHANNEL:  # allowed: a name the package offers (not a submodule, not the package)
+                allowed = name in public
+            elif module.startswith(WEIGHT_CHANNEL + "."):  # a submodule: insiders and benchmarks only
+                allowed = module in WEIGHT_CHANNEL_INSIDERS.get(relative, set()) or (
+                    relative.startswith("benchmarks/") and module not in CHUNK_PROTOCOL
+                )
+            else:
+                continue
+            if not allowed:
+                found.append(f"{relative}: from {module} import {name}" if name else f"{relative}: import {module}")
+    return found
+
+
+def test_only_the_weight_channel_speaks_the_chunk_protocol(repo_root: Path) -> None:
+    importers = {
+        path.relative_to(repo_root).as_posix()
+        for path in _project_files(repo_root)
+        if _outside_the_weight_channel(repo_root, path) and CHUNK_PROTOCOL & set(_imports(path))
+    }
+    assert importers == set()
+
+
+def test_the_weight_channel_is_used_through_its_public_names(repo_root: Path) -> None:
+    assert _weight_channel_misuses(repo_root) == []
+
+
+def test_the_weight_channel_imports_no_torch_when_imported(repo_root: Path) -> None:
+    """Only imports at a module's top level count: a function may import torch when it runs (layout.py)."""
+    importers = []
+    for path in sorted((repo_root / WEIGHT_CHANNEL.replace(".", "/")).glob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in tree.body:
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(name.split(".")[0] == "torch" for name in names):
+                importers.append(path.name)
+    assert importers == []
+
+
 def test_the_checker_sees_a_crossing(tmp_path: Path) -> None:
     """The rule can fail: a service importing another service is reported."""
     (tmp_path / "services" / "learner").mkdir(parents=True)
@@ -74,4 +148,19 @@ def test_the_checker_sees_a_crossing(tmp_path: Path) -> None:
     )
     assert _crossings(tmp_path, "services", {"shared", "engines"}) == [
         "services/learner/loop.py: import services.reward.service"
+    ]
+
+
+def test_the_checker_sees_a_weight_channel_misuse(tmp_path: Path) -> None:
+    """The rule can fail: a service reaching into the store, a submodule imported as a name, the protocol."""
+    (tmp_path / "services" / "rollout").mkdir(parents=True)
+    (tmp_path / "services" / "rollout" / "relay.py").write_text(
+        "from shared.weight_channel import ChunkStore, store\n"
+        "from shared.weight_channel.store import ReceivedBytes\n"
+        "from shared.weight_channel.client import ChunkStream\n"
+    )
+    assert _weight_channel_misuses(tmp_path) == [
+        "services/rollout/relay.py: from shared.weight_channel import store",
+        "services/rollout/relay.py: from shared.weight_channel.store import ReceivedBytes",
+        "services/rollout/relay.py: from shared.weight_channel.client import ChunkStream",
     ]

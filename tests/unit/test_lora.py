@@ -15,7 +15,7 @@ from services.learner.policy import Policy
 from services.learner.publish import publication_state
 from services.learner.trainer import make_optimizer
 from shared.config import GRPOConfig, LoraConfig, RunConfig
-from shared.lora import PEFT_PREFIX
+from shared.weight_channel import PEFT_PREFIX
 from tests.hf_folders import build_char_folder
 from tests.lora_policies import randomise_adapter
 from tests.tiny_models import tiny_qwen2
@@ -132,8 +132,8 @@ def test_lora_refuses_a_multi_rank_learner_and_targets_the_model_lacks(monkeypat
 
 
 def test_the_signed_manifest_names_the_adapter_and_a_full_weight_manifest_is_as_before() -> None:
-    from shared.lora import LoraAdapter
-    from shared.weights import ManifestError, build_manifest, verify_signature
+    from shared.weight_channel import LoraAdapter, ManifestError, verify_signature
+    from shared.weight_channel.manifest import build_manifest
     from tests.weights_keys import PUBLIC_KEY, SIGNING_KEY
 
     full, _ = build_manifest(b"w" * 5000, run_id="r", policy_version=1, chunk_size_bytes=1024, signing_key=SIGNING_KEY)

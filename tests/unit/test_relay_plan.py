@@ -1,4 +1,4 @@
-"""The relay plan (shared/relay_plan.py): seeds, ordering by observed delivery (claims only for newcomers),
+"""The relay plan (shared/weight_channel/relay_plan.py): seeds, ordering by observed delivery (claims only for newcomers),
 probation of parents that do not deliver, fallbacks, re-planning."""
 
 from __future__ import annotations
@@ -7,17 +7,16 @@ import math
 
 import pytest
 
-from shared.relay_plan import (
+from shared.weight_channel import (
     LEARNER,
-    MAX_PROBATION_VERSIONS,
     Delivery,
     ParentObservation,
     RelayCandidate,
     RelayPlan,
     deliveries,
     plan_relay,
-    probation_versions,
 )
+from shared.weight_channel.relay_plan import MAX_PROBATION_VERSIONS, probation_versions
 
 
 def worker(

@@ -12,7 +12,7 @@ from safetensors.torch import save as safetensors_save
 
 from engines.interface import UnencodablePromptError, WeightsLoadError
 from engines.torch_engine import TorchEngine
-from engines.weights_fit import TIED_OUTPUT_KEY
+from shared.weight_channel import TIED_OUTPUT_KEY
 
 torch.set_num_threads(1)
 

@@ -1,5 +1,5 @@
 """The learner's one-pass serialiser and the engines' zero-copy parser agree with the safetensors library,
-and bad bytes are refused with a clear error (engines/weights_fit.py, services/learner/serialize.py)."""
+and bad bytes are refused with a clear error (shared/weight_channel/layout.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
 from engines.interface import WeightsLoadError
-from engines.weights_fit import parse_blob
-from services.learner.serialize import safetensors_size, write_safetensors
+from shared.weight_channel import parse_blob, safetensors_size, write_safetensors
 
 
 def tensors() -> dict[str, torch.Tensor]:

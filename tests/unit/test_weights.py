@@ -8,17 +8,15 @@ import pytest
 
 from shared.signing import generate_key_pair, key_id, load_public_key, load_signing_key, public_key_hex
 from shared.signing import main as signing_cli
-from shared.weights import (
+from shared.weight_channel import Manifest, ManifestError, verify_signature
+from shared.weight_channel.manifest import (
     ChunkVerificationError,
-    Manifest,
-    ManifestError,
     build_manifest,
     chunk_digest,
     payload_digest,
     sign,
     verify_chunk,
     verify_full_weights,
-    verify_signature,
 )
 from tests.weights_keys import FORGER_KEY, PUBLIC_KEY, SIGNING_KEY
 

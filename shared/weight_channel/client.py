@@ -1,9 +1,10 @@
-"""Fetching weights from a chunk server over HTTP, verifying everything before it is used.
+"""The chunk protocol's fetching end (protocol.py): weights from a chunk server over HTTP, every byte
+verified before it is used.
 
 The manifest's signature is checked against the learner's public key first; each chunk is checked against
 the manifest's digest as it arrives, in its place in a ChunkStore's buffer (which is what lets this
 holder relay it to its own children). Every chunk verified against the signed manifest is the whole
-payload verified (shared/weights.py: the payload digest is derived from the chunk digests).
+payload verified (manifest.py: the payload digest is derived from the chunk digests).
 
 Two transports:
 - `fetch_manifest` / `fetch_chunk` / `fetch_version`: one request per object (httpx); used for
@@ -14,61 +15,34 @@ Two transports:
   round trip keeps the link idle, and no copy of the bytes in Python. It reads each chunk in pieces of
   `RELAY_PIECE_BYTES` and reports each one (`on_bytes`), so this holder forwards them to its own
   children before the chunk is complete (cut-through: a hop costs a piece, not a chunk); each chunk is
-  followed by the holder's verdict byte (shared/chunk_server.py).
+  followed by the holder's verdict byte (protocol.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
-import re
 import socket
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httpx
 
-from shared.chunk_server import STREAM_REJECTED, STREAM_VERIFIED, ChunkStore
-from shared.messages import WeightsPublished
 from shared.signing import Ed25519PublicKey
-from shared.weights import Manifest, Payload, WeightsError, as_payload, verify_chunk, verify_signature
-
-RELAY_PIECE_BYTES = 128 * 1024  # cut-through granularity: 5 ms at 200 Mbit/s, ~200 reports/s per receiver
-_ANNOUNCED_MANIFEST = re.compile(r"^(https?://.+?)/v1/weights/(\d+)(?:/(full|delta))?/manifest$")
+from shared.weight_channel.manifest import Manifest, Payload, WeightsError, verify_chunk, verify_signature
+from shared.weight_channel.protocol import (
+    RELAY_PIECE_BYTES,
+    STREAM_REJECTED,
+    STREAM_VERIFIED,
+    chunk_path,
+    manifest_path,
+    stream_path,
+)
+from shared.weight_channel.store import ChunkStore
 
 
 class FetchError(WeightsError):
     """The source could not deliver (connection refused, timeout, HTTP error, short body)."""
-
-
-class AnnouncementError(WeightsError):
-    """The announcement and the manifest it points to disagree, or the announcement is unusable."""
-
-
-def announced_source(announcement: WeightsPublished) -> tuple[str, Payload | None]:
-    """The announcing chunk server's base URL and the payload announced (None: the legacy route, full),
-    from `manifest_url` = `<base>/v1/weights/<v>[/<payload>]/manifest`."""
-    match = _ANNOUNCED_MANIFEST.match(announcement.manifest_url)
-    if match is None:
-        raise AnnouncementError(
-            f"manifest_url {announcement.manifest_url!r} is not <http(s) base>/v1/weights/<v>[/<payload>]/manifest"
-        )
-    if int(match[2]) != announcement.policy_version:
-        raise AnnouncementError(
-            f"manifest_url {announcement.manifest_url!r} does not name version {announcement.policy_version}"
-        )
-    return match[1], as_payload(match[3]) if match[3] else None
-
-
-def manifest_path(policy_version: int | None, payload: Payload | None = None) -> str:
-    """Route of a manifest: the holder's newest full version (None), or version v's full/delta payload."""
-    if policy_version is None:
-        return "/v1/weights/latest"
-    return (
-        f"/v1/weights/{policy_version}/manifest"
-        if payload is None
-        else f"/v1/weights/{policy_version}/{payload}/manifest"
-    )
 
 
 def fetch_manifest(
@@ -92,8 +66,7 @@ def fetch_manifest(
 
 
 def fetch_chunk(client: httpx.Client, base_url: str, manifest: Manifest, index: int) -> bytes:
-    url = f"{base_url}/v1/weights/{manifest.artifact}/chunks/{index}?manifest={manifest.sha256()}"
-    data = _get(client, url)
+    data = _get(client, base_url + chunk_path(manifest, index))
     verify_chunk(manifest, index, data)
     return data
 
@@ -128,10 +101,7 @@ class ChunkStream:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
             raise FetchError(f"{base_url!r} is not an http:// URL")
-        path = (
-            f"{parts.path.rstrip('/')}/v1/weights/{manifest.artifact}/stream"
-            f"?from={first}&manifest={manifest.sha256()}&wait_manifest_s={wait_manifest_s}"
-        )
+        path = parts.path.rstrip("/") + stream_path(manifest, first, wait_manifest_s)
         # the holder may wait up to wait_manifest_s before it answers: the first read may take that long
         self._connection = http.client.HTTPConnection(
             parts.hostname, parts.port or 80, timeout=stall_timeout_s + wait_manifest_s

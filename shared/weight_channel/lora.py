@@ -29,7 +29,7 @@ WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin")
 
 class LoraAdapter(BaseModel):
     """The adapter a LoRA version's payload holds. Producer: the learner (inside the signed Manifest).
-    Consumers: workers (services/rollout/weights_sync.py checks the base, engines apply it)."""
+    Consumers: workers (follower.py checks the base, engines apply it)."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 

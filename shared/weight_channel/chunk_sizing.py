@@ -1,7 +1,7 @@
 """The chunk-size rule: `[broadcast] chunk_size_bytes` from the version's size, the link rate and the
 relay depth (docs/weight_path.md, "Chunk size").
 
-A relay forwards cut-through (shared/chunk_server.py): a hop costs one piece of the stream
+A relay forwards cut-through (server.py): a hop costs one piece of the stream
 (`RELAY_PIECE_BYTES`, 128 KiB), not one chunk, so on a healthy chain the chunk size no longer sets
 the pipeline fill. What it still sets:
 
@@ -20,7 +20,7 @@ The rule: the smallest power of two that lasts `MIN_CHUNK_TIME_S` on the link, l
 upper bound where they conflict (robustness before overhead), raised to keep the manifest bounded,
 within [`MIN_CHUNK_SIZE_BYTES`, `MAX_CHUNK_SIZE_BYTES`].
 
-    python -m shared.chunk_sizing --size-bytes 1200000000 --link-mbps 200 --depth 16
+    python -m shared.weight_channel.chunk_sizing --size-bytes 1200000000 --link-mbps 200 --depth 16
 """
 
 from __future__ import annotations
@@ -67,7 +67,9 @@ def _power_of_two_at_most(num_bytes: float) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m shared.chunk_sizing", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m shared.weight_channel.chunk_sizing", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--size-bytes", type=int, required=True, help="one full version (the safetensors file)")
     parser.add_argument("--link-mbps", type=float, required=True, help="a worker's downlink, Mbit/s")
     parser.add_argument("--depth", type=int, required=True, help="expected relay depth (a chain of N: N)")

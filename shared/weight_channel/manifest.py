@@ -3,7 +3,7 @@ manifest (version, sizes, the digest of every chunk and one digest of the whole 
 
 A version travels as one of two payloads (an "artifact" is one version in one payload):
   full   the safetensors bytes of the state dict
-  delta  `shared.delta` bytes that turn the full bytes of `base_version` into this version's
+  delta  `shared.weight_channel.delta` bytes that turn the full bytes of `base_version` into this version's
 Both say `full_size_bytes` and `full_digest` of the weights they stand for, so the weights a worker
 reconstructs from a delta are checked against the same digest as a full download; a delta also names
 its base by digest (`base_digest`), so it is never applied to other bytes that share the version number
@@ -36,8 +36,8 @@ import blake3
 from cryptography.exceptions import InvalidSignature
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
-from shared.lora import LoraAdapter
 from shared.signing import Ed25519PrivateKey, Ed25519PublicKey, key_id
+from shared.weight_channel.lora import LoraAdapter
 
 
 class WeightsError(RuntimeError):
@@ -126,7 +126,7 @@ class Manifest(BaseModel):
     policy_version: int = Field(ge=0)
     format: Literal["safetensors"] = "safetensors"
     payload: Payload = Field(
-        "full", description="full: the safetensors bytes; delta: shared.delta bytes against base_version"
+        "full", description="full: the safetensors bytes; delta: shared.weight_channel.delta bytes against base_version"
     )
     hash_algorithm: HashAlgorithm = Field(DEFAULT_HASH_ALGORITHM, description="of every digest in this manifest")
     total_size_bytes: int = Field(ge=0, description="bytes of this payload")
@@ -139,7 +139,7 @@ class Manifest(BaseModel):
     )
     base_version: int = Field(-1, ge=-1, description="delta: the version it applies to; -1 for a full payload")
     base_digest: str = Field("", pattern=r"^([0-9a-f]{64})?$", description="delta: full_digest of that base version")
-    codec: str = Field("", max_length=64, description="delta: the shared.delta codec")
+    codec: str = Field("", max_length=64, description="delta: the shared.weight_channel.delta codec")
     model_fingerprint: str = Field(
         "",
         pattern=r"^([0-9a-f]{64})?$",
@@ -147,7 +147,7 @@ class Manifest(BaseModel):
     )
     lora: LoraAdapter | None = Field(
         None,
-        description="set: the payload is a LoRA adapter (shared/lora.py) for the base it names, not the full weights",
+        description="set: the payload is a LoRA adapter (shared/weight_channel/lora.py) for the base it names, not the full weights",
     )
     created_at_s: float
     signing_key_id: str = Field(
@@ -366,7 +366,7 @@ def check_model_fingerprint(manifest: Manifest, own_fingerprint: str) -> None:
 
 def check_lora_base(manifest: Manifest, own_base_fingerprint: str) -> None:
     """Raise ModelMismatchError if `manifest` is a LoRA adapter for another base than the receiver's
-    folder (shared.lora.base_fingerprint): applied to other base weights it would be another policy."""
+    folder (shared.weight_channel.lora.base_fingerprint): applied to other base weights it would be another policy."""
     if manifest.lora is not None and manifest.lora.base_fingerprint != own_base_fingerprint:
         raise ModelMismatchError(
             f"version {manifest.artifact} is a LoRA adapter for base {manifest.lora.base_fingerprint[:12]}.., "

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 import zstandard
 
-from shared.weights import Buffer
+from shared.weight_channel.manifest import Buffer
 
 CODEC = "sub32-zigzag-shuffle4-zstd"  # the first codec; `encode_delta` makes it
 SUB16 = "sub16-zigzag-shuffle2-zstd"

@@ -49,9 +49,9 @@ from functools import partial
 
 import httpx
 
-from shared.chunk_client import ChunkStream, FetchError, fetch_chunk
-from shared.chunk_server import ChunkStore
-from shared.weights import ChunkVerificationError, Manifest, WeightsError
+from shared.weight_channel.client import ChunkStream, FetchError, fetch_chunk
+from shared.weight_channel.manifest import ChunkVerificationError, Manifest, WeightsError
+from shared.weight_channel.store import ChunkStore
 
 log = logging.getLogger(__name__)
 
