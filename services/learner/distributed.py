@@ -11,25 +11,28 @@ Rank 0 leads: it alone holds the Redis connection, decides admission, serves and
 evaluates and writes checkpoints and run files (services/learner/learner.py). The others follow
 (`Policy.follow`): they hold no connection and bind no port, and run exactly the collectives rank 0
 announces, in its order, so every rank makes the same forward/backward and gather calls (a rank that
-skipped one would hang the others):
+skipped one would hang the others). Each announcement is one typed command (`Command`, below), one
+broadcast:
 
-    rank 0                                     ranks 1..G-1
-    Policy.train_step(batch)  -- TRAIN -->     the same step on their rows of the same batch
-    Policy.weights()          -- GATHER -->    full_tensor() per parameter (rank 0 keeps them)
-    Policy.checkpoint_state() -- CHECKPOINT -> full model and optimizer state (rank 0 keeps them)
-    Policy.restore(state)     -- RESTORE -->   rank 0's tensors, broadcast
-    Policy.close()            -- STOP -->      return: the process exits 0
+    rank 0                                          ranks 1..G-1
+    Policy.train_step(batch)  -- Train(batch, ...) -> the same step on their rows of the same batch
+    Policy.weights()          -- GatherWeights() --> full_tensor() per parameter (rank 0 keeps them)
+    Policy.checkpoint_state() -- Checkpoint() -----> full model and optimizer state (rank 0 keeps them)
+    Policy.restore(state)     -- Restore() --------> rank 0's tensors, broadcast
+    Policy.close()            -- Stop() -----------> return: the process exits 0
 
-A batch is split by rows (`RankGroup.share`): contiguous, balanced, every rank padded with zero-weight
-rows to the same count, so every rank runs the same number of micro-batches. Each rank's loss is its
-tokens' sum over the GLOBAL token count, so the ranks' gradients add up to the single process's; FSDP's
-reduce-scatter averages them, so each rank's backward is scaled by G (exact: trainer.py). Not
-set_gradient_divide_factor(1): that reduces with PREMUL_SUM, which gloo does not have.
+A follower handed anything else raises, and torchrun stops every rank.
+
+`RankGroup` is the step's `trainer.DataParallel` when sharded. A batch is split by rows (`share`):
+contiguous, balanced, every rank padded with zero-weight rows to the same count, so every rank runs the
+same number of micro-batches. Each rank's loss is its tokens' sum over the GLOBAL token count, so the ranks'
+gradients add up to the single process's; FSDP's reduce-scatter averages them, so each rank's backward is
+scaled by G (`gradient_scale`, exact for a power of two). Not set_gradient_divide_factor(1): that reduces
+with PREMUL_SUM, which gloo does not have.
 """
 
 from __future__ import annotations
 
-import enum
 import functools
 import logging
 import os
@@ -38,23 +41,53 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import torch
 import torch.distributed as dist
 
+from services.learner.batch import TrainBatch
+
 if TYPE_CHECKING:
     from services.learner.precision import Precision
+    from services.learner.trainer import LogprobsForward
 
 log = logging.getLogger(__name__)
 
+# The commands rank 0 sends the other ranks: produced by Policy's operations (policy.py) on rank 0,
+# consumed by Policy.follow on every other rank; pickled whole by broadcast_object_list.
 
-class Command(enum.Enum):
-    TRAIN = "train"  # payload: TrainStepCall
-    GATHER = "gather"  # full weights into rank 0's replica
-    CHECKPOINT = "checkpoint"  # full model and optimizer state dicts to rank 0
-    RESTORE = "restore"  # rank 0's state dicts, broadcast to every rank
-    STOP = "stop"
+
+@dataclass(frozen=True)
+class Train:
+    """One learner step (trainer.train_step) on the same batch: each rank runs its rows of it."""
+
+    batch: TrainBatch
+    group_sizes: list[int]  # rows per group, in row order
+    shuffle_seed: int
+
+
+@dataclass(frozen=True)
+class GatherWeights:
+    """Every parameter in full, one at a time, into rank 0's replica (gather_full_weights)."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The full model and optimizer state dicts, to rank 0 (full_state_dicts)."""
+
+
+@dataclass(frozen=True)
+class Restore:
+    """Rank 0's model and optimizer state dicts, broadcast to every rank (load_full_state_dicts)."""
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The followers return from Policy.follow (their process exits 0)."""
+
+
+Command: TypeAlias = Train | GatherWeights | Checkpoint | Restore | Stop
 
 
 @dataclass(frozen=True)
@@ -74,21 +107,25 @@ class RankGroup:
     def is_sharded(self) -> bool:
         return self.world_size > 1
 
+    # trainer.DataParallel: the policy hands a sharded step its RankGroup (one process: trainer.ONE_PROCESS)
+
+    @property
+    def gradient_scale(self) -> int:
+        """FSDP's reduce-scatter averages the ranks' gradients; the step wants their sum."""
+        return self.world_size
+
     def share(self, num_rows: int) -> tuple[torch.Tensor, int]:
         """This rank's rows of [0, num_rows): (indices (m,), number of real rows). Contiguous and balanced
         (sizes differ by at most one), padded by repeating row 0 to m = ceil(num_rows / world_size) rows
-        (at least 1): the caller gives padding rows zero weight. One process: every row, no padding."""
-        if not self.is_sharded:
-            return torch.arange(num_rows), num_rows
+        (at least 1): the caller gives padding rows zero weight."""
         mine = torch.arange(num_rows).tensor_split(self.world_size)[self.rank]
         num_padded = max(1, -(-num_rows // self.world_size))
         padding = torch.zeros(num_padded - len(mine), dtype=torch.long)
         return torch.cat([mine, padding]), len(mine)
 
     def gather_rows(self, local: torch.Tensor, num_real: int, num_rows: int) -> torch.Tensor:
-        """Every rank's real rows of `local` (m, ...) in rank order: the (num_rows, ...) whole, on every rank."""
-        if not self.is_sharded:
-            return local[:num_real]
+        """Every rank's real rows of `local` (m, ...) in rank order: the (num_rows, ...) whole, on every rank
+        (a collective)."""
         parts = [torch.empty_like(local) for _ in range(self.world_size)]
         dist.all_gather(parts, local.contiguous())
         sizes = [len(part) for part in torch.arange(num_rows).tensor_split(self.world_size)]
@@ -96,17 +133,15 @@ class RankGroup:
 
     def sum(self, *values: float) -> list[float]:
         """The sums over the ranks of each value (all-reduce), in float64."""
-        if not self.is_sharded:
-            return list(values)
         device = torch.device("cuda", self.local_rank) if self.mesh.device_type == "cuda" else torch.device("cpu")
         summed = torch.tensor(values, dtype=torch.float64, device=device)
         dist.all_reduce(summed)
         return summed.tolist()
 
-    def send(self, command: Command, payload: object = None) -> None:
+    def send(self, command: Command) -> None:
         """Rank 0: tell the followers which collective comes next (no-op with one process)."""
         if self.is_sharded:
-            dist.broadcast_object_list([command, payload], src=0)
+            dist.broadcast_object_list([command], src=0)
 
     def send_path(self, path: Path) -> None:
         """Rank 0: where the policy folder is, once it exists (the followers wait in `receive_path`)."""
@@ -118,11 +153,11 @@ class RankGroup:
         dist.broadcast_object_list(message, src=0)
         return Path(message[0])
 
-    def receive(self) -> tuple[Command, Any]:
-        """A follower: the next command rank 0 sent, and its payload."""
-        message: list[Any] = [None, None]
+    def receive(self) -> Command:
+        """A follower: the next command rank 0 sent (Policy.obey raises on anything else)."""
+        message: list[Any] = [None]
         dist.broadcast_object_list(message, src=0)
-        return message[0], message[1]
+        return cast(Command, message[0])
 
 
 def init_ranks(device_setting: str, timeout_s: float = 1800.0) -> RankGroup:
@@ -170,14 +205,16 @@ def teardown(ranks: RankGroup) -> None:
         dist.destroy_process_group()
 
 
-def shard_model(model: torch.nn.Module, ranks: RankGroup, precision: Precision | None = None) -> None:
-    """FSDP2 in place: each decoder layer its own unit, then the root (whatever is left: embeddings, final
-    norm, LM head, tied or not), and the log-prob forward registered as a root forward. Mixed precision:
-    the shards stay float32 (the masters the optimizer steps), each unit's parameters are gathered in
-    the compute dtype, and gradients are reduced in float32 (MixedPrecisionPolicy)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+LOGPROBS_METHOD = "fsdp_token_logprobs"  # the name shard_model registers the log-prob forward under
 
-    from services.learner.grpo import SHARDED_LOGPROBS
+
+def shard_model(model: torch.nn.Module, ranks: RankGroup, precision: Precision | None = None) -> LogprobsForward:
+    """FSDP2 in place: each decoder layer its own unit, then the root (whatever is left: embeddings, final
+    norm, LM head, tied or not). Returns the log-prob forward the step must call: grpo.token_logprobs
+    registered as a root forward. Mixed precision: the shards stay float32 (the masters the optimizer
+    steps), each unit's parameters are gathered in the compute dtype, and gradients are reduced in float32
+    (MixedPrecisionPolicy)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
     mp_policy = MixedPrecisionPolicy()  # every dtype as the parameters'
     if precision is not None and precision.autocasts:
@@ -186,18 +223,27 @@ def shard_model(model: torch.nn.Module, ranks: RankGroup, precision: Precision |
         fully_shard(layer, mesh=ranks.mesh, mp_policy=mp_policy)
     fully_shard(model, mesh=ranks.mesh, mp_policy=mp_policy)
     # The log-probs are computed from the decoder body and the LM head weight, not through HF's forward,
-    # so FSDP must know that this is a forward of the root: an instance attribute it wraps with the root's
-    # pre/post-forward (gather the root's parameters, register the backward hooks).
-    setattr(model, SHARDED_LOGPROBS, functools.partial(sharded_token_logprobs, model))
-    register_fsdp_forward_method(model, SHARDED_LOGPROBS)
+    # so FSDP must know that this is a forward of the root: FSDP registers a method of the module, so it is
+    # set as an instance attribute, then wrapped with the root's pre/post-forward (gather the root's
+    # parameters, register the backward hooks). The wrapped method is what the policy hands the step.
+    setattr(model, LOGPROBS_METHOD, functools.partial(sharded_token_logprobs, model))
+    register_fsdp_forward_method(model, LOGPROBS_METHOD)
+    return cast("LogprobsForward", getattr(model, LOGPROBS_METHOD))
 
 
-def sharded_token_logprobs(model: torch.nn.Module, *args: Any) -> torch.Tensor:
-    """grpo.chosen_token_logprobs as a new tensor: FSDP warns that in-place ops on a view it returns
-    would skip its backward hook."""
-    from services.learner.grpo import chosen_token_logprobs
+def sharded_token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperatures: torch.Tensor,
+    chunk_tokens: int = 0,
+) -> torch.Tensor:
+    """grpo.token_logprobs as a new tensor: FSDP warns that in-place ops on a view it returns would skip
+    its backward hook."""
+    from services.learner.grpo import token_logprobs
 
-    return chosen_token_logprobs(model, *args).clone()  # type: ignore[arg-type]
+    logprobs = token_logprobs(model, input_ids, attention_mask, temperatures, chunk_tokens)  # type: ignore[arg-type]
+    return logprobs.clone()
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -42,8 +42,6 @@ import torch.nn.functional as F  # noqa: N812 (the conventional name)
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-# services/learner/distributed.py's name for a sharded policy's log-prob forward (kept here: no torch.distributed import)
-SHARDED_LOGPROBS = "fsdp_token_logprobs"
 ADVANTAGE_EPS = 1e-4  # docs/design.md#advantage-epsilon-1e-4; keeps (r - mean) / std finite for tiny std
 
 
@@ -83,24 +81,7 @@ def token_logprobs(
     151,936-token vocabulary a float32 log_softmax over a 512 x 300 batch is ~93 GB (and autograd keeps
     several such tensors); a 1024-position chunk is ~0.6 GB. The result equals `full_token_logprobs`
     in value and gradient (tests/unit/test_learner_step_layout.py).
-
-    A policy sharded over ranks (services/learner/distributed.py) runs the same computation as a
-    registered FSDP forward, so the root's parameters are gathered around it.
     """
-    sharded_forward = getattr(model, SHARDED_LOGPROBS, None)
-    if sharded_forward is not None:
-        return cast(torch.Tensor, sharded_forward(input_ids, attention_mask, temperatures, chunk_tokens))
-    return chosen_token_logprobs(model, input_ids, attention_mask, temperatures, chunk_tokens)
-
-
-def chosen_token_logprobs(
-    model: PreTrainedModel,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    temperatures: torch.Tensor,
-    chunk_tokens: int = 0,
-) -> torch.Tensor:
-    """`token_logprobs` on the model's own parameters (the body of a sharded policy's registered forward)."""
     check_plain_lm_head(model)
     head = cast(torch.nn.Linear, model.get_output_embeddings())  # H -> V, tied to the embedding or not
     hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state

@@ -12,13 +12,13 @@ Why in place rather than peft's PeftModel wrapper: PeftModel forwards attribute 
 levels (`model.base_model` would be peft's LoraModel, not the decoder body), and the learner's chunked
 log-prob path reads `model.base_model` and the output head directly.
 
-Multi-rank (FSDP2) learners do not take LoRA yet: apply_lora refuses WORLD_SIZE > 1 (docs/lora.md).
+Multi-rank (FSDP2) learners do not take LoRA yet: apply_lora refuses a world size > 1 (the policy passes
+its own; docs/lora.md).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import TypeVar, cast
@@ -34,12 +34,13 @@ ADAPTER_NAME = "default"  # peft's name for the one adapter
 ModelT = TypeVar("ModelT", bound=torch.nn.Module)
 
 
-def apply_lora(model: ModelT, config: LoraConfig, adapter_dtype: torch.dtype | None = None) -> ModelT:
+def apply_lora(
+    model: ModelT, config: LoraConfig, adapter_dtype: torch.dtype | None = None, *, world_size: int = 1
+) -> ModelT:
     """Freeze `model` and give each target linear layer a LoRA adapter (B = 0: the policy is unchanged
     until the first step), its weights in `adapter_dtype` (None: the base's; mixed precision passes
-    float32 on a bf16 base: the adapters are the masters the optimizer steps). Returns the same model
-    object. Raises ValueError where LoRA cannot run."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    float32 on a bf16 base: the adapters are the masters the optimizer steps). world_size: the ranks the
+    policy is sharded over. Returns the same model object. Raises ValueError where LoRA cannot run."""
     if world_size > 1:
         raise ValueError(
             f"[lora] enabled with WORLD_SIZE={world_size}: the multi-rank learner does not train LoRA adapters yet; "

@@ -12,26 +12,29 @@ for each of ppo_epochs epochs:
         clip the gradient norm, AdamW step                # pi_theta moves: later minibatches' ratios leave 1
 the policy version advances by one (learner.py), however many updates the step took
 
-Sharded over G ranks (distributed.py), every rank runs this same step on the same batch: each forward and
-backward covers only the rank's share of the rows, the token count the loss divides by is the whole
-minibatch's, the gradients are summed over the ranks, and the log-probs and loss statistics are gathered
-and summed, so the result is the single process's (up to float rounding).
+The policy (policy.py) hands the step the two things that depend on how it runs: `forward`, the model's
+log-prob forward (grpo.token_logprobs, or the same computation registered with FSDP when sharded), and
+`parallel`, the ranks the step's rows are dealt to (`DataParallel`; ONE_PROCESS unless sharded). Over G
+ranks every rank runs this same step on the same batch: each forward and backward covers only the rank's
+share of the rows, the token count the loss divides by is the whole minibatch's, the gradients are summed
+over the ranks, and the log-probs and loss statistics are gathered and summed, so the result is the single
+process's (up to float rounding).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import statistics
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from services.learner.batch import TrainBatch
-from services.learner.distributed import RankGroup
 from services.learner.grpo import ImportanceStats, LossStats, importance_stats, policy_loss, token_logprobs
 from services.learner.precision import resolve_precision
 from shared.config import GRPOConfig, LearnerConfig
@@ -91,6 +94,55 @@ def make_optimizer(model: torch.nn.Module, grpo: GRPOConfig) -> torch.optim.Opti
     return torch.optim.AdamW(trainable, lr=grpo.learning_rate, weight_decay=grpo.weight_decay)
 
 
+class LogprobsForward(Protocol):
+    """The policy's log-prob forward: grpo.token_logprobs on its model (input_ids, attention_mask (B, T);
+    temperatures (B,)) -> (B, T - 1) float32 log-probs of each next token."""
+
+    def __call__(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperatures: torch.Tensor, chunk_tokens: int = 0
+    ) -> torch.Tensor: ...
+
+
+class DataParallel(Protocol):
+    """The ranks a step runs on, as the step sees them (distributed.RankGroup when the policy is sharded).
+    Every rank runs the same step on the same batch and makes these calls at the same points: sharded,
+    `gather_rows` and `sum` are collectives."""
+
+    @property
+    def gradient_scale(self) -> int:
+        """The factor on each rank's loss before backward that makes the ranks' gradients add up."""
+
+    def share(self, num_rows: int) -> tuple[torch.Tensor, int]:
+        """This rank's rows of [0, num_rows) in order: (indices (m,), the number of real rows; the rest
+        pad every rank to the same m)."""
+
+    def gather_rows(self, local: torch.Tensor, num_real: int, num_rows: int) -> torch.Tensor:
+        """Every rank's first num_real rows of `local` (m, ...) in rank order: the (num_rows, ...) whole."""
+
+    def sum(self, *values: float) -> list[float]:
+        """Each value summed over the ranks."""
+
+
+class OneProcess:
+    """The step on one process: every row is this process's, nothing to gather or sum."""
+
+    @property
+    def gradient_scale(self) -> int:
+        return 1
+
+    def share(self, num_rows: int) -> tuple[torch.Tensor, int]:
+        return torch.arange(num_rows), num_rows
+
+    def gather_rows(self, local: torch.Tensor, num_real: int, num_rows: int) -> torch.Tensor:
+        return local[:num_real]
+
+    def sum(self, *values: float) -> list[float]:
+        return list(values)
+
+
+ONE_PROCESS = OneProcess()
+
+
 @dataclass(frozen=True)
 class StepResult:
     """One learner step: its diagnostics (the learner's StepRecord and LearnerState carry them as they are),
@@ -121,7 +173,8 @@ def train_step(
     *,
     group_sizes: list[int] | None = None,
     shuffle_seed: int = 0,
-    ranks: RankGroup | None = None,
+    forward: LogprobsForward | None = None,
+    parallel: DataParallel = ONE_PROCESS,
 ) -> StepResult:
     """One learner step on `batch`: `grpo.num_updates` optimizer updates, after which the learner's
     version advances by one (however many updates it took).
@@ -130,11 +183,11 @@ def train_step(
     None: groups of grpo.group_size. Minibatches hold whole groups, so each keeps its group baselines.
     shuffle_seed: seeds the groups' shuffle into minibatches (the learner passes its version, so a
     step taken again after a restart splits the same way).
-    ranks: this process's place among the learner's ranks (None: the only one); every rank calls this
-    with the same batch.
+    forward: the model's log-prob forward (None: grpo.token_logprobs on `model`).
+    parallel: the ranks this step runs on (every one calls it with the same batch); one process by default.
     """
     learner = learner or LearnerConfig()
-    ranks = ranks or RankGroup()
+    forward = forward or functools.partial(token_logprobs, model)
     started_s = time.perf_counter()
     disable_dropout(model)
     batch = batch.to(next(model.parameters()).device)
@@ -142,9 +195,11 @@ def train_step(
     # pi_prox is the weights at the step's start. A single update's own forward sees those weights, so
     # its detached log-probs are pi_prox; with more updates the later ones see moved weights, so pi_prox
     # is computed once up front, without gradient, and every update's ratio is taken against it.
-    proximal = proximal_logprobs(model, batch, learner, ranks) if len(plan) > 1 else None
+    proximal = proximal_logprobs(forward, batch, learner, parallel) if len(plan) > 1 else None
 
-    updates = [update_minibatch(model, optimizer, batch, rows, proximal, grpo, learner, ranks) for rows in plan]
+    updates = [
+        update_minibatch(model, optimizer, forward, batch, rows, proximal, grpo, learner, parallel) for rows in plan
+    ]
     if proximal is None:
         (update,) = updates
         proximal = update.logprobs  # rows in order: the plan's only minibatch is the whole batch
@@ -219,23 +274,21 @@ def group_rows(num_rows: int, group_sizes: list[int] | None, default_group_size:
 
 
 def proximal_logprobs(
-    model: PreTrainedModel, batch: TrainBatch, learner: LearnerConfig, ranks: RankGroup | None = None
+    forward: LogprobsForward, batch: TrainBatch, learner: LearnerConfig, parallel: DataParallel = ONE_PROCESS
 ) -> torch.Tensor:
     """(B, T - 1) log-probs of the batch under the current weights, without gradient, micro-batch by
-    micro-batch (sharded: each rank its share of the rows, then gathered on every rank)."""
-    ranks = ranks or RankGroup()
-    local = rows_of_rank(batch, ranks)
+    micro-batch (over several ranks: each its share of the rows, then gathered on every rank)."""
+    local = share_rows(batch, parallel)
     logprobs = torch.zeros_like(local.batch.behaviour_logprobs)
     with torch.no_grad():
         for rows in micro_batches(local.batch.num_samples, learner.micro_batch_size):
-            logprobs[rows] = token_logprobs(
-                model,
+            logprobs[rows] = forward(
                 local.batch.input_ids[rows],
                 local.batch.attention_mask[rows],
                 local.batch.temperatures[rows],
                 chunk_tokens=learner.logprob_chunk_tokens,
             )
-    return ranks.gather_rows(logprobs, local.num_real, batch.num_samples)
+    return parallel.gather_rows(logprobs, local.num_real, batch.num_samples)
 
 
 @dataclass(frozen=True)
@@ -248,9 +301,10 @@ class LocalRows:
     num_real: int
 
 
-def rows_of_rank(batch: TrainBatch, ranks: RankGroup) -> LocalRows:
-    indices, num_real = ranks.share(batch.num_samples)
-    if not ranks.is_sharded:
+def share_rows(batch: TrainBatch, parallel: DataParallel) -> LocalRows:
+    """This rank's rows of `batch`, padding rows masked out (one process: the batch itself)."""
+    indices, num_real = parallel.share(batch.num_samples)
+    if num_real == len(indices) == batch.num_samples:  # every row, in order
         return LocalRows(batch, indices, num_real)
     local = take_rows(batch, indices.to(batch.input_ids.device))
     local.completion_mask[num_real:] = False  # a copy (advanced indexing): the batch is untouched
@@ -264,20 +318,20 @@ def take_rows(batch: TrainBatch, rows: torch.Tensor) -> TrainBatch:
 def update_minibatch(
     model: PreTrainedModel,
     optimizer: torch.optim.Optimizer,
+    forward: LogprobsForward,
     batch: TrainBatch,
     rows: torch.Tensor,
     proximal: torch.Tensor | None,
     grpo: GRPOConfig,
     learner: LearnerConfig,
-    ranks: RankGroup | None = None,
+    parallel: DataParallel = ONE_PROCESS,
 ) -> UpdateResult:
     """One optimizer update on the batch's `rows` (b,). proximal: (B, T - 1) pi_prox of the whole batch;
-    None: this is the step's only update, and its own forward (detached) is pi_prox. Sharded: this rank
-    runs its share of the rows; the result is the whole minibatch's on every rank."""
-    ranks = ranks or RankGroup()
+    None: this is the step's only update, and its own forward (detached) is pi_prox. Over several ranks:
+    this rank runs its share of the rows; the result is the whole minibatch's on every rank."""
     whole = take_rows(batch, rows)
     num_tokens = whole.num_tokens  # the whole minibatch's, on every rank: the ranks' losses add up to its token mean
-    local = rows_of_rank(whole, ranks)
+    local = share_rows(whole, parallel)
     minibatch = local.batch
     minibatch_proximal = None if proximal is None else proximal[rows[local.indices]]  # (b, T - 1)
     logprobs = torch.zeros_like(minibatch.behaviour_logprobs)  # (b, T - 1) detached, for the result
@@ -288,8 +342,7 @@ def update_minibatch(
     optimizer.zero_grad(set_to_none=True)
     for micro in micro_batches(minibatch.num_samples, learner.micro_batch_size):
         # Log-probs of every completion token under the current weights, with gradient.
-        micro_logprobs = token_logprobs(
-            model,
+        micro_logprobs = forward(
             minibatch.input_ids[micro],
             minibatch.attention_mask[micro],
             minibatch.temperatures[micro],
@@ -306,9 +359,9 @@ def update_minibatch(
             max_importance_weight=grpo.max_importance_weight,
             loss_num_tokens=num_tokens,  # so the micro-batch gradients sum to the minibatch's token mean
         )
-        # Sharded: FSDP averages the ranks' gradients, and the sum is wanted (each rank's loss is its share
-        # of the global token mean): scaled by the world size, a power of two in practice, so exact.
-        (micro_loss * ranks.world_size if ranks.is_sharded else micro_loss).backward()
+        # Each rank's loss is its share of the minibatch's token mean, so the ranks' gradients must add up;
+        # the scale undoes the averaging of a sharded backward (one process: 1).
+        (micro_loss * parallel.gradient_scale).backward()
         logprobs[micro] = micro_logprobs.detach()
         loss_sum += micro_stats.loss
         num_clipped += micro_stats.clip_fraction * micro_stats.num_tokens
@@ -317,8 +370,8 @@ def update_minibatch(
     # (Sharded: the gradients are DTensors and the norm is over all of them, every rank's shard.)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grpo.max_grad_norm)
     optimizer.step()
-    loss_sum, num_clipped = ranks.sum(loss_sum, num_clipped)
-    logprobs = ranks.gather_rows(logprobs, local.num_real, whole.num_samples)
+    loss_sum, num_clipped = parallel.sum(loss_sum, num_clipped)
+    logprobs = parallel.gather_rows(logprobs, local.num_real, whole.num_samples)
     return UpdateResult(loss_sum, num_tokens, round(num_clipped), full_value(grad_norm), logprobs)
 
 

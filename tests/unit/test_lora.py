@@ -123,12 +123,11 @@ def test_a_full_weight_checkpoint_does_not_restore_into_a_lora_model(tmp_path: P
         lora_policy(model_dir).restore(full_model_state, full_optimizer_state)
 
 
-def test_lora_refuses_a_multi_rank_learner_and_targets_the_model_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lora_refuses_a_multi_rank_learner_and_targets_the_model_lacks() -> None:
     with pytest.raises(ValueError, match="target_modules"):
         lora.apply_lora(tiny_qwen2(vocab_size=20), LoraConfig(enabled=True, target_modules=("c_attn",)))
-    monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="WORLD_SIZE=2"):
-        lora.apply_lora(tiny_qwen2(vocab_size=20), LoraConfig(enabled=True))
+        lora.apply_lora(tiny_qwen2(vocab_size=20), LoraConfig(enabled=True), world_size=2)
 
 
 def test_the_signed_manifest_names_the_adapter_and_a_full_weight_manifest_is_as_before() -> None:

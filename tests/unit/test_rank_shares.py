@@ -1,6 +1,7 @@
-"""How a batch's rows are dealt to the learner's ranks (services/learner/distributed.py): every row to
-exactly one rank, in order, balanced, and every rank padded to the same count so that all of them run the
-same number of micro-batches (a rank with one fewer would leave the others waiting in a collective)."""
+"""How a batch's rows are dealt to the learner's ranks (distributed.RankGroup, the sharded step's
+trainer.DataParallel): every row to exactly one rank, in order, balanced, and every rank padded to the same
+count so that all of them run the same number of micro-batches (a rank with one fewer would leave the
+others waiting in a collective)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from services.learner.distributed import RankGroup
-from services.learner.trainer import micro_batches, rows_of_rank
+from services.learner.trainer import ONE_PROCESS, micro_batches, share_rows
 from tests.sharded_step import GROUP_SIZES, fixed_batch
 
 
@@ -23,13 +24,15 @@ def test_every_row_goes_to_one_rank_in_order_and_every_rank_gets_the_same_count(
 
 
 def test_one_process_takes_every_row_without_padding() -> None:
-    indices, num_real = RankGroup().share(7)
+    indices, num_real = ONE_PROCESS.share(7)
     assert indices.tolist() == list(range(7)) and num_real == 7
+    batch = fixed_batch(vocab_size=20, seed=0)
+    assert share_rows(batch, ONE_PROCESS).batch is batch  # no copy
 
 
 def test_padding_rows_weigh_nothing_and_keep_the_micro_batch_counts_equal() -> None:
     batch = fixed_batch(vocab_size=20, seed=0)  # 7 rows over 2 ranks: 4 and 3 + 1 padding row
-    first, second = (rows_of_rank(batch, RankGroup(rank=rank, world_size=2)) for rank in (0, 1))
+    first, second = (share_rows(batch, RankGroup(rank=rank, world_size=2)) for rank in (0, 1))
     assert (first.num_real, second.num_real) == (4, 3) and sum(GROUP_SIZES) == batch.num_samples
     assert first.batch.num_samples == second.batch.num_samples == 4
     assert not second.batch.completion_mask[3].any()  # the padding row has no token to train
