@@ -5,7 +5,7 @@
 
 Each run is the demo (configs/demo.toml, max_wall_s included) as `make demo` runs it, through the same local
 cluster runner (cluster/local.py):
-- one run per liar kind: 3 honest workers + 1 liar (ClusterOptions.liars: services/rollout/faults.py);
+- one run per liar kind: 3 honest workers + 1 liar (ClusterOptions.liars: benchmarks/liars.py);
 - `--honest-runs` runs of the demo's 3 honest workers only.
 The machine's two cores are shared by the learner, the reward service, the coordinator, Redis and every worker
 (and whatever else runs): the runs are CPU-contended by construction; `--busy-loops N` adds N spinning processes.
@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.liars import DEFAULT_STALE_AFTER_VERSION, FaultKind
 from cluster.local import REPO_ROOT, ClusterOptions, LocalCluster
-from services.rollout.faults import DEFAULT_STALE_AFTER_VERSION, FaultKind
 from shared.config import load_run_config
 from shared.run_records import GroupTrustRecord, LearnerSummary, read_metrics, read_trust_records
 

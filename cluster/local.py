@@ -73,7 +73,7 @@ class ClusterOptions:
     restart_max_delay_s: float = 30.0
     max_restarts: int = 5
     restart_window_s: float = 300.0
-    # worker service name -> fault kind (services/rollout/faults.py): lying workers, for tests and benchmarks only
+    # worker service name -> fault kind (benchmarks/liars.py): lying workers, for tests and benchmarks only
     liars: dict[str, str] = field(default_factory=dict)
     lora: bool = False  # --lora: the run file must enable [lora] (the demo's is configs/demo_lora.toml)
     # worker service name -> extra environment (e.g. RL_WORKER_BANDWIDTH_MBPS, to put it first in the relay plan)
@@ -287,9 +287,11 @@ class LocalCluster:
     def start_worker(self, index: int) -> None:
         name = f"worker-{index}"
         env = {"RL_WORKER_NAME": name, "RL_WORKER_PORT": "0", **self.options.worker_env.get(name, {})}
-        if name in self.options.liars:  # test-only fault injection, with its explicit second switch
-            env |= {"RL_FAULT_INJECT": self.options.liars[name], "RL_ALLOW_FAULT_INJECTION": "1"}
-        self.launch(name, "services.rollout", env)
+        if name in self.options.liars:  # a lying worker (tests and benchmarks only): the liar's own entry point
+            env["RL_FAULT_INJECT"] = self.options.liars[name]
+            self.launch(name, "benchmarks.liar_worker", env)
+        else:
+            self.launch(name, "services.rollout", env)
 
     # helpers
     def config_file(self) -> Path:

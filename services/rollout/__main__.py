@@ -20,17 +20,38 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from shared.service_entry import on_stop_signal, parse_cli, start_service
 
+if TYPE_CHECKING:
+    from engines.interface import InferenceEngine
+    from services.rollout.settings import RolloutSettings
+    from shared.config import RunConfig
+    from shared.weight_channel import ChunkStore
+
 log = logging.getLogger("services.rollout")
+
+# What a worker is built with, given the engine the run file names: the engine it samples with and its
+# chunk store (None: the honest ChunkStore). The service passes none (the engine as built, the honest
+# store); the trust tests' lying workers (benchmarks/liar_worker.py) pass wrappers.
+WorkerParts = Callable[
+    ["RunConfig", "RolloutSettings", "InferenceEngine"], tuple["InferenceEngine", "ChunkStore | None"]
+]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from services.rollout.settings import RolloutSettings, describe_environment
+    from services.rollout.settings import describe_environment
 
     parse_cli("python -m services.rollout", __doc__, argv, epilog="environment:\n" + describe_environment())
+    return serve()
+
+
+def serve(parts: WorkerParts | None = None) -> int:
+    """Start a worker from the RL_* settings and serve until stopped; `parts` may replace its engine and store."""
+    from services.rollout.settings import RolloutSettings
+
     # a missing or malformed RL_WEIGHTS_PUBLIC_KEY fails here, before anything starts
     settings, run = start_service("rollout", RolloutSettings)
     log.info(
@@ -46,7 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     engine = build_engine(settings, run)
     log.info("model fingerprint %s (weights published for another are refused)", engine.model_fingerprint[:12])
-    worker = RolloutWorker(run, settings, engine, stopping)
+    store = None
+    if parts is not None:
+        engine, store = parts(run, settings, engine)
+    worker = RolloutWorker(run, settings, engine, stopping, store=store)
     from services.rollout.prometheus import rollout_families
     from shared.metrics import CallbackCollector, start_metrics_server
 

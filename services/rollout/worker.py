@@ -26,7 +26,6 @@ from engines.interface import EngineError, InferenceEngine
 from services.rollout.announcement_client import HttpAnnouncements
 from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError, WorkerExpiredError
 from services.rollout.episodes import EpisodeRunner, build_episode_group
-from services.rollout.faults import fault_from_environment, serving_store
 from services.rollout.membership import Membership, NotRegisteredError
 from services.rollout.prometheus import SwapPauses
 from services.rollout.relay_sources import CoordinatorParents
@@ -42,7 +41,7 @@ from shared.messages import RolloutGroup
 from shared.retry import Backoff
 from shared.rollout_mac import sign_rollout
 from shared.tokenization import PromptInput
-from shared.weight_channel import ChunkServer, base_fingerprint
+from shared.weight_channel import ChunkServer, ChunkStore, base_fingerprint
 from shared.work_api import LeasedTask
 
 log = logging.getLogger(__name__)
@@ -95,17 +94,22 @@ class RolloutWorker:
         settings: RolloutSettings,
         engine: InferenceEngine,
         stopping: threading.Event | None = None,
+        store: ChunkStore | None = None,
     ) -> None:
+        """`store`: the chunk store the worker holds and relays weights from (default: a ChunkStore that
+        holds only manifests the learner signed; the trust tests pass a lying one, benchmarks/liars.py)."""
         self.run_config = run
         self.settings = settings
         self.engine = engine
         self.run_id = run.run_id
         self.stopping = stopping or threading.Event()  # set by stop() or the process's signal handler
-        self.fault = fault_from_environment()  # None unless a test asked for a lying worker (faults.py)
-        # holds (and relays) only manifests the learner signed; a test's lying relay serves them tampered with
-        self.store = serving_store(
-            self.fault, run.broadcast.keep_versions, settings.public_key(), spill_dir=engine.weights_dir
-        )
+        if store is None:  # holds (and relays) only manifests the learner signed
+            store = ChunkStore(
+                keep_versions=run.broadcast.keep_versions,
+                trusted_key=settings.public_key(),
+                spill_dir=engine.weights_dir,
+            )
+        self.store = store
         self.chunk_server = ChunkServer(
             self.store, host=settings.worker_host, port=settings.worker_port, wait_s=run.broadcast.chunk_wait_s
         )
@@ -215,8 +219,6 @@ class RolloutWorker:
 
     # the loop's steps
     def sync_weights(self) -> None:
-        if self.fault is not None and not self.fault.loads_weights(self.engine.policy_version):
-            return
         if self.hold.active and not self.hold.releases(self.engine.policy_version, self.newest_announced_version()):
             return
         loaded_version = self.weights.update(self.engine)
@@ -258,7 +260,7 @@ class RolloutWorker:
         if self.engine.policy_version < 0:
             return False
         try:
-            verdict = self.coordinator.staleness(self.claimed_version())
+            verdict = self.coordinator.staleness(self.engine.policy_version)
         except CoordinatorUnavailableError as exc:
             # Fail open: the learner's admission rule drops stale groups anyway; the gate only saves work.
             self._note_gate("failing open", f"coordinator unavailable ({exc})")
@@ -335,7 +337,7 @@ class RolloutWorker:
     def _generate_batch(self, batch: list[LeasedTask]) -> list[Outcome]:
         """One engine call for the batch (one per turn for episodes); if it fails, one call per task so a
         bad task fails alone."""
-        policy_version = self.claimed_version()
+        policy_version = self.engine.policy_version
         try:
             if batch[0].task.environment is None:
                 built, registration = self._sample_groups(batch, policy_version)
@@ -345,10 +347,6 @@ class RolloutWorker:
             if len(batch) == 1:
                 return [(batch[0], exc)]
             return [outcome for lease in batch for outcome in self._generate_batch([lease])]
-        if (
-            self.fault is not None
-        ):  # a lying worker signs its lies: the MAC binds a group to its producer, not to the truth
-            built = [self.fault.apply(group) for group in built]
         rollout_key = bytes.fromhex(registration.access.rollout_key_hex)
         return [(lease, sign_rollout(group, rollout_key)) for lease, group in zip(batch, built, strict=True)]
 
@@ -403,12 +401,6 @@ class RolloutWorker:
         if self._episode_runner is None:
             self._episode_runner = EpisodeRunner(self.engine, self.run_config.task)
         return self._episode_runner
-
-    def claimed_version(self) -> int:
-        """The version written on the groups: the engine's, unless a fault injector lies about it."""
-        if self.fault is None:
-            return self.engine.policy_version
-        return self.fault.claimed_version(self.engine.policy_version, self.newest_announced_version())
 
     def _registration_request(self) -> RegisterWorkerRequest:
         return RegisterWorkerRequest(

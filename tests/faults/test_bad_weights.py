@@ -13,8 +13,8 @@ import re
 import httpx
 import pytest
 
+from benchmarks.liars import FaultKind
 from cluster.local import LocalCluster
-from services.rollout.faults import FaultKind
 from shared.api import StatusResponse, WorkerState
 from shared.run_records import read_trust_records
 from shared.signing import load_public_key

@@ -1,4 +1,4 @@
-"""Lying rollout workers (services/rollout/faults.py), one kind per run, next to two honest ones: the
+"""Lying rollout workers (benchmarks/liars.py), one kind per run, next to two honest ones: the
 learner's trust score catches the liar (docs/trust.md), the coordinator quarantines it, no honest worker
 is quarantined, the liar's later groups are dropped with the reason `quarantined`, and every group is
 accounted for. The detection delay (the liar's trained groups until its score crossed the threshold)
@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from benchmarks.liars import FaultKind
 from benchmarks.trust import liar_detection, quarantined_ids, worker_ids
 from cluster.local import LocalCluster
 from services.reward.decode import CompletionDecoder
-from services.rollout.faults import FaultKind
 from shared.api import StatusResponse, WorkerInfo, WorkerState
 from shared.messages import RolloutGroup
 from shared.run_records import read_trust_records

@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
-from services.rollout.faults import FaultKind, TamperingStore
+from benchmarks.liars import FaultKind, TamperingStore
 from shared.weight_channel import ChunkStore, Manifest, ManifestError, verify_signature
 from shared.weight_channel.client import fetch_manifest
 from shared.weight_channel.manifest import build_manifest
@@ -140,7 +140,7 @@ def test_a_corrupt_chunk_from_a_relay_is_caught_and_refetched_from_another_holde
 
 @pytest.mark.parametrize("kind", [FaultKind.CORRUPT_CHUNKS, FaultKind.FORGED_MANIFEST])
 def test_a_lying_workers_store_serves_lies_its_children_refuse(holders: list[Holder], kind: FaultKind) -> None:
-    """The fault suite's lying relay (services/rollout/faults.py): it holds the learner's verified chunks but
+    """The fault suite's lying relay (benchmarks/liars.py): it holds the learner's verified chunks but
     serves every one flipped, and with forged_manifest a manifest of its own for them; a child pins the
     learner's manifest, refuses the flipped chunks and gets the version whole from the learner."""
     manifest, chunks, blob = new_version()

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from services.rollout.faults import FaultKind, TamperingStore
+from benchmarks.liars import FaultKind, TamperingStore
 from shared.weight_channel import ChunkStore, Manifest
 from shared.weight_channel.manifest import ChunkVerificationError, build_manifest
 from tests import relay_holders

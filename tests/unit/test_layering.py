@@ -3,6 +3,9 @@
 services/<x>   imports shared/ and engines/ only: never another service, the runner (cluster/) or benchmarks
 shared/        the contracts between processes: imports no service, engine, runner, simulator or benchmark
 engines/       imports shared/ only (of the project)
+liars          the trust tests' lying workers live in benchmarks/ (liars.py, liar_worker.py): no service,
+               contract or engine imports them or reads their RL_FAULT_* switches, so a production worker
+               cannot be made to lie
 vLLM           imported by the vLLM engine alone: engines/vllm_engine.py and the sampler hook it installs
                into vLLM's own worker (engines/vllm_keyed_sampler.py); benchmarks/gpu.py also times bare
                vLLM as its baseline
@@ -20,9 +23,8 @@ PROJECT_PACKAGES = ("shared", "services", "engines", "cluster", "simulator", "be
 VLLM_IMPORTERS = {"engines/vllm_engine.py", "engines/vllm_keyed_sampler.py", "benchmarks/gpu.py"}
 WEIGHT_CHANNEL = "shared.weight_channel"
 CHUNK_PROTOCOL = {f"{WEIGHT_CHANNEL}.protocol", f"{WEIGHT_CHANNEL}.server", f"{WEIGHT_CHANNEL}.client"}
-WEIGHT_CHANNEL_INSIDERS = {  # files outside the package that may import its submodules (not the protocol)
-    "services/rollout/faults.py": {f"{WEIGHT_CHANNEL}.store", f"{WEIGHT_CHANNEL}.manifest"},
-}
+PRODUCTION_PACKAGES = ("services", "shared", "engines")
+LIAR_MODULES = {"benchmarks.liars", "benchmarks.liar_worker"}
 
 
 def _imports(path: Path) -> list[str]:
@@ -72,6 +74,22 @@ def test_each_layer_imports_only_what_is_below_it(repo_root: Path, package: str,
     assert _crossings(repo_root, package, allowed) == []
 
 
+def _liar_uses(repo_root: Path) -> list[str]:
+    """`file: what` for every production file that imports a liar module or names a fault switch."""
+    found: list[str] = []
+    for package in PRODUCTION_PACKAGES:
+        for path in sorted((repo_root / package).rglob("*.py")):
+            relative = path.relative_to(repo_root).as_posix()
+            found.extend(f"{relative}: import {name}" for name in _imports(path) if name in LIAR_MODULES)
+            if "RL_FAULT_" in path.read_text():
+                found.append(f"{relative}: RL_FAULT_")
+    return found
+
+
+def test_no_production_code_can_lie(repo_root: Path) -> None:
+    assert _liar_uses(repo_root) == []
+
+
 def test_only_the_vllm_engine_imports_vllm(repo_root: Path) -> None:
     importers = {
         path.relative_to(repo_root).as_posix()
@@ -102,10 +120,8 @@ def _weight_channel_misuses(repo_root: Path) -> list[str]:
         for module, name in _imported_names(path):
             if module == WEIGHT_CHANNEL:  # allowed: a name the package offers (not a submodule, not the package)
                 allowed = name in public
-            elif module.startswith(WEIGHT_CHANNEL + "."):  # a submodule: insiders and benchmarks only
-                allowed = module in WEIGHT_CHANNEL_INSIDERS.get(relative, set()) or (
-                    relative.startswith("benchmarks/") and module not in CHUNK_PROTOCOL
-                )
+            elif module.startswith(WEIGHT_CHANNEL + "."):  # a submodule: benchmarks only
+                allowed = relative.startswith("benchmarks/") and module not in CHUNK_PROTOCOL
             else:
                 continue
             if not allowed:
@@ -148,6 +164,18 @@ def test_the_checker_sees_a_crossing(tmp_path: Path) -> None:
     )
     assert _crossings(tmp_path, "services", {"shared", "engines"}) == [
         "services/learner/loop.py: import services.reward.service"
+    ]
+
+
+def test_the_checker_sees_a_liar_in_production(tmp_path: Path) -> None:
+    """The rule can fail: a worker importing the lying engine, a contract naming the fault switch."""
+    for package in PRODUCTION_PACKAGES:
+        (tmp_path / package).mkdir()
+    (tmp_path / "services" / "worker.py").write_text("from benchmarks.liars import LyingEngine\n")
+    (tmp_path / "shared" / "env.py").write_text('KIND = "RL_FAULT_INJECT"\n')
+    assert _liar_uses(tmp_path) == [
+        "services/worker.py: import benchmarks.liars",
+        "shared/env.py: RL_FAULT_",
     ]
 
 

@@ -12,7 +12,15 @@ from tests.help_imports import help_and_imports
 
 
 @pytest.mark.parametrize(
-    "module", ["services.coordinator", "services.reward", "services.rollout", "services.learner", "cluster.local"]
+    "module",
+    [
+        "services.coordinator",
+        "services.reward",
+        "services.rollout",
+        "services.learner",
+        "cluster.local",
+        "benchmarks.liar_worker",
+    ],
 )
 def test_help_answers_without_importing_torch(module: str, repo_root: Path) -> None:
     _, imported = help_and_imports([module], repo_root)

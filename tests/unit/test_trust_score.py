@@ -1,19 +1,17 @@
 """The trust score (services/learner/trust.py) on synthetic statistics: honest groups at every lag stay
 inside the band and never make a worker suspect; each liar kind crosses the threshold within 50 groups;
-a release starts the score over; the fault injector changes what it says it changes."""
+a release starts the score over."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
 
-import numpy as np
 import pytest
 
 from services.learner.trust import TrustTracker
-from services.rollout.faults import FaultInjector, FaultKind, fault_from_environment
 from shared.config import TrustConfig
-from shared.messages import QuarantinedWorkers, RolloutGroup, pack_float32, pack_int32, unpack_float32, unpack_int32
+from shared.messages import QuarantinedWorkers
 
 CONFIG = TrustConfig(band_nats=[0.02, 0.2, 0.3], audit_tolerance_nats=0.01, quarantine_score=10.0)
 
@@ -88,54 +86,3 @@ def test_a_worker_first_seen_after_its_release_starts_released() -> None:
     tracker.apply_releases(QuarantinedWorkers(run_id="r", num_releases={"w": 2}))
     tracker.observe("w", 0, 0.0, 0.0)
     assert tracker.snapshot()["w"].num_releases_seen == 2
-
-
-def group(num_tokens: int = 6) -> RolloutGroup:
-    return RolloutGroup(
-        run_id="r",
-        group_id="g",
-        task_id="t",
-        task_name="arithmetic_mod10",
-        prompt="3+4=",
-        worker_id="w",
-        policy_version=3,
-        temperature=1.0,
-        prompt_token_ids=pack_int32([7, 3, 8, 14]),
-        completion_token_ids=pack_int32([5, 1, 2, 9, 9, 1][:num_tokens]),
-        completion_lengths=pack_int32([2, 2, 2]),
-        behaviour_logprobs=pack_float32([-0.1] * num_tokens),
-        completion_texts=["7", "7", "7"],
-        finish_reasons=["stop", "stop", "stop"],
-        generation_s=0.0,
-    )
-
-
-def test_fault_injection_is_refused_without_its_second_switch() -> None:
-    assert fault_from_environment({}) is None
-    with pytest.raises(ValueError, match="RL_ALLOW_FAULT_INJECTION"):
-        fault_from_environment({"RL_FAULT_INJECT": "stale_weights"})
-    with pytest.raises(ValueError, match="expected one of"):
-        fault_from_environment({"RL_FAULT_INJECT": "nope", "RL_ALLOW_FAULT_INJECTION": "1"})
-    injector = fault_from_environment(
-        {"RL_FAULT_INJECT": "stale_weights", "RL_ALLOW_FAULT_INJECTION": "1", "RL_FAULT_STALE_AFTER_VERSION": "4"}
-    )
-    assert injector is not None and injector.stale_after_version == 4
-
-
-def test_fault_kinds_change_what_they_say() -> None:
-    original = group()
-    garbage = FaultInjector(FaultKind.GARBAGE_LOGPROBS).apply(original)
-    assert not np.allclose(unpack_float32(garbage.behaviour_logprobs), -0.1)
-    assert garbage.completion_token_ids == original.completion_token_ids
-
-    swapped = FaultInjector(FaultKind.SWAPPED_TEXT, seed=3).apply(original)
-    assert swapped.completion_texts == original.completion_texts
-    assert swapped.behaviour_logprobs == original.behaviour_logprobs
-    assert not np.array_equal(unpack_int32(swapped.completion_token_ids), unpack_int32(original.completion_token_ids))
-
-    stale = FaultInjector(FaultKind.STALE_WEIGHTS, stale_after_version=2)
-    assert stale.loads_weights(1) and not stale.loads_weights(2)
-    assert stale.claimed_version(2, newest_announced=47) == 47
-    assert stale.apply(original) == original
-    honest_claim = FaultInjector(FaultKind.GARBAGE_LOGPROBS)
-    assert honest_claim.claimed_version(2, newest_announced=47) == 2

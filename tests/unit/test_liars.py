@@ -1,0 +1,99 @@
+"""The lying workers of the trust tests (benchmarks/liars.py, benchmarks/liar_worker.py): each lie changes
+what it says it changes and nothing else; the production worker's entry point has no way to lie."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from benchmarks.liar_worker import lie_from_environment
+from benchmarks.liars import FaultKind, LyingEngine, TamperingStore
+from engines.interface import InferenceEngine, Sample
+from shared.tokenization import PromptInput
+from shared.weight_channel import Buffer
+
+PROMPT_IDS = [7, 3, 8, 14]
+COMPLETIONS = [[5, 1], [2, 9], [9, 1]]
+
+
+class FixedEngine(InferenceEngine):
+    """Samples the same three completions of every prompt; `load_weights` only records the version."""
+
+    model_fingerprint = "f" * 64
+
+    def generate_from_ids(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        num_samples: int,
+        max_new_tokens: int,
+        temperature: float,
+        greedy: bool = False,
+        sampling_seeds: Sequence[int] | None = None,
+    ) -> list[list[Sample]]:
+        return [
+            [Sample(list(ids), list(tokens), [-0.1] * len(tokens), "7", "stop") for tokens in COMPLETIONS]
+            for ids in prompt_ids
+        ]
+
+    def encode_prompts(self, prompts: Sequence[str | PromptInput], max_new_tokens: int = 0) -> list[list[int]]:
+        return [PROMPT_IDS for _ in prompts]
+
+    def encode_observation(self, text: str) -> list[int]:
+        return [1]
+
+    def load_weights(self, safetensors_bytes: Buffer, policy_version: int, path: Path | None = None) -> None:
+        self._policy_version = policy_version
+
+
+def sample_once(engine: InferenceEngine) -> list[Sample]:
+    return engine.generate(["3+4="], num_samples=3, max_new_tokens=2, temperature=1.0)[0]
+
+
+def test_garbage_logprobs_replaces_the_logprobs_only() -> None:
+    honest = sample_once(FixedEngine())
+    garbage = sample_once(LyingEngine(FixedEngine(), FaultKind.GARBAGE_LOGPROBS))
+    assert [s.token_ids for s in garbage] == [s.token_ids for s in honest]
+    assert [s.text for s in garbage] == [s.text for s in honest]
+    assert all(len(s.logprobs) == s.num_tokens for s in garbage)
+    assert [s.logprobs for s in garbage] != [s.logprobs for s in honest]
+
+
+def test_swapped_text_replaces_the_ids_with_ids_of_the_group() -> None:
+    honest = sample_once(FixedEngine())
+    swapped = sample_once(LyingEngine(FixedEngine(), FaultKind.SWAPPED_TEXT, seed=3))
+    assert [s.text for s in swapped] == [s.text for s in honest]
+    assert [s.logprobs for s in swapped] == [s.logprobs for s in honest]
+    assert [s.num_tokens for s in swapped] == [s.num_tokens for s in honest]
+    assert [s.token_ids for s in swapped] != [s.token_ids for s in honest]
+    pool = set(PROMPT_IDS) | {token for tokens in COMPLETIONS for token in tokens}
+    assert {token for s in swapped for token in s.token_ids} <= pool
+
+
+def test_stale_weights_stops_loading_but_reports_the_newest_version_given() -> None:
+    inner = FixedEngine()
+    stale = LyingEngine(inner, FaultKind.STALE_WEIGHTS, stale_after_version=2)
+    for version in (0, 1, 2, 3, 7):
+        stale.load_weights(b"", version)
+    assert inner.policy_version == 2  # the weights it samples with
+    assert stale.policy_version == 7  # what the worker writes on its groups and gates on
+    assert sample_once(stale) == sample_once(FixedEngine())  # its samples are honest, for version 2
+
+
+def test_the_lies_refuse_the_wrong_wrapper() -> None:
+    with pytest.raises(ValueError, match="chunk store"):
+        LyingEngine(FixedEngine(), FaultKind.CORRUPT_CHUNKS)
+    with pytest.raises(ValueError, match="engine"):
+        TamperingStore(FaultKind.SWAPPED_TEXT, keep_versions=2, trusted_key=None, spill_dir=None)
+
+
+def test_the_liar_entry_reads_its_kind_from_the_environment() -> None:
+    with pytest.raises(ValueError, match="expected one of"):
+        lie_from_environment({})
+    with pytest.raises(ValueError, match="expected one of"):
+        lie_from_environment({"RL_FAULT_INJECT": "nope"})
+    assert lie_from_environment({"RL_FAULT_INJECT": "stale_weights", "RL_FAULT_STALE_AFTER_VERSION": "4"}) == (
+        FaultKind.STALE_WEIGHTS,
+        4,
+    )
