@@ -23,7 +23,7 @@ broadcast:
 
 A follower handed anything else raises, and torchrun stops every rank.
 
-`RankGroup` is the step's `trainer.DataParallel` when sharded. A batch is split by rows (`share`):
+`RankGroup` is the step's `data_parallel.DataParallel` when sharded. A batch is split by rows (`share`):
 contiguous, balanced, every rank padded with zero-weight rows to the same count, so every rank runs the
 same number of micro-batches. Each rank's loss is its tokens' sum over the GLOBAL token count, so the ranks'
 gradients add up to the single process's; FSDP's reduce-scatter averages them, so each rank's backward is
@@ -49,8 +49,8 @@ import torch.distributed as dist
 from services.learner.batch import TrainBatch
 
 if TYPE_CHECKING:
+    from services.learner.data_parallel import LogprobsForward
     from services.learner.precision import Precision
-    from services.learner.trainer import LogprobsForward
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class RankGroup:
     def is_sharded(self) -> bool:
         return self.world_size > 1
 
-    # trainer.DataParallel: the policy hands a sharded step its RankGroup (one process: trainer.ONE_PROCESS)
+    # data_parallel.DataParallel: the policy hands a sharded step its RankGroup (one process: data_parallel.ONE_PROCESS)
 
     @property
     def gradient_scale(self) -> int:

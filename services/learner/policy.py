@@ -3,7 +3,7 @@ over the ranks of a torchrun job (distributed.py: rank 0 leads, the others follo
 
     train_step(batch)    one learner step (trainer.py) in the run's precision (precision.py: by default
                          float32 masters and optimizer state, bf16 compute), handed the model's log-prob
-                         forward and the ranks its rows are dealt to (trainer.DataParallel); sharded:
+                         forward and the ranks its rows are dealt to (data_parallel.DataParallel); sharded:
                          every rank on its rows of the same batch
     weights()            a model with the full weights of the current version, to publish, evaluate,
                          audit and save: the policy itself on one process; rank 0's plain CPU replica
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, assert_never
 
 import torch
 
-from services.learner import lora, trainer
+from services.learner import data_parallel, lora, trainer
 from services.learner.batch import TrainBatch
 from services.learner.distributed import (
     Checkpoint,
@@ -67,8 +67,8 @@ class Policy:
                 self.model, run.lora, adapter_dtype=self.precision.param_dtype, world_size=self.ranks.world_size
             )
         # what the step runs on: the model's log-prob forward, and the ranks its rows are dealt to
-        self.forward: trainer.LogprobsForward = functools.partial(token_logprobs, self.model)
-        self.parallel: trainer.DataParallel = trainer.ONE_PROCESS
+        self.forward: data_parallel.LogprobsForward = functools.partial(token_logprobs, self.model)
+        self.parallel: data_parallel.DataParallel = data_parallel.ONE_PROCESS
         self.replica: PreTrainedModel | None = None  # rank 0 of a sharded policy: the full weights, on CPU
         if self.ranks.is_sharded:
             if self.ranks.is_leader:

@@ -1,5 +1,5 @@
 """How a batch's rows are dealt to the learner's ranks (distributed.RankGroup, the sharded step's
-trainer.DataParallel): every row to exactly one rank, in order, balanced, and every rank padded to the same
+data_parallel.DataParallel): every row to exactly one rank, in order, balanced, and every rank padded to the same
 count so that all of them run the same number of micro-batches (a rank with one fewer would leave the
 others waiting in a collective)."""
 
@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.learner.data_parallel import ONE_PROCESS
 from services.learner.distributed import RankGroup
-from services.learner.trainer import ONE_PROCESS, micro_batches, share_rows
+from services.learner.trainer import micro_batches, share_rows
 from tests.sharded_step import GROUP_SIZES, fixed_batch
 
 
