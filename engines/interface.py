@@ -18,10 +18,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shared.messages import FinishReason  # "stop": ended with EOS; "length": hit max_new_tokens
 from shared.tokenization import PromptInput
 from shared.weight_channel import Buffer, LoraAdapter, WeightsLoadError
+
+if TYPE_CHECKING:
+    from engines.continuous import ContinuousBatch
 
 
 class EngineError(RuntimeError):
@@ -138,6 +142,11 @@ class InferenceEngine(ABC):
         embeddings may leave out `lm_head.weight`). `path`, when given, is a file holding the same
         bytes, for an engine that loads checkpoints from disk (vLLM). Raises WeightsLoadError and keeps
         the old weights and version if the blob does not fit the model."""
+
+    def continuous_batch(self, max_rows: int) -> ContinuousBatch:
+        """A running batch on this engine that admits rows as others finish and follows weight changes
+        between decoding steps (engines/continuous.py). Raises NotImplementedError where the engine has none."""
+        raise NotImplementedError(f"{type(self).__name__} has no continuous batching")
 
     def load_adapter(self, adapter_bytes: Buffer, adapter: LoraAdapter, policy_version: int) -> None:
         """Swap in `policy_version` of a LoRA run: the base this engine loaded with the adapter applied

@@ -21,6 +21,7 @@ import inspect
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,6 +30,9 @@ from engines.prompts import check_prompt_ids, check_sampling_args, encode_checke
 from shared.keyed_sampling import keyed_choice
 from shared.tokenization import PromptInput, check_model_folder, eos_token_ids, model_fingerprint, pad_token_id
 from shared.weight_channel import Buffer, LoraAdapter, check_adapter_fits, check_state_fits, parse_blob
+
+if TYPE_CHECKING:
+    from engines.torch_continuous import TorchContinuousBatch
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +138,16 @@ class TorchEngine(InferenceEngine):
             memoryview(adapter_bytes).nbytes,
         )
 
+    def continuous_batch(self, max_rows: int) -> TorchContinuousBatch:
+        """A continuous batch of at most `max_rows` rows on this engine (engines/torch_continuous.py)."""
+        from engines.torch_continuous import TorchContinuousBatch
+
+        return TorchContinuousBatch(self, max_rows)
+
+    @property
+    def cache_argument(self) -> str:
+        return kv_cache_argument(self.model)  # per call: tests swap the model for a stand-in
+
     # sampling
     def _sample(
         self,
@@ -147,7 +161,7 @@ class TorchEngine(InferenceEngine):
         """Returns (B, N) tokens, (B, N) logprobs, (B,) completion lengths, (B,) stopped-at-EOS flags,
         with B = len(prompt_ids) * num_samples in prompt-major order and N = max_new_tokens.
         row_seeds: (B,) keyed sampling's seed per row (None: torch's generator)."""
-        input_ids, attention_mask = self._left_pad(prompt_ids)  # (P, L) each
+        input_ids, attention_mask = self.left_pad(prompt_ids)  # (P, L) each
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # pads sit at 0; real tokens count from 0
         out = self.model(
             input_ids=input_ids,
@@ -156,7 +170,7 @@ class TorchEngine(InferenceEngine):
             use_cache=True,
             logits_to_keep=1,
         )
-        cache_argument = kv_cache_argument(self.model)  # per call: tests swap the model for a stand-in
+        cache_argument = self.cache_argument
         cache = getattr(out, cache_argument)
         cache.batch_repeat_interleave(num_samples)  # (P, ...) -> (B, ...): sample j of prompt i is row i*G + j
         logits = out.logits[:, -1].repeat_interleave(num_samples, dim=0)  # (B, V)
@@ -190,7 +204,8 @@ class TorchEngine(InferenceEngine):
             next_position = next_position + 1
         return tokens, logprobs, lengths, finished
 
-    def _left_pad(self, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def left_pad(self, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(P, L) ids and attention mask of the prompts, each right-aligned (left padding)."""
         width = max(len(ids) for ids in prompt_ids)
         input_ids = torch.full((len(prompt_ids), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)

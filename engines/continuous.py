@@ -1,0 +1,96 @@
+"""Continuous batching: the engine's batch stays full, and the weights may change between two decoding steps.
+
+A worker adds samples (`SampleRequest`, one row each) whenever it has them; every `step()` first admits
+waiting rows into the running batch (up to `max_rows`), then decodes one token for every row, and returns
+the rows that finished (EOS or their `max_new_tokens`). A row never waits for the batch's longest sample:
+its place goes to the next waiting row at the next step.
+
+Weights: the worker calls the engine's `load_weights` between two steps, while rows are in flight. The
+next step sees the engine's new `policy_version` and first recomputes every row's context (prompt and the
+tokens it sampled so far) under the new weights: the KV cache made by the old weights is dropped, so every
+later token is sampled from, and its behaviour log-prob is, exactly the new version's distribution given
+the whole context. Each row records the version of each token as change points (`VersionChange`): a sample
+that started under version 4 and saw version 5 land after 12 tokens has ((0, 4), (12, 5)).
+
+This module imports neither torch nor vllm.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engines.interface import Sample
+
+
+@dataclass(frozen=True)
+class VersionChange:
+    """From completion token `token_index` on (until the next change), tokens were sampled with
+    `policy_version`."""
+
+    token_index: int
+    policy_version: int
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    """One sample to draw: one row of the engine's batch."""
+
+    request_id: int  # the caller's key: each FinishedSample names it
+    prompt_ids: tuple[int, ...]  # the context to continue (already encoded and checked)
+    max_new_tokens: int
+    temperature: float
+    seed: int | None = None  # keyed sampling's seed for this sample (shared/keyed_sampling.py); None: random
+
+
+@dataclass(frozen=True)
+class FinishedSample:
+    request_id: int
+    sample: Sample
+    versions: tuple[VersionChange, ...]  # at least one; the first at token 0
+
+    @property
+    def oldest_version(self) -> int:
+        return min(change.policy_version for change in self.versions)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one `step()` did: for occupancy and swap-pause accounting."""
+
+    num_rows: int  # rows decoded this step (the batch's occupancy)
+    num_admitted: int
+    num_finished: int
+    recompute_s: float  # time spent re-prefilling in-flight rows after a weight change (0: none)
+
+
+class ContinuousBatch(ABC):
+    """A running batch of at most `max_rows` rows on one engine."""
+
+    max_rows: int
+
+    @abstractmethod
+    def add(self, requests: Sequence[SampleRequest]) -> None:
+        """Queue rows; they enter the batch at the next step with room. Raises ValueError for a bad request
+        (the batch is unchanged)."""
+
+    @abstractmethod
+    def step(self) -> list[FinishedSample]:
+        """Admit, decode one token per row, return the rows that finished (maybe none)."""
+
+    @abstractmethod
+    def abort(self, request_ids: Sequence[int]) -> None:
+        """Drop these rows, running or waiting (unknown ids are ignored)."""
+
+    @property
+    @abstractmethod
+    def num_running(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def num_waiting(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def last_step(self) -> StepStats | None: ...
