@@ -32,7 +32,7 @@ import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engines.interface import InferenceEngine, Sample, WeightsLoadError
 from engines.prompts import check_prompt_ids, check_sampling_args, encode_checked_observation, encode_checked_prompts
@@ -48,6 +48,9 @@ from shared.weight_channel import (
     check_state_fits,
     parse_blob,
 )
+
+if TYPE_CHECKING:
+    from engines.vllm_continuous import VLLMContinuousBatch
 
 log = logging.getLogger(__name__)
 
@@ -106,16 +109,16 @@ class VLLMEngine(InferenceEngine):
         check_prompt_ids(prompt_ids, max_new_tokens, self.max_positions)
         rows = [list(ids) for ids in prompt_ids]
         if greedy:  # vLLM refuses n > 1 for greedy (every copy would be the same); seeds play no part, as in torch
-            completions = self._generate(rows, [self._sampling_params(1, max_new_tokens, 0.0)] * len(rows))
+            completions = self._generate(rows, [self.sampling_params(1, max_new_tokens, 0.0)] * len(rows))
             return [self._to_samples(ids, c) * num_samples for ids, c in zip(rows, completions, strict=True)]
         if sampling_seeds is None:
-            params = self._sampling_params(num_samples, max_new_tokens, temperature)
+            params = self.sampling_params(num_samples, max_new_tokens, temperature)
             completions = self._generate(rows, [params] * len(rows))
         else:  # keyed sampling: one request per sample j, seed s + j (engines/vllm_keyed_sampler.py)
             keyed = self._generate(
                 [ids for ids in rows for _ in range(num_samples)],
                 [
-                    self._sampling_params(1, max_new_tokens, temperature, keyed_seed=seed + j)
+                    self.sampling_params(1, max_new_tokens, temperature, keyed_seed=seed + j)
                     for seed in sampling_seeds
                     for j in range(num_samples)
                 ],
@@ -141,8 +144,7 @@ class VLLMEngine(InferenceEngine):
         finally:
             if written:
                 file_path.unlink(missing_ok=True)
-        if not self.call_on_engine_thread(self.llm.reset_prefix_cache):
-            raise RuntimeError("vLLM refused to reset its prefix cache: old-weight KV blocks would be reused")
+        self._drop_old_kv()
         self._lora_request = None  # full weights are the whole policy: no adapter applies on top of them
         self._policy_version = policy_version
         log.info(
@@ -173,8 +175,7 @@ class VLLMEngine(InferenceEngine):
         request = LoRARequest(LORA_NAME, LORA_ID, str(folder), load_inplace=True)
         if not self.call_on_engine_thread(self.llm.llm_engine.add_lora, request):
             raise WeightsLoadError(f"vLLM did not load the adapter of version {policy_version}")
-        if not self.call_on_engine_thread(self.llm.reset_prefix_cache):
-            raise RuntimeError("vLLM refused to reset its prefix cache: old-adapter KV blocks would be reused")
+        self._drop_old_kv()
         self._lora_request = LoRARequest(LORA_NAME, LORA_ID, str(folder))  # loaded: requests only name it
         self._policy_version = policy_version
         log.info(
@@ -183,6 +184,24 @@ class VLLMEngine(InferenceEngine):
             adapter.rank,
             memoryview(adapter_bytes).nbytes,
         )
+
+    @property
+    def lora_request(self) -> Any:
+        """The adapter every request runs with (a LoRA run, once one is loaded); None otherwise."""
+        return self._lora_request
+
+    def continuous_batch(self, max_rows: int) -> VLLMContinuousBatch:
+        """A continuous batch on vLLM's engine loop (engines/vllm_continuous.py)."""
+        from engines.vllm_continuous import VLLMContinuousBatch
+
+        return VLLMContinuousBatch(self, max_rows)
+
+    def _drop_old_kv(self) -> None:
+        """After a load: no KV block computed with the old weights may be used again. Requests running in a
+        continuous batch are preempted and recomputed with the new weights at their next step."""
+        running = self.call_on_engine_thread(self.llm.llm_engine.has_unfinished_requests)
+        if not self.call_on_engine_thread(self.llm.llm_engine.reset_prefix_cache, reset_running_requests=running):
+            raise RuntimeError("vLLM refused to reset its prefix cache: old-weight KV blocks would be reused")
 
     def close(self) -> None:
         self._vllm_thread.shutdown()
@@ -194,7 +213,7 @@ class VLLMEngine(InferenceEngine):
         return self._vllm_thread.submit(function, *args, **kwargs).result()
 
     # sampling
-    def _sampling_params(self, n: int, max_new_tokens: int, temperature: float, keyed_seed: int | None = None) -> Any:
+    def sampling_params(self, n: int, max_new_tokens: int, temperature: float, keyed_seed: int | None = None) -> Any:
         """vLLM's SamplingParams for `n` samples: plain sampling from softmax(logits / temperature) (0: argmax),
         stopping on every EOS id; keyed_seed: keyed sampling with that seed (engines/vllm_keyed_sampler.py)."""
         from vllm import SamplingParams
@@ -229,33 +248,35 @@ class VLLMEngine(InferenceEngine):
         return [sorted(output.outputs, key=lambda c: c.index) for output in outputs]
 
     def _to_samples(self, prompt_ids: list[int], completions: Sequence[Any]) -> list[Sample]:
-        """vLLM's CompletionOutputs of one prompt, in sample order -> Samples (EOS kept in token_ids, left out
-        of text)."""
+        """vLLM's CompletionOutputs of one prompt, in sample order -> Samples."""
         samples = []
         for completion in completions:
             token_ids = list(completion.token_ids)
-            stopped = completion.finish_reason == "stop"
-            if stopped and (not token_ids or token_ids[-1] not in self.eos_token_ids):
-                # vLLM keeps a stop token id in the output (checked against 0.32/0.33); the learner needs it
-                raise RuntimeError(
-                    f"vLLM stopped ({completion.stop_reason!r}) without an EOS id at the end of {token_ids[-5:]}"
-                )
             if completion.logprobs is None or len(completion.logprobs) != len(token_ids):
                 raise RuntimeError(f"vLLM returned no log-prob for some of {len(token_ids)} tokens")
             logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs, token_ids, strict=True)]
-            visible = token_ids[:-1] if stopped else token_ids
-            text = self.tokenizer.decode(visible, clean_up_tokenization_spaces=False)
-            assert isinstance(text, str)  # one sequence decodes to one string
-            samples.append(
-                Sample(
-                    prompt_token_ids=prompt_ids,
-                    token_ids=token_ids,
-                    logprobs=logprobs,
-                    text=text,
-                    finish_reason="stop" if stopped else "length",
-                )
-            )
+            samples.append(self.sample_of(prompt_ids, token_ids, logprobs, completion))
         return samples
+
+    def sample_of(self, prompt_ids: list[int], token_ids: list[int], logprobs: list[float], completion: Any) -> Sample:
+        """A finished completion's tokens and log-probs as a Sample (EOS kept in token_ids, left out of text);
+        `completion` (vLLM's CompletionOutput) says why it finished."""
+        stopped = completion.finish_reason == "stop"
+        if stopped and (not token_ids or token_ids[-1] not in self.eos_token_ids):
+            # vLLM keeps a stop token id in the output (checked against 0.32/0.33); the learner needs it
+            raise RuntimeError(
+                f"vLLM stopped ({completion.stop_reason!r}) without an EOS id at the end of {token_ids[-5:]}"
+            )
+        visible = token_ids[:-1] if stopped else token_ids
+        text = self.tokenizer.decode(visible, clean_up_tokenization_spaces=False)
+        assert isinstance(text, str)  # one sequence decodes to one string
+        return Sample(
+            prompt_token_ids=prompt_ids,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            text=text,
+            finish_reason="stop" if stopped else "length",
+        )
 
     # weights
     def _checked_file(self, safetensors_bytes: Buffer, path: Path | None) -> tuple[Path, bool]:
