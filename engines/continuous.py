@@ -33,6 +33,14 @@ class VersionChange:
     policy_version: int
 
 
+def record_change(versions: list[VersionChange], token_index: int, policy_version: int) -> None:
+    """A row's tokens from `token_index` on come from `policy_version` (replacing a change at the same token:
+    a row that has sampled nothing since the last change)."""
+    if versions and versions[-1].token_index == token_index:
+        versions.pop()
+    versions.append(VersionChange(token_index, policy_version))
+
+
 @dataclass(frozen=True)
 class SampleRequest:
     """One sample to draw: one row of the engine's batch."""

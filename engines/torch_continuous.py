@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engines.continuous import ContinuousBatch, FinishedSample, SampleRequest, StepStats, VersionChange
+from engines.continuous import (
+    ContinuousBatch,
+    FinishedSample,
+    SampleRequest,
+    StepStats,
+    VersionChange,
+    record_change,
+)
 from engines.interface import Sample
 from engines.prompts import check_prompt_ids, check_sampling_args
 from shared.keyed_sampling import keyed_choice
@@ -124,7 +131,7 @@ class TorchContinuousBatch(ContinuousBatch):
         started_s = time.perf_counter()
         self.state = self._prefill([row.context for row in self.rows])
         for row in self.rows:
-            row.versions.append(VersionChange(len(row.token_ids), version))
+            record_change(row.versions, len(row.token_ids), version)
         return time.perf_counter() - started_s
 
     def _admit(self) -> int:

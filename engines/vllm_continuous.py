@@ -21,7 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engines.continuous import ContinuousBatch, FinishedSample, SampleRequest, StepStats, VersionChange
+from engines.continuous import (
+    ContinuousBatch,
+    FinishedSample,
+    SampleRequest,
+    StepStats,
+    VersionChange,
+    record_change,
+)
 from engines.prompts import check_prompt_ids, check_sampling_args
 
 if TYPE_CHECKING:
@@ -95,7 +102,7 @@ class VLLMContinuousBatch(ContinuousBatch):
             return False
         self.policy_version = version
         for row in self.rows.values():
-            row.versions.append(VersionChange(len(row.token_ids), version))
+            record_change(row.versions, len(row.token_ids), version)
         return True
 
     def _admit(self) -> int:

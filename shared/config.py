@@ -374,6 +374,16 @@ class RolloutConfig(Section):
         "what a mixed-precision learner publishes (a float32 folder: float32)",
     )
 
+    batching: Literal["batch", "continuous"] = Field(
+        "batch",
+        description="batch: lease tasks, sample them in one engine call, swap weights between batches; continuous: "
+        "the engine's batch stays full (rows enter as others finish) and new weights land between two decoding "
+        "steps, samples in flight kept (docs/continuous_batching.md)",
+    )
+    continuous_max_rows: int = Field(
+        64, ge=1, le=4096, description="continuous batching: samples decoded together at most (the engine's batch)"
+    )
+
     heartbeat_interval_s: float = Field(1.0, gt=0, description="seconds between heartbeats")
     claim_idle_ms: int = Field(15000, ge=100, description="a task pending this long is claimed from its consumer")
     hold_versions_max: int = Field(

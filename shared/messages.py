@@ -131,7 +131,7 @@ class TaskGroup(Message):
 
 
 class RolloutGroup(Message):
-    """G completions of one prompt, all sampled by one policy version. Producer: rollout. Consumer: reward.
+    """G completions of one prompt. Producer: rollout. Consumer: reward.
 
     Arrays are raw bytes: `completion_token_ids` (int32) concatenates the samples' tokens in order,
     `completion_lengths` (int32, one per sample) splits it, `behaviour_logprobs` (float32) has one
@@ -144,6 +144,12 @@ class RolloutGroup(Message):
     log-prob is 0.0). Empty means all ones: every single-turn group. Every sample starts and ends with a
     model token. `env_rewards` (one per sample, in [0, 1], or empty) is the return the worker's
     environment gave: informational only, the reward service replays the episode and scores it itself.
+
+    Versions (docs/continuous_batching.md): `policy_version` is the OLDEST version any token of the group
+    was sampled with, the one admission judges. A worker that batches continuously lets new weights land
+    while samples are in flight: `version_changes` (int32 triples: sample index, completion token index,
+    version; sorted) says from which token of which sample on a newer version sampled. Empty: every token
+    was sampled with `policy_version` (batch-at-a-time workers, every multi-turn episode).
     """
 
     group_id: str = Field(min_length=1, max_length=64)
@@ -166,6 +172,7 @@ class RolloutGroup(Message):
     producer_mac: bytes = Field(b"", max_length=32)
     completion_mask: bytes = b""
     env_rewards: list[float] = Field(default_factory=list)
+    version_changes: bytes = b""
 
     @model_validator(mode="after")
     def _arrays_agree(self) -> Self:
@@ -191,6 +198,8 @@ class RolloutGroup(Message):
             )
         if self.completion_mask:
             self._check_mask(lengths, num_tokens)
+        if self.version_changes:
+            self._check_version_changes(lengths)
         if self.env_rewards:
             if len(self.env_rewards) != num_samples:
                 raise ValueError(f"{len(self.env_rewards)} env_rewards for {num_samples} samples")
@@ -213,9 +222,46 @@ class RolloutGroup(Message):
         if (unpack_float32(self.behaviour_logprobs)[mask == 0] != 0.0).any():
             raise ValueError("behaviour_logprobs must be 0.0 at environment tokens (mask 0)")
 
+    def _check_version_changes(self, lengths: np.ndarray) -> None:
+        if len(self.version_changes) % 12:
+            raise ValueError(f"version_changes has {len(self.version_changes)} bytes, not int32 triples")
+        triples = unpack_int32(self.version_changes).reshape(-1, 3)
+        samples, tokens, versions = triples[:, 0], triples[:, 1], triples[:, 2]
+        if ((samples < 0) | (samples >= len(lengths))).any():
+            raise ValueError("version_changes names a sample the group does not have")
+        if ((tokens < 0) | (tokens >= lengths[samples.clip(0, len(lengths) - 1)])).any():
+            raise ValueError("version_changes names a token past its sample's end")
+        if (versions <= self.policy_version).any():
+            raise ValueError(f"version_changes must name versions newer than policy_version {self.policy_version}")
+        order = np.lexsort((tokens, samples))
+        if (order != np.arange(len(triples))).any():
+            raise ValueError("version_changes must be sorted by sample, then token")
+        same_sample = samples[1:] == samples[:-1]
+        if (same_sample & ((tokens[1:] <= tokens[:-1]) | (versions[1:] <= versions[:-1]))).any():
+            raise ValueError("a sample's version changes must move to later tokens and newer versions")
+        if set(samples[tokens == 0].tolist()) == set(range(len(lengths))):
+            raise ValueError(f"no token was sampled with policy_version {self.policy_version}: it is not the oldest")
+
     @property
     def num_samples(self) -> int:
         return len(self.completion_lengths) // 4
+
+    def token_versions(self) -> np.ndarray:
+        """(num_tokens,) int32: the policy version that sampled each completion token, samples concatenated
+        (an environment's token in a masked sample counts as its sample's version there)."""
+        lengths = unpack_int32(self.completion_lengths)
+        versions = np.full(int(lengths.sum()), self.policy_version, dtype=INT32)
+        starts = np.cumsum(lengths) - lengths
+        triples = unpack_int32(self.version_changes).reshape(-1, 3)
+        for sample, token, version in triples.tolist():  # later changes of a sample overwrite from their token on
+            versions[starts[sample] + token : starts[sample] + lengths[sample]] = version
+        return versions
+
+    @property
+    def newest_version(self) -> int:
+        """The newest version any token of the group was sampled with."""
+        triples = unpack_int32(self.version_changes).reshape(-1, 3)
+        return int(triples[:, 2].max()) if len(triples) else self.policy_version
 
     def prompt_tokens(self) -> np.ndarray:
         return unpack_int32(self.prompt_token_ids)

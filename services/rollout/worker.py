@@ -24,6 +24,7 @@ from collections import defaultdict, deque
 
 from engines.interface import EngineError, InferenceEngine
 from services.rollout.announcement_client import HttpAnnouncements
+from services.rollout.continuous import ContinuousRollouts
 from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError, WorkerExpiredError
 from services.rollout.episodes import EpisodeRunner, build_episode_group
 from services.rollout.membership import Membership, NotRegisteredError
@@ -147,6 +148,9 @@ class RolloutWorker:
         self.gate_state = "closed"
         self.hold = WeightHold(run.rollout.hold_versions_max)  # an ablation's knob; off (0) otherwise
         self._episode_runner: EpisodeRunner | None = None
+        self.continuous = (  # [rollout] batching = "continuous": services/rollout/continuous.py
+            ContinuousRollouts(self, run.rollout.continuous_max_rows) if run.rollout.batching == "continuous" else None
+        )
 
     def run(self) -> None:
         """Serve tasks until `stop()`; the current batch is always finished (submitted) first."""
@@ -156,12 +160,14 @@ class RolloutWorker:
             while not self.stopping.is_set():
                 self.membership.raise_if_failed()
                 try:
-                    self.serve_once()
+                    self.continuous.serve_once() if self.continuous is not None else self.serve_once()
                     backoff.reset()
                 except (CoordinatorUnavailableError, WorkerExpiredError) as exc:
                     # Unanswered leases expire and are reissued; nothing is lost by waiting. A dead worker
                     # (410) waits for its membership to register it again.
                     backoff.wait(self.stopping, exc, "the work API")
+            if self.continuous is not None:
+                self.continuous.finish()
         except NotRegisteredError:
             log.info("stopped before registering")
         finally:
@@ -280,9 +286,10 @@ class RolloutWorker:
         self.generating = False
         self.stopping.wait(self.settings.worker_poll_s)
 
-    def lease_tasks(self) -> list[LeasedTask]:
-        """Tasks leased to this worker by the coordinator (expired leases of others first); maybe none."""
-        leased = self.work.lease(self.settings.worker_max_groups_per_batch).tasks
+    def lease_tasks(self, max_tasks: int | None = None) -> list[LeasedTask]:
+        """Tasks leased to this worker by the coordinator (expired leases of others first); maybe none.
+        At most `max_tasks` (default: worker_max_groups_per_batch)."""
+        leased = self.work.lease(max_tasks or self.settings.worker_max_groups_per_batch).tasks
         if leased:
             self.idle_wait_s = IDLE_WAIT_MIN_S
             self.sync_weights()  # a version may have been announced while we waited for tasks

@@ -194,6 +194,70 @@ def test_worker_samples_with_announced_versions_gates_on_staleness_and_dead_lett
     assert worker_info(coordinator_url, worker_id) is None  # deregistered on the way out
 
 
+def test_a_continuous_worker_keeps_its_batch_full_and_new_weights_land_in_samples_in_flight(
+    redis_server: RedisServer,
+    serve_coordinator: ServeCoordinator,
+    learner: LearnerSide,
+    bus: StreamBus,
+    keys: RunKeys,
+    model_dir: Path,
+) -> None:
+    """[rollout] batching = "continuous": groups come back as their samples finish, and version 1, published
+    while samples of version 0 are decoding, lands between two steps: those groups keep policy_version 0 (their
+    oldest token) and name the token where version 1 took over."""
+    max_rows, num_tasks = 8, 40
+    run = RunConfig(
+        run_id=keys.run_id,
+        schedule=ScheduleConfig(staleness_bound=STALENESS_BOUND),
+        rollout=RolloutConfig(
+            heartbeat_interval_s=0.2, claim_idle_ms=60_000, batching="continuous", continuous_max_rows=max_rows
+        ),
+        coordinator=CoordinatorConfig(lease_s=5.0),
+    )
+    coordinator_url = serve_coordinator(run).url
+    engine = TorchEngine(model_dir)
+    worker = RolloutWorker(run, worker_settings(coordinator_url, model_dir, "continuous"), engine)
+    assert worker.continuous is not None
+    occupancy: list[int] = []
+    step = worker.continuous.batch.step
+
+    def recorded_step() -> list:  # type: ignore[type-arg]
+        finished = step()
+        occupancy.append(worker.continuous.batch.last_step.num_rows)  # type: ignore[union-attr]
+        return finished
+
+    worker.continuous.batch.step = recorded_step  # type: ignore[method-assign]
+    learner.set_version(0)
+    learner.publish(0)
+    for i in range(num_tasks):
+        task = make_task(keys.run_id, f"t{i}", f"{i % 10}+{i % 7}=").model_copy(update={"max_new_tokens": 20})
+        bus.publish(TASKS, task)
+    thread = threading.Thread(target=worker.run, name="worker", daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: len(rollouts_of(bus, keys)) >= 2, "the first groups of version 0")
+        learner.set_version(1)
+        learner.publish(1)
+        wait_for(lambda: len(rollouts_of(bus, keys)) == num_tasks, "every task's group", timeout_s=120)
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+
+    groups = list(rollouts_of(bus, keys).values())
+    mixed = [group for group in groups if group.version_changes]
+    assert mixed, "version 1 landed in samples in flight"
+    for group in mixed:
+        assert (group.policy_version, group.newest_version) == (0, 1)
+        versions = group.token_versions()
+        assert set(versions.tolist()) == {0, 1}
+    assert {group.policy_version for group in groups} == {0, 1}
+    assert engine.policy_version == 1
+    busy = [rows for rows in occupancy if rows]
+    assert max(busy) == max_rows
+    assert sum(1 for rows in busy if rows == max_rows) > len(busy) / 2  # the batch stayed full most steps
+
+
 def test_worker_plays_multi_turn_poker_episodes_and_publishes_masked_groups(
     redis_server: RedisServer,
     serve_coordinator: ServeCoordinator,

@@ -199,3 +199,38 @@ def test_an_announcement_from_a_learner_that_does_not_stamp_its_publication_star
     del old["publish_started_at_s"]
     decoded = WeightsPublished.decode(msgpack.packb(old, use_bin_type=True))
     assert (decoded.publish_started_at_s, decoded.published_at_s) == (0.0, 100.5)  # 0.0: unknown
+
+
+def test_version_changes_say_which_version_sampled_each_token() -> None:
+    # sample 0 saw version 5 land after its first token; sample 1 ran on version 3 throughout
+    rollout = make_rollout(version_changes=pack_int32([0, 1, 5]))
+    decoded = RolloutGroup.decode(rollout.encode())
+    assert decoded.token_versions().tolist() == [3, 5, 3, 3]
+    assert (decoded.policy_version, decoded.newest_version) == (3, 5)
+    assert make_rollout().token_versions().tolist() == [3, 3, 3, 3]
+    # a sample that started on a newer version, and two changes in one sample
+    three = make_rollout(
+        completion_token_ids=pack_int32([7, 1, 7, 7, 1, 1]),
+        completion_lengths=pack_int32([2, 4]),
+        behaviour_logprobs=pack_float32([-0.5] * 6),
+        version_changes=pack_int32([1, 0, 4, 1, 2, 6]),
+    )
+    assert three.token_versions().tolist() == [3, 3, 4, 4, 6, 6]
+    assert three.newest_version == 6
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ([0, 1], "int32 triples"),
+        ([2, 0, 5], "sample the group does not have"),
+        ([0, 2, 5], "past its sample's end"),
+        ([0, 1, 3], "newer than policy_version"),
+        ([1, 1, 5, 0, 1, 5], "sorted"),
+        ([0, 0, 5, 0, 1, 4], "later tokens and newer versions"),
+        ([0, 0, 5, 1, 0, 4], "not the oldest"),
+    ],
+)
+def test_version_changes_that_contradict_the_group_are_refused(changes: list[int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_rollout(version_changes=pack_int32(changes))
