@@ -504,6 +504,10 @@ class LearnerState(Message):
     staleness_histogram: dict[str, int] = Field(
         default_factory=dict, description="trained groups by lag t - v over the run (across restarts)"
     )
+    token_staleness_histogram: dict[str, int] = Field(
+        default_factory=dict,
+        description="trained completion tokens by the lag of the version that sampled each, over the run",
+    )
     num_groups_trained: int = Field(0, ge=0, description="groups trained on in this run (each counted once)")
     num_dead_lettered: int = Field(0, ge=0, description="groups the learner dead-lettered in this run")
     num_restarts: int = Field(0, ge=0, description="times the learner resumed from a checkpoint")

@@ -38,6 +38,11 @@ class StepRecord(StepDiagnostics):
     reward_mean: float
     reward_std: float
     staleness_histogram: dict[str, int] = Field(description="trained groups: lag t - v -> number of groups")
+    token_staleness_histogram: dict[str, int] = Field(
+        default_factory=dict,
+        description="trained completion tokens: lag t - v of the version that sampled each -> number of tokens "
+        "(a group's lag is its oldest token's)",
+    )
     max_staleness: int
     num_dropped: dict[str, int] = Field(description="cumulative drops by reason")
     num_dead_lettered: int = Field(description="cumulative groups dead-lettered by the learner")
@@ -108,6 +113,7 @@ class RunTotals(BaseModel):
     num_dead_lettered: int = 0
     max_trained_staleness: int = 0
     staleness_histogram: dict[str, int] = Field(default_factory=dict)  # trained groups by lag t - v, whole run
+    token_staleness_histogram: dict[str, int] = Field(default_factory=dict)  # trained tokens by their own lag
     reward_mean_first: float | None = None
     reward_mean_last: float | None = None
     eval_accuracy_before: float | None = None
@@ -133,6 +139,8 @@ class RunTotals(BaseModel):
         self.max_trained_staleness = max(self.max_trained_staleness, record.max_staleness)
         for lag, count in record.staleness_histogram.items():
             self.staleness_histogram[lag] = self.staleness_histogram.get(lag, 0) + count
+        for lag, count in record.token_staleness_histogram.items():
+            self.token_staleness_histogram[lag] = self.token_staleness_histogram.get(lag, 0) + count
         if self.reward_mean_first is None:
             self.reward_mean_first = record.reward_mean
         self.reward_mean_last = record.reward_mean

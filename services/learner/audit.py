@@ -1,5 +1,6 @@
 """Exact comparisons at the claimed version: the learner re-scores a group with the weights of the very
-version v the worker says it sampled with (docs/trust.md).
+version v the worker says it sampled with (docs/trust.md); a group sampled while new weights landed
+(continuous batching) is re-scored token by token with the version each token names.
 
 An honest worker's behaviour log-probs mu then match to engine precision; a worker that sampled with other
 weights (older than claimed), invented mu, or sent token ids it did not sample does not. Two sources of pi_v:
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from services.learner.batch import AdmittedGroup, TrainBatch
@@ -33,6 +35,7 @@ from services.learner.provenance import ProvenanceCheck, audit_rows, group_prove
 from services.learner.trust import GroupStatistic, group_abs_diffs
 from shared.config import TrustConfig
 from shared.keyed_sampling import sample_seeds
+from shared.messages import unpack_int32
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,31 @@ class VersionCache:
         return self._weights.get(version)
 
 
+def sampled_versions(admitted: AdmittedGroup) -> tuple[int, ...]:
+    """The versions that sampled the group's tokens, oldest first (one, unless new weights landed while it was
+    in flight: docs/continuous_batching.md)."""
+    rollout = admitted.group.rollout
+    if not rollout.version_changes:
+        return (rollout.policy_version,)
+    return tuple(sorted(set(rollout.token_versions().tolist())))
+
+
+def position_versions(groups: list[AdmittedGroup], width: int) -> torch.Tensor:
+    """(b, width) the version that sampled the token at each target position of the groups' rows, in the
+    layout of batch.tensorize (target position j - 1 holds token j); the group's policy_version elsewhere."""
+    rows = []
+    for admitted in groups:
+        rollout = admitted.group.rollout
+        start = len(rollout.prompt_tokens()) - 1
+        lengths = unpack_int32(rollout.completion_lengths).tolist()
+        versions = np.split(rollout.token_versions(), np.cumsum(lengths)[:-1])
+        for sample_versions in versions:
+            row = torch.full((width,), rollout.policy_version, dtype=torch.long)
+            row[start : start + len(sample_versions)] = torch.from_numpy(sample_versions.astype(np.int64))
+            rows.append(row)
+    return torch.stack(rows)
+
+
 class Auditor:
     """Decides which groups get an exact comparison and computes it."""
 
@@ -100,42 +128,54 @@ class Auditor:
     ) -> list[ExactCheck]:
         """Per group (same order as `statistics`): its exact comparison, or NOT_CHECKED."""
         checks: list[ExactCheck] = [NOT_CHECKED] * len(statistics)
-        audits: dict[int, list[int]] = {}  # version -> indices of the groups to audit at it
+        audits: dict[tuple[int, ...], list[int]] = {}  # the versions that sampled them -> groups to audit
         for index, (admitted, stat) in enumerate(zip(groups, statistics, strict=True)):
             published_at_s = self.cache.published_at_s(stat.policy_version)
             if published_at_s is None or admitted.group.rollout.created_at_s < published_at_s or stat.num_tokens == 0:
                 continue
-            if self._rng.random() < self.config.audit_fraction and self.cache.weights(stat.policy_version):
-                audits.setdefault(stat.policy_version, []).append(index)
-            elif stat.lag == 0:
+            versions = sampled_versions(admitted)
+            if self._rng.random() < self.config.audit_fraction and all(self.cache.weights(v) for v in versions):
+                audits.setdefault(versions, []).append(index)
+            elif stat.lag == 0:  # its oldest token is the learner's version: every token is
                 checks[index] = ExactCheck(stat.abs_diff_nats, 0.0)  # pi_prox is pi_v
-        for version, indices in audits.items():
+        for versions, indices in audits.items():
             audited = [groups[i] for i in indices]
             for index, check in zip(
-                indices, self.audit(version, audited, [statistics[i] for i in indices], tensors), strict=True
+                indices, self.audit(versions, audited, [statistics[i] for i in indices], tensors), strict=True
             ):
                 checks[index] = check
         return checks
 
     def audit(
-        self, version: int, groups: list[AdmittedGroup], statistics: list[GroupStatistic], tensors: TrainBatch
+        self,
+        versions: tuple[int, ...],
+        groups: list[AdmittedGroup],
+        statistics: list[GroupStatistic],
+        tensors: TrainBatch,
     ) -> list[ExactCheck]:
-        """Recompute these groups' log-probs with `version`'s weights, and check their keyed sampling: one
-        no-grad forward of their rows. Each group is charged its share of the wall time."""
+        """Recompute these groups' log-probs with the weights of the versions that sampled them, and check
+        their keyed sampling: one no-grad forward of their rows per version, each token compared with its own
+        version's. Each group is charged its share of the wall time."""
         started_s = time.perf_counter()
-        model = self.model_at(version)
         rows = torch.cat([torch.arange(s.first_row, s.first_row + s.num_samples) for s in statistics])
-        device = next(model.parameters()).device
-        with torch.no_grad(), self.compute():
-            logprobs, gaps = audit_rows(
-                model,  # type: ignore[arg-type]
-                tensors.input_ids[rows].to(device),
-                tensors.attention_mask[rows].to(device),
-                tensors.temperatures[rows].to(device),
-                tensors.completion_mask[rows].to(device),
-                self.row_seeds(groups),
-            )
-        logprobs, gaps = logprobs.cpu(), gaps.cpu()  # (b, T - 1) each
+        by_position = position_versions(groups, tensors.completion_mask.shape[1])  # (b, T - 1)
+        logprobs = torch.zeros(by_position.shape, dtype=torch.float32)
+        gaps = torch.zeros(by_position.shape, dtype=torch.float32)
+        for version in versions:
+            model = self.model_at(version)
+            device = next(model.parameters()).device
+            with torch.no_grad(), self.compute():
+                version_logprobs, version_gaps = audit_rows(
+                    model,  # type: ignore[arg-type]
+                    tensors.input_ids[rows].to(device),
+                    tensors.attention_mask[rows].to(device),
+                    tensors.temperatures[rows].to(device),
+                    tensors.completion_mask[rows].to(device),
+                    self.row_seeds(groups),
+                )
+            mine = by_position == version
+            logprobs[mine] = version_logprobs.cpu().float()[mine]
+            gaps[mine] = version_gaps.cpu().float()[mine]
         completion_mask = tensors.completion_mask[rows]
         num_samples = [s.num_samples for s in statistics]
         diffs = group_abs_diffs(logprobs, tensors.behaviour_logprobs[rows], completion_mask, num_samples)

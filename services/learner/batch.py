@@ -308,6 +308,20 @@ class TrainBatch:
         return int(self.completion_mask.sum().item())
 
 
+def token_lags(groups: list[AdmittedGroup], learner_version: int) -> dict[str, int]:
+    """Trained completion tokens by lag: `learner_version` minus the version that sampled each (the model's
+    tokens only: an environment's observation is not sampled)."""
+    counts: Counter[int] = Counter()
+    for admitted in groups:
+        rollout = admitted.group.rollout
+        versions = rollout.token_versions()
+        if rollout.is_masked:
+            versions = versions[np.concatenate(rollout.sample_masks())]
+        lags, num_tokens = np.unique(learner_version - versions, return_counts=True)
+        counts.update(dict(zip(lags.tolist(), num_tokens.tolist(), strict=True)))
+    return {str(lag): counts[lag] for lag in sorted(counts)}
+
+
 def tensorize(groups: list[ScoredGroup], pad_token_id: int, normalize_advantage_by_std: bool) -> TrainBatch:
     """Lay the groups' samples out as rows of one right-padded batch, with per-sample advantages."""
     rows: list[np.ndarray] = []

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.learner import lora, trainer
-from services.learner.batch import BatchCollector, CollectedBatch, TrainBatch, tensorize
+from services.learner.batch import BatchCollector, CollectedBatch, TrainBatch, tensorize, token_lags
 from services.learner.checkpoint import capture, checkpoint_path, load_checkpoint, restore_rng, save_checkpoint
 from services.learner.distributed import RankGroup
 from services.learner.evaluator import Evaluator
@@ -298,6 +298,7 @@ class Learner:
             reward_mean=statistics.fmean(rewards),
             reward_std=statistics.pstdev(rewards),
             staleness_histogram={str(lag): count for lag, count in sorted(lags.items())},
+            token_staleness_histogram=token_lags(batch.groups, self.version - 1),
             max_staleness=max(lags),
             num_dropped=dict(self.collector.num_dropped),
             num_dead_lettered=self.collector.num_dead_lettered,
@@ -509,6 +510,9 @@ class Learner:
             idle_s_total=self.totals.idle_s,
             wall_s=self.wall_s(),
             staleness_histogram=dict(sorted(self.totals.staleness_histogram.items(), key=lambda item: int(item[0]))),
+            token_staleness_histogram=dict(
+                sorted(self.totals.token_staleness_histogram.items(), key=lambda item: int(item[0]))
+            ),
             mismatch_by_worker=self.last_mismatch,
             last_step=self.last_diagnostics,
             num_groups_trained=self.totals.num_groups,

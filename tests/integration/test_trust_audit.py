@@ -93,3 +93,65 @@ def test_versions_this_process_did_not_publish_are_not_audited(model_dir: Path) 
     tensors = tensorize([group], tokenizer.pad_token_id or 0, True)
     statistics = group_statistics(admitted, tensors, torch.zeros_like(tensors.behaviour_logprobs))
     assert auditor.check(admitted, statistics, tensors)[0].exact_diff_nats is None
+
+
+def test_a_group_whose_samples_saw_new_weights_land_is_audited_token_by_token(model_dir: Path) -> None:
+    """Continuous batching: version 6 lands while the samples of version 5 decode. Audited with each token's
+    own version, the honest group matches to engine precision and its keyed picks check out; the same tokens
+    claimed as all version 5 do not match."""
+    from engines.continuous import SampleRequest
+    from shared.keyed_sampling import sample_seeds
+    from shared.messages import pack_int32
+
+    torch.manual_seed(0)
+    model, tokenizer = trainer.load_policy(model_dir)
+    auditor = Auditor(model, CONFIG, seed=0)
+    versions: dict[int, dict[str, torch.Tensor]] = {}
+    for version in (5, 6):
+        auditor.remember(version, model)
+        versions[version] = copy.deepcopy(model.state_dict())
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(torch.randn_like(parameter) * 0.05)
+    engine = TorchEngine(model_dir)
+    engine.load_state_dict(versions[5], 5)
+    task = TaskGroup(
+        run_id="r", task_id="t-mixed", task_name="arithmetic_mod10", prompt="3+4=", num_samples=8,
+        max_new_tokens=12, temperature=1.0,
+    )  # fmt: skip
+    (prompt_ids,) = engine.encode_prompts([task.prompt], task.max_new_tokens)
+    batch = engine.continuous_batch(max_rows=8)
+    seeds = sample_seeds(task.task_id, task.num_samples)
+    batch.add([SampleRequest(j, tuple(prompt_ids), 12, 1.0, seed) for j, seed in enumerate(seeds)])
+    finished = {done.request_id: done for done in batch.step()}
+    engine.load_state_dict(versions[6], 6)  # between two steps
+    while batch.num_running:
+        finished.update((done.request_id, done) for done in batch.step())
+    samples = [finished[j] for j in range(task.num_samples)]
+    changes = [
+        (j, c.token_index, c.policy_version) for j, s in enumerate(samples) for c in s.versions if c.policy_version > 5
+    ]
+    assert changes, "some samples were in flight at the swap"
+
+    rollout = build_rollout_group(
+        task,
+        [s.sample for s in samples],
+        "w-honest",
+        5,
+        0.01,
+        version_changes=pack_int32([v for c in changes for v in c]),
+    )
+    claimed_old = rollout.model_copy(update={"version_changes": b"", "worker_id": "w-claims-5"})
+    groups = [
+        AdmittedGroup(
+            Delivery("scored", "learner", f"{i}-0", ScoredGroup(run_id="r", rollout=r, rewards=[0.0] * 8), 1), 1, False
+        )
+        for i, r in enumerate((rollout, claimed_old))
+    ]
+    tensors = tensorize([a.group for a in groups], tokenizer.pad_token_id or 0, True)
+    statistics = group_statistics(groups, tensors, torch.zeros_like(tensors.behaviour_logprobs))
+    honest, claimed = auditor.check(groups, statistics, tensors)
+
+    assert honest.exact_diff_nats is not None and honest.exact_diff_nats < 1e-4
+    assert honest.provenance is not None and not honest.provenance.failed and honest.provenance.num_violations == 0
+    assert claimed.exact_diff_nats is not None and claimed.exact_diff_nats > CONFIG.audit_tolerance_nats

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from services.learner.batch import InvalidGroupError, tensorize, validate_group
+from services.learner.batch import AdmittedGroup, InvalidGroupError, tensorize, token_lags, validate_group
 from services.learner.grpo import ADVANTAGE_EPS
+from shared.bus import Delivery
 from shared.messages import RolloutGroup, ScoredGroup, pack_float32, pack_int32
 
 PAD = 0
@@ -85,3 +86,20 @@ def test_groups_the_model_cannot_hold_are_refused_with_a_reason(group: ScoredGro
 
 def test_a_valid_group_passes_validation() -> None:
     validate_group(scored_group([7, 3, 8, 14], [[5, 1], []], [1.0, 0.0]), vocab_size=16, max_positions=32)
+
+
+def test_token_lags_count_each_token_at_the_version_that_sampled_it() -> None:
+    group = scored_group([1, 2], [[3, 4, 5], [6, 7]], [1.0, 0.0])
+    mixed = group.model_copy(
+        update={
+            "rollout": group.rollout.model_copy(
+                update={"policy_version": 4, "version_changes": pack_int32([0, 2, 5, 1, 0, 6])}
+            )
+        }
+    )
+    plain = group.model_copy(update={"rollout": group.rollout.model_copy(update={"policy_version": 6})})
+    admitted = [AdmittedGroup(Delivery("s", "g", f"{i}-0", each, 1), 0, False) for i, each in enumerate([mixed, plain])]
+
+    # learner at 7: sample 0 has 2 tokens of version 4 (lag 3) and 1 of version 5 (lag 2); sample 1 and the
+    # plain group's 5 tokens are version 6 (lag 1)
+    assert token_lags(admitted, 7) == {"1": 7, "2": 1, "3": 2}
