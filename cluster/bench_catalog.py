@@ -77,6 +77,11 @@ BENCHMARKS: dict[str, Benchmark] = {
     "engines": Benchmark(
         "benchmarks.engine_throughput", "torch vs vLLM engine: tokens/s and swap time (needs --vllm-python)"
     ),
+    "continuous-engines": Benchmark(
+        "benchmarks.continuous_engines",
+        "batch-at-a-time vs continuous batching with in-flight updates, per engine: tokens/s, occupancy, "
+        "pauses (needs --vllm-python; ~3 min)",
+    ),
     "lora": Benchmark(
         "benchmarks.lora_payload",
         "LoRA vs full versions: bytes per version, swap time per engine (needs --vllm-python)",
