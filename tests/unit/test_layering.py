@@ -6,8 +6,9 @@ engines/       imports shared/ only (of the project)
 liars          the trust tests' lying workers live in benchmarks/ (liars.py, liar_worker.py): no service,
                contract or engine imports them or reads their RL_FAULT_* switches, so a production worker
                cannot be made to lie
-vLLM           imported by the vLLM engine alone: engines/vllm_engine.py and the sampler hook it installs
-               into vLLM's own worker (engines/vllm_keyed_sampler.py); benchmarks/gpu.py also times bare
+vLLM           imported by the vLLM engine alone: engines/vllm_engine.py, its continuous batch
+               (engines/vllm_continuous.py) and the sampler hook it installs into vLLM's own worker
+               (engines/vllm_keyed_sampler.py); benchmarks/gpu.py also times bare
                vLLM as its baseline
 """
 
@@ -20,7 +21,12 @@ from pathlib import Path
 import pytest
 
 PROJECT_PACKAGES = ("shared", "services", "engines", "cluster", "simulator", "benchmarks")
-VLLM_IMPORTERS = {"engines/vllm_engine.py", "engines/vllm_keyed_sampler.py", "benchmarks/gpu.py"}
+VLLM_IMPORTERS = {
+    "engines/vllm_engine.py",
+    "engines/vllm_continuous.py",
+    "engines/vllm_keyed_sampler.py",
+    "benchmarks/gpu.py",
+}
 WEIGHT_CHANNEL = "shared.weight_channel"
 CHUNK_PROTOCOL = {f"{WEIGHT_CHANNEL}.protocol", f"{WEIGHT_CHANNEL}.server", f"{WEIGHT_CHANNEL}.client"}
 PRODUCTION_PACKAGES = ("services", "shared", "engines")
