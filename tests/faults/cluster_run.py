@@ -13,6 +13,7 @@ is the test's line in benchmarks/results/fault_suite.json (tests/faults/conftest
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -73,7 +74,7 @@ def run_with_fault(
 ) -> FaultRun:
     cluster = LocalCluster(
         ClusterOptions(
-            config_path=FAULTS_TOML,
+            config_path=fault_suite_config(tmp_path),
             num_workers=num_workers,
             runs_dir=tmp_path / "runs",
             model_dir=model_dir,
@@ -107,6 +108,20 @@ def run_with_fault(
     run = FaultRun(cluster, final_status, report, accounting, injected[0] if injected else None, wall_s)
     run.row = result_row(run)
     return run
+
+
+def fault_suite_config(tmp_path: Path) -> Path:
+    """faults.toml, or under RL_FAULT_SUITE_BATCHING=continuous (`make test-faults-continuous`) the same run
+    with continuous batching and in-flight weight updates on the workers (docs/continuous_batching.md)."""
+    batching = os.environ.get("RL_FAULT_SUITE_BATCHING", "batch")
+    if batching == "batch":
+        return FAULTS_TOML
+    if batching != "continuous":
+        raise ValueError(f"RL_FAULT_SUITE_BATCHING={batching!r}: expected batch or continuous")
+    text = FAULTS_TOML.read_text().replace("[rollout]\n", '[rollout]\nbatching = "continuous"\n', 1)
+    path = tmp_path / "faults_continuous.toml"
+    path.write_text(text)
+    return path
 
 
 def all_working(status: StatusResponse, num_workers: int) -> bool:

@@ -97,3 +97,33 @@ def test_the_liar_entry_reads_its_kind_from_the_environment() -> None:
         FaultKind.STALE_WEIGHTS,
         4,
     )
+
+
+def test_a_lying_engine_lies_in_its_continuous_batch_too(tiny_policy_dir: Path) -> None:
+    """Continuous mode: garbage log-probs per finished sample; stale_weights claims the newest version it was
+    given for the whole sample."""
+    from engines.continuous import SampleRequest, VersionChange
+    from engines.torch_engine import TorchEngine
+
+    honest = TorchEngine(tiny_policy_dir)
+    honest.load_state_dict(honest.model.state_dict(), policy_version=0)
+    (prompt_ids,) = honest.encode_prompts(["3+4="], 4)
+    requests = [SampleRequest(j, tuple(prompt_ids), 4, 1.0, 100 + j) for j in range(4)]
+
+    def run(engine: LyingEngine) -> list:  # type: ignore[type-arg]
+        batch = engine.continuous_batch(max_rows=4)
+        batch.add(requests)
+        finished = []
+        while batch.num_running or batch.num_waiting:
+            finished.extend(batch.step())
+        return sorted(finished, key=lambda done: done.request_id)
+
+    truth = run(LyingEngine(honest, FaultKind.STALE_WEIGHTS, stale_after_version=5))  # not stale yet: honest
+    garbage = run(LyingEngine(honest, FaultKind.GARBAGE_LOGPROBS, seed=1))
+    assert [d.sample.token_ids for d in garbage] == [d.sample.token_ids for d in truth]  # keyed: same picks
+    assert all(d.sample.logprobs != t.sample.logprobs for d, t in zip(garbage, truth, strict=True))
+
+    stale = LyingEngine(honest, FaultKind.STALE_WEIGHTS, stale_after_version=0)
+    stale.load_weights(b"never loaded", policy_version=7)
+    assert honest.policy_version == 0 and stale.policy_version == 7
+    assert all(done.versions == (VersionChange(0, 7),) for done in run(stale))
