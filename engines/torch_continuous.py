@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -42,6 +42,9 @@ from shared.keyed_sampling import keyed_choice
 
 if TYPE_CHECKING:
     from engines.torch_engine import TorchEngine
+
+
+KvAfterUpdate = Literal["recompute", "keep"]
 
 
 @dataclass
@@ -72,11 +75,14 @@ class Prefilled:
 
 
 class TorchContinuousBatch(ContinuousBatch):
-    def __init__(self, engine: TorchEngine, max_rows: int) -> None:
+    def __init__(self, engine: TorchEngine, max_rows: int, kv_after_update: KvAfterUpdate = "recompute") -> None:
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.engine = engine
         self.max_rows = max_rows
+        # "keep" exists to measure what recomputing buys (benchmarks/continuous_engines.py): the old weights'
+        # cache stays, so later tokens come from neither version's distribution given the whole context
+        self.kv_after_update = kv_after_update
         self.rows: list[Row] = []
         self.waiting: deque[SampleRequest] = deque()
         self.state: Prefilled | None = None  # None iff no row is running
@@ -127,6 +133,10 @@ class TorchContinuousBatch(ContinuousBatch):
             return 0.0
         self.policy_version = version
         if not self.rows:
+            return 0.0
+        if self.kv_after_update == "keep":  # the pending logits are the old weights': the next token is theirs
+            for row in self.rows:
+                record_change(row.versions, len(row.token_ids) + 1, version)
             return 0.0
         started_s = time.perf_counter()
         self.state = self._prefill([row.context for row in self.rows])
@@ -233,7 +243,8 @@ class TorchContinuousBatch(ContinuousBatch):
             text=text,
             finish_reason="stop" if row.stopped else "length",
         )
-        return FinishedSample(row.request.request_id, sample, tuple(row.versions))
+        versions = tuple(change for change in row.versions if change.token_index < len(row.token_ids))
+        return FinishedSample(row.request.request_id, sample, versions)
 
 
 def cache_layers(cache: Any) -> list[Any]:
