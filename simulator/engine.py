@@ -67,6 +67,12 @@ class SimConfig:
     measurement_noise: float = 0.05  # relative error of a worker's measured throughput
     max_sim_s: float = 1e7
     seed: int = 0
+    # Worker batching (docs/continuous_batching.md): "batch" runs a call of up to max_groups_per_batch groups;
+    # "continuous" keeps max_groups_per_batch * G rows decoding, each sample a row (simulator/continuous.py).
+    batching: str = "batch"
+    # Sample lengths as multiples of their mean (empty: every sample the mean). A batch call lasts as long as
+    # its longest sample; a continuous row as long as its own.
+    length_factors: tuple[float, ...] = ()
 
     @property
     def samples_per_step(self) -> int:
@@ -307,10 +313,16 @@ class Simulation:
             return
         num_groups = min(self.config.max_groups_per_batch, self.pool)
         self.pool -= num_groups
-        latency_s = self.config.call_overhead_s + num_groups * self.config.group_size / w.spec.samples_per_s
+        num_rows = num_groups * self.config.group_size
+        latency_s = self.config.call_overhead_s + num_rows / w.spec.samples_per_s * self.longest_of(num_rows)
         w.busy, w.batch_groups, w.batch_version, w.batch_latency_s = True, num_groups, held, latency_s
         w.batch_token += 1
         self.schedule(self.now + latency_s, Kind.BATCH_DONE, w.index, w.batch_token)
+
+    def longest_of(self, num_samples: int) -> float:
+        """The length factor of the longest of `num_samples` samples (1 without length_factors)."""
+        factors = self.config.length_factors
+        return max(self.rng.choices(factors, k=num_samples)) if factors else 1.0
 
     def finish_batch(self, w: SimWorker, token: int) -> None:
         if not w.busy or w.batch_token != token:
@@ -515,4 +527,8 @@ class Simulation:
 
 
 def simulate(config: SimConfig, workers: list[WorkerSpec], sampler: FleetSampler | None = None) -> SimResult:
+    if config.batching == "continuous":
+        from simulator.continuous import ContinuousSimulation
+
+        return ContinuousSimulation(config, workers, sampler).run()
     return Simulation(config, workers, sampler).run()
