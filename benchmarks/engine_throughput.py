@@ -33,12 +33,12 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.engine_child import run_engine_child
 from benchmarks.result_file import write_result
 
 RESULTS = Path("benchmarks/results/engine_throughput.json")
@@ -122,16 +122,6 @@ def measure(kind: str, model_dir: Path, num_threads: int) -> dict:
     }
 
 
-def run_child(python: str, kind: str, num_threads: int, model_dir: Path, timeout_s: float) -> dict:
-    command = [python, "-m", "benchmarks.engine_throughput", "--child", kind, str(num_threads), str(model_dir)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        last_error = [line for line in done.stderr.strip().splitlines() if "Error" in line][-1:]
-        return {"error": (last_error or [f"exit {done.returncode}"])[0][:300]}
-    return json.loads(lines[-1])
-
-
 def num_parameters(model_dir: Path) -> int:
     from engines.vllm_engine import checkpoint_tensor_shapes  # reads the safetensors headers only
 
@@ -177,7 +167,9 @@ def main() -> None:
             entry: dict = {"num_parameters": num_parameters(model_dir), "head_dim": head_dim, "engines": {}}
             for variant, (python, kind, num_threads) in variants.items():
                 load_before = os.getloadavg()[0]
-                measured = run_child(python, kind, num_threads, model_dir, args.timeout_s)
+                measured = run_engine_child(
+                    python, "benchmarks.engine_throughput", [kind, str(num_threads), str(model_dir)], args.timeout_s
+                )
                 entry["engines"][variant] = {**measured, "load_avg_1min_before": round(load_before, 2)}
                 print(name, variant, json.dumps(entry["engines"][variant]), flush=True)
             results["models"][name] = entry

@@ -33,7 +33,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +41,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from benchmarks.engine_child import run_engine_child
 from benchmarks.result_file import write_result
 
 if TYPE_CHECKING:
@@ -135,17 +135,6 @@ def measure(kind: str, model_dir: Path) -> dict[str, object]:
     }
 
 
-def run_child(python: str, kind: str, model_dir: Path, timeout_s: float) -> dict[str, object]:
-    command = [python, "-m", "benchmarks.lora_payload", "--child", kind, str(model_dir)]
-    env = {**os.environ, "PYTHONPATH": str(Path.cwd())}  # this checkout's code, whichever venv runs it
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        last_error = [line for line in done.stderr.strip().splitlines() if "Error" in line][-1:]
-        return {"error": (last_error or [f"exit {done.returncode}"])[0][:300]}
-    return dict(json.loads(lines[-1]))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -184,7 +173,7 @@ def main() -> None:
                 "adapter_fraction": round(len(adapter) / len(full), 4),
                 "adapter_bytes_by_rank": {rank: len(blobs(model_dir, seed=0, rank=rank)[0]) for rank in (8, 16, 64)},
                 "engines": {
-                    kind: run_child(python, kind, model_dir, args.timeout_s)
+                    kind: run_engine_child(python, "benchmarks.lora_payload", [kind, str(model_dir)], args.timeout_s)
                     for kind, python in (("torch", sys.executable), ("vllm", args.vllm_python))
                 },
             }

@@ -18,10 +18,12 @@ This module imports neither torch nor vllm.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engines.interface import Sample
+from engines.prompts import check_prompt_ids, check_sampling_args
 
 
 @dataclass(frozen=True)
@@ -73,15 +75,36 @@ class StepStats:
     recompute_s: float  # time spent re-prefilling in-flight rows after a weight change (0: none)
 
 
+@dataclass
+class Row:
+    """One running sample: what it has sampled so far, and with which versions."""
+
+    request: SampleRequest
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[VersionChange] = field(default_factory=list)
+
+
 class ContinuousBatch(ABC):
-    """A running batch of at most `max_rows` rows on one engine."""
+    """A running batch of at most `max_rows` rows on one engine. The base holds what every engine's batch
+    does alike: checking and queueing requests, the version the running rows follow, the last step's stats."""
 
-    max_rows: int
+    def __init__(self, max_rows: int, max_positions: int | None, policy_version: int) -> None:
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        self.max_rows = max_rows
+        self.max_positions = max_positions  # the engine's context (None: unknown)
+        self.waiting: deque[SampleRequest] = deque()
+        self.policy_version = policy_version  # the weights the running rows were last computed with
+        self._last_step: StepStats | None = None
 
-    @abstractmethod
     def add(self, requests: Sequence[SampleRequest]) -> None:
         """Queue rows; they enter the batch at the next step with room. Raises ValueError for a bad request
         (the batch is unchanged)."""
+        for request in requests:  # every request checked before any is queued
+            check_sampling_args(1, request.max_new_tokens, request.temperature)
+            check_prompt_ids([request.prompt_ids], request.max_new_tokens, self.max_positions)
+        self.waiting.extend(requests)
 
     @abstractmethod
     def step(self) -> list[FinishedSample]:
@@ -96,9 +119,17 @@ class ContinuousBatch(ABC):
     def num_running(self) -> int: ...
 
     @property
-    @abstractmethod
-    def num_waiting(self) -> int: ...
+    def num_waiting(self) -> int:
+        return len(self.waiting)
 
     @property
-    @abstractmethod
-    def last_step(self) -> StepStats | None: ...
+    def last_step(self) -> StepStats | None:
+        return self._last_step
+
+    def take_waiting(self) -> list[SampleRequest]:
+        """The waiting requests that fit in the places the running rows leave, in order."""
+        room = min(self.max_rows - self.num_running, len(self.waiting))
+        return [self.waiting.popleft() for _ in range(room)]
+
+    def drop_waiting(self, request_ids: set[int]) -> None:
+        self.waiting = deque(r for r in self.waiting if r.request_id not in request_ids)

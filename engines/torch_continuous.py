@@ -21,9 +21,8 @@ sampled here picks the tokens `TorchEngine.generate` picks for the same seed (te
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -31,13 +30,13 @@ import torch
 from engines.continuous import (
     ContinuousBatch,
     FinishedSample,
+    Row,
     SampleRequest,
     StepStats,
     VersionChange,
     record_change,
 )
 from engines.interface import Sample
-from engines.prompts import check_prompt_ids, check_sampling_args
 from shared.keyed_sampling import keyed_choice
 
 if TYPE_CHECKING:
@@ -48,11 +47,7 @@ KvAfterUpdate = Literal["recompute", "keep"]
 
 
 @dataclass
-class Row:
-    request: SampleRequest
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[VersionChange] = field(default_factory=list)
+class TorchRow(Row):
     stopped: bool = False  # sampled an EOS
 
     @property
@@ -76,40 +71,21 @@ class Prefilled:
 
 class TorchContinuousBatch(ContinuousBatch):
     def __init__(self, engine: TorchEngine, max_rows: int, kv_after_update: KvAfterUpdate = "recompute") -> None:
-        if max_rows < 1:
-            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        super().__init__(max_rows, engine.max_positions, engine.policy_version)
         self.engine = engine
-        self.max_rows = max_rows
         # "keep" exists to measure what recomputing buys (benchmarks/continuous_engines.py): the old weights'
         # cache stays, so later tokens come from neither version's distribution given the whole context
         self.kv_after_update = kv_after_update
-        self.rows: list[Row] = []
-        self.waiting: deque[SampleRequest] = deque()
+        self.rows: list[TorchRow] = []
         self.state: Prefilled | None = None  # None iff no row is running
-        self.policy_version = engine.policy_version  # the weights the running rows' cache was made with
-        self._last_step: StepStats | None = None
 
     @property
     def num_running(self) -> int:
         return len(self.rows)
 
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting)
-
-    @property
-    def last_step(self) -> StepStats | None:
-        return self._last_step
-
-    def add(self, requests: Sequence[SampleRequest]) -> None:
-        for request in requests:  # every request checked before any is queued
-            check_sampling_args(1, request.max_new_tokens, request.temperature)
-            check_prompt_ids([request.prompt_ids], request.max_new_tokens, self.engine.max_positions)
-        self.waiting.extend(requests)
-
     def abort(self, request_ids: Sequence[int]) -> None:
         dropped = set(request_ids)
-        self.waiting = deque(r for r in self.waiting if r.request_id not in dropped)
+        self.drop_waiting(dropped)
         self._keep([index for index, row in enumerate(self.rows) if row.request.request_id not in dropped])
 
     def step(self) -> list[FinishedSample]:
@@ -145,12 +121,11 @@ class TorchContinuousBatch(ContinuousBatch):
         return time.perf_counter() - started_s
 
     def _admit(self) -> int:
-        room = self.max_rows - len(self.rows)
-        admitted = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
+        admitted = self.take_waiting()
         if not admitted:
             return 0
         new = self._prefill_prompts(admitted)
-        self.rows.extend(Row(request, versions=[VersionChange(0, self.policy_version)]) for request in admitted)
+        self.rows.extend(TorchRow(request, versions=[VersionChange(0, self.policy_version)]) for request in admitted)
         self.state = new if self.state is None else merge(self.state, new)
         return len(admitted)
 
@@ -233,7 +208,7 @@ class TorchContinuousBatch(ContinuousBatch):
             return
         self.state = trim(select(self.state, torch.tensor(indices, device=self.engine.device)))
 
-    def _finished(self, row: Row) -> FinishedSample:
+    def _finished(self, row: TorchRow) -> FinishedSample:
         visible = row.token_ids[:-1] if row.stopped else row.token_ids  # the text excludes EOS
         text = str(self.engine.tokenizer.decode(visible, clean_up_tokenization_spaces=False))
         sample = Sample(

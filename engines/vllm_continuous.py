@@ -16,65 +16,36 @@ at the position it had. Tokens that come out of steps after the load are the new
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from engines.continuous import (
     ContinuousBatch,
     FinishedSample,
+    Row,
     SampleRequest,
     StepStats,
     VersionChange,
     record_change,
 )
-from engines.prompts import check_prompt_ids, check_sampling_args
 
 if TYPE_CHECKING:
     from engines.vllm_engine import VLLMEngine
 
 
-@dataclass
-class Row:
-    request: SampleRequest
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[VersionChange] = field(default_factory=list)
-
-
 class VLLMContinuousBatch(ContinuousBatch):
     def __init__(self, engine: VLLMEngine, max_rows: int) -> None:
-        if max_rows < 1:
-            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        super().__init__(max_rows, engine.max_positions, engine.policy_version)
         self.engine = engine
-        self.max_rows = max_rows
         self.rows: dict[str, Row] = {}  # in vLLM, by vLLM request id
-        self.waiting: deque[SampleRequest] = deque()
-        self.policy_version = engine.policy_version
-        self._last_step: StepStats | None = None
 
     @property
     def num_running(self) -> int:
         return len(self.rows)
 
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting)
-
-    @property
-    def last_step(self) -> StepStats | None:
-        return self._last_step
-
-    def add(self, requests: Sequence[SampleRequest]) -> None:
-        for request in requests:  # every request checked before any is queued
-            check_sampling_args(1, request.max_new_tokens, request.temperature)
-            check_prompt_ids([request.prompt_ids], request.max_new_tokens, self.engine.max_positions)
-        self.waiting.extend(requests)
-
     def abort(self, request_ids: Sequence[int]) -> None:
         dropped = set(request_ids)
-        self.waiting = deque(r for r in self.waiting if r.request_id not in dropped)
+        self.drop_waiting(dropped)
         gone = [key for key, row in self.rows.items() if row.request.request_id in dropped]
         if gone:
             self.engine.call_on_engine_thread(self.engine.llm.llm_engine.abort_request, gone)
@@ -106,7 +77,7 @@ class VLLMContinuousBatch(ContinuousBatch):
         return True
 
     def _admit(self) -> int:
-        admitted = [self.waiting.popleft() for _ in range(min(self.max_rows - len(self.rows), len(self.waiting)))]
+        admitted = self.take_waiting()
         if admitted:
             self.engine.call_on_engine_thread(self._add_to_vllm, admitted)
         return len(admitted)

@@ -130,18 +130,17 @@ class ContinuousRollouts:
         if stats is not None and stats.recompute_s > 0:
             self.worker.swap_pauses.observe(stats.recompute_s)
         self.worker.throughput.record(len(finished), step_s, stats.num_rows if stats is not None else 0)
+        touched = set()
         for sample in finished:
             number, j = divmod(sample.request_id, REQUESTS_PER_TASK)
             self.tasks[number].samples[j] = sample
-        completed = [number for number, task in self.tasks.items() if task.done]
-        registration = self.worker.membership.registration
+            touched.add(number)
+        completed = [self.tasks.pop(number) for number in sorted(touched) if self.tasks[number].done]
+        if not completed:
+            return []
+        registration = self.worker.membership.registration  # the id and its key from the same registration
         rollout_key = bytes.fromhex(registration.access.rollout_key_hex)
-        outcomes: list[Outcome] = []
-        for number in completed:
-            task = self.tasks.pop(number)
-            group = group_of(task, registration.worker_id)
-            outcomes.append((task.lease, sign_rollout(group, rollout_key)))
-        return outcomes
+        return [(task.lease, sign_rollout(group_of(task, registration.worker_id), rollout_key)) for task in completed]
 
 
 REQUESTS_PER_TASK = 1 << 16  # a request id is task number * this + sample index
