@@ -37,7 +37,7 @@ from services.rollout.announcement_client import StreamAnnouncements
 from shared.bus import StreamBus, connect
 from shared.keys import RunKeys
 from shared.signing import load_signing_key
-from shared.weight_channel import ChunkServer, ChunkStore
+from shared.weight_channel import ChunkServer, ChunkStore, WeightFollower
 
 SIGNING_KEY = load_signing_key("5" * 64)  # fixed: the learner node signs, receivers verify with PUBLIC_KEY
 PUBLIC_KEY = SIGNING_KEY.public_key()
@@ -198,14 +198,16 @@ def serve_receiver(args: argparse.Namespace) -> None:
 
     sync = WeightsSync(
         StreamAnnouncements(bus),  # the node reads the stream itself: no coordinator in this benchmark
-        store,
-        PUBLIC_KEY,
-        run_id=args.run_id,
-        parents=lambda learner_url: holders,
-        own_url=server.url,
-        chunk_wait_s=args.chunk_wait_s,
-        stall_timeout_s=args.stall_timeout_s,
-        version_timeout_s=600.0,
+        WeightFollower(
+            store,
+            PUBLIC_KEY,
+            run_id=args.run_id,
+            parents=lambda learner_url: holders,
+            own_url=server.url,
+            chunk_wait_s=args.chunk_wait_s,
+            stall_timeout_s=args.stall_timeout_s,
+            version_timeout_s=600.0,
+        ),
         on_ready=on_ready,
     )
     sync.start()

@@ -36,11 +36,8 @@ from services.rollout.announcement_client import AnnouncementSource, is_announce
 from shared.api import MAX_DURATION_S, WeightSwapReport
 from shared.messages import WeightsPublished
 from shared.retry import Backoff
-from shared.signing import Ed25519PublicKey
 from shared.weight_channel import (
-    ChunkStore,
     ModelMismatchError,
-    ParentLookup,
     VerifiedVersion,
     WeightFollower,
     WeightsError,
@@ -56,38 +53,16 @@ class WeightsSync:
     def __init__(
         self,
         announcements: AnnouncementSource,
-        store: ChunkStore,
-        public_key: Ed25519PublicKey,
+        follower: WeightFollower,
         *,
-        run_id: str,
-        parents: ParentLookup | None = None,
-        own_url: str = "",
-        fetch_timeout_s: float = 30.0,
         retry_failed_after_s: float = 2.0,
-        stall_timeout_s: float = 15.0,
-        chunk_wait_s: float = 10.0,
-        version_timeout_s: float = 120.0,
-        model_fingerprint: str = "",
-        base_fingerprint: str = "",
         on_ready: Callable[[VerifiedVersion], None] | None = None,
     ) -> None:
         self.announcements = announcements  # closed by close()
+        self.follower = follower  # fetches, relays and verifies; its store is the worker's chunk store
         self.on_ready = on_ready  # called on the fetching thread the moment a version is ready to load
-        self.store = store
+        self.store = follower.store
         self.retry_failed_after_s = retry_failed_after_s
-        self.follower = WeightFollower(
-            store,
-            public_key,
-            run_id=run_id,
-            parents=parents,
-            own_url=own_url,
-            fetch_timeout_s=fetch_timeout_s,
-            stall_timeout_s=stall_timeout_s,
-            chunk_wait_s=chunk_wait_s,
-            version_timeout_s=version_timeout_s,
-            model_fingerprint=model_fingerprint,
-            base_fingerprint=base_fingerprint,
-        )
         self.loaded: WeightsPublished | None = None
         self.last_swap: WeightSwapReport | None = None  # read by the heartbeat thread
         self.num_rejected = 0

@@ -42,7 +42,7 @@ from shared.messages import RolloutGroup
 from shared.retry import Backoff
 from shared.rollout_mac import sign_rollout
 from shared.tokenization import PromptInput
-from shared.weight_channel import ChunkServer, ChunkStore, base_fingerprint
+from shared.weight_channel import ChunkServer, ChunkStore, WeightFollower, base_fingerprint
 from shared.work_api import LeasedTask
 
 log = logging.getLogger(__name__)
@@ -116,19 +116,21 @@ class RolloutWorker:
         )
         self.weights = WeightsSync(
             HttpAnnouncements(settings.coordinator_url, self.token),  # long polls the coordinator
-            self.store,
-            settings.public_key(),
-            run_id=run.run_id,
-            fetch_timeout_s=run.broadcast.chunk_wait_s + 5.0,
-            # relay: stream from the parent the coordinator assigns; fetching runs on its own thread
-            parents=CoordinatorParents(settings.coordinator_url, lambda: self.membership.worker_id),
-            own_url=settings.resolved_public_url(self.chunk_server.url),
-            stall_timeout_s=run.broadcast.stall_timeout_s,
-            chunk_wait_s=run.broadcast.chunk_wait_s,
-            version_timeout_s=run.broadcast.version_timeout_s,
-            model_fingerprint=engine.model_fingerprint,
-            # a LoRA run: adapters apply only onto the learner's base (hashing the base's files once)
-            base_fingerprint=base_fingerprint(engine.model_dir) if run.lora.enabled and engine.model_dir else "",
+            WeightFollower(
+                self.store,
+                settings.public_key(),
+                run_id=run.run_id,
+                fetch_timeout_s=run.broadcast.chunk_wait_s + 5.0,
+                # relay: stream from the parent the coordinator assigns; fetching runs on its own thread
+                parents=CoordinatorParents(settings.coordinator_url, lambda: self.membership.worker_id),
+                own_url=settings.resolved_public_url(self.chunk_server.url),
+                stall_timeout_s=run.broadcast.stall_timeout_s,
+                chunk_wait_s=run.broadcast.chunk_wait_s,
+                version_timeout_s=run.broadcast.version_timeout_s,
+                model_fingerprint=engine.model_fingerprint,
+                # a LoRA run: adapters apply only onto the learner's base (hashing the base's files once)
+                base_fingerprint=base_fingerprint(engine.model_dir) if run.lora.enabled and engine.model_dir else "",
+            ),
         )
         self.coordinator = CoordinatorClient(settings.coordinator_url)
         self.work = WorkClient(settings.coordinator_url, self.token, run.run_id)

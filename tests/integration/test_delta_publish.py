@@ -19,7 +19,7 @@ from services.rollout.announcement_client import StreamAnnouncements
 from services.rollout.weights_sync import WeightsSync
 from shared.bus import StreamBus
 from shared.keys import RunKeys
-from shared.weight_channel import ChunkServer, ChunkStore, WeightPublisher
+from shared.weight_channel import ChunkServer, ChunkStore, WeightFollower, WeightPublisher
 from tests.weights_keys import FORGER_KEY, PUBLIC_KEY, SIGNING_KEY
 
 pytestmark = pytest.mark.integration
@@ -68,14 +68,16 @@ def new_worker(
     servers.append(ChunkServer(store, wait_s=2.0).start())
     sync = WeightsSync(
         StreamAnnouncements(StreamBus(redis_client, keys, service="rollout")),
-        store,
-        PUBLIC_KEY,
-        run_id=keys.run_id,
-        parents=parents,
-        own_url=servers[-1].url,
+        WeightFollower(
+            store,
+            PUBLIC_KEY,
+            run_id=keys.run_id,
+            parents=parents,
+            own_url=servers[-1].url,
+            chunk_wait_s=1.0,
+            stall_timeout_s=2.0,
+        ),
         retry_failed_after_s=0.0,
-        chunk_wait_s=1.0,
-        stall_timeout_s=2.0,
     )
     return sync, TorchEngine(model_dir)
 

@@ -24,7 +24,14 @@ from shared.config import LoraConfig, ModelConfig
 from shared.keys import RunKeys
 from shared.streams import WEIGHTS
 from shared.tasks import TASKS
-from shared.weight_channel import PEFT_PREFIX, ChunkServer, ChunkStore, WeightPublisher, base_fingerprint
+from shared.weight_channel import (
+    PEFT_PREFIX,
+    ChunkServer,
+    ChunkStore,
+    WeightFollower,
+    WeightPublisher,
+    base_fingerprint,
+)
 from shared.weight_channel.client import fetch_manifest, fetch_version
 from tests.lora_policies import learner_logprobs, lora_policy
 from tests.weights_keys import PUBLIC_KEY, SIGNING_KEY
@@ -69,10 +76,12 @@ def test_a_lora_version_is_the_adapter_only_and_a_worker_on_the_same_base_sample
     full_size_bytes = len(serialize_weights(load_policy(tiny_policy_dir)[0]))
     sync = WeightsSync(
         StreamAnnouncements(bus),
-        ChunkStore(trusted_key=PUBLIC_KEY),
-        PUBLIC_KEY,
-        run_id=keys.run_id,
-        base_fingerprint=base_fingerprint(tiny_policy_dir),
+        WeightFollower(
+            ChunkStore(trusted_key=PUBLIC_KEY),
+            PUBLIC_KEY,
+            run_id=keys.run_id,
+            base_fingerprint=base_fingerprint(tiny_policy_dir),
+        ),
     )
     engine = TorchEngine(tiny_policy_dir)
     try:
@@ -118,11 +127,8 @@ def test_a_worker_holding_another_base_refuses_the_adapter_and_keeps_its_weights
     learner = publisher(bus, keys, chunk_server, tiny_policy_dir)
     sync = WeightsSync(
         StreamAnnouncements(bus),
-        ChunkStore(),
-        PUBLIC_KEY,
-        run_id=keys.run_id,
+        WeightFollower(ChunkStore(), PUBLIC_KEY, run_id=keys.run_id, base_fingerprint=base_fingerprint(other_base)),
         retry_failed_after_s=0.0,
-        base_fingerprint=base_fingerprint(other_base),
     )
     engine = TorchEngine(other_base)
     try:
@@ -159,10 +165,12 @@ def test_a_vllm_worker_applies_lora_versions_in_place(
     learner = publisher(bus, keys, chunk_server, folder)
     sync = WeightsSync(
         StreamAnnouncements(bus),
-        ChunkStore(trusted_key=PUBLIC_KEY),
-        PUBLIC_KEY,
-        run_id=keys.run_id,
-        base_fingerprint=base_fingerprint(folder),
+        WeightFollower(
+            ChunkStore(trusted_key=PUBLIC_KEY),
+            PUBLIC_KEY,
+            run_id=keys.run_id,
+            base_fingerprint=base_fingerprint(folder),
+        ),
     )
     try:
         for version in (0, 1):

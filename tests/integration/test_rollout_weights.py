@@ -24,7 +24,14 @@ from shared.messages import WeightsPublished
 from shared.signing import Ed25519PrivateKey, key_id
 from shared.streams import WEIGHTS
 from shared.tokenization import model_fingerprint
-from shared.weight_channel import TIED_OUTPUT_KEY, ChunkServer, ChunkStore, ManifestError, VerifiedVersion
+from shared.weight_channel import (
+    TIED_OUTPUT_KEY,
+    ChunkServer,
+    ChunkStore,
+    ManifestError,
+    VerifiedVersion,
+    WeightFollower,
+)
 from shared.weight_channel.client import fetch_manifest, fetch_version
 from shared.weight_channel.manifest import build_manifest
 from tests.coordinator_rest import ServeCoordinator, register
@@ -105,9 +112,7 @@ def sync(bus: StreamBus) -> Iterator[WeightsSync]:
     # as a worker builds it: its store holds (and relays) only manifests the learner signed
     sync = WeightsSync(
         StreamAnnouncements(bus),
-        ChunkStore(trusted_key=PUBLIC_KEY),
-        PUBLIC_KEY,
-        run_id=bus.keys.run_id,
+        WeightFollower(ChunkStore(trusted_key=PUBLIC_KEY), PUBLIC_KEY, run_id=bus.keys.run_id),
         retry_failed_after_s=0.0,
     )
     yield sync
@@ -224,10 +229,9 @@ def test_a_relay_parent_holding_a_forged_version_under_the_announced_number_is_r
     parent = Learner(bus, keys, ChunkStore())
     sync = WeightsSync(
         StreamAnnouncements(bus),
-        ChunkStore(trusted_key=PUBLIC_KEY),
-        PUBLIC_KEY,
-        run_id=keys.run_id,
-        parents=lambda _: [parent.server.url],
+        WeightFollower(
+            ChunkStore(trusted_key=PUBLIC_KEY), PUBLIC_KEY, run_id=keys.run_id, parents=lambda _: [parent.server.url]
+        ),
         retry_failed_after_s=0.0,
     )
     try:
@@ -260,9 +264,7 @@ def test_a_resumed_learner_announcing_an_older_version_is_followed(
     # a store keeping one version evicts the older one on arrival: it is loaded all the same
     sync = WeightsSync(
         StreamAnnouncements(bus),
-        ChunkStore(keep_versions=1),
-        PUBLIC_KEY,
-        run_id=bus.keys.run_id,
+        WeightFollower(ChunkStore(keep_versions=1), PUBLIC_KEY, run_id=bus.keys.run_id),
         retry_failed_after_s=0.0,
     )
     learner.publish(engine, policy_version=5, noise_scale=0.3)
@@ -284,11 +286,8 @@ def test_weights_published_for_another_model_folder_are_refused_once_and_never_l
     assert model_fingerprint(other_folder) != engine.model_fingerprint
     sync = WeightsSync(
         StreamAnnouncements(bus),
-        ChunkStore(),
-        PUBLIC_KEY,
-        run_id=bus.keys.run_id,
+        WeightFollower(ChunkStore(), PUBLIC_KEY, run_id=bus.keys.run_id, model_fingerprint=engine.model_fingerprint),
         retry_failed_after_s=0.0,
-        model_fingerprint=engine.model_fingerprint,
     )
     try:
         learner.publish(engine, policy_version=0, noise_scale=0.3, model_fingerprint=model_fingerprint(other_folder))
@@ -313,9 +312,7 @@ def test_a_worker_following_the_coordinators_long_poll_loads_each_version_and_cl
     ready: list[VerifiedVersion] = []
     sync = WeightsSync(
         HttpAnnouncements(coordinator.url, lambda: token),
-        ChunkStore(trusted_key=PUBLIC_KEY),
-        PUBLIC_KEY,
-        run_id=keys.run_id,
+        WeightFollower(ChunkStore(trusted_key=PUBLIC_KEY), PUBLIC_KEY, run_id=keys.run_id),
         retry_failed_after_s=0.0,
         on_ready=ready.append,
     )

@@ -21,7 +21,7 @@ from services.rollout.announcement_client import StreamAnnouncements
 from services.rollout.weights_sync import WeightsSync
 from shared.bus import StreamBus
 from shared.keys import RunKeys
-from shared.weight_channel import Buffer, ChunkServer, ChunkStore, VerifiedVersion, WeightPublisher
+from shared.weight_channel import Buffer, ChunkServer, ChunkStore, VerifiedVersion, WeightFollower, WeightPublisher
 from shared.weight_channel.client import fetch_manifest
 from shared.weight_channel.manifest import ChunkVerificationError, build_manifest
 from shared.weight_channel.protocol import STREAM_VERIFIED
@@ -109,9 +109,7 @@ def test_a_received_version_lands_in_the_file_the_engine_loads_by_path(
     ready: list[VerifiedVersion] = []
     sync = WeightsSync(
         StreamAnnouncements(bus),
-        store,
-        PUBLIC_KEY,
-        run_id=bus.keys.run_id,
+        WeightFollower(store, PUBLIC_KEY, run_id=bus.keys.run_id),
         retry_failed_after_s=0.0,
         on_ready=ready.append,
     )
