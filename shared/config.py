@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.model_catalog import INIT_NAMES, TINY_RANDOM
+from shared.staleness import AdmissionRule
 
 log = logging.getLogger(__name__)
 
@@ -259,6 +260,12 @@ class ScheduleConfig(Section):
     """Overlap of rollout, broadcast and training."""
 
     staleness_bound: int = Field(2, ge=0, description="S: train on version v at step t only if t - v <= S")
+    admission: AdmissionRule = Field(
+        "oldest_token",
+        description="which version of a mixed-version group S bounds (continuous batching, shared/staleness.py): "
+        "oldest_token drops the group when its oldest token is too old; per_token admits it while its newest is "
+        "fresh enough and masks the older tokens out of the loss",
+    )
     publish_every: int = Field(1, ge=1, description="k: publish weights every k optimizer steps")
     num_steps: int = Field(150, ge=1, description="optimizer steps of the run")
     checkpoint_every: int = Field(10, ge=1, description="steps between checkpoints")

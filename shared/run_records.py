@@ -45,6 +45,11 @@ class StepRecord(StepDiagnostics):
     )
     max_staleness: int
     num_dropped: dict[str, int] = Field(description="cumulative drops by reason")
+    stale_token_lags: dict[str, int] = Field(
+        default_factory=dict,
+        description="cumulative: tokens of the groups dropped as stale, by each token's own lag at the drop "
+        "(those at lag <= S are what a per-token admission rule would have trained)",
+    )
     num_dead_lettered: int = Field(description="cumulative groups dead-lettered by the learner")
     num_groups: int
     num_samples: int
@@ -110,6 +115,7 @@ class RunTotals(BaseModel):
     num_replayed_groups: int = 0
     num_restarts: int = 0
     num_dropped: dict[str, int] = Field(default_factory=dict)  # by reason; kept by the collector, synced here
+    stale_token_lags: dict[str, int] = Field(default_factory=dict)  # dropped-as-stale tokens by lag; collector's
     num_dead_lettered: int = 0
     max_trained_staleness: int = 0
     staleness_histogram: dict[str, int] = Field(default_factory=dict)  # trained groups by lag t - v, whole run

@@ -1,10 +1,21 @@
 """The admission rule: a group sampled by policy version v may train the learner at step t only if
 0 <= t - v <= S (S is the run's staleness bound; S = 0 is the synchronous, fully on-policy baseline).
+
+A group sampled with continuous batching can hold tokens of several versions (docs/continuous_batching.md):
+its policy_version v is its oldest token's, its newest token's version is w >= v. `[schedule] admission`
+says which of them the bound applies to:
+    oldest_token   t - v <= S: the whole group is fresh enough, or it is dropped
+    per_token      t - w <= S: the group is admitted while any token is fresh enough, and the learner
+                   trains only its tokens of versions >= t - S (the older ones are masked out of the loss)
+Either way a group with a token from a version newer than t is refused.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
+
+AdmissionRule = Literal["oldest_token", "per_token"]
 
 
 class DropReason(StrEnum):
@@ -29,12 +40,21 @@ def is_admissible(learner_version: int, policy_version: int, staleness_bound: in
     return 0 <= staleness_of(learner_version, policy_version) <= staleness_bound
 
 
-def admission_verdict(learner_version: int, policy_version: int, staleness_bound: int) -> DropReason | None:
-    """None when admissible, otherwise the reason the group must be dropped."""
-    lag = staleness_of(learner_version, policy_version)
-    if lag < 0:
+def admission_verdict(
+    learner_version: int,
+    policy_version: int,
+    staleness_bound: int,
+    *,
+    newest_version: int | None = None,
+    rule: AdmissionRule = "oldest_token",
+) -> DropReason | None:
+    """None when admissible, otherwise the reason the group must be dropped. `policy_version`: the group's
+    oldest token's version; `newest_version`: its newest token's (None: the same)."""
+    newest = policy_version if newest_version is None else newest_version
+    if staleness_of(learner_version, newest) < 0:
         return DropReason.FUTURE_VERSION
-    if lag > staleness_bound:
+    bounded = policy_version if rule == "oldest_token" else newest
+    if staleness_of(learner_version, bounded) > staleness_bound:
         return DropReason.STALE
     return None
 

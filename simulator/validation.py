@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 import statistics
 import threading
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -220,9 +221,12 @@ def run_cluster(
     overrides: dict[str, int],
     runs_dir: Path,
     worker_env: dict[str, dict[str, str]] | None = None,
+    worker_scrapes: list[tuple[float, str, str]] | None = None,
 ) -> tuple[list[StepRecord], list[DashboardResponse], dict[str, float], RunConfig]:
     """One real local cluster run; returns its step records, the dashboard polls, its data-plane latencies
-    (`measure_pipeline`) and its run config. `worker_env`: extra environment by worker name (worker-0...)."""
+    (`measure_pipeline`) and its run config. `worker_env`: extra environment by worker name (worker-0...).
+    `worker_scrapes`, if given, gets (unix time, worker name, its /metrics text) for every worker at every
+    poll (once a second)."""
     base = load_run_config(config)
     config_path = runs_dir / f"{name}.toml"
     text = config.read_text()
@@ -250,6 +254,8 @@ def run_cluster(
                 polls.append(DashboardResponse.model_validate_json(response.raise_for_status().content))
             except (httpx.HTTPError, ValueError):  # ValueError: pydantic's ValidationError
                 pass
+            if worker_scrapes is not None:
+                scrape_workers(cluster, worker_scrapes)
 
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
@@ -266,3 +272,13 @@ def run_cluster(
         cluster.stop()
     steps, _ = read_metrics(cluster.run_dir / "metrics.jsonl")
     return steps, polls, pipeline, cluster.run
+
+
+def scrape_workers(cluster: LocalCluster, out: list[tuple[float, str, str]]) -> None:
+    """Every rollout worker's /metrics text now (a worker restarting or gone is skipped)."""
+    for name, url in list(cluster.metrics_urls.items()):
+        if name.startswith("worker"):
+            try:
+                out.append((time.time(), name, httpx.get(url, timeout=5.0).raise_for_status().text))
+            except httpx.HTTPError:
+                pass

@@ -43,9 +43,9 @@ from services.learner.grpo import group_advantages
 from services.learner.zero_variance import FlatGroupTally, is_flat
 from shared.bus import Delivery, StreamBus
 from shared.keys import DEAD_LETTERED, RunKeys
-from shared.messages import FlatGroups, ScoredGroup, unpack_float32, unpack_int32
+from shared.messages import FlatGroups, RolloutGroup, ScoredGroup, unpack_float32, unpack_int32
 from shared.retry import call_with_retry
-from shared.staleness import DropReason, admission_verdict, staleness_of
+from shared.staleness import AdmissionRule, DropReason, admission_verdict, staleness_of
 from shared.stream_trim import TRIM_INTERVAL_S, ConsumedTrimmer
 from shared.streams import SCORED
 
@@ -96,10 +96,12 @@ class BatchCollector:
         dynamic_sampling: bool = False,
         trim_interval_s: float = TRIM_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
+        admission: AdmissionRule = "oldest_token",
     ) -> None:
         self.bus = bus
         self.keys = keys
         self.staleness_bound = staleness_bound
+        self.admission = admission
         self.groups_per_step = groups_per_step
         self.vocab_size = vocab_size
         self.max_positions = max_positions
@@ -107,6 +109,10 @@ class BatchCollector:
         self.dynamic_sampling = dynamic_sampling
         self._window = FlatGroupTally()  # groups past the admission rule since the last on_window call
         self.num_dropped: Counter[str] = Counter()  # cumulative, by DropReason value (restore_decisions)
+        # tokens not trained for their age, by each one's own lag: every token of a group dropped as stale,
+        # and (per_token admission) the tokens masked out of admitted groups (`note_masked`). Under
+        # oldest_token admission, those at lag <= S are what per_token admission would have trained.
+        self.stale_token_lags: Counter[int] = Counter()
         self.num_dead_lettered = 0
         self.quarantined: frozenset[str] = frozenset()  # worker ids whose groups are dropped (trust_monitor.py)
         self._replay: deque[Delivery[ScoredGroup]] = deque()
@@ -217,11 +223,26 @@ class BatchCollector:
             call_with_retry(lambda: self.bus.dead_letter(delivery, error, tally=tally), "dead-letter")
             self.num_dead_lettered += 1
             return False
-        reason = admission_verdict(learner_version, group.rollout.policy_version, self.staleness_bound)
+        rollout = group.rollout
+        reason = admission_verdict(
+            learner_version,
+            rollout.policy_version,
+            self.staleness_bound,
+            newest_version=rollout.newest_version,
+            rule=self.admission,
+        )
         if reason is not None:
+            if reason == DropReason.STALE:
+                self.stale_token_lags.update(group_token_lags(rollout, learner_version))
             self._drop(delivery, reason)
             return False
         return True
+
+    def note_masked(self, groups: list[AdmittedGroup], learner_version: int) -> None:
+        """per_token admission: count the tokens of admitted groups too old to train (tensorize masks them)."""
+        for admitted in groups:
+            lags = group_token_lags(admitted.group.rollout, learner_version)
+            self.stale_token_lags.update({lag: n for lag, n in lags.items() if lag > self.staleness_bound})
 
     def _drop(self, delivery: Delivery[ScoredGroup], reason: DropReason) -> None:
         # Acked at once: the effect of a drop is only its count, kept in Redis with the ack.
@@ -308,22 +329,39 @@ class TrainBatch:
         return int(self.completion_mask.sum().item())
 
 
-def token_lags(groups: list[AdmittedGroup], learner_version: int) -> dict[str, int]:
-    """Trained completion tokens by lag: `learner_version` minus the version that sampled each (the model's
-    tokens only: an environment's observation is not sampled)."""
+def token_lags(groups: list[AdmittedGroup], learner_version: int, max_lag: int | None = None) -> dict[str, int]:
+    """Completion tokens by lag: `learner_version` minus the version that sampled each; with `max_lag`, only
+    those at most that old (the ones trained: tensorize masks the others out)."""
     counts: Counter[int] = Counter()
     for admitted in groups:
-        rollout = admitted.group.rollout
-        versions = rollout.token_versions()
-        if rollout.is_masked:
-            versions = versions[np.concatenate(rollout.sample_masks())]
-        lags, num_tokens = np.unique(learner_version - versions, return_counts=True)
-        counts.update(dict(zip(lags.tolist(), num_tokens.tolist(), strict=True)))
+        counts.update(group_token_lags(admitted.group.rollout, learner_version))
+    return lag_counts(Counter({lag: n for lag, n in counts.items() if max_lag is None or lag <= max_lag}))
+
+
+def lag_counts(counts: Counter[int]) -> dict[str, int]:
+    """A histogram by lag as records keep it: string keys, in lag order."""
     return {str(lag): counts[lag] for lag in sorted(counts)}
 
 
-def tensorize(groups: list[ScoredGroup], pad_token_id: int, normalize_advantage_by_std: bool) -> TrainBatch:
-    """Lay the groups' samples out as rows of one right-padded batch, with per-sample advantages."""
+def group_token_lags(rollout: RolloutGroup, learner_version: int) -> dict[int, int]:
+    """One group's completion tokens by lag (the model's tokens only: an environment's observation is not
+    sampled)."""
+    versions = rollout.token_versions()
+    if rollout.is_masked:
+        versions = versions[np.concatenate(rollout.sample_masks())]
+    lags, num_tokens = np.unique(learner_version - versions, return_counts=True)
+    return dict(zip(lags.tolist(), num_tokens.tolist(), strict=True))
+
+
+def tensorize(
+    groups: list[ScoredGroup],
+    pad_token_id: int,
+    normalize_advantage_by_std: bool,
+    oldest_trained_version: int | None = None,
+) -> TrainBatch:
+    """Lay the groups' samples out as rows of one right-padded batch, with per-sample advantages. Tokens
+    sampled by a version older than `oldest_trained_version` are masked out of the loss (per_token
+    admission, shared/staleness.py); None trains every model token."""
     rows: list[np.ndarray] = []
     starts: list[int] = []  # index of the first completion token in each row
     behaviour: list[np.ndarray] = []
@@ -334,9 +372,12 @@ def tensorize(groups: list[ScoredGroup], pad_token_id: int, normalize_advantage_
     for group in groups:
         rollout = group.rollout
         prompt = rollout.prompt_tokens()
-        for tokens, logprobs, model_mask in zip(
-            rollout.sample_tokens(), rollout.sample_logprobs(), rollout.sample_masks(), strict=True
-        ):
+        masks = rollout.sample_masks()
+        if oldest_trained_version is not None and rollout.policy_version < oldest_trained_version:
+            fresh = rollout.token_versions() >= oldest_trained_version
+            ends = np.cumsum([len(mask) for mask in masks])
+            masks = [mask & part for mask, part in zip(masks, np.split(fresh, ends[:-1]), strict=True)]
+        for tokens, logprobs, model_mask in zip(rollout.sample_tokens(), rollout.sample_logprobs(), masks, strict=True):
             rows.append(np.concatenate([prompt, tokens]))
             starts.append(len(prompt))
             behaviour.append(logprobs)

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.learner import lora, trainer
-from services.learner.batch import BatchCollector, CollectedBatch, TrainBatch, tensorize, token_lags
+from services.learner.batch import BatchCollector, CollectedBatch, TrainBatch, lag_counts, tensorize, token_lags
 from services.learner.checkpoint import capture, checkpoint_path, load_checkpoint, restore_rng, save_checkpoint
 from services.learner.distributed import RankGroup
 from services.learner.evaluator import Evaluator
@@ -123,6 +123,7 @@ class Learner:
             scored_block_ms=settings.scored_block_ms,
             dynamic_sampling=run.grpo.dynamic_sampling,
             trim_interval_s=settings.trim_interval_s,
+            admission=run.schedule.admission,
         )
         # the versions it serves live in files under the run folder (page cache), not in the learner's memory
         self.store = ChunkStore(keep_versions=run.broadcast.keep_versions, spill_dir=self.run_dir / "published")
@@ -218,6 +219,7 @@ class Learner:
             log.info("resumed at version %d (%d metrics lines past it dropped)", self.version, num_lines)
         # Drops and dead letters before a crash were acked for good: Redis has counted every one.
         self.collector.restore_decisions(self.totals.num_dropped, self.totals.num_dead_lettered)
+        self.collector.stale_token_lags.update({int(lag): n for lag, n in self.totals.stale_token_lags.items()})
         self.write_state("starting")  # only now: the state it writes carries the restored totals
         num_pending = self.collector.load_own_pending()
         log.info("%d scored groups admitted before a restart and never acked: decided again first", num_pending)
@@ -267,7 +269,16 @@ class Learner:
 
     def train_step(self, batch: CollectedBatch) -> TrainedStep:
         groups = [admitted.group for admitted in batch.groups]
-        tensors = tensorize(groups, self.pad_token_id, self.config.grpo.normalize_advantage_by_std)
+        schedule = self.config.schedule
+        per_token = schedule.admission == "per_token"
+        if per_token:
+            self.collector.note_masked(batch.groups, self.version)
+        tensors = tensorize(
+            groups,
+            self.pad_token_id,
+            self.config.grpo.normalize_advantage_by_std,
+            oldest_trained_version=self.version - schedule.staleness_bound if per_token else None,
+        )
         result = self.policy.train_step(
             tensors,
             group_sizes=[group.rollout.num_samples for group in groups],
@@ -298,9 +309,12 @@ class Learner:
             reward_mean=statistics.fmean(rewards),
             reward_std=statistics.pstdev(rewards),
             staleness_histogram={str(lag): count for lag, count in sorted(lags.items())},
-            token_staleness_histogram=token_lags(batch.groups, self.version - 1),
+            token_staleness_histogram=token_lags(
+                batch.groups, self.version - 1, max_lag=self.config.schedule.staleness_bound
+            ),
             max_staleness=max(lags),
             num_dropped=dict(self.collector.num_dropped),
+            stale_token_lags=lag_counts(self.collector.stale_token_lags),
             num_dead_lettered=self.collector.num_dead_lettered,
             num_groups=len(batch.groups),
             num_samples=tensors.num_samples,
@@ -436,6 +450,7 @@ class Learner:
             self.totals.add_eval(record)
         self.totals.wall_s = self.wall_s()
         self.totals.num_dropped = dict(self.collector.num_dropped)
+        self.totals.stale_token_lags = lag_counts(self.collector.stale_token_lags)
         self.totals.num_dead_lettered = self.collector.num_dead_lettered
 
     def ack(self, message_ids: list[str]) -> None:

@@ -76,7 +76,9 @@ def serve(parts: WorkerParts | None = None) -> int:
 
     start_metrics_server(
         settings.metrics_port,
-        CallbackCollector(lambda: rollout_families(settings.worker_name, worker.report(), worker.swap_pauses)),
+        CallbackCollector(
+            lambda: rollout_families(settings.worker_name, worker.report(), worker.swap_pauses, worker.occupancy)
+        ),
         host=settings.metrics_host,
     )
     worker.run()

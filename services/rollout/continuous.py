@@ -58,6 +58,7 @@ class ContinuousRollouts:
         self.batch: ContinuousBatch = worker.engine.continuous_batch(max_rows)
         self.tasks: dict[int, TaskInFlight] = {}  # by task number (request ids are task number * 2**16 + j)
         self._next_task = 0
+        self._lease_after_s = 0.0  # monotonic: no lease request before this while rows are in flight
 
     def serve_once(self) -> None:
         """One turn of the continuous loop: the table of contents of the mode."""
@@ -88,12 +89,16 @@ class ContinuousRollouts:
 
     # the turn's steps
     def fill(self) -> None:
-        """Lease tasks while every sample of them fits in the batch's free rows."""
+        """Lease tasks while every sample of them fits in the batch's free rows. After an empty answer, the
+        rows in flight decode for the worker's idle wait (`next_idle_wait_s`, doubling) before it asks
+        again: not a request per decoding step while the run has no task to give."""
         room = self.batch.max_rows - self.batch.num_running - self.batch.num_waiting
-        if room <= 0:
+        if room <= 0 or (self.tasks and time.monotonic() < self._lease_after_s):
             return
         num_tasks = min(MAX_GROUPS_PER_LEASE, max(1, room // self.worker.run_config.grpo.group_size))
         leased = self.worker.lease_tasks(max_tasks=num_tasks)
+        if not leased:
+            self._lease_after_s = time.monotonic() + self.worker.next_idle_wait_s()
         episodes = [lease for lease in leased if lease.task.environment is not None]
         if episodes:  # multi-turn: played batch-at-a-time, between two steps
             self.worker.submit(self.worker.generate_groups(episodes))
@@ -127,9 +132,11 @@ class ContinuousRollouts:
         finished = self.batch.step()
         step_s = time.perf_counter() - started_s
         stats = self.batch.last_step
-        if stats is not None and stats.recompute_s > 0:
-            self.worker.swap_pauses.observe(stats.recompute_s)
-        self.worker.throughput.record(len(finished), step_s, stats.num_rows if stats is not None else 0)
+        num_rows = stats.num_rows if stats is not None else 0
+        if stats is not None and stats.recompute_s > 0:  # the swap's pause: its load, then this recompute
+            self.worker.swap_pauses.extend_last(stats.recompute_s)
+        self.worker.throughput.record(len(finished), step_s, num_rows)
+        self.worker.occupancy.observe(num_rows, self.batch.max_rows)
         touched = set()
         for sample in finished:
             number, j = divmod(sample.request_id, REQUESTS_PER_TASK)

@@ -28,7 +28,7 @@ from services.rollout.continuous import ContinuousRollouts
 from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError, WorkerExpiredError
 from services.rollout.episodes import EpisodeRunner, build_episode_group
 from services.rollout.membership import Membership, NotRegisteredError
-from services.rollout.prometheus import SwapPauses
+from services.rollout.prometheus import BatchOccupancy, SwapPauses
 from services.rollout.relay_sources import CoordinatorParents
 from services.rollout.rollout_groups import build_rollout_group
 from services.rollout.settings import RolloutSettings
@@ -147,6 +147,7 @@ class RolloutWorker:
         self.generating = False
         self.throughput = ThroughputMeter()
         self.swap_pauses = SwapPauses()  # every swap's rollout pause, for /metrics
+        self.occupancy = BatchOccupancy()  # how full the engine's batch was, for /metrics
         self.gate_state = "closed"
         self.hold = WeightHold(run.rollout.hold_versions_max)  # an ablation's knob; off (0) otherwise
         self._episode_runner: EpisodeRunner | None = None
@@ -298,9 +299,15 @@ class RolloutWorker:
         return leased
 
     def wait_for_tasks(self) -> None:
-        """No task now: wait before asking again, longer each time up to IDLE_WAIT_MAX_S."""
-        self.stopping.wait(self.idle_wait_s)
+        """No task now: wait before asking again."""
+        self.stopping.wait(self.next_idle_wait_s())
+
+    def next_idle_wait_s(self) -> float:
+        """How long to wait before asking for tasks again after an empty answer: longer each time up to
+        IDLE_WAIT_MAX_S, back to IDLE_WAIT_MIN_S once a lease brings tasks."""
+        wait_s = self.idle_wait_s
         self.idle_wait_s = min(self.idle_wait_s * 2, IDLE_WAIT_MAX_S)
+        return wait_s
 
     def generate_groups(self, leased: list[LeasedTask]) -> list[Outcome]:
         """Sample every task; tasks sharing sampling parameters go through the engine in one call."""
@@ -374,11 +381,10 @@ class RolloutWorker:
             sampling_seeds=[task_seed(lease.task.task_id) for lease in batch],
         )
         generation_s = time.perf_counter() - started_s
-        self.throughput.record(
-            sum(len(samples) for samples in groups),
-            generation_s,
-            sum(s.num_tokens for samples in groups for s in samples),
-        )
+        num_tokens = sum(s.num_tokens for samples in groups for s in samples)
+        self.throughput.record(sum(len(samples) for samples in groups), generation_s, num_tokens)
+        capacity_rows = self.settings.worker_max_groups_per_batch * first.num_samples
+        self.occupancy.observe(num_tokens, capacity_rows * max(s.num_tokens for samples in groups for s in samples))
         registration = self.membership.registration  # the id and its key from the same registration
         built = [
             build_rollout_group(lease.task, samples, registration.worker_id, policy_version, generation_s)

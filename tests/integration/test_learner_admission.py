@@ -11,6 +11,7 @@ from services.learner.batch import BatchCollector
 from shared.bus import StreamBus
 from shared.keys import RunKeys
 from shared.messages import FlatGroups, RolloutGroup, ScoredGroup, pack_float32, pack_int32
+from shared.staleness import AdmissionRule
 from shared.streams import SCORED
 
 pytestmark = pytest.mark.integration
@@ -80,6 +81,7 @@ def make_collector(
     groups_per_step: int,
     *,
     dynamic_sampling: bool = False,
+    admission: AdmissionRule = "oldest_token",
 ) -> BatchCollector:
     collector = BatchCollector(
         bus,
@@ -90,6 +92,7 @@ def make_collector(
         max_positions=32,
         scored_block_ms=50,
         dynamic_sampling=dynamic_sampling,
+        admission=admission,
     )
     collector.ensure_group()
     return collector
@@ -130,6 +133,42 @@ def test_mixed_versions_only_lags_within_the_bound_are_admitted_and_drops_are_co
     # Admitted groups stay pending (acked after the checkpoint); everything decided otherwise is acked.
     assert pending_ids(bus, keys) == batch.message_ids
     assert bus.group_progress(SCORED) == (1, 3)
+
+
+def test_a_stale_mixed_version_group_is_dropped_whole_and_its_tokens_are_counted_by_their_own_lag(
+    bus: StreamBus, keys: RunKeys
+) -> None:
+    """The oldest-token rule drops the whole group; the collector counts its tokens by lag, so a run shows
+    how many of them (lag <= S) a per-token rule would have trained."""
+    collector = make_collector(bus, keys, staleness_bound=1, groups_per_step=1)
+    group = scored(keys.run_id, 2, completion=(5, 1, 3))
+    # one sample: token 0 from v2, tokens 1-2 from v4 (a version landed while it decoded)
+    mixed = group.rollout.model_copy(update={"group_id": "g-mixed", "version_changes": pack_int32([0, 1, 4])})
+    bus.publish(SCORED, ScoredGroup(run_id=keys.run_id, rollout=mixed, rewards=[1.0]))
+    bus.publish(SCORED, scored(keys.run_id, 4))
+
+    batch = collector.collect(learner_version=4, should_stop=lambda: False)
+
+    assert batch is not None and [a.group.rollout.policy_version for a in batch.groups] == [4]
+    assert dict(collector.num_dropped) == {"stale": 1}
+    assert dict(collector.stale_token_lags) == {2: 1, 0: 2}
+
+
+def test_per_token_admission_keeps_a_mixed_group_while_its_newest_token_is_fresh_and_counts_the_masked(
+    bus: StreamBus, keys: RunKeys
+) -> None:
+    collector = make_collector(bus, keys, staleness_bound=1, groups_per_step=1, admission="per_token")
+    group = scored(keys.run_id, 2, completion=(5, 1, 3))
+    mixed = group.rollout.model_copy(update={"group_id": "g-mixed", "version_changes": pack_int32([0, 1, 4])})
+    bus.publish(SCORED, ScoredGroup(run_id=keys.run_id, rollout=mixed, rewards=[1.0]))
+
+    batch = collector.collect(learner_version=4, should_stop=lambda: False)
+
+    assert batch is not None and [a.group.rollout.group_id for a in batch.groups] == ["g-mixed"]
+    assert batch.groups[0].staleness == 2  # the group's lag is still its oldest token's
+    assert not collector.num_dropped
+    collector.note_masked(batch.groups, learner_version=4)
+    assert dict(collector.stale_token_lags) == {2: 1}  # the v2 token, masked out of the loss
 
 
 def test_after_a_restart_pending_groups_come_first_and_are_decided_again_at_the_restored_version(

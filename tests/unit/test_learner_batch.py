@@ -103,3 +103,38 @@ def test_token_lags_count_each_token_at_the_version_that_sampled_it() -> None:
     # learner at 7: sample 0 has 2 tokens of version 4 (lag 3) and 1 of version 5 (lag 2); sample 1 and the
     # plain group's 5 tokens are version 6 (lag 1)
     assert token_lags(admitted, 7) == {"1": 7, "2": 1, "3": 2}
+
+
+def test_tensorize_masks_out_the_tokens_older_than_the_oldest_trained_version() -> None:
+    """per_token admission: of a sample that started on v4 and saw v5 and v6 land, only the tokens of
+    versions >= 5 are trained; a group wholly fresh enough is untouched."""
+    group = scored_group([1, 2], [[3, 4, 5], [6, 7]], [1.0, 0.0])
+    mixed = group.model_copy(
+        update={
+            "rollout": group.rollout.model_copy(
+                update={"policy_version": 4, "version_changes": pack_int32([0, 2, 5, 1, 1, 6])}
+            )
+        }
+    )
+    every = tensorize([mixed], PAD, normalize_advantage_by_std=True)
+    fresh = tensorize([mixed], PAD, normalize_advantage_by_std=True, oldest_trained_version=5)
+    # rows: prompt (2) + completion; completion token j of a row sits at target position 1 + j
+    assert every.completion_mask[0, 1:4].tolist() == [True, True, True]
+    assert fresh.completion_mask[0, 1:4].tolist() == [False, False, True]  # v4, v4, v5
+    assert fresh.completion_mask[1, 1:3].tolist() == [False, True]  # v4, v6
+    assert fresh.num_tokens == 2 and every.num_tokens == 5
+    # the rest of the batch is the same
+    assert (fresh.behaviour_logprobs == every.behaviour_logprobs).all()
+    assert (fresh.advantages == every.advantages).all()
+
+
+def test_token_lags_with_a_bound_count_only_the_trained_tokens() -> None:
+    group = scored_group([1, 2], [[3, 4, 5]], [1.0])
+    mixed = group.model_copy(
+        update={
+            "rollout": group.rollout.model_copy(update={"policy_version": 4, "version_changes": pack_int32([0, 2, 6])})
+        }
+    )
+    admitted = [AdmittedGroup(Delivery("s", "g", "0-0", mixed, 1), 3, False)]
+    assert token_lags(admitted, 7) == {"1": 1, "3": 2}
+    assert token_lags(admitted, 7, max_lag=2) == {"1": 1}

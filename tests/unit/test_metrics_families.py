@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.rollout.prometheus import SwapPauses, rollout_families
+from services.rollout.prometheus import BatchOccupancy, SwapPauses, rollout_families
 from shared.api import HeartbeatRequest, WeightSwapReport
 from shared.messages import FlatGroups, StepDiagnostics
 from shared.metrics import CallbackCollector, learner_families, new_registry
@@ -101,6 +101,32 @@ def test_rollout_metrics_count_every_swap_pause_in_a_histogram() -> None:
     assert buckets["+Inf"] == 4
     (total,) = [s.value for s in metrics["relayrl_worker_swap_pause_seconds"] if s.name.endswith("_sum")]
     assert abs(total - 45.62) < 1e-9
+
+
+def test_a_continuous_swap_is_one_pause_its_load_and_the_recompute_after_it() -> None:
+    pauses = SwapPauses()
+    pauses.extend_last(0.004)  # a recompute before any swap observed: a pause of its own
+    pauses.observe(0.02)  # a load
+    pauses.extend_last(0.1)  # the next step recomputes the rows in flight: the same swap's pause goes on
+    metrics = parse(CallbackCollector(lambda: rollout_families("w-a", HeartbeatRequest(), pauses)))
+    series = metrics["relayrl_worker_swap_pause_seconds"]
+    buckets = {s.labels["le"]: s.value for s in series if s.name.endswith("_bucket")}
+    assert (buckets["0.01"], buckets["0.025"], buckets["0.1"], buckets["0.25"], buckets["+Inf"]) == (1, 1, 1, 2, 2)
+    (total,) = [s.value for s in series if s.name.endswith("_sum")]
+    assert abs(total - 0.124) < 1e-9
+    assert abs(metrics["relayrl_worker_swap_pause_max_seconds"][0].value - 0.12) < 1e-9
+
+
+def test_occupancy_is_tokens_decoded_over_row_places_times_steps() -> None:
+    occupancy = BatchOccupancy()
+    metrics = parse(CallbackCollector(lambda: rollout_families("w-a", HeartbeatRequest(), None, occupancy)))
+    assert "relayrl_worker_batch_occupancy" not in metrics  # nothing decoded yet: no ratio
+    occupancy.observe(num_tokens=30, num_places=4 * 10)  # a call of 4 places whose longest sample took 10 steps
+    occupancy.observe(num_tokens=3, num_places=4)  # a continuous step with 3 of 4 rows running
+    metrics = parse(CallbackCollector(lambda: rollout_families("w-a", HeartbeatRequest(), None, occupancy)))
+    assert metrics["relayrl_worker_decoded_tokens"][0].value == 33
+    assert metrics["relayrl_worker_batch_places"][0].value == 44
+    assert metrics["relayrl_worker_batch_occupancy"][0].value == 0.75
 
 
 def test_a_failing_scrape_leaves_series_out_instead_of_failing_the_service() -> None:

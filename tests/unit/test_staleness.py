@@ -26,3 +26,16 @@ def test_drop_reasons_distinguish_old_from_impossible_versions() -> None:
 
 def test_steps_remaining_counts_down_to_the_last_admissible_step() -> None:
     assert [steps_remaining(t, 3, 2) for t in range(3, 7)] == [2, 1, 0, -1]
+
+
+def test_a_mixed_version_group_is_bounded_by_its_oldest_or_its_newest_token_as_the_rule_says() -> None:
+    # tokens of versions 3 (oldest) to 5 (newest), at learner step 6 with S = 2
+    assert admission_verdict(6, 3, 2, newest_version=5) is DropReason.STALE
+    assert admission_verdict(6, 3, 2, newest_version=5, rule="per_token") is None
+    assert admission_verdict(7, 3, 2, newest_version=5, rule="per_token") is None
+    assert admission_verdict(8, 3, 2, newest_version=5, rule="per_token") is DropReason.STALE
+
+
+@pytest.mark.parametrize("rule", ["oldest_token", "per_token"])
+def test_a_token_from_a_version_the_learner_has_not_made_is_refused_under_either_rule(rule: str) -> None:
+    assert admission_verdict(6, 5, 2, newest_version=7, rule=rule) is DropReason.FUTURE_VERSION  # type: ignore[arg-type]
