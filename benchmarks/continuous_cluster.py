@@ -49,6 +49,7 @@ import statistics
 import sys
 import time
 import tomllib
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,9 +58,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.ablation.cells import REPO_ROOT, dump_toml, start_runner_logging
 from benchmarks.result_file import write_result
+from shared.bus import StreamBus
 from shared.config import load_run_config
+from shared.messages import unpack_int32
 from shared.run_records import StepRecord
-from simulator.validation import run_cluster
+from shared.streams import SCORED
+from simulator.validation import measure_run, run_cluster
 
 OUT_DIR = REPO_ROOT / "benchmarks" / "results" / "continuous_cluster"
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "continuous_cluster.json"
@@ -151,6 +155,8 @@ class CellResult:
     token_lags: dict[str, int]
     stale_token_lags: dict[str, int]  # tokens of the stale-dropped groups, by their own lag at the drop
     workers: list[dict[str, Any]] = field(default_factory=list)
+    completion_lengths: dict[str, int] = field(default_factory=dict)  # samples scored, by completion length
+    measured: dict[str, Any] = field(default_factory=dict)  # simulator/validation.py measure_run
 
     @property
     def stale_fraction(self) -> float:
@@ -185,8 +191,22 @@ def run_cell(cell: Cell, runs_dir: Path) -> CellResult:
     run_file.write_text(dump_toml(cell.run_file()))
     load_run_config(run_file)  # a bad cell fails here, before any process starts
     scrapes: list[tuple[float, str, str]] = []
-    steps, _, _, run = run_cluster(cell.key, run_file, NUM_WORKERS, {}, runs_dir, None, scrapes)
-    return summarize(cell, run.run_id, steps, worker_windows(scrapes))
+    lengths: Counter[int] = Counter()
+
+    def count_lengths(bus: StreamBus) -> None:
+        for group in bus.entries(SCORED):
+            lengths.update(unpack_int32(group.rollout.completion_lengths).tolist())
+
+    steps, polls, pipeline, run = run_cluster(
+        cell.key, run_file, NUM_WORKERS, {}, runs_dir, None, scrapes, on_streams=count_lengths
+    )
+    result = summarize(cell, run.run_id, steps, worker_windows(scrapes))
+    result.completion_lengths = {str(length): lengths[length] for length in sorted(lengths)}
+    try:  # the simulator's inputs, kept for its validation (simulator/validation.py)
+        result.measured = asdict(measure_run(run, steps, polls, WARMUP_STEPS, pipeline))
+    except ValueError as error:
+        log.warning("%s: no simulator inputs: %s", cell.key, error)
+    return result
 
 
 def summarize(cell: Cell, run_id: str, steps: list[StepRecord], workers: list[WorkerWindow]) -> CellResult:

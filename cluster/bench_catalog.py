@@ -82,6 +82,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "batch-at-a-time vs continuous batching with in-flight updates, per engine: tokens/s, occupancy, "
         "pauses (needs --vllm-python; ~3 min)",
     ),
+    "continuous-cluster": Benchmark(
+        "benchmarks.continuous_cluster",
+        "batch-boundary swaps vs continuous batching, real local clusters at S = 1, 2, 4: tokens/s, occupancy, "
+        "stale drops, learner busy, reward per step (resumable; --engine torch|vllm; ~15 min each)",
+    ),
     "lora": Benchmark(
         "benchmarks.lora_payload",
         "LoRA vs full versions: bytes per version, swap time per engine (needs --vllm-python)",

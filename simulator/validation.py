@@ -27,6 +27,7 @@ import re
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -222,11 +223,13 @@ def run_cluster(
     runs_dir: Path,
     worker_env: dict[str, dict[str, str]] | None = None,
     worker_scrapes: list[tuple[float, str, str]] | None = None,
+    on_streams: Callable[[StreamBus], None] | None = None,
 ) -> tuple[list[StepRecord], list[DashboardResponse], dict[str, float], RunConfig]:
     """One real local cluster run; returns its step records, the dashboard polls, its data-plane latencies
     (`measure_pipeline`) and its run config. `worker_env`: extra environment by worker name (worker-0...).
     `worker_scrapes`, if given, gets (unix time, worker name, its /metrics text) for every worker at every
-    poll (once a second)."""
+    poll (once a second). `on_streams`, if given, reads the run's streams when it has ended, before its
+    Redis stops."""
     base = load_run_config(config)
     config_path = runs_dir / f"{name}.toml"
     text = config.read_text()
@@ -265,6 +268,8 @@ def run_cluster(
         assert cluster.redis is not None
         bus = StreamBus(connect(cluster.redis_url_for("operator")), RunKeys(cluster.run.run_id), service="validation")
         pipeline = measure_pipeline(bus)
+        if on_streams is not None:
+            on_streams(bus)
         bus.redis.close()
     finally:
         stop.set()

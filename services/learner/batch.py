@@ -313,20 +313,38 @@ class TrainBatch:
     advantages: torch.Tensor  # (B, 1) float, one per sample, shared by its tokens
     temperatures: torch.Tensor  # (B,) float, the temperature each sample was drawn at
     rewards: torch.Tensor  # (B,) float
+    # (B, T - 1) bool, the completion tokens the loss trains: completion_mask less the tokens too old to
+    # train under per_token admission (shared/staleness.py). None: all of completion_mask. The trust
+    # checks compare every sampled token (completion_mask); the loss sees these (`loss_mask`).
+    trained_mask: torch.Tensor | None = None
 
     @property
     def num_samples(self) -> int:
         return int(self.input_ids.shape[0])
 
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        return self.completion_mask if self.trained_mask is None else self.trained_mask
+
+    def map(self, change: Callable[[torch.Tensor], torch.Tensor]) -> TrainBatch:
+        """The batch with `change` applied to every tensor (rows taken, a device moved to)."""
+        return TrainBatch(
+            **{
+                field.name: None if getattr(self, field.name) is None else change(getattr(self, field.name))
+                for field in fields(self)
+            }
+        )
+
     def to(self, device: torch.device) -> TrainBatch:
         """The same batch on `device` (itself when it is there already)."""
         if self.input_ids.device == device:
             return self
-        return TrainBatch(*(getattr(self, field.name).to(device) for field in fields(self)))
+        return self.map(lambda tensor: tensor.to(device))
 
     @property
     def num_tokens(self) -> int:
-        return int(self.completion_mask.sum().item())
+        """Completion tokens the loss trains."""
+        return int(self.loss_mask.sum().item())
 
 
 def token_lags(groups: list[AdmittedGroup], learner_version: int, max_lag: int | None = None) -> dict[str, int]:
@@ -366,6 +384,7 @@ def tensorize(
     starts: list[int] = []  # index of the first completion token in each row
     behaviour: list[np.ndarray] = []
     model_masks: list[np.ndarray] = []  # per row: (completion length,) bool, True at the model's tokens
+    fresh_masks: list[np.ndarray] = []  # per row: True at the model's tokens new enough to train
     advantages: list[torch.Tensor] = []
     temperatures: list[float] = []
     rewards: list[float] = []
@@ -373,15 +392,19 @@ def tensorize(
         rollout = group.rollout
         prompt = rollout.prompt_tokens()
         masks = rollout.sample_masks()
+        fresh = masks
         if oldest_trained_version is not None and rollout.policy_version < oldest_trained_version:
-            fresh = rollout.token_versions() >= oldest_trained_version
+            new_enough = rollout.token_versions() >= oldest_trained_version
             ends = np.cumsum([len(mask) for mask in masks])
-            masks = [mask & part for mask, part in zip(masks, np.split(fresh, ends[:-1]), strict=True)]
-        for tokens, logprobs, model_mask in zip(rollout.sample_tokens(), rollout.sample_logprobs(), masks, strict=True):
+            fresh = [mask & part for mask, part in zip(masks, np.split(new_enough, ends[:-1]), strict=True)]
+        for tokens, logprobs, model_mask, fresh_mask in zip(
+            rollout.sample_tokens(), rollout.sample_logprobs(), masks, fresh, strict=True
+        ):
             rows.append(np.concatenate([prompt, tokens]))
             starts.append(len(prompt))
             behaviour.append(logprobs)
             model_masks.append(model_mask)
+            fresh_masks.append(fresh_mask)
             temperatures.append(rollout.temperature)
         group_rewards = torch.tensor(group.rewards, dtype=torch.float32)
         advantages.append(group_advantages(group_rewards, normalize_advantage_by_std))
@@ -391,13 +414,17 @@ def tensorize(
     input_ids = torch.full((num_rows, max_len), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((num_rows, max_len), dtype=torch.long)
     completion_mask = torch.zeros((num_rows, max_len - 1), dtype=torch.bool)
+    trained_mask = torch.zeros((num_rows, max_len - 1), dtype=torch.bool)
     behaviour_logprobs = torch.zeros((num_rows, max_len - 1), dtype=torch.float32)
-    for i, (row, start, logprobs, model_mask) in enumerate(zip(rows, starts, behaviour, model_masks, strict=True)):
+    for i, (row, start, logprobs, model_mask, fresh_mask) in enumerate(
+        zip(rows, starts, behaviour, model_masks, fresh_masks, strict=True)
+    ):
         input_ids[i, : len(row)] = torch.from_numpy(row.astype(np.int64))
         attention_mask[i, : len(row)] = 1
         # Target position j - 1 holds token j, so completion tokens [start, len) sit at [start - 1, len - 1);
         # of those, only the model's own tokens are trained (observations stay False).
         completion_mask[i, start - 1 : len(row) - 1] = torch.from_numpy(model_mask)
+        trained_mask[i, start - 1 : len(row) - 1] = torch.from_numpy(fresh_mask)
         behaviour_logprobs[i, start - 1 : len(row) - 1] = torch.from_numpy(logprobs.astype(np.float32))
     return TrainBatch(
         input_ids=input_ids,
@@ -407,4 +434,5 @@ def tensorize(
         advantages=torch.cat(advantages)[:, None],
         temperatures=torch.tensor(temperatures, dtype=torch.float32),
         rewards=torch.tensor(rewards, dtype=torch.float32),
+        trained_mask=None if oldest_trained_version is None else trained_mask,
     )

@@ -28,7 +28,7 @@ import itertools
 import logging
 import statistics
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -162,13 +162,11 @@ def train_step(
             proximal_logprobs=proximal,
             behaviour_logprobs=batch.behaviour_logprobs,
             advantages=batch.advantages,
-            completion_mask=batch.completion_mask,
+            completion_mask=batch.loss_mask,
             clip_eps=grpo.clip_eps,
             max_importance_weight=grpo.max_importance_weight,
         )
-        importance = importance_stats(
-            proximal, batch.behaviour_logprobs, batch.completion_mask, grpo.max_importance_weight
-        )
+        importance = importance_stats(proximal, batch.behaviour_logprobs, batch.loss_mask, grpo.max_importance_weight)
     return StepResult(step_diagnostics(updates, start, importance), time.perf_counter() - started_s, proximal.cpu())
 
 
@@ -260,11 +258,13 @@ def share_rows(batch: TrainBatch, parallel: DataParallel) -> LocalRows:
         return LocalRows(batch, indices, num_real)
     local = take_rows(batch, indices.to(batch.input_ids.device))
     local.completion_mask[num_real:] = False  # a copy (advanced indexing): the batch is untouched
+    if local.trained_mask is not None:
+        local.trained_mask[num_real:] = False
     return LocalRows(local, indices, num_real)
 
 
 def take_rows(batch: TrainBatch, rows: torch.Tensor) -> TrainBatch:
-    return TrainBatch(**{field.name: getattr(batch, field.name)[rows] for field in fields(batch)})
+    return batch.map(lambda tensor: tensor[rows])
 
 
 def update_minibatch(
@@ -306,7 +306,7 @@ def update_minibatch(
             proximal_logprobs=micro_proximal,
             behaviour_logprobs=minibatch.behaviour_logprobs[micro] if corrected else micro_proximal,
             advantages=minibatch.advantages[micro],
-            completion_mask=minibatch.completion_mask[micro],
+            completion_mask=minibatch.loss_mask[micro],
             clip_eps=grpo.clip_eps,
             max_importance_weight=grpo.max_importance_weight,
             loss_num_tokens=num_tokens,  # so the micro-batch gradients sum to the minibatch's token mean

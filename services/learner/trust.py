@@ -43,14 +43,14 @@ class GroupStatistic:
 
 
 def group_statistics(groups: list[AdmittedGroup], tensors: TrainBatch, logprobs: torch.Tensor) -> list[GroupStatistic]:
-    """Per group, in `tensorize` order: mean |log mu - log pi_prox| over its completion tokens.
+    """Per group, in `tensorize` order: mean |log mu - log pi_prox| over its trained completion tokens (under
+    per_token admission the tokens older than S are not trained, and not held to the band either: the
+    exact audit checks them against their own version).
 
     logprobs: (B, T - 1) pi_prox, the learner's recomputation, aligned with `tensors` (float32, CPU).
     """
     rollouts = [admitted.group.rollout for admitted in groups]
-    diffs = group_abs_diffs(
-        logprobs, tensors.behaviour_logprobs, tensors.completion_mask, [r.num_samples for r in rollouts]
-    )
+    diffs = group_abs_diffs(logprobs, tensors.behaviour_logprobs, tensors.loss_mask, [r.num_samples for r in rollouts])
     statistics: list[GroupStatistic] = []
     first_row = 0
     for admitted, rollout, (num_tokens, abs_diff_nats) in zip(groups, rollouts, diffs, strict=True):

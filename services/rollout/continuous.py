@@ -58,17 +58,19 @@ class ContinuousRollouts:
         self.batch: ContinuousBatch = worker.engine.continuous_batch(max_rows)
         self.tasks: dict[int, TaskInFlight] = {}  # by task number (request ids are task number * 2**16 + j)
         self._next_task = 0
-        self._lease_after_s = 0.0  # monotonic: no lease request before this while rows are in flight
+        self._lease_after_s = 0.0  # monotonic: no gate check or lease request before this while rows are in flight
 
     def serve_once(self) -> None:
         """One turn of the continuous loop: the table of contents of the mode."""
         self.worker.sync_weights()
-        if self.worker.membership.on_standby or not self.worker.has_admissible_weights():
-            if not self.tasks:
-                self.worker.pause()
-                return
-        else:
-            self.fill()
+        if self.lease_due():
+            if self.worker.membership.on_standby or not self.worker.has_admissible_weights():
+                self._lease_after_s = time.monotonic() + self.worker.settings.worker_poll_s
+                if not self.tasks:
+                    self.worker.pause()
+                    return
+            else:
+                self.fill()
         if not self.tasks:
             self.worker.wait_for_tasks()
             return
@@ -88,13 +90,17 @@ class ContinuousRollouts:
             )
 
     # the turn's steps
+    def lease_due(self) -> bool:
+        """The batch has free rows and, with rows in flight, the last empty answer or closed gate is at least
+        a wait old: the gate and the lease are requests to the coordinator, not to be made every step."""
+        room = self.batch.max_rows - self.batch.num_running - self.batch.num_waiting
+        return room > 0 and (not self.tasks or time.monotonic() >= self._lease_after_s)
+
     def fill(self) -> None:
         """Lease tasks while every sample of them fits in the batch's free rows. After an empty answer, the
         rows in flight decode for the worker's idle wait (`next_idle_wait_s`, doubling) before it asks
-        again: not a request per decoding step while the run has no task to give."""
+        again."""
         room = self.batch.max_rows - self.batch.num_running - self.batch.num_waiting
-        if room <= 0 or (self.tasks and time.monotonic() < self._lease_after_s):
-            return
         num_tasks = min(MAX_GROUPS_PER_LEASE, max(1, room // self.worker.run_config.grpo.group_size))
         leased = self.worker.lease_tasks(max_tasks=num_tasks)
         if not leased:

@@ -112,13 +112,17 @@ def run_with_fault(
 
 def fault_suite_config(tmp_path: Path) -> Path:
     """faults.toml, or under RL_FAULT_SUITE_BATCHING=continuous (`make test-faults-continuous`) the same run
-    with continuous batching and in-flight weight updates on the workers (docs/continuous_batching.md)."""
+    with continuous batching and in-flight weight updates on the workers (docs/continuous_batching.md) and
+    longer samples."""
     batching = os.environ.get("RL_FAULT_SUITE_BATCHING", "batch")
     if batching == "batch":
         return FAULTS_TOML
     if batching != "continuous":
         raise ValueError(f"RL_FAULT_SUITE_BATCHING={batching!r}: expected batch or continuous")
     text = FAULTS_TOML.read_text().replace("[rollout]\n", '[rollout]\nbatching = "continuous"\n', 1)
+    # samples of up to 16 tokens (a random policy's lengths are geometric, mean ~10): a kill or a new
+    # version lands while samples are mid-sequence, which the 2-token completions of faults.toml never see
+    text = text.replace("max_new_tokens = 2\n", "max_new_tokens = 16\n", 1)
     path = tmp_path / "faults_continuous.toml"
     path.write_text(text)
     return path

@@ -107,7 +107,8 @@ def test_token_lags_count_each_token_at_the_version_that_sampled_it() -> None:
 
 def test_tensorize_masks_out_the_tokens_older_than_the_oldest_trained_version() -> None:
     """per_token admission: of a sample that started on v4 and saw v5 and v6 land, only the tokens of
-    versions >= 5 are trained; a group wholly fresh enough is untouched."""
+    versions >= 5 are trained; every sampled token stays in completion_mask, which the trust checks read
+    (their keyed-sampling positions count the sample's tokens from its first)."""
     group = scored_group([1, 2], [[3, 4, 5], [6, 7]], [1.0, 0.0])
     mixed = group.model_copy(
         update={
@@ -119,10 +120,11 @@ def test_tensorize_masks_out_the_tokens_older_than_the_oldest_trained_version() 
     every = tensorize([mixed], PAD, normalize_advantage_by_std=True)
     fresh = tensorize([mixed], PAD, normalize_advantage_by_std=True, oldest_trained_version=5)
     # rows: prompt (2) + completion; completion token j of a row sits at target position 1 + j
-    assert every.completion_mask[0, 1:4].tolist() == [True, True, True]
-    assert fresh.completion_mask[0, 1:4].tolist() == [False, False, True]  # v4, v4, v5
-    assert fresh.completion_mask[1, 1:3].tolist() == [False, True]  # v4, v6
+    assert every.trained_mask is None and every.loss_mask[0, 1:4].tolist() == [True, True, True]
+    assert fresh.loss_mask[0, 1:4].tolist() == [False, False, True]  # v4, v4, v5
+    assert fresh.loss_mask[1, 1:3].tolist() == [False, True]  # v4, v6
     assert fresh.num_tokens == 2 and every.num_tokens == 5
+    assert (fresh.completion_mask == every.completion_mask).all()
     # the rest of the batch is the same
     assert (fresh.behaviour_logprobs == every.behaviour_logprobs).all()
     assert (fresh.advantages == every.advantages).all()
