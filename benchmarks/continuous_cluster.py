@@ -345,6 +345,7 @@ def report(out_dir: Path) -> dict[str, Any]:
         cell = result.cell
         pairs.setdefault((cell["workload"], cell["engine"], cell["staleness_bound"]), {})[cell["mode"]] = result
     table: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []  # the same, one flat row per cell (the results page's table)
     for (workload, engine, bound), modes in sorted(pairs.items()):
         same_steps = min(result.num_steps for result in modes.values())
         entry: dict[str, Any] = {mode: row_of(modes[mode], same_steps) for mode in MODES if mode in modes}
@@ -354,6 +355,11 @@ def report(out_dir: Path) -> dict[str, Any]:
                 for key in ("tokens_per_s_per_worker", "steps_per_min", "learner_busy")
             }
         table.setdefault(workload, {}).setdefault(engine, {})[f"S{bound}"] = entry
+        rows += [
+            {"workload": workload, "engine": engine, "staleness_bound": bound, "mode": mode, **entry[mode]}
+            for mode in MODES
+            if mode in entry
+        ]
     return {
         "command": "make bench-continuous-cluster (python -m benchmarks.continuous_cluster --engine torch, then --engine vllm)",
         "machine": f"{platform.machine()}, {platform.system()}, {os.cpu_count()} CPU cores shared by every service",
@@ -362,6 +368,7 @@ def report(out_dir: Path) -> dict[str, Any]:
         "windows": "tokens/s and occupancy: each worker from its first decoded token to the run's end; learner "
         "busy and steps/min: the steps after the warm-up; stale drops, rewards and lags: the whole run",
         "table": table,
+        "rows": rows,
     }
 
 

@@ -33,6 +33,14 @@ class Figure:
 
 
 @dataclass(frozen=True)
+class Table:
+    """A list of row objects in the file, one table row each; a column's `path` is a key of the row."""
+
+    path: str
+    columns: tuple[Figure, ...]
+
+
+@dataclass(frozen=True)
 class Result:
     file: str
     title: str
@@ -41,6 +49,7 @@ class Result:
     command: str | None = None  # where the file records none
     docs: str = ""  # the page that explains it
     extra_files: tuple[str, ...] = ()  # variants of the same benchmark, listed
+    tables: tuple[Table, ...] = ()  # after the figures
 
 
 def value_at(data: Any, path: str) -> Any:
@@ -64,6 +73,10 @@ def formatted(value: Any, figure: Figure) -> str:
         text = f"{value:,}"
     elif isinstance(value, list):
         text = ", ".join(str(item) for item in value)
+    elif isinstance(value, dict):  # a histogram
+        text = ", ".join(
+            f"{key}: {item:,}" if isinstance(item, int) else f"{key}: {item}" for key, item in value.items()
+        )
     else:
         text = str(value)
     return f"{text} {figure.unit}".rstrip()
@@ -209,6 +222,36 @@ RESULTS: tuple[Result, ...] = (
             F("vLLM: continuous / batch tokens/s", "engines/vllm/continuous_vs_batch_tokens_per_s", "x", 2),
         ),
         docs="continuous_batching.md",
+    ),
+    Result(
+        "continuous_cluster.json",
+        "Continuous batching in a cluster",
+        "batch-boundary swaps vs continuous batching with in-flight updates (oldest-token and per-token admission), "
+        "real local clusters of 2 workers at S = 1, 2, 4, each cell the same wall time: per worker tokens/s and "
+        "occupancy, groups dropped as stale, learner busy, reward per step over the steps both modes took",
+        (),
+        docs="continuous_batching.md",
+        tables=(
+            Table(
+                "rows",
+                (
+                    F("workload", "workload"),
+                    F("engine", "engine"),
+                    F("S", "staleness_bound"),
+                    F("mode", "mode"),
+                    F("steps", "steps"),
+                    F("tokens/s per worker", "tokens_per_s_per_worker", "", 0),
+                    F("occupancy", "occupancy", "", 2),
+                    F("stale dropped", "stale_dropped_fraction", "", 3),
+                    F("learner busy", "learner_busy", "", 2),
+                    F("reward/step (same steps)", "reward_per_step_same_steps", "", 3),
+                    F("swap pause mean", "swap_pause_mean_ms", "ms", 1),
+                    F("swap pause max", "swap_pause_max_ms", "ms", 1),
+                    F("trained tokens by lag", "token_lags"),
+                    F("per-token rule would add", "per_token_rule_extra_tokens_fraction", "", 3),
+                ),
+            ),
+        ),
     ),
     Result(
         "lora_payload.json",
@@ -438,8 +481,17 @@ def render() -> str:
             )
         if result.docs:
             lines.append(f"- explained in: [{result.docs}]({result.docs})")
-        lines += ["", "| figure | value |", "|---|---:|"]
-        lines += [f"| {figure.label} | {formatted(value_at(data, figure.path), figure)} |" for figure in result.figures]
+        if result.figures:
+            lines += ["", "| figure | value |", "|---|---:|"]
+            lines += [
+                f"| {figure.label} | {formatted(value_at(data, figure.path), figure)} |" for figure in result.figures
+            ]
+        for table in result.tables:
+            lines += ["", "| " + " | ".join(column.label for column in table.columns) + " |"]
+            lines.append("|" + "|".join("---" if index < 1 else "---:" for index in range(len(table.columns))) + "|")
+            for row in value_at(data, table.path):
+                cells = [formatted(value_at(row, column.path), column) for column in table.columns]
+                lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
