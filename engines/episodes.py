@@ -10,6 +10,10 @@ turn limit, or when the next turn would not fit the model's context; the last tw
 The completion an episode leaves is what the learner trains on, with its mask: model tokens (1; the
 engine's behaviour log-probs) and observation tokens (0; log-prob 0.0, never trained). It always
 starts and ends with a model turn: the observation after the last action is never appended.
+
+A worker that batches continuously (services/rollout/continuous.py) plays the same episodes turn by turn
+instead: each model turn is one row of its continuous batch (`next_turn`: the context so far as the row's
+prompt), and `Episode.take_turn` appends it when the row finishes, exactly as `run_episodes` does.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from engines.continuous import SampleRequest
 from engines.interface import InferenceEngine, Sample
 from shared.messages import FinishReason
 from shared.tasks.environment import Environment
@@ -98,13 +103,36 @@ def run_episodes(
     max_new_tokens: int,
     temperature: float,
     greedy: bool = False,
+    sampling_seeds: Sequence[int] | None = None,
 ) -> None:
-    """Play every episode to its end, one engine call per turn for all that are still going."""
-    active = [episode for episode in episodes if not episode.done]
+    """Play every episode to its end, one engine call per turn for all that are still going.
+
+    `sampling_seeds` (one per episode; None, the workers' choice: the engine's own random sampling): keyed
+    sampling, every turn of episode i drawn with seed sampling_seeds[i], its positions counted from the turn's
+    first token (as a continuous batch's row counts them). The learner does not check episodes' keyed sampling
+    (services/learner/provenance.py), so workers do not key them; tests do, to compare the two ways of playing."""
+    if sampling_seeds is not None and len(sampling_seeds) != len(episodes):
+        raise ValueError(f"{len(sampling_seeds)} sampling seeds for {len(episodes)} episodes")
+    active = [index for index, episode in enumerate(episodes) if not episode.done]
     while active:
         samples = engine.generate_from_ids(
-            [episode.context for episode in active], 1, max_new_tokens, temperature, greedy
+            [episodes[index].context for index in active],
+            1,
+            max_new_tokens,
+            temperature,
+            greedy,
+            None if sampling_seeds is None else [sampling_seeds[index] for index in active],
         )
-        for episode, (sample,) in zip(active, samples, strict=True):
-            episode.take_turn(sample, engine, max_new_tokens)
-        active = [episode for episode in active if not episode.done]
+        for index, (sample,) in zip(active, samples, strict=True):
+            episodes[index].take_turn(sample, engine, max_new_tokens)
+        active = [index for index in active if not episodes[index].done]
+
+
+def next_turn(
+    episode: Episode, request_id: int, max_new_tokens: int, temperature: float, seed: int | None = None
+) -> SampleRequest:
+    """The episode's next model turn as one row of a continuous batch: the context so far (the prompt, the
+    model's turns and the observations) is the row's prompt, as `run_episodes` gives it to the engine."""
+    if episode.done:
+        raise ValueError("the episode has ended: it has no next turn")
+    return SampleRequest(request_id, tuple(episode.context), max_new_tokens, temperature, seed)

@@ -149,7 +149,8 @@ class RolloutGroup(Message):
     was sampled with, the one admission judges. A worker that batches continuously lets new weights land
     while samples are in flight: `version_changes` (int32 triples: sample index, completion token index,
     version; sorted) says from which token of which sample on a newer version sampled. Empty: every token
-    was sampled with `policy_version` (batch-at-a-time workers, every multi-turn episode).
+    was sampled with `policy_version` (batch-at-a-time workers). In a masked sample the token index counts
+    the observation tokens too; they take the version of the token before them and are never trained.
     """
 
     group_id: str = Field(min_length=1, max_length=64)

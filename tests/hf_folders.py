@@ -143,9 +143,9 @@ def build_folder(
     return out_dir
 
 
-def build_char_folder(out_dir: Path, max_position_embeddings: int = 32) -> Path:
-    """The demo's character-level Qwen2 for the arithmetic task (16 tokens: EOS is frequent), with
-    2 heads of 32 (the demo's 4 heads of 16 have no vLLM CPU attention kernel)."""
+def build_char_folder(out_dir: Path, max_position_embeddings: int = 32, alphabet: str | None = None) -> Path:
+    """The demo's character-level Qwen2 for the arithmetic task (16 tokens: EOS is frequent), or for another
+    task's `alphabet`, with 2 heads of 32 (the demo's 4 heads of 16 have no vLLM CPU attention kernel)."""
     from services.learner.model_init import build_initial_policy
     from shared.config import ModelConfig
     from shared.tasks import TASKS
@@ -153,4 +153,4 @@ def build_char_folder(out_dir: Path, max_position_embeddings: int = 32) -> Path:
     config = ModelConfig(
         hidden_size=64, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=max_position_embeddings
     )
-    return build_initial_policy(config, TASKS["arithmetic_mod10"].alphabet, out_dir)
+    return build_initial_policy(config, alphabet or TASKS["arithmetic_mod10"].alphabet, out_dir)

@@ -6,12 +6,15 @@ One turn (`ContinuousRollouts.serve_once`), the table of contents:
                       rows with it at the next step (engines/continuous.py), each row records the token
                       from which the new version sampled
     gate              standby or inadmissible weights: nothing new is leased; rows in flight go on
-    fill              lease tasks while the batch has room for all their samples; every sample is a row
-    step              one decoding step: admit waiting rows, one token per row, the rows that finished
-    submit            every task whose samples have all finished becomes a group (its oldest version as
-                      policy_version, later versions as version_changes) and goes to the coordinator
+    fill              lease tasks while the batch has room for all their samples; every sample of a
+                      single-turn task is a row, every episode of a multi-turn task has its next model
+                      turn as a row (services/rollout/continuous_tasks.py)
+    step              one decoding step: admit waiting rows, one token per row, the rows that finished; a
+                      finished turn steps its environment and, if the episode goes on, queues the next turn
+    submit            every task whose samples (or episodes) have all finished becomes a group (its oldest
+                      version as policy_version, later versions as version_changes) and goes to the
+                      coordinator; a task the engine could not serve is given back alone
 
-Multi-turn tasks (an environment) are played batch-at-a-time, as in batch mode, between two steps.
 Stopping finishes the rows in flight and submits them first (`finish`), like batch mode's current batch.
 """
 
@@ -19,17 +22,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engines.continuous import ContinuousBatch, FinishedSample, SampleRequest
 from engines.interface import EngineError
-from services.rollout.rollout_groups import build_rollout_group
-from shared.keyed_sampling import task_seed
-from shared.messages import RolloutGroup, pack_int32
+from services.rollout.continuous_tasks import ContinuousTasks
 from shared.rollout_mac import sign_rollout
-from shared.tokenization import PromptInput
-from shared.work_api import MAX_GROUPS_PER_LEASE, LeasedTask
+from shared.work_api import MAX_GROUPS_PER_LEASE
 
 if TYPE_CHECKING:
     from services.rollout.worker import Outcome, RolloutWorker
@@ -39,25 +37,10 @@ log = logging.getLogger(__name__)
 FINISH_TIMEOUT_S = 60.0  # stopping: how long the rows in flight may take to finish before they are dropped
 
 
-@dataclass
-class TaskInFlight:
-    """A leased task whose samples are rows of the batch."""
-
-    lease: LeasedTask
-    admitted_at_s: float
-    samples: dict[int, FinishedSample] = field(default_factory=dict)  # by sample index, as they finish
-
-    @property
-    def done(self) -> bool:
-        return len(self.samples) == self.lease.task.num_samples
-
-
 class ContinuousRollouts:
     def __init__(self, worker: RolloutWorker, max_rows: int) -> None:
         self.worker = worker
-        self.batch: ContinuousBatch = worker.engine.continuous_batch(max_rows)
-        self.tasks: dict[int, TaskInFlight] = {}  # by task number (request ids are task number * 2**16 + j)
-        self._next_task = 0
+        self.tasks = ContinuousTasks(worker.engine, max_rows, worker.episode_runner)
         self._lease_after_s = 0.0  # monotonic: no gate check or lease request before this while rows are in flight
 
     def serve_once(self) -> None:
@@ -66,12 +49,12 @@ class ContinuousRollouts:
         if self.lease_due():
             if self.worker.membership.on_standby or not self.worker.has_admissible_weights():
                 self._lease_after_s = time.monotonic() + self.worker.settings.worker_poll_s
-                if not self.tasks:
+                if not self.tasks.in_flight:
                     self.worker.pause()
                     return
             else:
                 self.fill()
-        if not self.tasks:
+        if not self.tasks.in_flight:
             self.worker.wait_for_tasks()
             return
         self.worker.generating = True
@@ -81,103 +64,51 @@ class ContinuousRollouts:
     def finish(self) -> None:
         """Stopping: the rows in flight finish and are submitted (at most FINISH_TIMEOUT_S)."""
         deadline_s = time.monotonic() + FINISH_TIMEOUT_S
-        while self.tasks and time.monotonic() < deadline_s:
+        while self.tasks.in_flight and time.monotonic() < deadline_s:
             if outcomes := self.step():
                 self.worker.submit(outcomes)
-        if self.tasks:
+        if self.tasks.in_flight:
             log.warning(
-                "stopping with %d tasks unfinished: their leases expire and go to other workers", len(self.tasks)
+                "stopping with %d tasks unfinished: their leases expire and go to other workers",
+                len(self.tasks.in_flight),
             )
 
     # the turn's steps
     def lease_due(self) -> bool:
         """The batch has free rows and, with rows in flight, the last empty answer or closed gate is at least
         a wait old: the gate and the lease are requests to the coordinator, not to be made every step."""
-        room = self.batch.max_rows - self.batch.num_running - self.batch.num_waiting
-        return room > 0 and (not self.tasks or time.monotonic() >= self._lease_after_s)
+        return self.tasks.room > 0 and (not self.tasks.in_flight or time.monotonic() >= self._lease_after_s)
 
     def fill(self) -> None:
-        """Lease tasks while every sample of them fits in the batch's free rows. After an empty answer, the
-        rows in flight decode for the worker's idle wait (`next_idle_wait_s`, doubling) before it asks
-        again."""
-        room = self.batch.max_rows - self.batch.num_running - self.batch.num_waiting
-        num_tasks = min(MAX_GROUPS_PER_LEASE, max(1, room // self.worker.run_config.grpo.group_size))
+        """Lease tasks while every sample of them fits in the batch's free rows; queue their first rows. After
+        an empty answer, the rows in flight decode for the worker's idle wait (`next_idle_wait_s`, doubling)
+        before it asks again."""
+        num_tasks = min(MAX_GROUPS_PER_LEASE, max(1, self.tasks.room // self.worker.run_config.grpo.group_size))
         leased = self.worker.lease_tasks(max_tasks=num_tasks)
         if not leased:
             self._lease_after_s = time.monotonic() + self.worker.next_idle_wait_s()
-        episodes = [lease for lease in leased if lease.task.environment is not None]
-        if episodes:  # multi-turn: played batch-at-a-time, between two steps
-            self.worker.submit(self.worker.generate_groups(episodes))
         for lease in leased:
-            if lease.task.environment is None:
-                self.admit(lease)
-
-    def admit(self, lease: LeasedTask) -> None:
-        task = lease.task
-        number = self._next_task
-        self._next_task += 1
-        try:
-            (prompt_ids,) = self.worker.engine.encode_prompts([PromptInput.of_task(task)], task.max_new_tokens)
-            seed = task_seed(task.task_id)
-            self.batch.add(
-                [
-                    SampleRequest(
-                        request_id(number, j), tuple(prompt_ids), task.max_new_tokens, task.temperature, seed + j
-                    )
-                    for j in range(task.num_samples)
-                ]
-            )
-        except EngineError as exc:
-            self.worker.submit([(lease, exc)])
-            return
-        self.tasks[number] = TaskInFlight(lease, time.perf_counter())
+            try:
+                self.tasks.admit(lease)
+            except EngineError as exc:  # this task alone
+                self.worker.submit([(lease, exc)])
 
     def step(self) -> list[Outcome]:
-        """One decoding step; the groups of the tasks it completed, signed."""
+        """One decoding step; the groups of the tasks it completed, signed, and the tasks that failed."""
         started_s = time.perf_counter()
-        finished = self.batch.step()
+        stepped = self.tasks.step()
         step_s = time.perf_counter() - started_s
-        stats = self.batch.last_step
-        num_rows = stats.num_rows if stats is not None else 0
+        stats = self.tasks.batch.last_step
         if stats is not None and stats.recompute_s > 0:  # the swap's pause: its load, then this recompute
             self.worker.swap_pauses.extend_last(stats.recompute_s)
-        self.worker.throughput.record(len(finished), step_s, num_rows)
-        self.worker.occupancy.observe(num_rows, self.batch.max_rows)
-        touched = set()
-        for sample in finished:
-            number, j = divmod(sample.request_id, REQUESTS_PER_TASK)
-            self.tasks[number].samples[j] = sample
-            touched.add(number)
-        completed = [self.tasks.pop(number) for number in sorted(touched) if self.tasks[number].done]
-        if not completed:
-            return []
-        registration = self.worker.membership.registration  # the id and its key from the same registration
-        rollout_key = bytes.fromhex(registration.access.rollout_key_hex)
-        return [(task.lease, sign_rollout(group_of(task, registration.worker_id), rollout_key)) for task in completed]
-
-
-REQUESTS_PER_TASK = 1 << 16  # a request id is task number * this + sample index
-
-
-def request_id(task_number: int, sample_index: int) -> int:
-    return task_number * REQUESTS_PER_TASK + sample_index
-
-
-def group_of(task: TaskInFlight, worker_id: str) -> RolloutGroup:
-    """The task's group: policy_version the oldest version of any token, later versions as change points."""
-    samples = [task.samples[j] for j in range(task.lease.task.num_samples)]
-    oldest = min(sample.oldest_version for sample in samples)
-    changes = [
-        (index, change.token_index, change.policy_version)
-        for index, sample in enumerate(samples)
-        for change in sample.versions
-        if change.policy_version > oldest
-    ]
-    return build_rollout_group(
-        task.lease.task,
-        [sample.sample for sample in samples],
-        worker_id,
-        oldest,
-        time.perf_counter() - task.admitted_at_s,
-        version_changes=pack_int32([value for triple in changes for value in triple]),
-    )
+        self.worker.throughput.record(stepped.num_samples_done, step_s, stepped.num_rows)
+        self.worker.occupancy.observe(stepped.num_rows, self.tasks.batch.max_rows)
+        outcomes: list[Outcome] = list(stepped.failed)
+        if stepped.completed:
+            registration = self.worker.membership.registration  # the id and its key from the same registration
+            rollout_key = bytes.fromhex(registration.access.rollout_key_hex)
+            outcomes += [
+                (task.lease, sign_rollout(task.group(registration.worker_id), rollout_key))
+                for task in stepped.completed
+            ]
+        return outcomes

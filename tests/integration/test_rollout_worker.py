@@ -10,6 +10,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import pytest
@@ -219,14 +220,14 @@ def test_a_continuous_worker_keeps_its_batch_full_and_new_weights_land_in_sample
     worker = RolloutWorker(run, worker_settings(coordinator_url, model_dir, "continuous"), engine)
     assert worker.continuous is not None
     occupancy: list[int] = []
-    step = worker.continuous.batch.step
+    step = worker.continuous.tasks.batch.step
 
     def recorded_step() -> list:  # type: ignore[type-arg]
         finished = step()
-        occupancy.append(worker.continuous.batch.last_step.num_rows)  # type: ignore[union-attr]
+        occupancy.append(worker.continuous.tasks.batch.last_step.num_rows)  # type: ignore[union-attr]
         return finished
 
-    worker.continuous.batch.step = recorded_step  # type: ignore[method-assign]
+    worker.continuous.tasks.batch.step = recorded_step  # type: ignore[method-assign]
     learner.set_version(0)
     learner.publish(0)
     for i in range(num_tasks):
@@ -258,18 +259,21 @@ def test_a_continuous_worker_keeps_its_batch_full_and_new_weights_land_in_sample
     assert sum(1 for rows in busy if rows == max_rows) > len(busy) / 2  # the batch stayed full most steps
 
 
+@pytest.mark.parametrize("batching", ["batch", "continuous"])
 def test_worker_plays_multi_turn_poker_episodes_and_publishes_masked_groups(
     redis_server: RedisServer,
     serve_coordinator: ServeCoordinator,
     bus: StreamBus,
     keys: RunKeys,
     poker_policy_dir: Path,
+    batching: Literal["batch", "continuous"],
 ) -> None:
+    """Both modes: batch mode plays the episodes of a batch in lockstep, continuous mode each turn as a row."""
     run = RunConfig(
         run_id=keys.run_id,
         task=TaskConfig(name="kuhn_poker"),
         schedule=ScheduleConfig(staleness_bound=STALENESS_BOUND),
-        rollout=RolloutConfig(heartbeat_interval_s=0.2, claim_idle_ms=60_000),
+        rollout=RolloutConfig(heartbeat_interval_s=0.2, claim_idle_ms=60_000, batching=batching),
     )
     coordinator_url = serve_coordinator(run).url
     learner = LearnerSide(bus, keys, poker_policy_dir)
