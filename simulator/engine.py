@@ -31,6 +31,7 @@ from enum import IntEnum
 from shared.activation import ActivationPolicy, Candidate, plan_activation
 from shared.capacity import CapacityAssessment, CapacityInputs, assess, provisioning_samples_per_s
 from simulator.fleet import FleetSampler, WorkerSpec
+from simulator.read_stats import ReadStats, ScoredGroups
 from simulator.relay import RelayNode, broadcast_offsets
 
 
@@ -73,6 +74,10 @@ class SimConfig:
     # Sample lengths as multiples of their mean (empty: every sample the mean). A batch call lasts as long as
     # its longest sample; a continuous row as long as its own.
     length_factors: tuple[float, ...] = ()
+    continuous_max_rows: int = 0  # continuous: rows a worker decodes together; 0: max_groups_per_batch * G
+    # continuous: lease new tasks only while holding the newest published version (rows in flight go on);
+    # False, as services/rollout/continuous.py: lease whenever the staleness gate is open
+    lease_newest_only: bool = False
 
     @property
     def samples_per_step(self) -> int:
@@ -103,6 +108,13 @@ class SimResult:
     predicted: CapacityAssessment | None  # shared.capacity on the run's own measured inputs
     usd_per_step: float = 0.0
     extras: dict[str, float] = field(default_factory=dict)
+    # what the learner read (simulator/read_stats.py)
+    num_trained_groups: int = 0
+    mean_group_age_s: float = 0.0  # a trained group's read time - its call's start or its lease
+    dropped_token_fraction: float = 0.0  # of the tokens read (in mean-length samples)
+    token_lag_histogram: dict[int, float] = field(default_factory=dict)  # trained tokens' lags, fractions
+    worker_groups: dict[str, int] = field(default_factory=dict)  # groups scored, by worker id
+    worker_dropped: dict[str, int] = field(default_factory=dict)  # groups dropped as stale, by worker id
 
 
 PERIODIC, REQUESTED = -1, -2  # the two kinds of REPLAN event
@@ -158,7 +170,8 @@ class Simulation:
         self.versions: list[Version] = []
         # data plane
         self.pool = config.groups_in_flight  # tasks waiting in the tasks stream
-        self.scored: deque[list[float]] = deque()  # [readable at, version, count] in arrival order
+        self.scored: deque[ScoredGroups] = deque()  # in arrival order
+        self.read_stats = ReadStats(config.group_size)
         self.idle_workers: deque[int] = deque()
         self.idle_set: set[int] = set()
         self.pending_reclaims: dict[int, int] = {}
@@ -171,6 +184,7 @@ class Simulation:
         self.batch_lags: Counter[int] = Counter()
         self.train_s_total = 0.0
         self.step_train_s: list[float] = []
+        self.step_ended_at_s: list[float] = []
         self.staleness = Counter()
         self.num_dropped = 0
         self.done_at_s: float | None = None
@@ -331,9 +345,17 @@ class Simulation:
         w.busy, w.batch_groups = False, 0
         noise = 1 + self.rng.uniform(-self.config.measurement_noise, self.config.measurement_noise)
         w.measured_mu = num_groups * self.config.group_size / w.batch_latency_s * noise
-        self.scored.append([self.now + self.config.scoring_s, w.batch_version, num_groups])
-        self.schedule(self.now + self.config.scoring_s, Kind.SCORED, -1)
+        self.publish_scored(
+            ScoredGroups(
+                self.now + self.config.scoring_s, w.batch_version, num_groups, w.index, self.now - w.batch_latency_s
+            )
+        )
         self.worker_try_batch(w)
+
+    def publish_scored(self, entry: ScoredGroups) -> None:
+        self.scored.append(entry)
+        self.read_stats.scored(entry)
+        self.schedule(entry.readable_at_s, Kind.SCORED, -1)
 
     def reward_tick(self) -> None:
         """One turn of the reward loop: top up the freed slots, then block up to reward_poll_s for rollouts."""
@@ -360,19 +382,21 @@ class Simulation:
             return
         config = self.config
         num_read = 0
-        while self.scored and self.scored[0][0] <= self.now and self.batch_count < config.groups_per_step:
-            entry = self.scored[0]  # [readable at, version, count]
-            lag = self.learner_version - int(entry[1])
-            if lag > config.staleness_bound:
-                take = int(entry[2])
+        while self.scored and self.scored[0].readable_at_s <= self.now and self.batch_count < config.groups_per_step:
+            entry = self.scored[0]
+            lag = self.learner_version - entry.policy_version
+            dropped = lag > config.staleness_bound
+            if dropped:
+                take = entry.num_groups
                 self.num_dropped += take
             else:
-                take = min(int(entry[2]), config.groups_per_step - self.batch_count)
+                take = min(entry.num_groups, config.groups_per_step - self.batch_count)
                 self.batch_count += take
                 self.batch_lags[lag] += take
-            entry[2] -= take
+            self.read_stats.read(entry, take, self.learner_version, self.now, dropped)
+            entry.num_groups -= take
             num_read += take
-            if entry[2] == 0:
+            if entry.num_groups == 0:
                 self.scored.popleft()
         if config.reward_poll_s > 0:
             self.freed += num_read  # topped up at the reward loop's next turn
@@ -393,6 +417,7 @@ class Simulation:
     def finish_step(self) -> None:
         self.learner_busy = False
         self.learner_version += 1
+        self.step_ended_at_s.append(self.now)
         if self.learner_version >= self.config.num_steps:
             self.done_at_s = self.now
             return
@@ -467,7 +492,7 @@ class Simulation:
         c = self.config
         active = [w for w in self.workers if w.state == "active"]
         recent = self.step_train_s[-20:]
-        queued = sum(int(entry[2]) for entry in self.scored)
+        queued = sum(entry.num_groups for entry in self.scored)
         return CapacityInputs(
             samples_per_step=c.samples_per_step,
             train_s=statistics.fmean(recent),
@@ -486,7 +511,7 @@ class Simulation:
         """Tasks waiting + being generated + held by dead consumers + scored and unread: the data plane keeps
         this at M, so it also shows that no task was lost."""
         generating = sum(w.batch_groups for w in self.workers if w.busy)
-        scored = sum(int(e[2]) for e in self.scored)
+        scored = sum(entry.num_groups for entry in self.scored)
         return self.pool + generating + sum(self.pending_reclaims.values()) + scored + self.freed
 
     # results
@@ -523,6 +548,12 @@ class Simulation:
             runtime_s=runtime_s,
             predicted=assess(inputs) if inputs is not None else None,
             usd_per_step=(learner_usd + workers_usd) / max(1, num_steps),
+            num_trained_groups=self.read_stats.num_trained_groups,
+            mean_group_age_s=self.read_stats.mean_age_s,
+            dropped_token_fraction=self.read_stats.dropped_token_fraction,
+            token_lag_histogram=self.read_stats.token_lag_fractions(),
+            worker_groups={w.spec.worker_id: self.read_stats.groups_by_worker[w.index] for w in self.workers},
+            worker_dropped={w.spec.worker_id: self.read_stats.dropped_by_worker[w.index] for w in self.workers},
         )
 
 

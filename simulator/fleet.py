@@ -109,3 +109,23 @@ def centralized_fleet(num_workers: int, gpu: str = "H100", bandwidth_mbps: float
         WorkerSpec(f"dc-{i:05d}", kind.name, kind.price_per_hour, kind.samples_per_s, bandwidth_mbps, 0.0005, math.inf)
         for i in range(num_workers)
     ]
+
+
+def straggler_fleet(
+    num_workers: int,
+    median_samples_per_s: float,
+    *,
+    slow_fraction: float = 0.1,
+    slow_factor: float = 4.0,
+    sigma: float = 0.25,
+    seed: int = 0,
+) -> list[WorkerSpec]:
+    """A heterogeneous fleet without failures: the slowest `slow_fraction` of the workers run at the median
+    throughput / `slow_factor` (x a 10% log-normal jitter), the others log-normally around the median (sigma),
+    never below twice the stragglers' rate. Links are fast: give the run a fixed T_bcast."""
+    rng = random.Random(seed)
+    num_slow = round(num_workers * slow_fraction)
+    floor = 2 * median_samples_per_s / slow_factor
+    rates = [median_samples_per_s / slow_factor * math.exp(rng.gauss(0.0, 0.1)) for _ in range(num_slow)]
+    rates += [max(floor, median_samples_per_s * math.exp(rng.gauss(0.0, sigma))) for _ in range(num_workers - num_slow)]
+    return [WorkerSpec(f"w-{i:05d}", "any", 0.0, rate, 10_000.0, 0.0, math.inf) for i, rate in enumerate(rates)]

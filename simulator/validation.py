@@ -19,6 +19,27 @@ it ran), over the steady window (steps after `warmup_steps`):
                   one, so a worker blocked on the tasks stream wakes with the first task alone
 The simulator gets those, the run file's G, B, S, k, M and batch cap, and predicts utilization; the
 analytic capacity model (shared.capacity) predicts it too, from the same inputs.
+
+Continuous runs ([rollout] batching = "continuous"; simulator/continuous.py): a worker is modelled row by
+row, not call by call. From the scored groups (`measure_lengths`, part of `measure_pipeline`):
+    lengths       length factors = each sample's completion tokens / their mean over the run (stored as 100
+                  equal-probability quantiles), and that mean
+    decode step   each worker's wall seconds per decoding step, loop and in-flight weight loads included:
+                  a continuous group's generation_s runs from its lease to its last row's end, which is
+                  its longest sample's tokens in steps, so step_s = sum(generation_s) / sum(longest tokens)
+The simulator's worker then holds R = [rollout] continuous_max_rows rows, a row of length factor f lasts
+f * mean tokens * step_s, i.e. mu_i = R / (mean tokens * step_s) at full occupancy (the measured step time
+is the run's own, at its own occupancy); without decode steps it falls back on the dashboard's samples/s.
+Batch runs are predicted exactly as before: their a + b * groups fit already holds each call's longest
+sample, so their length factors are measured but not used.
+
+The API (a cluster benchmark calls these three, in either mode):
+    steps, polls, pipeline, run = run_cluster(name, config, num_workers, overrides, runs_dir)
+    measured = measure_run(run, steps, polls, warmup_steps, pipeline)   # pipeline = measure_pipeline(bus)
+    row = predict(run, measured, reward_poll_s=0.05, max_groups_per_batch=16)
+`predict` takes the mode from `run.rollout.batching` (max_groups_per_batch is batch mode's cap; a continuous
+worker's is `run.rollout.continuous_max_rows`) and returns the measured, simulated and analytic
+utilization, their relative errors, and the simulated stale drops and staleness.
 """
 
 from __future__ import annotations
@@ -27,9 +48,10 @@ import re
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -39,6 +61,7 @@ from shared.bus import StreamBus, connect
 from shared.capacity import CapacityInputs, assess
 from shared.config import RunConfig, load_run_config
 from shared.keys import RunKeys
+from shared.messages import ScoredGroup, unpack_int32
 from shared.run_records import StepRecord, read_metrics
 from shared.streams import SCORED, TASKS
 from simulator.engine import SimConfig, simulate
@@ -65,6 +88,11 @@ class MeasuredRun:
     loop_s: float = 0.0
     engine_fixed_s: float = 0.0  # mean a over workers
     engine_samples_per_s: dict[str, float] | None = None  # G / b per worker id (None: use the averages)
+    batching: str = "batch"  # the run's [rollout] batching
+    mean_completion_tokens: float = 0.0
+    length_factors: tuple[float, ...] = ()  # completion tokens / their mean: 100 equal-probability quantiles
+    decode_step_s: dict[str, float] | None = None  # continuous: wall seconds per decoding step, per worker id
+    group_generation_s: float = 0.0  # mean generation_s of the scored groups (continuous: lease to last row)
 
 
 def measure_run(
@@ -72,7 +100,7 @@ def measure_run(
     steps: list[StepRecord],
     polls: list[DashboardResponse],
     warmup_steps: int,
-    pipeline: dict[str, float] | None = None,
+    pipeline: dict[str, Any] | None = None,
 ) -> MeasuredRun:
     """`steps`: the StepRecords of metrics.jsonl; `polls`: /v1/dashboard answers seen during the run;
     `pipeline`: `measure_pipeline` of its streams."""
@@ -114,12 +142,40 @@ def measure_run(
         group_latency_s=statistics.fmean(latencies) if latencies else 0.0,
         broadcast_s=statistics.fmean(broadcasts) if broadcasts else 0.0,
         max_trained_staleness=max(int(lag) for s in window for lag in s.staleness_histogram),
+        batching=run.rollout.batching,
         **(pipeline or {}),
     )
 
 
-def measure_pipeline(bus: StreamBus) -> dict[str, float]:
-    """Data-plane latencies from the run's streams (entries stay until the run's Redis goes)."""
+def measure_lengths(groups: Sequence[ScoredGroup], num_quantiles: int = 100) -> dict[str, Any]:
+    """Completion lengths and continuous workers' decode steps from scored groups (module docstring)."""
+    lengths = [unpack_int32(g.rollout.completion_lengths) for g in groups]
+    tokens = sorted(int(n) for group in lengths for n in group)
+    if not tokens or sum(tokens) == 0:
+        return {"mean_completion_tokens": 0.0, "length_factors": (), "decode_step_s": None, "group_generation_s": 0.0}
+    mean_tokens = statistics.fmean(tokens)
+    picks = (
+        [tokens[int((i + 0.5) * len(tokens) / num_quantiles)] for i in range(num_quantiles)]
+        if len(tokens) > num_quantiles
+        else tokens
+    )
+    seconds: dict[str, float] = {}
+    steps: dict[str, int] = {}
+    for group, group_lengths in zip(groups, lengths, strict=True):
+        worker_id = group.rollout.worker_id
+        seconds[worker_id] = seconds.get(worker_id, 0.0) + group.rollout.generation_s
+        steps[worker_id] = steps.get(worker_id, 0) + int(group_lengths.max())
+    return {
+        "mean_completion_tokens": round(mean_tokens, 3),
+        "length_factors": tuple(round(n / mean_tokens, 4) for n in picks),
+        "decode_step_s": {w: seconds[w] / steps[w] for w in sorted(seconds) if steps[w] > 0} or None,
+        "group_generation_s": statistics.fmean(g.rollout.generation_s for g in groups),
+    }
+
+
+def measure_pipeline(bus: StreamBus) -> dict[str, Any]:
+    """Data-plane latencies and completion lengths (`measure_lengths`) from the run's streams (entries stay
+    until the run's Redis goes)."""
     tasks = {task.task_id: task.created_at_s for task in bus.entries(TASKS)}
     scored = bus.entries(SCORED)
     scoring = [g.scored_at_s - g.rollout.created_at_s for g in scored]
@@ -150,19 +206,18 @@ def measure_pipeline(bus: StreamBus) -> dict[str, float]:
         "loop_s": statistics.median(gaps) if gaps else 0.0,
         "engine_fixed_s": statistics.fmean(a for a, _ in fits.values()) if fits else 0.0,
         "engine_samples_per_s": {w: group_size / b for w, (_, b) in fits.items()} or None,
+        **measure_lengths(scored),
     }
 
 
 def predict(
     run: RunConfig, measured: MeasuredRun, *, reward_poll_s: float, max_groups_per_batch: int, seed: int = 0
 ) -> dict:
-    """The simulator's and the capacity model's utilization for the measured inputs."""
+    """The simulator's and the capacity model's utilization for the measured inputs, in the run's batching
+    mode (`run.rollout.batching`; `max_groups_per_batch` is batch mode's cap)."""
     scoring_s = measured.scoring_s
-    if measured.engine_samples_per_s:  # the affine engine model: a fixed cost per call, then G / b per group
-        rates, call_overhead_s = measured.engine_samples_per_s, measured.loop_s + measured.engine_fixed_s
-    else:
-        rates, call_overhead_s = measured.worker_samples_per_s, measured.loop_s
-    workers = [WorkerSpec(name, "cpu", 0.0, mu, 1000.0, 0.0, float("inf")) for name, mu in rates.items()]
+    engine = engine_model(run, measured)
+    workers = [WorkerSpec(name, "cpu", 0.0, mu, 1000.0, 0.0, float("inf")) for name, mu in engine.rates.items()]
     config = SimConfig(
         group_size=run.grpo.group_size,
         groups_per_step=run.grpo.groups_per_step,
@@ -174,12 +229,15 @@ def predict(
         batch_read_s=measured.read_s,
         max_groups_in_flight=run.max_groups_in_flight,
         max_groups_per_batch=max_groups_per_batch,
-        call_overhead_s=call_overhead_s,
+        call_overhead_s=engine.call_overhead_s,
         scoring_s=scoring_s,
         reward_poll_s=reward_poll_s,
         trickle_tasks=True,
         fixed_broadcast_s=measured.broadcast_s,
         seed=seed,
+        batching=run.rollout.batching,
+        length_factors=engine.length_factors,
+        continuous_max_rows=run.rollout.continuous_max_rows if run.rollout.batching == "continuous" else 0,
     )
     result = simulate(config, workers)
     analytic = assess(
@@ -190,7 +248,8 @@ def predict(
             publish_every=run.schedule.publish_every,
             step_overhead_s=measured.step_overhead_s + measured.read_s,
             broadcast_s=measured.broadcast_s,
-            group_latency_s=measured.group_latency_s,
+            # continuous: the dashboard's latency is one decoding step's; a group lasts lease to last row
+            group_latency_s=measured.group_generation_s if engine.continuous else measured.group_latency_s,
             queue_delay_s=scoring_s + reward_poll_s / 2,
             worker_samples_per_s=tuple(measured.worker_samples_per_s.values()),
         )
@@ -210,9 +269,40 @@ def predict(
         "assumed": {
             "reward_poll_s": reward_poll_s,
             "max_groups_per_batch": max_groups_per_batch,
-            "engine": "a + b * groups" if measured.engine_samples_per_s else "average samples/s",
+            "batching": run.rollout.batching,
+            "engine": engine.description,
         },
     }
+
+
+@dataclass(frozen=True)
+class EngineModel:
+    """How `predict` models the run's workers."""
+
+    rates: dict[str, float]  # mu_i, samples/s, by worker
+    call_overhead_s: float  # batch: per call
+    length_factors: tuple[float, ...]  # continuous: per row; batch: () (the fit holds the longest sample)
+    description: str
+    continuous: bool = False
+
+
+def engine_model(run: RunConfig, measured: MeasuredRun) -> EngineModel:
+    """Batch: the affine fit a + b * groups (else the average samples/s). Continuous: rows of the measured
+    lengths, mu_i = R / (mean completion tokens * decode step_s) (module docstring)."""
+    if run.rollout.batching == "continuous":
+        factors = tuple(measured.length_factors)
+        if measured.decode_step_s and measured.mean_completion_tokens > 0:
+            max_rows = run.rollout.continuous_max_rows
+            rates = {
+                worker: max_rows / (measured.mean_completion_tokens * step_s)
+                for worker, step_s in measured.decode_step_s.items()
+            }
+            return EngineModel(rates, 0.0, factors, "rows: R / (mean tokens * step_s)", continuous=True)
+        return EngineModel(measured.worker_samples_per_s, 0.0, factors, "rows: average samples/s", continuous=True)
+    if measured.engine_samples_per_s:  # the affine engine model: a fixed cost per call, then G / b per group
+        call_overhead_s = measured.loop_s + measured.engine_fixed_s
+        return EngineModel(measured.engine_samples_per_s, call_overhead_s, (), "a + b * groups")
+    return EngineModel(measured.worker_samples_per_s, measured.loop_s, (), "average samples/s")
 
 
 def run_cluster(
@@ -224,7 +314,7 @@ def run_cluster(
     worker_env: dict[str, dict[str, str]] | None = None,
     worker_scrapes: list[tuple[float, str, str]] | None = None,
     on_streams: Callable[[StreamBus], None] | None = None,
-) -> tuple[list[StepRecord], list[DashboardResponse], dict[str, float], RunConfig]:
+) -> tuple[list[StepRecord], list[DashboardResponse], dict[str, Any], RunConfig]:
     """One real local cluster run; returns its step records, the dashboard polls, its data-plane latencies
     (`measure_pipeline`) and its run config. `worker_env`: extra environment by worker name (worker-0...).
     `worker_scrapes`, if given, gets (unix time, worker name, its /metrics text) for every worker at every

@@ -62,3 +62,45 @@ def test_no_task_is_lost_when_continuous_workers_fail() -> None:
     result = simulation.run()
     assert result.num_failures == 2 and result.num_steps == 60
     assert simulation.groups_in_flight() == simulation.config.groups_in_flight
+
+
+def test_tokens_are_never_older_than_their_group_and_batch_tokens_share_their_groups_lag() -> None:
+    batch = simulate(config(), fleet(4, 200.0))
+    continuous = simulate(config(batching="continuous"), fleet(4, 200.0))
+    for result in (batch, continuous):
+        assert sum(result.token_lag_histogram.values()) == pytest.approx(1.0)
+        assert result.num_trained_groups == 60 * 32
+        assert sum(result.worker_groups.values()) >= result.num_trained_groups + result.num_dropped_stale
+    num_groups = sum(batch.staleness_histogram.values())
+    assert batch.token_lag_histogram == pytest.approx(
+        {lag: n / num_groups for lag, n in batch.staleness_histogram.items()}
+    )
+
+    def mean_lag(histogram: dict[int, float]) -> float:
+        total = sum(histogram.values())
+        return sum(lag * weight for lag, weight in histogram.items()) / total
+
+    # a group's version is its oldest token's: new weights land while its rows run, so its tokens are younger
+    assert mean_lag(continuous.token_lag_histogram) < mean_lag(continuous.staleness_histogram)
+
+
+def test_at_s1_groups_leased_in_the_broadcast_gap_make_the_extra_stale_drops() -> None:
+    """The learner frees slots when it reads the groups that arrived while it trained; a continuous worker
+    leases them at once with the version it holds, one behind until the new one lands T_bcast later. Their
+    groups start at lag 1, so at S = 1 they must be read within the same step or be dropped. Waiting for
+    the published version before leasing removes the extra drops."""
+    s1 = config(staleness_bound=1)
+    batch = simulate(s1, fleet(4, 200.0))
+    continuous = simulate(dataclasses.replace(s1, batching="continuous"), fleet(4, 200.0))
+    newest_only = simulate(dataclasses.replace(s1, batching="continuous", lease_newest_only=True), fleet(4, 200.0))
+    assert continuous.num_dropped_stale > 1.5 * batch.num_dropped_stale
+    assert newest_only.num_dropped_stale < batch.num_dropped_stale
+    assert newest_only.wall_s < continuous.wall_s
+
+
+def test_continuous_max_rows_sets_a_workers_rows() -> None:
+    from simulator.continuous import ContinuousSimulation
+
+    simulation = ContinuousSimulation(config(batching="continuous", continuous_max_rows=12), fleet(2, 200.0))
+    assert simulation.max_rows == 12
+    assert simulation.run().num_steps == 60
