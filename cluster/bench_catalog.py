@@ -95,6 +95,10 @@ BENCHMARKS: dict[str, Benchmark] = {
     "simulator-validation": Benchmark(
         "benchmarks.simulator_validation", "real local runs vs the simulator's predicted learner utilization"
     ),
+    "continuous-fleet": Benchmark(
+        "benchmarks.continuous_fleet",
+        "simulated batch vs continuous workers, 100 and 1,000 heterogeneous workers, S = 1/2/4 (~4 min)",
+    ),
 }
 
 
