@@ -34,7 +34,7 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -329,10 +329,14 @@ class TrainBatch:
     def map(self, change: Callable[[torch.Tensor], torch.Tensor]) -> TrainBatch:
         """The batch with `change` applied to every tensor (rows taken, a device moved to)."""
         return TrainBatch(
-            **{
-                field.name: None if getattr(self, field.name) is None else change(getattr(self, field.name))
-                for field in fields(self)
-            }
+            input_ids=change(self.input_ids),
+            attention_mask=change(self.attention_mask),
+            completion_mask=change(self.completion_mask),
+            behaviour_logprobs=change(self.behaviour_logprobs),
+            advantages=change(self.advantages),
+            temperatures=change(self.temperatures),
+            rewards=change(self.rewards),
+            trained_mask=None if self.trained_mask is None else change(self.trained_mask),
         )
 
     def to(self, device: torch.device) -> TrainBatch:

@@ -140,3 +140,21 @@ def test_token_lags_with_a_bound_count_only_the_trained_tokens() -> None:
     admitted = [AdmittedGroup(Delivery("s", "g", "0-0", mixed, 1), 3, False)]
     assert token_lags(admitted, 7) == {"1": 1, "3": 2}
     assert token_lags(admitted, 7, max_lag=2) == {"1": 1}
+
+
+def test_map_changes_every_tensor_of_the_batch() -> None:
+    """take_rows and .to() go through map: a field it forgot would keep every row."""
+    from dataclasses import fields
+
+    from services.learner.batch import TrainBatch
+
+    batch = tensorize(
+        [scored_group([1, 2], [[3, 4], [5]], [1.0, 0.0])],
+        PAD,
+        normalize_advantage_by_std=True,
+        oldest_trained_version=0,
+    )
+    taken = batch.map(lambda tensor: tensor[:1])
+    for field in fields(TrainBatch):
+        value = getattr(taken, field.name)
+        assert value is not None and value.shape[0] == 1, field.name
