@@ -61,11 +61,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.ablation.cells import REPO_ROOT, dump_toml, start_runner_logging
 from benchmarks.result_file import write_result
 from shared.bus import StreamBus
-from shared.config import load_run_config
+from shared.config import RunConfig, load_run_config
 from shared.messages import unpack_int32
 from shared.run_records import StepRecord
 from shared.streams import SCORED
-from simulator.validation import measure_run, run_cluster
+from simulator.validation import MeasuredRun, measure_run, predict, run_cluster
 
 OUT_DIR = REPO_ROOT / "benchmarks" / "results" / "continuous_cluster"
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "continuous_cluster.json"
@@ -86,6 +86,7 @@ MODES = {
 }
 WARMUP_STEPS = 3
 MAX_GROUPS_PER_BATCH = 16  # the workers' worker_max_groups_per_batch (its default)
+REWARD_POLL_S = 0.05  # the reward service's read block, as benchmarks/simulator_validation.py
 MULTI_TURN_WALL_S = 150.0  # poker's steps are slower: a little longer, for enough of them
 
 log = logging.getLogger("continuous_cluster")
@@ -319,6 +320,24 @@ def load_results(out_dir: Path) -> dict[str, CellResult]:
     return results
 
 
+def simulated(result: CellResult) -> dict[str, Any]:
+    """The simulator's learner busy fraction and stale drops for the cell's measured inputs
+    (simulator/validation.py), beside the measured ones; {} for a cell measured without them."""
+    if not result.measured or "length_factors" not in result.measured:
+        return {}
+    cell = Cell(**result.cell)
+    run = RunConfig.model_validate(cell.run_file() | {"run_id": result.run_id})
+    measured = MeasuredRun(**result.measured)
+    prediction = predict(run, measured, reward_poll_s=REWARD_POLL_S, max_groups_per_batch=MAX_GROUPS_PER_BATCH)
+    return {
+        "measured_learner_busy": prediction["measured_utilization"],
+        "simulated_learner_busy": prediction["simulated_utilization"],
+        "simulator_relative_error": prediction["simulator_relative_error"],
+        "simulated_stale_dropped_fraction": prediction["simulated_stale_fraction"],
+        "simulator_engine": prediction["assumed"]["engine"],
+    }
+
+
 def row_of(result: CellResult, same_steps: int) -> dict[str, Any]:
     workers = result.workers
     num_swaps = sum(w["num_swaps"] for w in workers)
@@ -342,6 +361,7 @@ def row_of(result: CellResult, same_steps: int) -> dict[str, Any]:
         "group_lags": result.group_lags,
         "stale_token_lags": result.stale_token_lags,
         "per_token_rule_extra_tokens_fraction": round(result.per_token_rule_extra_fraction, 4),
+        **simulated(result),
     }
 
 
@@ -367,6 +387,14 @@ def report(out_dir: Path) -> dict[str, Any]:
             for mode in MODES
             if mode in entry
         ]
+    errors = [abs(row["simulator_relative_error"]) for row in rows if "simulator_relative_error" in row]
+    validation = {
+        "cells": len(errors),
+        "mean_abs_relative_error": round(statistics.fmean(errors), 4) if errors else None,
+        "max_abs_relative_error": round(max(errors), 4) if errors else None,
+        "what": "the simulator's learner busy fraction for each cell's measured inputs vs the measured one, "
+        "over the steps after the warm-up",
+    }
     return {
         "command": "make bench-continuous-cluster (python -m benchmarks.continuous_cluster --engine torch, then --engine vllm)",
         "machine": f"{platform.machine()}, {platform.system()}, {os.cpu_count()} CPU cores shared by every service",
@@ -376,6 +404,7 @@ def report(out_dir: Path) -> dict[str, Any]:
         "busy and steps/min: the steps after the warm-up; stale drops, rewards and lags: the whole run",
         "table": table,
         "rows": rows,
+        "simulator_validation": validation,
     }
 
 

@@ -104,8 +104,9 @@ def run_episodes(
     temperature: float,
     greedy: bool = False,
     sampling_seeds: Sequence[int] | None = None,
-) -> None:
-    """Play every episode to its end, one engine call per turn for all that are still going.
+) -> int:
+    """Play every episode to its end, one engine call per turn for all that are still going. Returns the
+    decoding steps the calls took (each call's longest turn), for the worker's batch occupancy.
 
     `sampling_seeds` (one per episode; None, the workers' choice: the engine's own random sampling): keyed
     sampling, every turn of episode i drawn with seed sampling_seeds[i], its positions counted from the turn's
@@ -114,6 +115,7 @@ def run_episodes(
     if sampling_seeds is not None and len(sampling_seeds) != len(episodes):
         raise ValueError(f"{len(sampling_seeds)} sampling seeds for {len(episodes)} episodes")
     active = [index for index, episode in enumerate(episodes) if not episode.done]
+    num_steps = 0
     while active:
         samples = engine.generate_from_ids(
             [episodes[index].context for index in active],
@@ -123,9 +125,11 @@ def run_episodes(
             greedy,
             None if sampling_seeds is None else [sampling_seeds[index] for index in active],
         )
+        num_steps += max(sample.num_tokens for (sample,) in samples)
         for index, (sample,) in zip(active, samples, strict=True):
             episodes[index].take_turn(sample, engine, max_new_tokens)
         active = [index for index in active if not episodes[index].done]
+    return num_steps
 
 
 def next_turn(

@@ -266,6 +266,9 @@ def predict(
         ),
         "simulated_max_staleness": max(result.staleness_histogram, default=0),
         "simulated_dropped_stale": result.num_dropped_stale,
+        "simulated_stale_fraction": round(
+            result.num_dropped_stale / max(1, result.num_dropped_stale + result.num_trained_groups), 4
+        ),
         "assumed": {
             "reward_poll_s": reward_poll_s,
             "max_groups_per_batch": max_groups_per_batch,

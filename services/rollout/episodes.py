@@ -30,6 +30,7 @@ class EpisodeRunner:
             raise ValueError(f"task {task_config.name!r} is not an EnvironmentTask: it has no episodes to play")
         self.engine = engine
         self.task = task
+        self.last_num_steps = 0  # decoding steps of the last `play`
 
     def start(self, task: TaskGroup) -> list[Episode]:
         """The task's `num_samples` episodes, reset and with their prompt encoded (raises EngineError for a
@@ -44,10 +45,11 @@ class EpisodeRunner:
         ]
 
     def play(self, tasks: list[TaskGroup]) -> list[list[Episode]]:
-        """result[i][j] is episode j of tasks[i]; every task must share max_new_tokens and temperature."""
+        """result[i][j] is episode j of tasks[i]; every task must share max_new_tokens and temperature. The
+        decoding steps the engine took are left in `last_num_steps`."""
         groups = [self.start(task) for task in tasks]
         first = tasks[0]
-        run_episodes(
+        self.last_num_steps = run_episodes(
             self.engine,
             [episode for group in groups for episode in group],
             max_new_tokens=first.max_new_tokens,

@@ -397,13 +397,13 @@ class RolloutWorker:
     ) -> tuple[list[RolloutGroup], RegisterWorkerResponse]:
         """Multi-turn tasks: every episode of every task played together (services/rollout/episodes.py)."""
         started_s = time.perf_counter()
-        episodes = self.episode_runner().play([lease.task for lease in batch])
+        runner = self.episode_runner()
+        episodes = runner.play([lease.task for lease in batch])
         generation_s = time.perf_counter() - started_s
-        self.throughput.record(
-            sum(len(group) for group in episodes),
-            generation_s,
-            sum(sum(episode.mask) for group in episodes for episode in group),  # the model's tokens
-        )
+        num_tokens = sum(sum(episode.mask) for group in episodes for episode in group)  # the model's tokens
+        self.throughput.record(sum(len(group) for group in episodes), generation_s, num_tokens)
+        capacity_rows = self.settings.worker_max_groups_per_batch * batch[0].task.num_samples
+        self.occupancy.observe(num_tokens, capacity_rows * runner.last_num_steps)
         registration = self.membership.registration
         built = [
             build_episode_group(lease.task, group, registration.worker_id, policy_version, generation_s)

@@ -303,6 +303,9 @@ def test_worker_plays_multi_turn_poker_episodes_and_publishes_masked_groups(
             assert 0.0 <= reward <= 1.0
         assert bus.backlog(TASKS) == 0
     assert {group.env_rewards[0] for group in rollouts_of(bus, keys).values()} <= {0.0, 0.25, 0.75, 1.0}
+    # the engine's batch occupancy counts the episodes' decoding too, in both modes: some, never over full
+    metrics = {family.name: family.samples[0].value for family in worker.occupancy.families("w")}
+    assert 0 < metrics["relayrl_worker_batch_occupancy"] <= 1
 
 
 def poker_task(run_id: str, seed: str) -> TaskGroup:
