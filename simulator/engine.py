@@ -30,6 +30,7 @@ from enum import IntEnum
 
 from shared.activation import ActivationPolicy, Candidate, plan_activation
 from shared.capacity import CapacityAssessment, CapacityInputs, assess, provisioning_samples_per_s
+from shared.staleness import AdmissionRule
 from simulator.fleet import FleetSampler, WorkerSpec
 from simulator.read_stats import ReadStats, ScoredGroups
 from simulator.relay import RelayNode, broadcast_offsets
@@ -78,6 +79,8 @@ class SimConfig:
     # continuous: lease new tasks only while holding the newest published version (rows in flight go on);
     # False, as services/rollout/continuous.py: lease whenever the staleness gate is open
     lease_newest_only: bool = False
+    # which version of a continuous group S bounds (shared/staleness.py): its oldest token's, or its newest's
+    admission: AdmissionRule = "oldest_token"
 
     @property
     def samples_per_step(self) -> int:
@@ -385,7 +388,10 @@ class Simulation:
         while self.scored and self.scored[0].readable_at_s <= self.now and self.batch_count < config.groups_per_step:
             entry = self.scored[0]
             lag = self.learner_version - entry.policy_version
-            dropped = lag > config.staleness_bound
+            bounded = entry.policy_version
+            if config.admission == "per_token" and entry.tokens_by_version:
+                bounded = max(entry.tokens_by_version)
+            dropped = self.learner_version - bounded > config.staleness_bound
             if dropped:
                 take = entry.num_groups
                 self.num_dropped += take

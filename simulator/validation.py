@@ -238,6 +238,7 @@ def predict(
         batching=run.rollout.batching,
         length_factors=engine.length_factors,
         continuous_max_rows=run.rollout.continuous_max_rows if run.rollout.batching == "continuous" else 0,
+        admission=run.schedule.admission,
     )
     result = simulate(config, workers)
     analytic = assess(

@@ -16,6 +16,9 @@ from simulator.fleet import WorkerSpec
 GEOMETRIC = tuple(k / 15.0 for k in range(1, 121) for _ in range(round(1000 * (14 / 15) ** (k - 1) / 15)))
 
 
+RULES = ("oldest_token", "per_token")
+
+
 def fleet(num: int, samples_per_s: float) -> list[WorkerSpec]:
     return [WorkerSpec(f"w{i}", "cpu", 0.0, samples_per_s, 1000.0, 0.0, math.inf) for i in range(num)]
 
@@ -104,3 +107,15 @@ def test_continuous_max_rows_sets_a_workers_rows() -> None:
     simulation = ContinuousSimulation(config(batching="continuous", continuous_max_rows=12), fleet(2, 200.0))
     assert simulation.max_rows == 12
     assert simulation.run().num_steps == 60
+
+
+def test_per_token_admission_keeps_the_groups_whose_newer_tokens_are_within_the_bound() -> None:
+    """At S = 1 the oldest-token rule drops long-tailed groups whose later rows are fresh; per-token
+    admission (a group is trained while its newest token is within S) keeps most of them."""
+    s1 = dataclasses.replace(config(staleness_bound=1), batching="continuous")
+    oldest = simulate(s1, fleet(4, 200.0))
+    per_token = simulate(dataclasses.replace(s1, admission="per_token"), fleet(4, 200.0))
+    assert oldest.num_dropped_stale > 0
+    assert per_token.num_dropped_stale < oldest.num_dropped_stale / 2
+    batch, batch_per_token = (simulate(config(staleness_bound=1, admission=rule), fleet(4, 200.0)) for rule in RULES)
+    assert (batch.num_dropped_stale, batch.wall_s) == (batch_per_token.num_dropped_stale, batch_per_token.wall_s)
