@@ -322,9 +322,17 @@ def load_results(out_dir: Path) -> dict[str, CellResult]:
 
 def simulated(result: CellResult) -> dict[str, Any]:
     """The simulator's learner busy fraction and stale drops for the cell's measured inputs
-    (simulator/validation.py), beside the measured ones; {} for a cell measured without them."""
+    (simulator/validation.py), beside the measured ones; None for a cell measured without them."""
     if not result.measured or "length_factors" not in result.measured:
-        return {}
+        return dict.fromkeys(
+            (
+                "measured_learner_busy",
+                "simulated_learner_busy",
+                "simulator_relative_error",
+                "simulated_stale_dropped_fraction",
+                "simulator_engine",
+            )
+        )
     cell = Cell(**result.cell)
     run = RunConfig.model_validate(cell.run_file() | {"run_id": result.run_id})
     measured = MeasuredRun(**result.measured)
@@ -387,7 +395,7 @@ def report(out_dir: Path) -> dict[str, Any]:
             for mode in MODES
             if mode in entry
         ]
-    errors = [abs(row["simulator_relative_error"]) for row in rows if "simulator_relative_error" in row]
+    errors = [abs(row["simulator_relative_error"]) for row in rows if row["simulator_relative_error"] is not None]
     validation = {
         "cells": len(errors),
         "mean_abs_relative_error": round(statistics.fmean(errors), 4) if errors else None,

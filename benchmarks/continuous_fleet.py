@@ -13,8 +13,10 @@ an assumption, written into the result file:
 - learner: B = sum(mu_i) * 32 s / G groups per step (32 s: two mean rows, so a group of median rows spans
   about one step); train_s so that its demand B * G / (train_s + 1 s overhead) is 1.5x the fleet's nominal
   supply sum(mu_i) (generation-bound: the learner waits) or 0.7x (learner-bound); T_bcast 3 s, scoring 0.5 s;
-- S = 1, 2, 4 (max groups in flight: B * max(1, S - 1)); and, at S = 1, continuous workers that lease only
-  while holding the newest published version (SimConfig.lease_newest_only; not what the worker does now).
+- S = 1, 2, 4 (max groups in flight: B * max(1, S - 1)); continuous cells admit per token (the run file's
+  default, shared/staleness.py); at S = 1 also continuous workers under the oldest-token rule, and
+  continuous workers that lease only while holding the newest published version
+  (SimConfig.lease_newest_only; not what the worker does now).
 Runs: 40 steps (100 workers) or 20 (1,000), seed 0. Per cell: the learner's busy fraction and steps/hour
 over the steady window (after 10 or 6 warm-up steps), groups and tokens dropped as stale (whole run), the
 trained groups' and tokens' lag histograms, the mean group age (lease to the learner's read), samples/s per
@@ -201,9 +203,12 @@ def main() -> None:
         )
         for load_name, load in LOADS.items():
             for staleness_bound in STALENESS_BOUNDS:
-                variants = {"batch": {}, "continuous": {}}
+                # continuous workers under the run file's default admission (per_token); at S = 1 also the
+                # oldest-token rule, and leasing only with the newest version
+                variants: dict[str, dict[str, Any]] = {"batch": {}, "continuous": {"admission": "per_token"}}
                 if staleness_bound == 1:
-                    variants["continuous_newest_only"] = {"lease_newest_only": True}
+                    variants["continuous_oldest_token"] = {"admission": "oldest_token"}
+                    variants["continuous_newest_only"] = {"admission": "per_token", "lease_newest_only": True}
                 for name, extra in variants.items():
                     batching = "batch" if name == "batch" else "continuous"
                     config = cell_config(workers, load, staleness_bound, batching, num_steps)

@@ -227,9 +227,14 @@ RESULTS: tuple[Result, ...] = (
         "continuous_cluster.json",
         "Continuous batching in a cluster",
         "batch-boundary swaps vs continuous batching with in-flight updates (oldest-token and per-token admission), "
-        "real local clusters of 2 workers at S = 1, 2, 4, each cell the same wall time: per worker tokens/s and "
-        "occupancy, groups dropped as stale, learner busy, reward per step over the steps both modes took",
-        (),
+        "real local clusters of 1 or 2 workers at S = 1, 2, 4, each cell the same wall time: per worker tokens/s "
+        "and occupancy, groups dropped as stale, learner busy, reward per step over the steps both modes took; "
+        "and the simulator's learner busy for each cell's measured inputs (cells measured with them)",
+        (
+            F("simulator vs measured learner busy: cells", "simulator_validation/cells"),
+            F("simulator vs measured: mean abs relative error", "simulator_validation/mean_abs_relative_error", "", 3),
+            F("simulator vs measured: max abs relative error", "simulator_validation/max_abs_relative_error", "", 3),
+        ),
         docs="continuous_batching.md",
         tables=(
             Table(
@@ -249,6 +254,8 @@ RESULTS: tuple[Result, ...] = (
                     F("swap pause max", "swap_pause_max_ms", "ms", 1),
                     F("trained tokens by lag", "token_lags"),
                     F("per-token rule would add", "per_token_rule_extra_tokens_fraction", "", 3),
+                    F("simulated busy", "simulated_learner_busy", "", 2),
+                    F("simulated stale", "simulated_stale_dropped_fraction", "", 3),
                 ),
             ),
         ),
@@ -399,7 +406,8 @@ RESULTS: tuple[Result, ...] = (
         "Batch vs continuous workers at 100 and 1,000 workers (simulated)",
         "the simulator's fleet prediction: heterogeneous workers (the slowest 10% 4x slower), log-normal lengths, "
         "S = 1/2/4, the learner 1.5x (generation-bound) or 0.7x (learner-bound) the fleet's nominal supply; "
-        "newest-only: continuous workers that lease only while holding the newest published version",
+        "continuous workers admit per token; at S = 1 also oldest-token admission, and newest-only: continuous "
+        "workers that lease only while holding the newest published version",
         (
             F(
                 "a batch call lasts its longest of 16 samples: mean factor",
@@ -415,8 +423,8 @@ RESULTS: tuple[Result, ...] = (
                 for workers, key_workers in (("100", "n100"), ("1,000", "n1000"))
                 for load in ("generation_bound", "learner_bound")
                 for bound in (1, 2, 4)
-                for variant in ("batch", "continuous", "continuous_newest_only")
-                if variant != "continuous_newest_only" or bound == 1
+                for variant in ("batch", "continuous", "continuous_oldest_token", "continuous_newest_only")
+                if variant in ("batch", "continuous") or bound == 1
                 for name, path in (
                     ("learner busy", f"cells/{key_workers}_{load}_s{bound}_{variant}/learner_busy_fraction"),
                     (
