@@ -158,4 +158,7 @@ def test_a_group_whose_samples_saw_new_weights_land_is_audited_token_by_token(mo
         assert honest.exact_diff_nats is not None and honest.exact_diff_nats < 1e-4
         assert honest.provenance is not None and not honest.provenance.failed
         assert honest.provenance.num_violations == 0
-        assert claimed.exact_diff_nats is not None and claimed.exact_diff_nats > CONFIG.audit_tolerance_nats
+        if oldest_trained_version is None:
+            assert claimed.exact_diff_nats is not None and claimed.exact_diff_nats > CONFIG.audit_tolerance_nats
+        else:  # every token claimed too old to train: per_token admission would have dropped it, no audit
+            assert claimed.exact_diff_nats is None
