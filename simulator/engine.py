@@ -174,7 +174,9 @@ class Simulation:
         # data plane
         self.pool = config.groups_in_flight  # tasks waiting in the tasks stream
         self.scored: deque[ScoredGroups] = deque()  # in arrival order
-        self.read_stats = ReadStats(config.group_size)
+        self.read_stats = ReadStats(
+            config.group_size, config.staleness_bound if config.admission == "per_token" else None
+        )
         self.idle_workers: deque[int] = deque()
         self.idle_set: set[int] = set()
         self.pending_reclaims: dict[int, int] = {}

@@ -24,6 +24,7 @@ class ScoredGroups:
 @dataclass
 class ReadStats:
     group_size: int
+    max_trained_lag: int | None = None  # per_token admission: S (older tokens of a trained group are masked)
     groups_by_worker: Counter[int] = field(default_factory=Counter)  # scored
     dropped_by_worker: Counter[int] = field(default_factory=Counter)
     num_trained_groups: int = 0
@@ -48,7 +49,11 @@ class ReadStats:
         self.num_trained_groups += num_groups
         self.trained_age_s_total += num_groups * (now_s - entry.started_at_s)
         for version, amount in tokens.items():
-            self.token_lags[learner_version - version] += share * amount
+            lag = learner_version - version
+            if self.max_trained_lag is not None and lag > self.max_trained_lag:  # per_token: masked, not trained
+                self.dropped_tokens += share * amount
+                continue
+            self.token_lags[lag] += share * amount
             self.trained_tokens += share * amount
 
     @property

@@ -117,5 +117,7 @@ def test_per_token_admission_keeps_the_groups_whose_newer_tokens_are_within_the_
     per_token = simulate(dataclasses.replace(s1, admission="per_token"), fleet(4, 200.0))
     assert oldest.num_dropped_stale > 0
     assert per_token.num_dropped_stale < oldest.num_dropped_stale / 2
+    assert max(per_token.token_lag_histogram) <= 1  # tokens older than S are masked, not trained
+    assert per_token.dropped_token_fraction > 0
     batch, batch_per_token = (simulate(config(staleness_bound=1, admission=rule), fleet(4, 200.0)) for rule in RULES)
     assert (batch.num_dropped_stale, batch.wall_s) == (batch_per_token.num_dropped_stale, batch_per_token.wall_s)
