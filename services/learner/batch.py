@@ -238,6 +238,11 @@ class BatchCollector:
             return False
         return True
 
+    def oldest_trained_version(self, learner_version: int) -> int | None:
+        """The oldest version whose tokens the step at `learner_version` trains (per_token admission masks the
+        older ones); None: every token of an admitted group (oldest_token admission)."""
+        return learner_version - self.staleness_bound if self.admission == "per_token" else None
+
     def note_masked(self, groups: list[AdmittedGroup], learner_version: int) -> None:
         """per_token admission: count the tokens of admitted groups too old to train (tensorize masks them)."""
         for admitted in groups:

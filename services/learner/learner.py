@@ -269,15 +269,11 @@ class Learner:
 
     def train_step(self, batch: CollectedBatch) -> TrainedStep:
         groups = [admitted.group for admitted in batch.groups]
-        schedule = self.config.schedule
-        per_token = schedule.admission == "per_token"
-        if per_token:
+        oldest_trained_version = self.collector.oldest_trained_version(self.version)
+        if oldest_trained_version is not None:
             self.collector.note_masked(batch.groups, self.version)
         tensors = tensorize(
-            groups,
-            self.pad_token_id,
-            self.config.grpo.normalize_advantage_by_std,
-            oldest_trained_version=self.version - schedule.staleness_bound if per_token else None,
+            groups, self.pad_token_id, self.config.grpo.normalize_advantage_by_std, oldest_trained_version
         )
         result = self.policy.train_step(
             tensors,
