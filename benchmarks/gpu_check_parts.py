@@ -255,7 +255,7 @@ def init_one_rank() -> OneRankShards:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from cluster.redis_server import free_port
+    from cluster.ports import free_port
 
     init_method = f"tcp://127.0.0.1:{free_port()}"
     timeout = datetime.timedelta(seconds=120)

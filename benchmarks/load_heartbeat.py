@@ -44,7 +44,8 @@ import httpx
 import uvloop
 
 from benchmarks.result_file import write_result
-from cluster.redis_server import RedisServer, free_port
+from cluster.ports import free_port
+from cluster.redis_server import RedisServer
 from shared.bus import StreamBus, connect
 from shared.keys import RunKeys
 from shared.messages import WeightsPublished

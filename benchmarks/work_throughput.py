@@ -44,7 +44,8 @@ import redis.asyncio as aioredis
 import uvloop
 
 from benchmarks.load_heartbeat import Connection, cpu_seconds, own_cpu_seconds, percentile, register_workers
-from cluster.redis_server import RedisServer, free_port
+from cluster.ports import free_port
+from cluster.redis_server import RedisServer
 from shared.keys import RunKeys
 from shared.messages import RolloutGroup, TaskGroup
 from shared.streams import ROLLOUTS, TASKS

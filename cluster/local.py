@@ -42,9 +42,10 @@ import redis
 
 from cluster.accounting import count_groups
 from cluster.model_cache import link_catalog_model
+from cluster.ports import free_port
 from cluster.processes import ServiceProcess, start_service
 from cluster.redis_acl import OPERATOR, RedisUsers
-from cluster.redis_server import RedisServer, free_port
+from cluster.redis_server import RedisServer
 from cluster.run_report import RunReport
 from cluster.supervisor import RestartMode, RestartPolicy, ServiceState, SupervisionRecord, Supervisor
 from shared.api import StatusResponse, WorkerState

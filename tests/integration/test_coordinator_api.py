@@ -10,7 +10,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from cluster.redis_server import free_port
+from cluster.ports import free_port
 from shared.api import StatusResponse, WorkerInfo
 from shared.bus import StreamBus
 from shared.config import CoordinatorConfig, RunConfig, ScheduleConfig

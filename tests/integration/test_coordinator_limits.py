@@ -16,7 +16,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from cluster.redis_server import free_port
+from cluster.ports import free_port
 from services.coordinator.http_limits import uvicorn_limits
 from tests.polling import wait_for
 from tests.sockets import closed_by_server

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import redis
 
-from cluster.redis_server import free_port
+from cluster.ports import free_port
 from services.rollout.coordinator_client import CoordinatorClient, RegistrationThrottledError
 from services.rollout.membership import Membership
 from shared.api import JOIN_TOKEN_HEADER, HeartbeatRequest, RegisterWorkerRequest, WorkerInfo

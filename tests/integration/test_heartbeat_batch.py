@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from cluster.redis_server import RedisServer, free_port
+from cluster.ports import free_port
+from cluster.redis_server import RedisServer
 from services.coordinator.heartbeat_batch import DEAD, OK, UNKNOWN, WRONG_TOKEN, HeartbeatBatcher, HeartbeatEntry
 from services.coordinator.redis_script import ScriptConnection, pack_command
 from services.coordinator.worker_registry import WorkerRegistry

@@ -6,7 +6,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cluster.redis_server import free_port
+from cluster.ports import free_port
 from services.reward.prometheus import reward_families
 from shared.metrics import CallbackCollector, start_metrics_server
 

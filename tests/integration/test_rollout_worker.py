@@ -17,7 +17,8 @@ import pytest
 import torch
 from safetensors.torch import save as safetensors_save
 
-from cluster.redis_server import RedisServer, free_port
+from cluster.ports import free_port
+from cluster.redis_server import RedisServer
 from engines.torch_engine import TorchEngine
 from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError
 from services.rollout.membership import Membership

@@ -50,9 +50,12 @@ def gone(pid: int) -> bool:
     return False
 
 
-def test_a_crashing_service_is_restarted_with_backoff_then_given_up_on(tmp_path: Path) -> None:
+def test_a_crashing_service_is_restarted_with_backoff_then_given_up_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     supervisor = Supervisor()
-    first = supervisor.add("crasher", child("import sys; sys.exit(3)", tmp_path), FAST)
+    crash = "import sys; print('OSError: [Errno 98] Address already in use'); sys.exit(3)"
+    first = supervisor.add("crasher", child(crash, tmp_path), FAST)
 
     def settled() -> bool:
         supervisor.poll()
@@ -65,6 +68,9 @@ def test_a_crashing_service_is_restarted_with_backoff_then_given_up_on(tmp_path:
     assert record.crash_exit_codes == [3, 3, 3, 3]  # the last crash is the one it gave up after
     assert record.gave_up and record.state == ServiceState.GAVE_UP
     assert service.child.pid != first.pid
+    # each crash's warning ends with the end of the crashed child's log: its cause
+    crashes = [record.getMessage() for record in caplog.records if "crashed with exit code 3" in record.getMessage()]
+    assert crashes and all(message.endswith("Address already in use") for message in crashes), crashes
     # each restart waited at least its backoff after the previous one: 0.05, 0.1, 0.2 s
     times = list(service.restart_times_s)
     gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]

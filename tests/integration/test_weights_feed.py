@@ -16,7 +16,7 @@ import httpx
 import pytest
 import redis
 
-from cluster.redis_server import free_port
+from cluster.ports import free_port
 from services.coordinator.weights_feed import WeightsFeed
 from services.rollout.announcement_client import (
     AnnouncementSource,
