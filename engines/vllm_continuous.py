@@ -53,7 +53,7 @@ class VLLMContinuousBatch(ContinuousBatch):
             del self.rows[key]
 
     def step(self) -> list[FinishedSample]:
-        changed = self._follow_weights()
+        recomputing = self._follow_weights()
         num_admitted = self._admit()
         num_rows = len(self.rows)
         started_s = time.perf_counter()
@@ -61,20 +61,22 @@ class VLLMContinuousBatch(ContinuousBatch):
         step_s = time.perf_counter() - started_s
         finished = [done for output in outputs if (done := self._take(output)) is not None]
         # vLLM recomputes the preempted rows inside the step after a load: the whole step is its cost
-        self._last_step = StepStats(num_rows, num_admitted, len(finished), step_s if changed and num_rows else 0.0)
+        self._last_step = StepStats(num_rows, num_admitted, len(finished), step_s if recomputing else 0.0)
         return finished
 
     # the step's parts
     def _follow_weights(self) -> bool:
         """New weights since the last step (the engine already sent the running requests back to be
-        recomputed): the running rows' later tokens are the new version's."""
+        recomputed): the running rows' later tokens are the new version's. True: rows were in flight, so
+        the coming step recomputes them (a load with none in flight costs no recompute: the rows admitted
+        after it start on the new weights)."""
         version = self.engine.policy_version
         if version == self.policy_version:
             return False
         self.policy_version = version
         for row in self.rows.values():
             record_change(row.versions, len(row.token_ids), version)
-        return True
+        return bool(self.rows)
 
     def _admit(self) -> int:
         admitted = self.take_waiting()

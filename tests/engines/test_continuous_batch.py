@@ -180,6 +180,27 @@ def test_weights_loaded_between_steps_reach_the_running_rows_at_a_recorded_token
         assert done.oldest_version == 3
 
 
+def test_only_a_load_with_rows_in_flight_reports_a_recompute(
+    engine: InferenceEngine, weights: dict[str, dict[str, torch.Tensor]]
+) -> None:
+    """The swap pause a worker reports is the load plus the recompute of the rows in flight; a load before
+    any row runs (a worker's first weights) recomputes nothing, whatever its first step costs."""
+    batch = engine.continuous_batch(max_rows=4)
+    engine.load_weights(blob_of(weights["old"]), policy_version=5)  # nothing in flight
+    batch.add([SampleRequest(i, (5, 6, 7), max_new_tokens=30, temperature=TEMPERATURE, seed=SEED + i) for i in range(4)])
+    batch.step()
+    assert batch.last_step is not None
+    assert (batch.last_step.num_admitted, batch.last_step.recompute_s) == (4, 0.0)
+    batch.step()
+    assert batch.last_step.recompute_s == 0.0 and batch.num_running > 0
+    engine.load_weights(blob_of(weights["new"]), policy_version=6)  # rows in flight
+    batch.step()
+    assert batch.last_step.recompute_s > 0.0
+    batch.step()
+    assert batch.last_step.recompute_s == 0.0
+    run_to_end(batch)
+
+
 def test_abort_drops_running_and_waiting_rows_and_a_bad_request_queues_nothing(engine: InferenceEngine) -> None:
     batch = engine.continuous_batch(max_rows=2)
     requests = requests_of(engine)[:4]
