@@ -187,7 +187,9 @@ def test_only_a_load_with_rows_in_flight_reports_a_recompute(
     any row runs (a worker's first weights) recomputes nothing, whatever its first step costs."""
     batch = engine.continuous_batch(max_rows=4)
     engine.load_weights(blob_of(weights["old"]), policy_version=5)  # nothing in flight
-    batch.add([SampleRequest(i, (5, 6, 7), max_new_tokens=30, temperature=TEMPERATURE, seed=SEED + i) for i in range(4)])
+    batch.add(
+        [SampleRequest(i, (5, 6, 7), max_new_tokens=30, temperature=TEMPERATURE, seed=SEED + i) for i in range(4)]
+    )
     batch.step()
     assert batch.last_step is not None
     assert (batch.last_step.num_admitted, batch.last_step.recompute_s) == (4, 0.0)
