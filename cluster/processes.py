@@ -52,10 +52,15 @@ class ServiceProcess:
             self.popen.wait(timeout=10)
 
     def log_tail(self, num_lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
-        except FileNotFoundError:
-            return ""
+        return tail_of(self.log_path, num_lines)
+
+
+def tail_of(path: Path, num_lines: int) -> str:
+    """The last `num_lines` lines of a log file; "" before it exists."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-num_lines:])
+    except FileNotFoundError:
+        return ""
 
 
 def start_service(

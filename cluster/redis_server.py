@@ -27,6 +27,7 @@ from pathlib import Path
 import redis
 
 from cluster.ports import free_port
+from cluster.processes import tail_of
 
 DEFAULT_MAXMEMORY_BYTES = 2 * 1024**3  # docs/operations.md, "Redis memory": a 24 h run needs far less
 
@@ -88,6 +89,13 @@ class RedisServer:
         """None while it runs (or before start); else its exit code (negative: the signal that killed it)."""
         return self.process.poll() if self.process is not None else None
 
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "redis.log"
+
+    def log_tail(self, num_lines: int = 20) -> str:
+        return tail_of(self.log_path, num_lines)
+
     def start(self, timeout_s: float = 60.0) -> RedisServer:
         """Start it and wait until it answers commands with its data loaded (`_wait_ready`)."""
         self.launch()
@@ -121,7 +129,7 @@ class RedisServer:
             "--loglevel",
             "warning",
             "--logfile",
-            str((self.data_dir / "redis.log").resolve()),
+            str(self.log_path.resolve()),
         ]
         if self.acl_file is not None:
             args += ["--aclfile", str(self.acl_file.resolve())]
@@ -142,9 +150,7 @@ class RedisServer:
         try:
             while time.monotonic() < deadline:
                 if self.process is not None and self.process.poll() is not None:
-                    raise RedisServerError(
-                        f"redis-server exited with {self.process.returncode}; see {self.data_dir}/redis.log"
-                    )
+                    raise RedisServerError(f"redis-server exited with {self.process.returncode}; see {self.log_path}")
                 try:
                     client.ping()
                     loading = int(client.info("persistence").get("loading", 0))

@@ -48,12 +48,15 @@ class Child(Protocol):
 
     def stop(self) -> int | None: ...
 
+    def log_tail(self, num_lines: int = 20) -> str:
+        """The end of its log ("" while it has none)."""
+        ...
+
 
 def last_words(child: Child, num_lines: int = 3) -> str:
-    """The end of a crashed child's log (a ServiceProcess's; others keep none), for the crash's warning:
-    the cause of a crash shows where the supervisor's log is all there is (CI)."""
-    log_tail = getattr(child, "log_tail", None)
-    tail = log_tail(num_lines).strip() if callable(log_tail) else ""
+    """The end of a crashed child's log, for the crash's warning: the cause of a crash shows where the
+    supervisor's log is all there is (CI)."""
+    tail = child.log_tail(num_lines).strip()
     return f"; its log ends:\n{tail}" if tail else ""
 
 

@@ -59,6 +59,12 @@ def admission_verdict(
     return None
 
 
+def max_trained_token_lag(rule: AdmissionRule, staleness_bound: int) -> int | None:
+    """The oldest lag a trained token of an admitted group may have: S under per_token (older tokens are
+    masked out of the loss); None under oldest_token (every token of an admitted group is trained)."""
+    return staleness_bound if rule == "per_token" else None
+
+
 def steps_remaining(learner_version: int, policy_version: int, staleness_bound: int) -> int:
     """How many more learner steps a group of `policy_version` stays admissible (negative: already too old).
 

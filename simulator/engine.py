@@ -30,7 +30,7 @@ from enum import IntEnum
 
 from shared.activation import ActivationPolicy, Candidate, plan_activation
 from shared.capacity import CapacityAssessment, CapacityInputs, assess, provisioning_samples_per_s
-from shared.staleness import AdmissionRule
+from shared.staleness import AdmissionRule, max_trained_token_lag
 from simulator.fleet import FleetSampler, WorkerSpec
 from simulator.read_stats import ReadStats, ScoredGroups
 from simulator.relay import RelayNode, broadcast_offsets
@@ -174,9 +174,7 @@ class Simulation:
         # data plane
         self.pool = config.groups_in_flight  # tasks waiting in the tasks stream
         self.scored: deque[ScoredGroups] = deque()  # in arrival order
-        self.read_stats = ReadStats(
-            config.group_size, config.staleness_bound if config.admission == "per_token" else None
-        )
+        self.read_stats = ReadStats(config.group_size, max_trained_token_lag(config.admission, config.staleness_bound))
         self.idle_workers: deque[int] = deque()
         self.idle_set: set[int] = set()
         self.pending_reclaims: dict[int, int] = {}

@@ -45,7 +45,7 @@ from shared.bus import Delivery, StreamBus
 from shared.keys import DEAD_LETTERED, RunKeys
 from shared.messages import FlatGroups, RolloutGroup, ScoredGroup, unpack_float32, unpack_int32
 from shared.retry import call_with_retry
-from shared.staleness import AdmissionRule, DropReason, admission_verdict, staleness_of
+from shared.staleness import AdmissionRule, DropReason, admission_verdict, max_trained_token_lag, staleness_of
 from shared.stream_trim import TRIM_INTERVAL_S, ConsumedTrimmer
 from shared.streams import SCORED
 
@@ -241,7 +241,8 @@ class BatchCollector:
     def oldest_trained_version(self, learner_version: int) -> int | None:
         """The oldest version whose tokens the step at `learner_version` trains (per_token admission masks the
         older ones); None: every token of an admitted group (oldest_token admission)."""
-        return learner_version - self.staleness_bound if self.admission == "per_token" else None
+        max_lag = max_trained_token_lag(self.admission, self.staleness_bound)
+        return None if max_lag is None else learner_version - max_lag
 
     def note_masked(self, groups: list[AdmittedGroup], learner_version: int) -> None:
         """per_token admission: count the tokens of admitted groups too old to train (tensorize masks them)."""
