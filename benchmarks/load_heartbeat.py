@@ -61,6 +61,10 @@ heartbeat_interval_s = 1.0
 lease_s = 30.0
 [activation]
 replan_interval_s = {replan_interval_s}
+[credentials]  # 1,000 simulated workers under open registration are one credential: no cap in the way
+max_workers = 100000
+registrations_per_min = 1e7
+registrations_per_min_per_address = 1e7
 """
 REQUEST_TIMEOUT_S = 5.0
 

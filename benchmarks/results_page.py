@@ -318,6 +318,135 @@ RESULTS: tuple[Result, ...] = (
         docs="threat_model.md",
     ),
     Result(
+        "sybil_fleet.json",
+        "Sybil identities",
+        "the demo cluster (3 honest torch workers) for a 60 s window with an attacker beside it, and without, before "
+        "and after credential budgets and earned leases; each attack's ratios are of the mean of the baselines run "
+        "just before and just after it, by the same code",
+        (
+            F(
+                "hoarding, 20 identities, one credential: steps/min vs baseline, before",
+                "table_by_cell/before/hoard-20/steps_vs_baseline",
+            ),
+            F("the same, after", "table_by_cell/after/hoard-20/steps_vs_baseline"),
+            F(
+                "hoarding, 200 identities: steps/min vs baseline, before",
+                "table_by_cell/before/hoard-200/steps_vs_baseline",
+            ),
+            F("the same, after", "table_by_cell/after/hoard-200/steps_vs_baseline"),
+        ),
+        docs="threat_model.md",
+        tables=(
+            Table(
+                "table",
+                (
+                    F("code", "code"),
+                    F("cell", "cell"),
+                    F("steps/min", "steps_per_min", "", 1),
+                    F("baselines' steps/min", "baseline_steps_per_min", "", 1),
+                    F("steps vs baseline", "steps_vs_baseline"),
+                    F("honest groups vs baseline", "honest_groups_vs_baseline"),
+                    F("tasks lost", "tasks_lost"),
+                    F("honest flagged or quarantined", "honest_flagged_or_quarantined"),
+                    F("attacker identities", "attacker_identities"),
+                    F("attacker leases", "attacker_leases"),
+                    F("first quarantine (s)", "first_quarantine_s"),
+                    F("credentials quarantined", "credentials_quarantined"),
+                    F("status p99 (ms)", "status_p99_ms"),
+                ),
+            ),
+        ),
+    ),
+    Result(
+        "registration_flood.json",
+        "A registration flood",
+        "one credential registers 10,000 identities that all die; then GET /v1/status, the worker listing, another "
+        "credential's registration and the coordinator's idle CPU, before and after (target: status < 50 ms, < 64 KiB)",
+        (
+            F("GET /v1/status p99, before", "before/status/p99_ms", "ms"),
+            F("GET /v1/status p99, after", "after/status/p99_ms", "ms"),
+            F("GET /v1/status size, before", "before/status/bytes", "bytes"),
+            F("GET /v1/status size, after", "after/status/bytes", "bytes"),
+            F("GET /v1/workers size, before", "before/workers_listing/bytes", "bytes"),
+            F("GET /v1/workers size, after", "after/workers_listing/bytes", "bytes"),
+            F("another credential's registration, after", "after/another_credential_registers/status"),
+            F("coordinator idle CPU (fraction of a core), before", "before/coordinator_idle_cpu_fraction"),
+            F("coordinator idle CPU (fraction of a core), after", "after/coordinator_idle_cpu_fraction"),
+        ),
+        docs="threat_model.md",
+    ),
+    Result(
+        "decode_bomb.json",
+        "Decode bombs",
+        "one 16 MiB POST /v1/work/rollouts body of each bomb shape against a coordinator, and GET /v1/status while 4 "
+        "senders repeat the worst for 20 s, before and after bounded decoding (target: < 64 MiB extra, p99 < 1 s)",
+        (
+            F(
+                "16.7M empty maps: peak extra RSS, before",
+                "before/one_bomb/one array of empty maps/peak_extra_rss_mib",
+                "MiB",
+            ),
+            F(
+                "16.7M empty maps: peak extra RSS, after",
+                "after/one_bomb/one array of empty maps/peak_extra_rss_mib",
+                "MiB",
+            ),
+            F(
+                "the costliest shape within the limits (wide strings): peak extra RSS, after",
+                "after/one_bomb/4 groups of wide strings (the most a group decodes to within the limits)/peak_extra_rss_mib",
+                "MiB",
+            ),
+            F("GET /v1/status p99 under the bombs, before", "before/status_latency/with_bombs/p99_ms", "ms"),
+            F("GET /v1/status p99 under the bombs, after", "after/status_latency/with_bombs/p99_ms", "ms"),
+            F("GET /v1/status p99 without bombs, after", "after/status_latency/without_bombs/p99_ms", "ms"),
+        ),
+        docs="threat_model.md",
+    ),
+    Result(
+        "relay_liars.json",
+        "Relay parents that lie",
+        "a relay child's lag behind a lying parent, 8 versions through the relay plan, before and after the fix "
+        "(localhost; timeouts the defaults / 10: stall 1.5 s, chunk wait 1 s)",
+        (
+            F("honest parent: child lag, mean", "after/summary/honest/child_lag_s_mean", "s", 3),
+            F("another version's chunks: child lag", "after/summary/other_version/child_lag_s_first_version", "s", 3),
+            F(
+                "headers, then nothing: child lag",
+                "after/summary/stall_after_headers/child_lag_s_first_version",
+                "s",
+                2,
+            ),
+            F(
+                "60% then nothing: versions it kept a child, before",
+                "before/summary/partial_then_stall/versions_parent_had_children",
+            ),
+            F(
+                "60% then nothing: versions it kept a child, after",
+                "after/summary/partial_then_stall/versions_parent_had_children",
+            ),
+            F(
+                "60% then nothing: child lag, mean, before",
+                "before/summary/partial_then_stall/child_lag_s_mean",
+                "s",
+                2,
+            ),
+            F("60% then nothing: child lag, mean, after", "after/summary/partial_then_stall/child_lag_s_mean", "s", 2),
+            F(
+                "dribbled head: child still fetching, before, at",
+                "before/summary/dribbled_head/child_still_fetching_at_s",
+                "s",
+            ),
+            F("dribbled head: child lag, after", "after/summary/dribbled_head/child_lag_s_first_version", "s", 2),
+            F(
+                "dribbled repair: child still fetching, before, at",
+                "before/summary/disowned_repair/child_still_fetching_at_s",
+                "s",
+            ),
+            F("dribbled repair: child lag, after", "after/summary/disowned_repair/child_lag_s_first_version", "s", 2),
+        ),
+        docs="weight_path.md",
+    ),
+    Result(
         "stream_memory.json",
         "Redis memory",
         "Redis memory over 1,000 learner steps with stream trimming on",

@@ -33,6 +33,7 @@ from engines.interface import Sample
 from services.coordinator.work_leases import WorkLeases
 from services.learner.batch import BatchCollector
 from services.rollout.rollout_groups import build_rollout_group
+from shared import worker_rewards
 from shared.bus import StreamBus
 from shared.config import WorkConfig
 from shared.keys import GROUPS_SCORED, TASKS_ISSUED, RunKeys
@@ -143,7 +144,13 @@ class SimulatedPipeline:
                 )
                 for d in deliveries
             ]
-            self.reward.publish_and_ack(SCORED, scored, deliveries, tally=(self.keys.reward_counts, GROUPS_SCORED))
+            self.reward.publish_and_ack(
+                SCORED,
+                scored,
+                deliveries,
+                tally=(self.keys.reward_counts, GROUPS_SCORED),
+                increments=worker_rewards.increments(self.keys, scored),  # what the workers earn leases with
+            )
 
     def learn(self) -> None:
         batch = self.collector.collect(self.version, should_stop=lambda: not self.has_scored())

@@ -63,6 +63,15 @@ claim_idle_ms = 600000
 lease_s = 600.0
 [activation]
 enabled = false
+# 1,000 simulated workers under open registration are one credential (the shared identity), and no reward
+# service scores their groups: the ceiling of the path, with its per-credential budget and earning out of the way
+[credentials]
+max_workers = 100000
+max_leases = 1000000
+registrations_per_min = 1e7
+registrations_per_min_per_address = 1e7
+[work]
+earn_leases = false
 """
 GROUP_SIZE = 8
 NEW_TOKENS = 48

@@ -37,6 +37,18 @@ BENCHMARKS: dict[str, Benchmark] = {
         "benchmarks.hostile_fleet",
         "the demo with a worker that leases and never answers and one that answers twice: task accounting (~5 min)",
     ),
+    "sybil": Benchmark(
+        "benchmarks.sybil_fleet",
+        "Sybil identities, hit-and-run, slow garbage and decode bombs against the demo cluster, each beside a run "
+        "without (--before-tree DIR: the same cells on an older checkout, alternating; ~20 min a label)",
+    ),
+    "decode-bomb": Benchmark(
+        "benchmarks.decode_bomb",
+        "the coordinator's memory and GET /v1/status latency under 16 MiB decode bombs (--before/--after trees)",
+    ),
+    "relay-liars": Benchmark(
+        "benchmarks.relay_liars", "a relay child's lag behind parents that lie, through the relay plan (~2 min)"
+    ),
     "stream-memory": Benchmark(
         "benchmarks.stream_memory", "Redis memory per 1,000 learner steps with stream trimming on and off"
     ),

@@ -76,7 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument(
         "--compose", action="store_true", help="every variable docker-compose.yml requires, as a .env file"
     )
-    keys.add_argument("--out", type=Path, help="write to this file (mode 0600; an existing file is an error)")
+    keys.add_argument(
+        "--out",
+        type=Path,
+        help="write to this file (mode 0600); an existing one is an error, but with --compose it gets the variables "
+        "it lacks and keeps every value it has",
+    )
     model = commands.add_parser(
         "model",
         help="a pretrained base from the catalog: get (fetch, convert, check; prints its folder) or list",
@@ -119,9 +124,16 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def print_keys(compose: bool, out: Path | None) -> None:
     """`relay-rl keys [--compose] [--out FILE]`: only the secrets go to stdout (so `> .env` is safe)."""
-    from cluster.secrets import ClusterSecrets, write_private
+    from cluster.secrets import ClusterSecrets, add_missing_compose_env, write_private
 
     secrets = ClusterSecrets.generate()
+    if compose and out is not None and out.exists():  # a running cluster's, maybe: complete it, change nothing
+        try:
+            added = add_missing_compose_env(out, secrets)
+        except ValueError as error:
+            sys.exit(str(error))
+        print(f"{out} exists: its values kept; added {', '.join(added) or 'nothing'}", file=sys.stderr)
+        return
     if compose:
         text = secrets.compose_env_text()
     else:

@@ -6,11 +6,17 @@ them, so Ctrl-C drains it (finish the batch, deregister, exit). What the worker 
 (name, price, GPU type, bandwidth, region) comes from the flags; the coordinator decides whether it is
 active or on standby (cost-aware activation) and the dashboard shows it.
 
-    python -m cluster.join --name gpu-a --price 0.5        # or: make worker NAME=gpu-a PRICE=0.5
+It joins with a credential of its own: with the admin token of cluster.env, a join credential is issued for
+it (POST /v1/operators, named after the worker), so it has its own budget and record and a quarantine
+sticks to it alone. `--shared-token` joins with the cluster's shared RL_JOIN_TOKEN instead (a trusted
+worker of the local demo, one credential with the demo's own workers).
+
+    python -m cluster.join --name gpu-a --price 0.5        # or: relay-rl worker --name gpu-a (make worker)
     python -m cluster.join --print-env                     # the environment, to start a worker by hand
 
 A worker on another machine takes the rest from the coordinator: `relay-rl worker --coordinator URL
---token JOIN_TOKEN` (cluster/remote_worker.py, docs/cli.md).
+--token JOIN_TOKEN`, JOIN_TOKEN a credential the admin issued for it (`relay-rl operators issue NAME`;
+cluster/remote_worker.py, docs/cli.md).
 """
 
 from __future__ import annotations
@@ -24,16 +30,18 @@ from cluster.worker_process import add_identity_arguments, exec_rollout_worker, 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RUN_DIR = REPO_ROOT / "runs" / "latest"
-# what a worker needs from cluster.env (the admin token stays out of the worker's environment)
+# what a worker needs from cluster.env besides its join token (the admin token stays out of its environment)
 WORKER_VARIABLES = (
     "RL_COORDINATOR_URL",
     "RL_WEIGHTS_PUBLIC_KEY",
-    "RL_JOIN_TOKEN",
     "RL_RUN_CONFIG",
     "RL_RUN_ID",
     "RL_RUN_DIR",
     "RL_MODEL_DIR",
 )
+ADMIN_TOKEN_VARIABLE = "RL_ADMIN_TOKEN"  # in cluster.env: issues each new worker a credential of its own
+SHARED_TOKEN_VARIABLE = "RL_JOIN_TOKEN"  # the demo's shared token, for --shared-token
+ISSUE_TIMEOUT_S = 10.0
 
 
 def read_cluster_env(run_dir: Path) -> dict[str, str]:
@@ -52,11 +60,73 @@ def read_cluster_env(run_dir: Path) -> dict[str, str]:
     return values
 
 
+class CredentialNotIssuedError(Exception):
+    """The coordinator issued no join credential for a new worker: it did not answer (`unreachable`), or refused."""
+
+    def __init__(self, message: str, *, unreachable: bool) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
+
+
+def add_shared_token_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--shared-token",
+        action="store_true",
+        help="join with the local cluster's shared RL_JOIN_TOKEN (a trusted worker of the demo) instead of a join "
+        "credential issued for this worker with cluster.env's admin token",
+    )
+
+
+def local_join_token(cluster: dict[str, str], worker_name: str, *, shared_token: bool) -> str:
+    """What a new worker of the local cluster (`cluster`: its cluster.env) joins with: a credential issued for it
+    when cluster.env has the admin token, unless `shared_token`; else the shared RL_JOIN_TOKEN.
+    Raises CredentialNotIssuedError, or ValueError when cluster.env has neither token."""
+    if shared_token or ADMIN_TOKEN_VARIABLE not in cluster:
+        if SHARED_TOKEN_VARIABLE not in cluster:
+            raise ValueError(f"cluster.env has no {SHARED_TOKEN_VARIABLE} (and no admin token to issue a credential)")
+        return cluster[SHARED_TOKEN_VARIABLE]
+    join_token = issue_join_credential(cluster["RL_COORDINATOR_URL"], cluster[ADMIN_TOKEN_VARIABLE], worker_name)
+    print(
+        f"issued join credential {join_token.partition('.')[0]} for {worker_name}: its own budget and record "
+        "(relay-rl operators list)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return join_token
+
+
+def issue_join_credential(coordinator_url: str, admin_token: str, name: str) -> str:
+    """POST /v1/operators with the admin token: a new credential named `name`; returns its join token."""
+    import httpx
+
+    from shared.api import OPERATORS_PATH, IssuedOperator
+
+    try:
+        response = httpx.post(
+            coordinator_url.rstrip("/") + OPERATORS_PATH,
+            json={"name": name},
+            headers={"Authorization": f"Bearer {admin_token}"},
+            timeout=ISSUE_TIMEOUT_S,
+        )
+    except httpx.HTTPError as exc:  # refused, unresolvable, timed out: the user starts it again
+        message = f"cannot reach the coordinator at {coordinator_url} to issue a join credential: {exc}"
+        raise CredentialNotIssuedError(message, unreachable=True) from exc
+    if response.status_code != 201:
+        message = (
+            f"the coordinator issued no join credential for {name}: HTTP {response.status_code} {response.text[:200]}"
+        )
+        raise CredentialNotIssuedError(message, unreachable=False)
+    return IssuedOperator.model_validate_json(response.content).join_token
+
+
 def worker_environment(cluster: dict[str, str], args: argparse.Namespace) -> dict[str, str]:
     missing = [name for name in WORKER_VARIABLES if name not in cluster]
     if missing:
         raise ValueError(f"cluster.env lacks {', '.join(missing)}")
-    return {name: cluster[name] for name in WORKER_VARIABLES} | identity_environment(args)
+    join_token = local_join_token(cluster, args.name, shared_token=args.shared_token)
+    return (
+        {name: cluster[name] for name in WORKER_VARIABLES} | {"RL_JOIN_TOKEN": join_token} | identity_environment(args)
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,8 +137,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--run-dir", type=Path, default=DEFAULT_RUN_DIR, help="the cluster's run folder (default runs/latest)"
     )
     add_identity_arguments(parser, default_name=f"joined-{os.getpid()}")
+    add_shared_token_argument(parser)
     parser.add_argument(
-        "--print-env", action="store_true", help="print the worker's environment as shell exports and exit"
+        "--print-env",
+        action="store_true",
+        help="print the worker's environment as shell exports and exit (its join credential issued all the same)",
     )
     return parser.parse_args(argv)
 
@@ -77,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         env = worker_environment(read_cluster_env(args.run_dir), args)
-    except ValueError as exc:
+    except (ValueError, CredentialNotIssuedError) as exc:
         sys.exit(str(exc))
     if args.print_env:
         print("\n".join(f"export {name}={value}" for name, value in env.items()))

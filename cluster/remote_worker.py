@@ -2,6 +2,11 @@
 
     relay-rl worker --coordinator http://coord.example:8000 --token=$RL_JOIN_TOKEN --name gpu-a --price 0.4
 
+The join token is a credential the cluster's admin issued for this worker or its operator (`relay-rl operators
+issue NAME`): its own budget and record, and a quarantine sticks to it. Without --coordinator and --token, on
+the machine of a local cluster (`make worker`), both come from its cluster.env: a credential issued for this
+worker with the admin token there, or with --shared-token the local demo's shared join token.
+
     1. fetch     GET /v1/cluster/bootstrap with the join token (header X-RL-Join-Token): the run id, the
                  run file, the learner's public key and the model (shared/api.py
                  ClusterBootstrap); 401: a wrong token, exit 3; no coordinator there: exit 4
@@ -34,7 +39,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cluster.join import DEFAULT_RUN_DIR, read_cluster_env
+from cluster.join import (
+    DEFAULT_RUN_DIR,
+    CredentialNotIssuedError,
+    add_shared_token_argument,
+    local_join_token,
+    read_cluster_env,
+)
 from cluster.model_cache import link_catalog_model
 from cluster.worker_process import add_identity_arguments, exec_rollout_worker, identity_environment
 
@@ -74,7 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--token",
         default=os.environ.get(JOIN_TOKEN_ENV),
-        help=f"the cluster's join token (default ${JOIN_TOKEN_ENV}; write --token=VALUE if it begins with -)",
+        help=f"a join credential the cluster's admin issued (relay-rl operators issue), or a shared join token "
+        f"(default ${JOIN_TOKEN_ENV}; write --token=VALUE if it begins with -)",
     )
     parser.add_argument(
         "--public-key",
@@ -112,6 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a local cluster's run folder: with neither --coordinator nor --token, both (and --model-dir) come "
         "from its cluster.env (make worker; default runs/latest)",
     )
+    add_shared_token_argument(parser)
 
 
 def main(args: argparse.Namespace) -> None:
@@ -133,6 +146,8 @@ def prepare(args: argparse.Namespace) -> dict[str, str]:
     """Steps 1-4: the rollout worker's environment, with the run file and model folder in place."""
     if not args.coordinator and not args.token and (args.run_dir / "cluster.env").exists():
         take_local_cluster(args)
+    elif args.shared_token:
+        print("relay-rl worker: --shared-token is for a local cluster's cluster.env: ignored", file=sys.stderr)
     if not args.coordinator:
         raise JoinError(f"no coordinator: pass --coordinator URL or set {COORDINATOR_ENV}", EXIT_USAGE)
     if not args.token:
@@ -172,10 +187,17 @@ def prepare(args: argparse.Namespace) -> dict[str, str]:
 
 
 def take_local_cluster(args: argparse.Namespace) -> None:
-    """`make worker`: the coordinator, join token and model folder of the local cluster in args.run_dir; its
-    work folder (default) in that run folder, <run dir>/joined/<name>."""
+    """`make worker`: the coordinator and model folder of the local cluster in args.run_dir and a join token (a
+    credential issued for this worker, or with --shared-token the cluster's shared one); its work folder (default)
+    in that run folder, <run dir>/joined/<name>."""
     cluster = read_cluster_env(args.run_dir)
-    args.coordinator, args.token = cluster["RL_COORDINATOR_URL"], cluster["RL_JOIN_TOKEN"]
+    args.coordinator = cluster["RL_COORDINATOR_URL"]
+    try:
+        args.token = local_join_token(cluster, args.name, shared_token=args.shared_token)
+    except CredentialNotIssuedError as exc:
+        raise JoinError(str(exc), EXIT_UNREACHABLE if exc.unreachable else EXIT_FAILED) from exc
+    except ValueError as exc:
+        raise JoinError(str(exc), EXIT_USAGE) from exc
     if args.model_dir is None:
         args.model_dir = Path(cluster["RL_MODEL_DIR"])
     if args.work_dir is None:

@@ -1,12 +1,19 @@
-"""Fresh secrets for a deployment, in one place: the join and admin tokens, a new Ed25519 pair for weight
-manifests, and one Redis password per trusted user (cluster/redis_acl.py). Two renderings:
+"""Fresh secrets for a deployment, in one place: the workers' join credential, the admin token, a new Ed25519
+pair for weight manifests, and one Redis password per trusted user (cluster/redis_acl.py). Two renderings:
 
     relay-rl keys --compose --out .env     the .env file docker-compose.yml reads: every variable it
-                                           requires (`make keys` writes it; mode 0600, never overwritten)
+                                           requires (`make keys` writes it, mode 0600; on an existing
+                                           file it adds the missing ones and never changes a value)
     deploy/make_secrets.py --out x.yaml    the Helm chart's values file (docs/kubernetes.md)
 
-Every value is hex: URL-safe (each Redis password goes into its service's redis://user:password@host URL
-as it is), never beginning with "-" (which a command line would take for a flag), no quoting needed.
+The workers' join credential is an operator credential (`op-<12 hex>.<secret>`, services/coordinator/operators.py),
+not a shared join token: the coordinator provisions it at start (RL_OPERATOR_TOKENS) and the workers send it, so
+they have a budget and a record of their own, and quarantine sticks to it. Another operator gets another one
+(`relay-rl operators issue NAME`).
+
+Every value is hex (the credential: hex around its "op-" and "."): URL-safe (each Redis password goes into its
+service's redis://user:password@host URL as it is), never beginning with "-" (which a command line would take
+for a flag), no quoting needed.
 """
 
 from __future__ import annotations
@@ -25,9 +32,14 @@ def _token() -> str:
     return secrets.token_hex(24)
 
 
+def _operator_token() -> str:
+    """A join credential's token as the coordinator's `issue` makes them (op-<12 hex>.<secret>), hex throughout."""
+    return f"op-{secrets.token_hex(6)}.{secrets.token_hex(24)}"
+
+
 @dataclass(frozen=True)
 class ClusterSecrets:
-    join_token: str = field(default_factory=_token)  # what a worker sends to register
+    operator_token: str = field(default_factory=_operator_token)  # the workers' join credential (RL_OPERATOR_TOKENS)
     admin_token: str = field(default_factory=_token)  # the coordinator's admin endpoints; never a worker's
     redis_passwords: dict[str, str] = field(default_factory=lambda: {user: _token() for user in REDIS_USERS})
     weights_public_key: str = ""
@@ -41,7 +53,7 @@ class ClusterSecrets:
     def compose_env(self) -> dict[str, str]:
         """Every variable docker-compose.yml requires (`${NAME:?...}`)."""
         return {
-            "RL_JOIN_TOKEN": self.join_token,
+            "RL_OPERATOR_TOKEN": self.operator_token,
             "RL_ADMIN_TOKEN": self.admin_token,
             "RL_WEIGHTS_PUBLIC_KEY": self.weights_public_key,
             "RL_SIGNING_KEY": self.signing_key,
@@ -62,7 +74,7 @@ class ClusterSecrets:
         return {
             "secrets": {
                 "create": True,
-                "joinToken": self.join_token,
+                "operatorToken": self.operator_token,
                 "adminToken": self.admin_token,
                 "weightsPublicKey": self.weights_public_key,
                 "signingKey": self.signing_key,
@@ -79,6 +91,38 @@ def outbound_address() -> str:
             return str(probe.getsockname()[0])
     except OSError:
         return socket.gethostname()
+
+
+KEY_PAIR = ("RL_WEIGHTS_PUBLIC_KEY", "RL_SIGNING_KEY")  # one is useless without its own other half
+
+
+def add_missing_compose_env(path: Path, fresh: ClusterSecrets) -> list[str]:
+    """`make keys` on an existing .env: append each variable docker-compose.yml requires that the file lacks, with
+    its value from `fresh`; a value already there is never changed (it may be a running cluster's secret). Returns
+    the names added. ValueError when the file holds one half of the weight-signing pair: a fresh other half
+    would not match it."""
+    present = env_file_names(path.read_text())
+    missing = {name: value for name, value in fresh.compose_env().items() if name not in present}
+    lacking = [name for name in KEY_PAIR if name in missing]
+    if len(lacking) == 1:
+        (there,) = set(KEY_PAIR) - set(lacking)
+        raise ValueError(f"{path} has {there} but not {lacking[0]}: they are a pair; remove {there} to make a new pair")
+    if missing:
+        text = path.read_text()
+        lines = ["# added by relay-rl keys --compose", *(f"{name}={value}" for name, value in missing.items())]
+        with path.open("a") as f:
+            f.write(("" if not text or text.endswith("\n") else "\n") + "\n".join(lines) + "\n")
+    return list(missing)
+
+
+def env_file_names(text: str) -> set[str]:
+    """The variables a .env file sets (KEY=VALUE lines; comments and blank lines skipped)."""
+    names = set()
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            names.add(line.partition("=")[0].removeprefix("export ").strip())
+    return names
 
 
 def write_private(path: Path, text: str, *, overwrite: bool = False) -> None:

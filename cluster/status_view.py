@@ -80,7 +80,8 @@ def render_status(status: StatusResponse) -> list[RenderableType]:
             f", published v{learner.published_version}, reward {learner.last_reward_mean:.3f}"
             f", busy {100 * learner.busy_fraction:.0f}%, dropped {sum(learner.num_dropped.values())}"
         )
-    by_state = Counter(worker.state.value for worker in status.workers)
+    # every worker the coordinator knows, by state (the listing below is the live ones first, 50 at most)
+    by_state = status.num_workers_by_state or Counter(worker.state.value for worker in status.workers)
     states = ", ".join(f"{count} {state}" for state, count in sorted(by_state.items())) or "none"
     depths = " ".join(f"{name} {depth}" for name, depth in sorted(status.stream_depths.items())) or "-"
     summary = (

@@ -1,10 +1,12 @@
-"""Fresh secrets for the Helm chart as a values file: the join and admin tokens, a new Ed25519 pair for
-weight manifests, and one Redis password per trusted user. Keep the file private (mode 0600).
+"""Fresh secrets for the Helm chart as a values file: the workers' join credential and the admin token, a new
+Ed25519 pair for weight manifests, and one Redis password per trusted user. Keep the file private (mode 0600).
 
     .venv/bin/python deploy/make_secrets.py --out my-secrets.yaml
     helm install rl deploy/relay-rl -f deploy/values/cpu-demo.yaml -f my-secrets.yaml --set-file runConfig=configs/demo.toml
 
-A worker on another machine needs only the join token (`secrets.joinToken`) and the coordinator's URL.
+The workers' join credential (`secrets.operatorToken`, op-<id>.<secret>) is an operator credential the coordinator
+provisions at start (RL_OPERATOR_TOKENS): the chart's workers send it; there is no shared join token. A worker on
+another machine gets a credential of its own: `relay-rl operators issue NAME` (docs/kubernetes.md).
 """
 
 from __future__ import annotations

@@ -28,6 +28,10 @@ MAX_BYTES = 2**50
 
 # A worker proves it may join the run with the cluster's join token in this header (POST /v1/workers).
 JOIN_TOKEN_HEADER = "X-RL-Join-Token"
+# GET /v1/status lists this many workers at most (live first): ~600 bytes each, so it stays under 64 KiB
+# however many identities registered; GET /v1/workers pages through the rest
+STATUS_MAX_WORKERS = 50
+MAX_WORKERS_PAGE = 1000
 
 
 class Body(BaseModel):
@@ -260,7 +264,13 @@ class StatusResponse(Body):
     learner: LearnerInfo | None
     stream_depths: dict[str, int] = Field(description="entries not yet finished by their consumers, per stream")
     num_dead_letters: int
-    workers: list[WorkerInfo]
+    workers: list[WorkerInfo] = Field(
+        description=f"the live workers, then the most recently dead, {STATUS_MAX_WORKERS} at most (GET /v1/workers "
+        "pages through all of them)"
+    )
+    num_workers_by_state: dict[str, int] = Field(
+        default_factory=dict, description="every registered worker the coordinator still knows, by state"
+    )
     cost_usd: float = Field(0.0, description="cumulative cost so far (GET /v1/cost for the breakdown)")
 
 
@@ -460,8 +470,44 @@ class OperatorState(StrEnum):
     REVOKED = "revoked"  # an admin revoked it: registers nobody, ever; its live workers were drained
 
 
+class CredentialBudget(Body):
+    """What one join credential may hold and do (services/coordinator/credential_budget.py): the run file's
+    [credentials] defaults unless an admin set its own."""
+
+    max_workers: int = Field(ge=1, le=1_000_000, description="live identities it may hold at once")
+    max_leases: int = Field(ge=1, le=1_000_000, description="task leases its identities may hold together")
+    registrations_per_min: float = Field(gt=0, le=1e7, description="registrations and rejoins per minute")
+
+
+class CredentialBudgetUpdate(RequestBody):
+    """PATCH /v1/operators/{id} (admin): the fields to change; absent ones stay as they are."""
+
+    max_workers: int | None = Field(None, ge=1, le=1_000_000)
+    max_leases: int | None = Field(None, ge=1, le=1_000_000)
+    registrations_per_min: float | None = Field(None, gt=0, le=1e7)
+
+
 class IssueOperatorRequest(RequestBody):
     name: Text = Field(min_length=1, max_length=64, description="whom the credential is for (a label; not unique)")
+    budget: CredentialBudgetUpdate | None = Field(None, description="its own budget (absent: the run's defaults)")
+
+
+class CredentialRecord(Body):
+    """What the work API saw of one credential's identities together (services/coordinator/credential_record.py):
+    its leases and how they ended, its groups scored and refused by the reward service, and what it has earned."""
+
+    leased: int = Field(0, ge=0)
+    accepted: int = Field(0, ge=0)
+    expired: int = Field(0, ge=0)
+    failed: int = Field(0, ge=0)
+    refused: int = Field(0, ge=0, description="answers the work API refused (a lease not held, a malformed group)")
+    scored: int = Field(0, ge=0, description="of its accepted groups, those the reward service scored")
+    rejected: int = Field(0, ge=0, description="of its accepted groups, those the reward service dead-lettered")
+    held: int = Field(0, ge=0, description="leases its identities hold now")
+    allowance: float = Field(0.0, ge=0, description="leases it has earned the right to hold at once")
+    share: int | None = Field(
+        None, description="its part of the in-flight window by verified throughput (null: none set)"
+    )
 
 
 class OperatorInfo(Body):
@@ -473,9 +519,12 @@ class OperatorInfo(Body):
     quarantined_worker_ids: list[str] = Field(
         default_factory=list, description="its workers now quarantined; each one's release clears it"
     )
-    worker_ids: list[str] = Field(
-        default_factory=list, description="every worker registered under it that the coordinator still knows"
+    quarantine_reason: str | None = Field(
+        None, description="why the credential itself is quarantined (its record, over all its identities)"
     )
+    worker_ids: list[str] = Field(default_factory=list, description="its live identities (registered, lease running)")
+    budget: CredentialBudget | None = Field(None, description="what it may hold and do")
+    record: CredentialRecord | None = Field(None, description="its identities' work together")
 
 
 class IssuedOperator(Body):

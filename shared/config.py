@@ -425,14 +425,43 @@ class RewardConfig(Section):
 
 class CoordinatorConfig(Section):
     lease_s: float = Field(5.0, gt=0, description="a worker that does not heartbeat for this long is dead")
-    registrations_per_s: float = Field(
-        50.0, gt=0, le=1e6, description="registrations one coordinator admits per second on average (429 beyond)"
-    )
-    registration_burst: int = Field(
-        200, ge=1, le=1_000_000, description="registrations admitted at once before the rate limit applies"
-    )
     dead_worker_retention_s: float = Field(
         3600.0, ge=0, description="a dead worker's record is removed this long after its lease ran out"
+    )
+
+
+class CredentialConfig(Section):
+    """What one join credential gets by default (the cluster's shared join token is one credential; each one
+    `relay-rl operators issue` makes is another): an admin raises it per credential (`relay-rl operators
+    budget`, PATCH /v1/operators/{id}). services/coordinator/credential_budget.py; docs/threat_model.md."""
+
+    max_workers: int = Field(
+        8,
+        ge=1,
+        le=1_000_000,
+        description="live identities (registered workers whose lease runs) one credential may hold at once; a "
+        "registration past it is refused (429) until one leaves or dies",
+    )
+    max_leases: int = Field(
+        128,
+        ge=1,
+        le=1_000_000,
+        description="task leases all of one credential's identities may hold together (each one also holds at most "
+        "[work] max_held_tasks, and what it has earned)",
+    )
+    registrations_per_min: float = Field(
+        60.0,
+        gt=0,
+        le=1e7,
+        description="registrations (and rejoins) one credential may make per minute on average, in bursts of twice "
+        "max_workers; one credential's flood never delays another's",
+    )
+    registrations_per_min_per_address: float = Field(
+        60.0,
+        gt=0,
+        le=1e7,
+        description="the unauthenticated path (open registration, a wrong or missing join token): registrations "
+        "per minute per source address, in bursts of twice max_workers",
     )
 
 
@@ -447,6 +476,12 @@ class WorkConfig(Section):
         description="leases one worker may hold unanswered at once (those past their lease time that no other worker "
         "took yet included); a lease call past it gets fewer tasks or none. An honest worker holds one batch "
         "(RL_WORKER_MAX_GROUPS_PER_BATCH, default 16) while it generates: keep this at least that",
+    )
+    earn_leases: bool = Field(
+        True,
+        description="a new identity (and a new credential) may hold 2 leases; each of its groups the reward service "
+        "scores adds one, each lease it lets expire (or fails) halves it (services/coordinator/work_scripts.py). "
+        "false: every identity holds max_held_tasks from its start (a fleet of trusted workers only)",
     )
     quarantine_incomplete: bool = Field(
         True,
@@ -595,6 +630,7 @@ class RunConfig(Section):
     data: DataConfig = DataConfig()
     reward: RewardConfig = RewardConfig()
     coordinator: CoordinatorConfig = CoordinatorConfig()
+    credentials: CredentialConfig = CredentialConfig()
     activation: ActivationConfig = ActivationConfig()
     trust: TrustConfig = TrustConfig()
     work: WorkConfig = WorkConfig()

@@ -55,8 +55,14 @@ class RunKeys:
 
     @property
     def worker_leases(self) -> str:
-        """coordinator: sorted set worker_id -> lease expiry (unix seconds)."""
+        """coordinator: sorted set worker_id -> lease expiry (unix seconds); only live workers are in it."""
         return self.prefix + "leases"
+
+    @property
+    def worker_dead(self) -> str:
+        """coordinator: sorted set worker_id -> unix seconds its lease ran out; only dead workers are in it (what
+        pruning and the listings of dead workers read, so thousands of them cost no pass over the live ones)."""
+        return self.prefix + "dead-workers"
 
     @property
     def broadcast_times(self) -> str:
@@ -184,3 +190,34 @@ class RunKeys:
     def operator_quarantine(self, operator_id: str) -> str:
         """coordinator: set of the credential's quarantined worker ids; non-empty: it registers nobody."""
         return self.prefix + f"operator-quarantine:{operator_id}"
+
+    @property
+    def credential_prefix(self) -> str:
+        """The prefix of every per-credential key below: `<prefix><credential id>:<part>` (the Lua scripts of
+        services/coordinator/work_scripts.py build them so). The shared join token's credential id is ""."""
+        return self.prefix + "credential:"
+
+    def credential_work(self, credential_id: str) -> str:
+        """coordinator (work API): hash of one credential's lease budget and record: `allowance` (earned),
+        `held` (leases its identities hold now), `share` (its part of the in-flight window, set by the control
+        loop), `cut_at_s`, and the WorkCounter fields plus `scored` and `rejected` summed over its identities."""
+        return self.credential_prefix + f"{credential_id}:work"
+
+    def credential_live(self, credential_id: str) -> str:
+        """coordinator: set of the credential's live identities (registered, lease running): its worker cap."""
+        return self.credential_prefix + f"{credential_id}:live"
+
+    def credential_release_baseline(self, credential_id: str) -> str:
+        """coordinator: the credential's record when an admin last released it; its completion is judged after."""
+        return self.credential_prefix + f"{credential_id}:released"
+
+    def credential_refusals(self, credential_id: str) -> str:
+        """coordinator (work API): stream of the dead letters of the credential's refused answers, capped per
+        credential (services/coordinator/work_leases.py), so no one's refusals push out another's dead letters."""
+        return self.credential_prefix + f"{credential_id}:refusals"
+
+    @property
+    def work_speculative(self) -> str:
+        """coordinator -> reward: set of the lease ids (task entry ids) held by identities still earning their
+        allowance; the task feed issues that many tasks beyond its window (services/reward/task_feed.py)."""
+        return self.prefix + "work:speculative"

@@ -20,6 +20,8 @@ import msgpack
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from shared.bounded_msgpack import DecodeLimitError, DecodeLimits, Payload, unpack_bounded
+
 SCHEMA_VERSION: Final = 1
 
 INT32 = np.dtype("<i4")
@@ -67,9 +69,13 @@ class Message(BaseModel):
         return msgpack.packb(self.model_dump(mode="python"), use_bin_type=True)
 
     @classmethod
-    def decode(cls, payload: bytes) -> Self:
+    def decode(cls, payload: Payload, limits: DecodeLimits | None = None) -> Self:
+        """`limits`: for a payload from an untrusted sender (a worker's submission), decoded within them
+        (shared/bounded_msgpack.py) so that no payload costs more than they allow; None: our own streams'."""
         try:
-            raw = msgpack.unpackb(payload, raw=False)
+            raw = msgpack.unpackb(payload, raw=False) if limits is None else unpack_bounded(payload, limits)
+        except DecodeLimitError as exc:
+            raise MessageDecodeError(f"{cls.__name__}: {exc}") from exc  # it names the limit
         except Exception as exc:  # msgpack raises several unrelated types for bad input
             raise MessageDecodeError(f"{cls.__name__}: payload is not msgpack ({exc})") from exc
         if not isinstance(raw, dict):

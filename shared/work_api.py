@@ -22,7 +22,10 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from shared.api import Body, RequestBody, Text
-from shared.messages import Message, TaskGroup
+from shared.bounded_msgpack import DecodeLimits
+from shared.config import RunConfig
+from shared.messages import Message, MessageDecodeError, RolloutGroup, TaskGroup
+from shared.rollout_limits import MAX_GROUP_BYTES, MAX_ID_STR_BYTES, RolloutLimits, largest_group_bytes
 
 LEASE_PATH = "/v1/work/lease"
 ROLLOUTS_PATH = "/v1/work/rollouts"
@@ -32,11 +35,14 @@ MSGPACK_CONTENT_TYPE = "application/msgpack"
 
 MAX_GROUPS_PER_LEASE = 64
 MAX_GROUPS_PER_SUBMISSION = 64
-# One encoded RolloutGroup: 64 samples x 4,096 tokens x 8 bytes (id + log-prob) is 2 MiB, plus texts.
-MAX_GROUP_BYTES = 4 * 1024 * 1024
-# POST /v1/work/rollouts' body limit (every other route keeps services/coordinator/body_limit.py's 64 KiB);
-# a client splits a larger batch into several submissions (services/rollout/work_client.py).
+# MAX_GROUP_BYTES (shared/rollout_limits.py): one encoded RolloutGroup at most.
+# POST /v1/work/rollouts' body limit is the run's `max_submission_bytes`, between these two (every other route
+# keeps services/coordinator/body_limit.py's 64 KiB); a client splits a larger batch into several submissions
+# of at most MAX_SUBMISSION_BYTES (services/rollout/work_client.py), which never pass the run's limit.
 MAX_SUBMISSION_BYTES = 16 * 1024 * 1024
+MIN_SUBMISSION_BYTES = 1024 * 1024
+SUBMISSION_OVERHEAD_BYTES = 64 * 1024  # the envelope and msgpack headers around the groups, with room to spare
+SUBMITTED_GROUP_OVERHEAD_BYTES = 128  # a group's map, keys, lease id and bin header (~64 bytes), with room
 MAX_ERROR_CHARS = 2000
 MAX_STREAM_ID_PART = 2**64 - 1
 
@@ -79,12 +85,46 @@ class SubmittedGroup(BaseModel):
     lease_id: LeaseId
     group: bytes = Field(max_length=MAX_GROUP_BYTES, description="RolloutGroup.encode()")
 
+    def decode_group(self, task: TaskGroup | str | None) -> RolloutGroup:
+        """The RolloutGroup, decoded within the limits of the task it answers (shared/rollout_limits.py), or of
+        any task when that cannot be read (`task` is why, or None: the answer is refused then anyway). Raises
+        MessageDecodeError naming the limit it breaks."""
+        limits = RolloutLimits.for_task(task) if isinstance(task, TaskGroup) else RolloutLimits.any_task()
+        group = RolloutGroup.decode(self.group, limits.decode_limits)
+        try:
+            limits.check(group)
+        except ValueError as exc:
+            raise MessageDecodeError(f"RolloutGroup: {exc}") from exc
+        return group
+
 
 class WorkSubmission(Message):
     """POST /v1/work/rollouts, body `application/msgpack`. Producer: a rollout worker. Consumer: the
     coordinator, which puts each accepted group on `rollouts` and acks its task in one atomic step."""
 
     groups: list[SubmittedGroup] = Field(min_length=1, max_length=MAX_GROUPS_PER_SUBMISSION)
+
+
+# A WorkSubmission's body as the coordinator decodes it: a map of scalars and `groups`, a list of maps of
+# scalars (depth 3); its groups' bytes stay opaque until each is decoded on its own (SubmittedGroup.decode_group).
+SUBMISSION_DECODE_LIMITS = DecodeLimits(
+    max_depth=3,
+    max_items=len(WorkSubmission.model_fields) + MAX_GROUPS_PER_SUBMISSION * (1 + len(SubmittedGroup.model_fields)),
+    max_array_len=MAX_GROUPS_PER_SUBMISSION,
+    max_map_len=max(len(WorkSubmission.model_fields), len(SubmittedGroup.model_fields)),
+    max_str_bytes=MAX_ID_STR_BYTES,
+    max_bin_bytes=MAX_GROUP_BYTES,
+)
+
+
+def max_submission_bytes(run: RunConfig) -> int:
+    """POST /v1/work/rollouts' body limit for `run`: MAX_GROUPS_PER_SUBMISSION of its largest honest groups
+    (shared/rollout_limits.py largest_group_bytes) in one body, between MIN_SUBMISSION_BYTES and
+    MAX_SUBMISSION_BYTES. A client that splits by MAX_SUBMISSION_BYTES never passes it: its bodies hold at most
+    that many groups, each at most that large."""
+    group_bytes = largest_group_bytes(run) + SUBMITTED_GROUP_OVERHEAD_BYTES
+    largest = SUBMISSION_OVERHEAD_BYTES + MAX_GROUPS_PER_SUBMISSION * group_bytes
+    return max(MIN_SUBMISSION_BYTES, min(MAX_SUBMISSION_BYTES, largest))
 
 
 class Refusal(Body):
@@ -115,6 +155,8 @@ class WorkCounts(Body):
     expired: int = Field(0, ge=0)
     failed: int = Field(0, ge=0)
     held: int = Field(0, ge=0, description="leases held now, not yet answered nor expired and reissued")
+    scored: int = Field(0, ge=0, description="of its accepted groups, those the reward service scored")
+    rejected: int = Field(0, ge=0, description="of its accepted groups, those the reward service dead-lettered")
 
     @property
     def num_unaccounted(self) -> int:
@@ -127,9 +169,17 @@ class WorkCounts(Body):
         return self.accepted + self.failed + self.expired
 
     @property
+    def num_judged(self) -> int:
+        """Leases whose outcome is known: the answer scored or refused by the reward service, or the lease failed
+        or expired. An accepted answer the reward service has not judged yet is in neither part."""
+        return self.scored + self.rejected + self.failed + self.expired
+
+    @property
     def completion_ratio(self) -> float | None:
-        """Of the leases that ended, the fraction answered with an accepted group (None: none ended yet)."""
-        return self.accepted / self.num_decided if self.num_decided else None
+        """Of the judged leases, the fraction answered with a group the reward service scored (None: none
+        judged yet). An answer counts as completed only once it is scored: well-formed garbage the work API
+        accepts and the reward service refuses counts against its worker."""
+        return self.scored / self.num_judged if self.num_judged else None
 
 
 class RewardStats(Body):
@@ -139,6 +189,7 @@ class RewardStats(Body):
     num_groups: int = Field(0, ge=0)
     reward_sum: float = 0.0
     reward_sum_sq: float = Field(0.0, ge=0)
+    num_rejected: int = Field(0, ge=0, description="groups of the worker the reward service dead-lettered instead")
 
     @property
     def mean(self) -> float | None:

@@ -9,6 +9,9 @@ their acks, so each scored group counts exactly once. Consumer: the coordinator.
                     the token checks and the verifier)
     reward_sum      sum over those groups of the group's mean reward
     reward_sum_sq   sum of its squares
+    num_rejected    groups of the worker it dead-lettered instead (unscorable, forged: `rejected_tally`, written
+                    with the dead letter and its ack): with num_groups, what the work API's completion ratio and
+                    the lease allowance judge (an answer counts as completed only once it is scored)
 
 The unit is the group, not the sample: a group's samples share a prompt, so they are not independent draws,
 while groups are (every worker leases from the same task feed).
@@ -26,6 +29,7 @@ from shared.work_api import RewardStats
 NUM_GROUPS = "num_groups"
 REWARD_SUM = "reward_sum"
 REWARD_SUM_SQ = "reward_sum_sq"
+NUM_REJECTED = "num_rejected"
 
 Increment = tuple[str, str, float]  # (hash key, field, amount): one HINCRBYFLOAT
 MAX_STORED = 1e15  # a stored sum or count past this is not one the reward service wrote: read as 0
@@ -47,10 +51,15 @@ def increments(keys: RunKeys, scored: Sequence[ScoredGroup]) -> list[Increment]:
     ]
 
 
+def rejected_tally(keys: RunKeys, worker_id: str) -> tuple[str, str]:
+    """The (hash key, field) a dead-lettered group of `worker_id` is counted in (StreamBus.dead_letter's tally)."""
+    return keys.worker_rewards(worker_id), NUM_REJECTED
+
+
 def parse(raw: Mapping[bytes, bytes]) -> RewardStats:
     """A stored hash as RewardStats; a missing, unparsable or absurd field reads as 0 (nothing scored)."""
     values = {}
-    for field in (NUM_GROUPS, REWARD_SUM, REWARD_SUM_SQ):
+    for field in (NUM_GROUPS, REWARD_SUM, REWARD_SUM_SQ, NUM_REJECTED):
         try:
             value = float(raw.get(field.encode(), b"0"))
         except ValueError:
@@ -60,4 +69,5 @@ def parse(raw: Mapping[bytes, bytes]) -> RewardStats:
         num_groups=max(0, int(values[NUM_GROUPS])),
         reward_sum=values[REWARD_SUM],
         reward_sum_sq=max(0.0, values[REWARD_SUM_SQ]),
+        num_rejected=max(0, int(values[NUM_REJECTED])),
     )

@@ -18,7 +18,8 @@ from services.coordinator.announcements import Announcements
 from services.coordinator.app import create_app
 from services.coordinator.redis_access import RedisAccess
 from services.rollout.settings import RolloutSettings
-from shared.api import JOIN_TOKEN_HEADER, ClusterBootstrap, RegisterWorkerResponse
+from shared import worker_rewards
+from shared.api import JOIN_TOKEN_HEADER, OPERATORS_PATH, ClusterBootstrap, IssuedOperator, RegisterWorkerResponse
 from shared.bus import StreamBus
 from shared.config import RunConfig
 from shared.keys import RunKeys
@@ -119,8 +120,29 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def register(api: httpx.Client, name: str = "w", **fields: object) -> RegisterWorkerResponse:
-    """Register a worker over REST (fields of RegisterWorkerRequest); fails the test unless it is 201."""
-    response = api.post("/v1/workers", json={"name": name, **fields})
+def register(
+    api: httpx.Client, name: str = "w", *, join_token: str | None = None, **fields: object
+) -> RegisterWorkerResponse:
+    """Register a worker over REST (fields of RegisterWorkerRequest), with the client's join token (the shared
+    one) or `join_token` (an issued credential); fails the test unless it is 201."""
+    headers = {} if join_token is None else {JOIN_TOKEN_HEADER: join_token}
+    response = api.post("/v1/workers", json={"name": name, **fields}, headers=headers)
     assert response.status_code == 201, response.text
     return RegisterWorkerResponse.model_validate(response.json())
+
+
+def issue_credential(api: httpx.Client, name: str, **budget: object) -> str:
+    """A join credential issued by the admin (with its own budget fields, if any); returns its join token."""
+    body: dict[str, object] = {"name": name} | ({"budget": budget} if budget else {})
+    response = api.post(OPERATORS_PATH, json=body, headers=bearer(ADMIN_TOKEN))
+    assert response.status_code == 201, response.text
+    return IssuedOperator.model_validate(response.json()).join_token
+
+
+def score_groups(client: redis.Redis, keys: RunKeys, worker_id: str, num_groups: int, *, rejected: int = 0) -> None:
+    """What the reward service records when it scores `num_groups` groups of the worker, and dead-letters
+    `rejected` others (shared/worker_rewards.py)."""
+    if num_groups:
+        client.hincrbyfloat(keys.worker_rewards(worker_id), worker_rewards.NUM_GROUPS, num_groups)
+    if rejected:
+        client.hincrby(keys.worker_rewards(worker_id), worker_rewards.NUM_REJECTED, rejected)

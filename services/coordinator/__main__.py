@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from shared.service_entry import parse_cli, start_service
 
 if TYPE_CHECKING:
+    from services.coordinator.operators import OperatorCredentials
     from services.coordinator.settings import CoordinatorSettings
     from shared.api import ClusterBootstrap
     from shared.config import RunConfig
@@ -27,7 +28,12 @@ DESCRIPTION = (
 ENVIRONMENT_HELP = """\
 environment:
   RL_ADMIN_TOKEN        required secret: bearer token of admin calls (at least 16 characters)
-  RL_JOIN_TOKEN         required secret: workers send it to register (header X-RL-Join-Token; >= 16 chars)
+  RL_JOIN_TOKEN         secret: the shared join token workers send to register (header X-RL-Join-Token;
+                        >= 16 chars), one credential for every holder: the local demo's
+  RL_OPERATOR_TOKENS    secret: comma-separated join credentials op-<12 hex>.<16+ chars> made outside (relay-rl
+                        keys --compose, deploy/make_secrets.py); each is made sure to exist at start, as if
+                        issued (POST /v1/operators). One of RL_JOIN_TOKEN and RL_OPERATOR_TOKENS is required;
+                        without RL_JOIN_TOKEN only issued and provisioned credentials register
   RL_OPEN_REGISTRATION  true: no join token, anyone may register (dev only; default false)
   RL_COORDINATOR_HOST   interface to bind (default 127.0.0.1)
   RL_COORDINATOR_PORT   TCP port (default 8000)
@@ -63,16 +69,24 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     # uvicorn handles SIGTERM / SIGINT itself (graceful shutdown), so no on_stop_signal here
     settings, run = start_service("coordinator", CoordinatorSettings)
+    from services.coordinator.operators import OperatorCredentials
     from services.coordinator.redis_access import RedisAccess
     from shared.keys import RunKeys
 
     redis_client = connect(settings.redis_url)
+    try:
+        provision_operator_tokens(
+            settings.operator_token_values(), OperatorCredentials(redis_client, RunKeys(run.run_id))
+        )
+    except ValueError as exc:  # an id issued with another secret: say which, no traceback
+        sys.exit(f"coordinator: {exc}")
     access = RedisAccess(redis_client, RunKeys(run.run_id), rollout_key_retention_s=settings.rollout_key_retention_s)
     app = create_app(
         run,
         redis_client,
         settings.admin_token.get_secret_value(),
         settings.join_token_value(),
+        open_registration=settings.open_registration,
         access=access,
         bootstrap=cluster_bootstrap(settings, run),
     )
@@ -101,6 +115,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         timeout_graceful_shutdown=1,
         **limits,
     )
+
+
+def provision_operator_tokens(join_tokens: Sequence[str], credentials: OperatorCredentials) -> None:
+    """Each token of RL_OPERATOR_TOKENS an issued credential, before anything is served (a Redis still starting
+    is waited for: shared/retry.py). A token whose id exists with another secret stops the start (ValueError)."""
+    import functools
+
+    from shared.retry import call_with_retry
+
+    for i, join_token in enumerate(join_tokens):
+        name = f"RL_OPERATOR_TOKENS[{i}]"  # where it came from, in `relay-rl operators list`
+        created = call_with_retry(functools.partial(credentials.provision, join_token, name), f"provision {name}")
+        operator_id = join_token.partition(".")[0]
+        log.info("join credential %s (%s): %s", operator_id, name, "provisioned" if created else "exists already")
 
 
 def cluster_bootstrap(settings: CoordinatorSettings, run: RunConfig) -> ClusterBootstrap | None:

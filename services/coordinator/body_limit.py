@@ -3,13 +3,18 @@
 Every body the coordinator accepts is a few hundred bytes; a client sending megabytes (two 10 MiB
 requests once blocked the event loop ~5 s, long enough for every worker's lease to run out) is refused
 by its Content-Length at once, or, when it streams a body without one, as soon as the bytes received
-pass the limit: the application then reads a disconnect and nothing it sends goes out.
+pass the limit: the application then reads a disconnect and nothing it sends goes out. A large body a route
+does take (the work API's submissions, up to 16 MiB) is held by `received_body`, in a mapping of its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import mmap
+from collections.abc import AsyncIterator
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MAX_REQUEST_BODY_BYTES = 64 * 1024
@@ -70,3 +75,23 @@ def declared_length(scope: Scope) -> int | None:
             except ValueError:
                 return None
     return 0
+
+
+@contextlib.asynccontextmanager
+async def received_body(request: Request, max_bytes: int) -> AsyncIterator[memoryview]:
+    """The request's body (at most `max_bytes`, which the BodyLimit in front has enforced), as a view of an
+    anonymous memory mapping of its own, unmapped when the block ends. Starlette's `request.body()` keeps the
+    chunks, then their join (twice the body at its peak), cached until the request ends, and the allocator
+    keeps what such buffers took: 4 senders repeating a 16 MiB body for 5 s grew the coordinator by ~2 GiB of
+    RSS that way, by 61 MiB (their 4 bodies) this way. A mapping's untouched pages cost nothing, and
+    unmapping gives every page back."""
+    mapping = mmap.mmap(-1, max(1, max_bytes))
+    try:
+        num_bytes = 0
+        async for chunk in request.stream():
+            mapping[num_bytes : num_bytes + len(chunk)] = chunk  # IndexError past max_bytes: a bug in front
+            num_bytes += len(chunk)
+        with memoryview(mapping) as view, view[:num_bytes] as body:
+            yield body
+    finally:
+        mapping.close()  # BufferError if a view of it outlived the block: a bug

@@ -1,8 +1,10 @@
-"""The control loop: prune the long dead -> flag by the work accounting -> quarantine -> measure -> assess
-capacity -> plan activation -> apply states -> bill verified work -> record history.
+"""The control loop: prune the long dead -> keep the credentials' records (fold, reconcile, shares) -> flag by
+the work accounting, identities and credentials -> quarantine -> measure -> assess capacity -> plan
+activation -> apply states -> bill verified work -> record history.
 
 Runs every `activation.replan_interval_s`, and at once when membership changes (join, drain, leave).
-A pass reads every worker record (O(N): ~60 ms at 1000 workers, ~3x that on a starved host), in a
+A pass reads every live worker's record (O(N): ~60 ms at 1000 workers, ~3x that on a starved host; the dead
+are not read: thousands of them, a registration flood's, cost a pass nothing), in a
 thread of the process that also serves heartbeats; passes are spaced so they take at most
 MAX_PASS_DUTY of the time, which at 1000 workers stretches the interval past one second rather than
 let passes slow heartbeats for a tenth of every second (benchmarks/load_heartbeat.py).
@@ -40,11 +42,13 @@ from services.coordinator.capacity_view import (
     queued_groups,
     recent_broadcast_s,
 )
+from services.coordinator.credential_record import CredentialBooks
 from services.coordinator.ledger import CostLedger, WorkerBill
 from services.coordinator.measurements import BAD_MEASUREMENTS, sane_learner_state
+from services.coordinator.operators import OperatorCredentials
 from services.coordinator.pruning import DeadWorkerPruner
 from services.coordinator.quarantine import Quarantine
-from services.coordinator.work_flags import completion_outliers
+from services.coordinator.work_flags import fleet_median_completion, outliers_against
 from shared.activation import ActivationPlan, ActivationPolicy, Candidate, plan_activation
 from shared.api import (
     ActivationInfo,
@@ -108,6 +112,7 @@ class ControlSnapshot:
     measured: MeasuredInputs
     capacity: CapacityResponse
     activation: ActivationInfo | None
+    num_dead: int = 0  # dead workers not pruned yet (`workers` holds the live ones)
 
 
 class ControlPlane:
@@ -128,8 +133,9 @@ class ControlPlane:
             verified_work_window_s=coordinator.run.verified_work_window_s,
         )
         self.window = LearnerWindow()
-        self.pruner = DeadWorkerPruner(
-            coordinator.redis, coordinator.keys, coordinator.run.coordinator.dead_worker_retention_s
+        self.pruner = DeadWorkerPruner(coordinator.registry, coordinator.run.coordinator.dead_worker_retention_s)
+        self.credentials = CredentialBooks(
+            coordinator.redis, coordinator.keys, coordinator.work, window=coordinator.run.max_groups_in_flight
         )
         self.quarantine = Quarantine(
             coordinator.bus,
@@ -137,8 +143,10 @@ class ControlPlane:
             coordinator.access,
             coordinator.run.run_id,
             books=coordinator.work.books,
+            credential_books=self.credentials,
             min_ended_leases=coordinator.run.work.quarantine_min_ended_leases,
         )
+        self._dead_indexed = False
         self.clock = time.time  # unix seconds of billing and dwell times (tests replace it)
         self.snapshot: ControlSnapshot | None = None
         self._lock = threading.Lock()  # one pass at a time (the loop's thread and on-demand passes)
@@ -180,16 +188,24 @@ class ControlPlane:
         with self._lock:
             now_s = self.clock() if now_s is None else now_s
             c = self.coordinator
-            workers = self.prune(c.registry.list_workers())
+            self.prune()
+            workers = c.registry.list_live()
             c.registry.announcements.ingest()  # the learner's announcements: what swap reports may name
             self.complete_broadcasts(workers)
             learner = read_learner_view(c.bus, c.run).state
             self.window.observe(learner)
-            flagged = completion_outliers(c.work.books.counts_since_release(w.worker_id for w in workers))
+            self.credentials.upkeep(workers, c.registry.clock())
+            flagged, flagged_credentials = self.flag(workers)
             # before planning: a quarantined worker is neither active nor standby
+            policy = c.run.work.quarantine_incomplete
             workers = self.quarantine.apply(
-                learner if c.run.trust.enabled else None, workers, flagged if c.run.work.quarantine_incomplete else {}
+                learner if c.run.trust.enabled else None,
+                workers,
+                flagged if policy else {},
+                flagged_credentials if policy else {},
             )
+            # billing: a flagged credential's identities are flagged with it
+            flagged = {**flagged, **{w.worker_id: "" for w in workers if w.operator_id in flagged_credentials}}
             broadcast_s, num_queued = recent_broadcast_s(c.redis, c.keys), queued_groups(c.bus)
             measured = measure_inputs(c.run, learner, self.window, workers, broadcast_s, num_queued)
             activation = None
@@ -203,7 +219,9 @@ class ControlPlane:
             self.record_history(learner, now_s)
             # the capacity answer describes the active set just decided
             measured = measure_inputs(c.run, learner, self.window, workers, broadcast_s, num_queued)
-            self.snapshot = ControlSnapshot(now_s, workers, learner, measured, capacity_response(measured), activation)
+            self.snapshot = ControlSnapshot(
+                now_s, workers, learner, measured, capacity_response(measured), activation, c.registry.num_dead()
+            )
             return self.snapshot
 
     def current(self) -> ControlSnapshot:
@@ -221,11 +239,25 @@ class ControlPlane:
         return LearnerView(snapshot.learner.learner_version, snapshot.learner.staleness_bound, snapshot.learner)
 
     # steps
-    def prune(self, workers: list[WorkerInfo]) -> list[WorkerInfo]:
+    def prune(self) -> None:
         """Forget workers dead longer than the retention period (services/coordinator/pruning.py); their
-        lease time is the registry's clock."""
-        pruned = self.pruner.prune(workers, self.coordinator.registry.clock())
-        return [w for w in workers if w.worker_id not in pruned] if pruned else workers
+        lease time is the registry's clock. The first pass indexes dead records older coordinators left."""
+        registry = self.coordinator.registry
+        if not self._dead_indexed:
+            if num := registry.index_the_dead():
+                log.info("indexed %d dead workers of an older coordinator for pruning", num)
+            self._dead_indexed = True
+        self.pruner.prune(registry.clock())
+
+    def flag(self, workers: list[WorkerInfo]) -> tuple[dict[str, str], dict[str, str]]:
+        """(workers, credentials) flagged for their completion since their last release: each live identity, and
+        each issued credential's record, against the fleet's median identity (services/coordinator/work_flags.py)."""
+        c = self.coordinator
+        identities = c.work.books.counts_since_release(w.worker_id for w in workers)
+        median = fleet_median_completion(identities)
+        flagged = outliers_against(identities, median) if median is not None else {}
+        issued = OperatorCredentials(c.redis, c.keys).ids()
+        return flagged, self.credentials.flags(issued, median)
 
     def complete_broadcasts(self, workers: list[WorkerInfo]) -> None:
         """T_bcast of every version all active workers have swapped in (heartbeats only record the swaps)."""

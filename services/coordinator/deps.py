@@ -24,8 +24,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from services.coordinator.auth import AdminCaller, Caller, InvalidTokenError, WorkerCaller, authenticate
 from services.coordinator.control import ControlPlane
+from services.coordinator.credential_budget import Budgets
+from services.coordinator.lease_pacing import LeasePacing
 from services.coordinator.redis_access import RedisAccess
-from services.coordinator.registration_limit import RegistrationLimit
+from services.coordinator.registration_limit import RegistrationLimits
+from services.coordinator.submission_penalty import SubmissionPenalties
 from services.coordinator.work_leases import WorkLeases
 from services.coordinator.worker_registry import WorkerRegistry
 from shared.api import JOIN_TOKEN_HEADER, ClusterBootstrap
@@ -45,8 +48,14 @@ class Coordinator:
     registry: WorkerRegistry
     bus: StreamBus
     admin_token_sha256: str
-    join_token_sha256: str | None  # None: open registration (dev)
-    registration_limit: RegistrationLimit
+    join_token_sha256: str | None  # the cluster's shared token's; None: there is none
+    open_registration: bool  # anyone registers, as the shared identity unless a credential is presented (dev)
+    registration_limits: (
+        RegistrationLimits  # per credential and per address (services/coordinator/registration_limit.py)
+    )
+    budgets: Budgets  # what each join credential may hold (services/coordinator/credential_budget.py)
+    submission_penalties: SubmissionPenalties  # garbage submitters refused a while (submission_penalty.py)
+    lease_pacing: LeasePacing  # workers holding all they may answered empty a while (lease_pacing.py)
     access: RedisAccess  # workers' rollout-signing keys (services/coordinator/redis_access.py)
     work: WorkLeases  # the only path from a worker to the streams (services/coordinator/work_leases.py)
     bootstrap: ClusterBootstrap | None = None  # GET /v1/cluster/bootstrap; None: not offered (no public key)

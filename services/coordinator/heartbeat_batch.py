@@ -21,8 +21,8 @@ transaction across workers):
      news. Completing a version is the caller's business.
   4. with that swap, what the worker observed of its relay parent (`parent_url`, `parent_bytes`), kept
      only when the coordinator assigned it that parent (`relay_assigned`, written when it served the
-     worker's GET /parent): its latest observation (`relay_observed`), and, when it got less than
-     half of the version from the parent, one more miss of that parent (`relay_misses`, by URL). The
+     worker's GET /parent): its latest observation (`relay_observed`), and, when it got any part of
+     the version elsewhere than from the parent, one more miss of that parent (`relay_misses`, by URL). The
      relay plan ranks parents by these (services/coordinator/relay_view.py, shared/weight_channel/relay_plan.py).
 Both the REST endpoint (WorkerRegistry.extend_lease, one entry, synchronous) and the hot path
 (services/coordinator/heartbeat_path.py, batched) run this one script.
@@ -39,6 +39,7 @@ from typing import Any
 import redis
 
 from services.coordinator.broadcast_times import MIN_MEASURED_BYTES, SWAPS_TTL_S, RelayKeys
+from services.coordinator.liveness_lua import MARK_DEAD_LUA
 from services.coordinator.redis_script import ScriptConnection
 from shared.api import WeightSwapReport
 from shared.bus import PAYLOAD_FIELD
@@ -53,19 +54,23 @@ from shared.streams import WEIGHTS
 #   hash in their places when there is no report).
 # ARGV: the swaps hashes' TTL, the clock skew tolerated (s), the smallest download measured (bytes), the
 #   largest rate recorded (Mbit/s), the run id, the stream entries' payload field, how many of the newest
-#   announcements to look through; then 12 per entry: worker id, token sha256 ('' = authenticated
+#   announcements to look through, the dead workers' sorted set, the credential keys' prefix (a worker found
+#   dead leaves its credential's live set: services/coordinator/liveness_lua.py); then 12 per entry: worker id, token sha256 ('' = authenticated
 #   already), now_s, new expiry_s, the fields to set (a JSON object of strings), the reported version
 #   ('' = no report), swapped_at_s, num_bytes, ready_at_s and pause_s ('' = not reported), parent_url
 #   ('' = not reported) and parent_bytes.
 # Returns 3 per entry: code (0 unknown worker, -1 wrong token, 1 dead, 2 ok), state, swap (1 news, 0 none
 #   or not news, -1 ignored: the learner never announced the version, -2 ignored: swapped before its
 #   publication start or after now, beyond the skew).
-HEARTBEAT_LUA = """
+HEARTBEAT_LUA = (
+    MARK_DEAD_LUA
+    + """
 local leases, announced, last_swap, throughput = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local weights, pending, times, published = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local assigned, observed, misses = KEYS[9], KEYS[10], KEYS[11]
 local skew, min_bytes, max_mbps = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local run_id, payload_field, lookback = ARGV[5], ARGV[6], ARGV[7]
+local dead, credential_prefix = ARGV[8], ARGV[9]
 -- (publication start, announcement time) of `version`: the announcements hashes, else the newest entries
 -- of the learner's stream (decoded here, so a report right after an announcement finds it; recorded for
 -- the next one). The start is publish_started_at_s when the learner said (0 < it <= published_at_s),
@@ -95,8 +100,8 @@ local function announced_at_of(version)
   return nil, nil
 end
 local out = {}
-for i = 0, (#ARGV - 7) / 12 - 1 do
-  local k, a = 11 + i * 3, 7 + i * 12
+for i = 0, (#ARGV - 9) / 12 - 1 do
+  local k, a = 11 + i * 3, 9 + i * 12
   local worker, swaps, splits = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
   local worker_id, digest_in, now_s, expiry_s, fields = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
   local version, swapped_at_s, num_bytes = ARGV[a + 6], ARGV[a + 7], ARGV[a + 8]
@@ -114,8 +119,7 @@ for i = 0, (#ARGV - 7) / 12 - 1 do
     if state == 'dead' then
       code = 1
     elseif (not expiry) or tonumber(expiry) <= tonumber(now_s) then
-      redis.call('HSET', worker, 'state', 'dead')
-      redis.call('ZREM', leases, worker_id)
+      mark_dead(worker, leases, dead, credential_prefix, worker_id, expiry or now_s)
       code, state = 1, 'dead'
     else
       redis.call('ZADD', leases, expiry_s, worker_id)
@@ -152,7 +156,8 @@ for i = 0, (#ARGV - 7) / 12 - 1 do
             local done_at = tonumber(ready_at_s ~= '' and ready_at_s or swapped_at_s)
             redis.call('HSET', observed, worker_id, version .. ' ' .. ARGV[a + 12] .. ' ' .. num_bytes .. ' '
               .. string.format('%.17g', done_at - announced_at) .. ' ' .. parent_url)
-            if parent_bytes * 2 < bytes then
+            -- a miss: the parent did not deliver the whole version (relay_plan.py ParentObservation.missed)
+            if parent_bytes < bytes then
               local count = tonumber(string.match(redis.call('HGET', misses, parent_url) or '', ' (%d+)$') or '0')
               redis.call('HSET', misses, parent_url, version .. ' ' .. (count + 1))
             end
@@ -167,6 +172,7 @@ for i = 0, (#ARGV - 7) / 12 - 1 do
 end
 return out
 """
+)
 
 OK = 2
 UNKNOWN, WRONG_TOKEN, DEAD = 0, -1, 1
@@ -212,7 +218,7 @@ def script_arguments(keys: RunKeys, entries: Sequence[HeartbeatEntry]) -> tuple[
         *RelayKeys.of(keys).all,
     ]
     args = [str(SWAPS_TTL_S), repr(MAX_CLOCK_SKEW_S), str(MIN_MEASURED_BYTES), repr(MAX_MEASURED_MBPS)]
-    args += [keys.run_id, PAYLOAD_FIELD.decode(), str(ANNOUNCEMENT_LOOKBACK)]
+    args += [keys.run_id, PAYLOAD_FIELD.decode(), str(ANNOUNCEMENT_LOOKBACK), keys.worker_dead, keys.credential_prefix]
     for e in entries:
         worker_key = keys.worker(e.worker_id)
         swap = e.swap

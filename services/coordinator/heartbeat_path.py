@@ -145,7 +145,7 @@ class HeartbeatFastPath:
             snapshot = self.state.control.snapshot
             if snapshot is None or len(snapshot.workers) <= INLINE_COMPLETION_MAX_WORKERS:
                 times, registry = BroadcastTimes(coordinator.redis, coordinator.keys), coordinator.registry
-                await run_in_threadpool(lambda: times.complete_pending(registry.list_workers()))
+                await run_in_threadpool(lambda: times.complete_pending(registry.list_live()))
         learner = self.state.control.learner_view()
         answer = HeartbeatResponse(
             state=WorkerState(outcome.state),

@@ -51,10 +51,23 @@ def hostile_input_families(control: ControlPlane) -> Iterator[Metric]:
         ignored.add_metric([reason], count)
     yield ignored
     coordinator = control.coordinator
-    yield CounterMetricFamily(
+    throttled = CounterMetricFamily(
         PREFIX + "coordinator_registrations_throttled",
-        "registrations refused with 429 by the rate limit",
-        value=coordinator.registration_limit.num_refused,
+        "registrations refused with 429 by a rate limit: a credential's bucket, or an address's (unauthenticated path)",
+        labels=["bucket"],
+    )
+    for kind, count in sorted(coordinator.registration_limits.num_refused.items()):
+        throttled.add_metric([kind], count)
+    yield throttled
+    yield CounterMetricFamily(
+        PREFIX + "coordinator_submissions_penalised",
+        "submissions refused unread (429) because their worker sent a garbage body (422) just before",
+        value=coordinator.submission_penalties.num_refused,
+    )
+    yield CounterMetricFamily(
+        PREFIX + "coordinator_leases_answered_early",
+        "lease calls answered empty without Redis: their worker, or its credential, held all it may just before",
+        value=coordinator.lease_pacing.num_answered_early,
     )
     yield CounterMetricFamily(
         PREFIX + "coordinator_pruned_workers",
@@ -136,7 +149,8 @@ def coordinator_families(control: ControlPlane) -> Iterator[Metric]:
 def worker_families(snapshot: ControlSnapshot) -> Iterator[Metric]:
     by_state = GaugeMetricFamily(PREFIX + "fleet_workers", "registered workers by state", labels=["state"])
     for state in WorkerState:
-        by_state.add_metric([state.value], sum(1 for w in snapshot.workers if w.state == state))
+        num = snapshot.num_dead if state == WorkerState.DEAD else sum(1 for w in snapshot.workers if w.state == state)
+        by_state.add_metric([state.value], num)
     yield by_state
     names = ("samples_per_second", "tokens_per_second", "policy_version", "price_per_hour")
     families = {

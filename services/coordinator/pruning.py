@@ -8,28 +8,31 @@ cost moves from the ledger's `worker:<id>` field into `pruned_workers_usd` (serv
 so `total_usd` and `workers_usd` are unchanged. Until it is pruned a dead worker may rejoin as itself
 (services/coordinator/join.py); after, it joins under a new id.
 
-The control loop prunes once per pass, from the worker list it reads anyway; the script checks again
-that the worker is still dead, so a worker that rejoined in between is left alone.
+The control loop prunes once per pass, reading the due ones from the dead workers' sorted set (by when
+their lease ran out: a page of the oldest, never a pass over every worker); the script checks again that
+the worker is still dead, so a worker that rejoined in between is left alone.
 """
 
 from __future__ import annotations
 
 import logging
 
-import redis
-
 from services.coordinator.ledger import PENDING_FIELD_PREFIXES, PRUNED_WORKERS_FIELD, WORKER_FIELD_PREFIX
-from shared.api import WorkerInfo, WorkerState
-from shared.keys import RunKeys
+from services.coordinator.worker_registry import WorkerRegistry
 
 log = logging.getLogger(__name__)
 
-# KEYS: worker hash, leases, worker ids, broadcast last swap, broadcast throughput, cost ledger.
+# KEYS: worker hash, leases, worker ids, broadcast last swap, broadcast throughput, cost ledger, dead.
 # ARGV: worker id, the ledger field of its cost, the ledger field pruned costs move to, then the ledger fields
 # of its open stretch of unverified time (dropped: dead that long, it was never verified). Returns 1 if pruned.
 _PRUNE_LUA = """
-if redis.call('HGET', KEYS[1], 'state') ~= 'dead' then return 0 end
+local state = redis.call('HGET', KEYS[1], 'state')
+if state and state ~= 'dead' then
+  redis.call('ZREM', KEYS[7], ARGV[1])  -- alive again: it is no longer dead
+  return 0
+end
 if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
+redis.call('ZREM', KEYS[7], ARGV[1])
 redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
@@ -46,21 +49,21 @@ MAX_PRUNED_PER_PASS = 1000  # a pass stays short even when thousands expire at o
 
 
 class DeadWorkerPruner:
-    def __init__(self, client: redis.Redis, keys: RunKeys, retention_s: float) -> None:
-        self.redis = client
-        self.keys = keys
+    def __init__(self, registry: WorkerRegistry, retention_s: float) -> None:
+        self.registry = registry
+        self.redis = registry.redis
+        self.keys = registry.keys
         self.retention_s = retention_s
-        self._script = client.register_script(_PRUNE_LUA)
+        self._script = self.redis.register_script(_PRUNE_LUA)
         self.num_pruned = 0
 
-    def due(self, workers: list[WorkerInfo], now_s: float) -> list[str]:
-        """Ids of the dead workers whose lease ran out at least `retention_s` ago."""
-        before_s = now_s - self.retention_s
-        return [w.worker_id for w in workers if w.state == WorkerState.DEAD and w.lease_expires_at_s <= before_s]
+    def due(self, now_s: float) -> list[str]:
+        """Ids of the dead workers whose lease ran out at least `retention_s` ago (MAX_PRUNED_PER_PASS at most)."""
+        return self.registry.dead_due(now_s - self.retention_s, MAX_PRUNED_PER_PASS)
 
-    def prune(self, workers: list[WorkerInfo], now_s: float) -> set[str]:
-        """Forget the workers `due` now (at most MAX_PRUNED_PER_PASS); returns the ids pruned."""
-        due = self.due(workers, now_s)[:MAX_PRUNED_PER_PASS]
+    def prune(self, now_s: float) -> set[str]:
+        """Forget the workers `due` now; returns the ids pruned."""
+        due = self.due(now_s)
         if not due:
             return set()
         k = self.keys
@@ -74,6 +77,7 @@ class DeadWorkerPruner:
                         k.broadcast_last_swap,
                         k.broadcast_throughput,
                         k.cost_ledger,
+                        k.worker_dead,
                     ],
                     args=[
                         worker_id,

@@ -50,7 +50,7 @@ RELAY_STATES = (WorkerState.ACTIVE, WorkerState.STANDBY)
 
 def relay_plan_response(coordinator: Coordinator) -> RelayPlanResponse:
     """The whole plan, each assignment with the bandwidth it was ranked by (reported and measured)."""
-    workers = coordinator.registry.list_workers()
+    workers = coordinator.registry.list_live()
     measured = BroadcastTimes(coordinator.redis, coordinator.keys).measured_mbps()
     learner_url, current_version = read_learner_url(coordinator), read_current_version(coordinator)
     plan = compute_plan(coordinator, workers, measured, current_version)
@@ -82,7 +82,7 @@ def parent_response(coordinator: Coordinator, worker_id: str) -> ParentResponse:
     worker = coordinator.registry.get(worker_id)
     if worker.state == WorkerState.DEAD:
         raise WorkerDeadError(f"worker {worker_id} is dead (its lease expired); register again")
-    workers = coordinator.registry.list_workers()
+    workers = coordinator.registry.list_live()
     measured = BroadcastTimes(coordinator.redis, coordinator.keys).measured_mbps()
     learner_url, current_version = read_learner_url(coordinator), read_current_version(coordinator)
     plan = compute_plan(coordinator, workers, measured, current_version)

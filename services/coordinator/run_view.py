@@ -4,10 +4,19 @@ dashboard's data (/v1/dashboard: the control loop's last pass + ledger + history
 
 from __future__ import annotations
 
+from collections import Counter
+
 from services.coordinator.control import ControlPlane, read_learner_view
 from services.coordinator.deps import Coordinator
 from services.coordinator.ledger import CostLedger
-from shared.api import DashboardResponse, LearnerInfo, StalenessResponse, StatusResponse
+from shared.api import (
+    STATUS_MAX_WORKERS,
+    DashboardResponse,
+    LearnerInfo,
+    StalenessResponse,
+    StatusResponse,
+    WorkerState,
+)
 from shared.bus import StreamBus
 from shared.messages import LearnerState
 from shared.staleness import is_admissible, steps_remaining
@@ -27,16 +36,25 @@ def staleness_verdict(coordinator: Coordinator, policy_version: int) -> Stalenes
 
 
 def status_response(coordinator: Coordinator) -> StatusResponse:
-    """Read now from Redis (not from the control loop's last pass): the learner, streams, workers, ledger."""
+    """Read now from Redis (not from the control loop's last pass): the learner, streams, workers, ledger. The
+    workers: every live one's record is read (to count them by state), STATUS_MAX_WORKERS are listed, live first,
+    then the most recently dead; the dead are counted, never read whole."""
     learner = read_learner_view(coordinator.bus, coordinator.run)
     num_dead_letters = coordinator.bus.length(DEAD)
+    registry = coordinator.registry
+    live = registry.list_live()
+    listed = live[:STATUS_MAX_WORKERS] + registry.list_dead(STATUS_MAX_WORKERS - len(live))
+    by_state = Counter(w.state.value for w in live)
+    if num_dead := registry.num_dead():
+        by_state[WorkerState.DEAD.value] = num_dead
     return StatusResponse(
         run_id=coordinator.run.run_id,
         staleness_bound=learner.staleness_bound,
         learner=None if learner.state is None else learner_info(learner.state),
         stream_depths={**stream_depths(coordinator.bus), "dead": num_dead_letters},
         num_dead_letters=num_dead_letters,
-        workers=coordinator.registry.list_workers(),
+        workers=listed,
+        num_workers_by_state=dict(sorted(by_state.items())),
         cost_usd=CostLedger(coordinator.redis, coordinator.keys, max_billing_gap_s=1.0).totals().total_usd,
     )
 

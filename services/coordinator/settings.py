@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
@@ -11,10 +13,15 @@ from shared.signing import KEY_HEX_PATTERN
 
 class CoordinatorSettings(ServiceSettings):
     """Read from `RL_*` environment variables. `RL_ADMIN_TOKEN` is a required secret: no default.
-    `RL_JOIN_TOKEN` is required too, unless `RL_OPEN_REGISTRATION=true` says anyone may join (dev only)."""
+    Who may join: `RL_JOIN_TOKEN` (one shared token: the local demo), `RL_OPERATOR_TOKENS` (credentials made
+    outside and provisioned at start: compose, Helm), or both; one of them is required unless
+    `RL_OPEN_REGISTRATION=true` says anyone may join (dev only)."""
 
-    # populate_by_name: code and tests may pass host=..., the environment uses the RL_COORDINATOR_* names
-    model_config = SettingsConfigDict(env_prefix="RL_", extra="ignore", populate_by_name=True)
+    # populate_by_name: code and tests may pass host=..., the environment uses the RL_COORDINATOR_* names;
+    # hide_input_in_errors: a model validator's error would otherwise print the environment, tokens and all
+    model_config = SettingsConfigDict(
+        env_prefix="RL_", extra="ignore", populate_by_name=True, hide_input_in_errors=True
+    )
 
     host: str = Field("127.0.0.1", validation_alias="RL_COORDINATOR_HOST", description="interface to bind")
     port: int = Field(8000, ge=1, le=65535, validation_alias="RL_COORDINATOR_PORT", description="TCP port to bind")
@@ -25,7 +32,14 @@ class CoordinatorSettings(ServiceSettings):
         None,
         min_length=16,
         validation_alias="RL_JOIN_TOKEN",
-        description="secret a worker sends (header X-RL-Join-Token) to register; required unless open_registration",
+        description="the cluster's shared join token: every holder registers as one credential (the local demo); "
+        "None: only issued and provisioned credentials register (or anyone, under open_registration)",
+    )
+    operator_tokens: SecretStr | None = Field(
+        None,
+        validation_alias="RL_OPERATOR_TOKENS",
+        description="comma-separated join credentials (op-<12 hex>.<secret>) made outside the coordinator, each "
+        "made sure to exist at start as if issued (services/coordinator/operators.py provision)",
     )
     open_registration: bool = Field(
         False,
@@ -70,10 +84,37 @@ class CoordinatorSettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _join_token_unless_open(self) -> CoordinatorSettings:
-        if self.join_token is None and not self.open_registration:
-            raise ValueError("RL_JOIN_TOKEN is required (or set RL_OPEN_REGISTRATION=true for an open dev cluster)")
+        if self.join_token is None and self.operator_tokens is None and not self.open_registration:
+            raise ValueError(
+                "RL_JOIN_TOKEN or RL_OPERATOR_TOKENS is required (or set RL_OPEN_REGISTRATION=true for an open dev "
+                "cluster)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _operator_tokens_well_formed(self) -> CoordinatorSettings:
+        if self.operator_tokens is None:
+            return self
+        from services.coordinator.operators import PROVISIONED_TOKEN_PATTERN  # redis and the registry: only when set
+
+        tokens = self.operator_token_values()
+        if not tokens:
+            raise ValueError("RL_OPERATOR_TOKENS is set but names no token")
+        # the position, never the value: the message goes to the log
+        malformed = [str(i) for i, token in enumerate(tokens) if not re.fullmatch(PROVISIONED_TOKEN_PATTERN, token)]
+        if malformed:
+            raise ValueError(
+                f"RL_OPERATOR_TOKENS: token(s) {', '.join(malformed)} (from 0) are not op-<12 hex>.<16+ URL-safe "
+                "characters> (relay-rl keys --compose and deploy/make_secrets.py make them)"
+            )
         return self
 
     def join_token_value(self) -> str | None:
-        """The join token, or None when registration is open."""
+        """The shared join token, or None when there is none."""
         return None if self.join_token is None else self.join_token.get_secret_value()
+
+    def operator_token_values(self) -> list[str]:
+        """RL_OPERATOR_TOKENS as a list, in order (empty when unset)."""
+        if self.operator_tokens is None:
+            return []
+        return [token.strip() for token in self.operator_tokens.get_secret_value().split(",") if token.strip()]

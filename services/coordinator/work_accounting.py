@@ -46,11 +46,12 @@ class WorkBooks:
             pipe.hgetall(self.keys.work_totals)
             counts = pipe.execute()
         held = self._held_by_consumer()
-        workers = {
-            worker_id: _counts(raw, held.get(worker_id, 0)) for worker_id, raw in zip(worker_ids, counts, strict=False)
-        }
-        totals = _counts(counts[-1], sum(held.values()))
         rewards = self.rewards(worker_ids)
+        workers = {
+            worker_id: _counts(raw, held.get(worker_id, 0), rewards[worker_id])
+            for worker_id, raw in zip(worker_ids, counts, strict=False)
+        }
+        totals = _counts(counts[-1], sum(held.values()), _pooled_judged(rewards.values()))
         return WorkAccounting(
             lease_s=self.lease_s,
             max_held=self.config.max_held_tasks,
@@ -66,14 +67,17 @@ class WorkBooks:
         )
 
     def counts_since_release(self, worker_ids: Iterable[str]) -> dict[str, WorkCounts]:
-        """Each worker's counters over the leases ended since an admin last released it (`held`: 0, not read);
-        what the completion flag judges."""
+        """Each worker's counters over the leases ended since an admin last released it (`held`: 0, not read),
+        with its groups the reward service scored and refused; what the completion flag judges."""
         worker_ids = list(worker_ids)
         with self.redis.pipeline(transaction=False) as pipe:
             for worker_id in worker_ids:
                 pipe.hgetall(self.keys.work_counts(worker_id))
             counts = pipe.execute()
-        return self._since_release({wid: _counts(raw, 0) for wid, raw in zip(worker_ids, counts, strict=True)})
+        rewards = self.rewards(worker_ids)
+        return self._since_release(
+            {wid: _counts(raw, 0, rewards[wid]) for wid, raw in zip(worker_ids, counts, strict=True)}
+        )
 
     def rewards(self, worker_ids: Iterable[str]) -> dict[str, RewardStats]:
         """What the reward service recorded for each worker (shared/worker_rewards.py; none: zeros)."""
@@ -86,8 +90,9 @@ class WorkBooks:
 
     def mark_released(self, worker_id: str) -> None:
         """An admin released the worker: its completion is judged from now on (the counters stay as they are)."""
-        raw = self.redis.hgetall(self.keys.work_counts(worker_id))
-        counts: dict[EncodableT, EncodableT] = {redis_text(name): redis_text(value) for name, value in raw.items()}
+        raw: dict[bytes, bytes] = self.redis.hgetall(self.keys.work_counts(worker_id))  # type: ignore[assignment]
+        now = _counts(raw, 0, self.rewards([worker_id])[worker_id])
+        counts: dict[EncodableT, EncodableT] = {name: value for name, value in now.model_dump().items() if value}
         baseline = self.keys.work_release_baseline(worker_id)
         with self.redis.pipeline(transaction=True) as pipe:
             pipe.delete(baseline)
@@ -101,7 +106,7 @@ class WorkBooks:
                 pipe.hgetall(self.keys.work_release_baseline(worker_id))
             baselines = pipe.execute()
         return {
-            worker_id: since_release(counts, _counts(raw, 0) if raw else None)
+            worker_id: since_release(counts, _counts(raw, 0, None) if raw else None)
             for (worker_id, counts), raw in zip(workers.items(), baselines, strict=True)
         }
 
@@ -113,7 +118,19 @@ class WorkBooks:
         return {redis_text(c["name"]): int(c["pending"]) for c in summary.get("consumers") or []}
 
 
-def _counts(raw: dict[bytes, bytes], held: int) -> WorkCounts:
-    known = {counter.value for counter in WorkCounter}
+JUDGED_FIELDS = ("scored", "rejected")  # a release baseline stores them with the counters
+
+
+def _counts(raw: dict[bytes, bytes], held: int, judged: RewardStats | None) -> WorkCounts:
+    """The counters of a hash (a worker's, or a release baseline, which carries `scored` and `rejected` too), the
+    leases `held` now, and what the reward service judged (`judged`: None for a baseline)."""
+    known = {counter.value for counter in WorkCounter} | ({*JUDGED_FIELDS} if judged is None else set())
     values = {redis_text(name): max(int(value), 0) for name, value in raw.items() if redis_text(name) in known}
+    if judged is not None:
+        values |= {"scored": judged.num_groups, "rejected": judged.num_rejected}
     return WorkCounts(**values, held=held)
+
+
+def _pooled_judged(stats: Iterable[RewardStats]) -> RewardStats:
+    stats = list(stats)
+    return RewardStats(num_groups=sum(s.num_groups for s in stats), num_rejected=sum(s.num_rejected for s in stats))

@@ -1,10 +1,14 @@
 """Which workers the work accounting flags, and why: two comparisons of a worker with the rest of its fleet,
 which leases from the same task feed (so every worker faces the same task mix).
 
-    completion   over at least MIN_DECIDED_LEASES ended leases, it answered less than COMPLETION_FLOOR times
-                 the fleet's median completion ratio: one that leases and lets its tasks expire (or fails
-                 them) stands out against honest peers on the same tasks. Judged on the leases ended since
-                 an admin last released the worker, so a release is a fresh start. The coordinator
+    completion   over at least MIN_DECIDED_LEASES judged leases (answered with a group the reward service
+                 scored or refused, failed, or expired), it completed less than COMPLETION_FLOOR times the
+                 fleet's median completion ratio: one that leases and lets its tasks expire (or fails them, or
+                 answers garbage the reward service refuses) stands out against honest peers on the same
+                 tasks. An answer counts as completed only once it is scored. Judged on the leases ended since
+                 an admin last released the worker, so a release is a fresh start. The same comparison judges
+                 a join credential's record, all its identities together, against the fleet's median
+                 identity (services/coordinator/credential_record.py): fresh identities inherit it. The coordinator
                  quarantines these by policy ([work] quarantine_incomplete; control.py).
     reward       its mean group reward departs from the rest of the fleet's by more than `num_standard_errors`
                  standard errors (Welch: each side's variance of group means over its number of groups), with
@@ -28,22 +32,37 @@ COMPLETION_FLOOR = 0.5
 
 def completion_outliers(workers: dict[str, WorkCounts]) -> dict[str, str]:
     """Worker id -> why it is flagged: its completion ratio under COMPLETION_FLOOR x the fleet's median (the
-    median of the workers with at least MIN_DECIDED_LEASES ended leases, itself included)."""
-    ratios = {
-        worker_id: ratio
-        for worker_id, counts in workers.items()
-        if counts.num_decided >= MIN_DECIDED_LEASES and (ratio := counts.completion_ratio) is not None
-    }
-    if len(ratios) < 2:  # a fleet of one has no peers to depart from
+    median of the workers with at least MIN_DECIDED_LEASES judged leases, itself included)."""
+    median = fleet_median_completion(workers)
+    if median is None:
         return {}
-    median = statistics.median(ratios.values())
+    return outliers_against(workers, median)
+
+
+def fleet_median_completion(workers: dict[str, WorkCounts]) -> float | None:
+    """The median completion ratio of the workers with at least MIN_DECIDED_LEASES judged leases; None with fewer
+    than two of them (a fleet of one has no peers to depart from)."""
+    ratios = [
+        ratio
+        for c in workers.values()
+        if c.num_judged >= MIN_DECIDED_LEASES and (ratio := c.completion_ratio) is not None
+    ]
+    return statistics.median(ratios) if len(ratios) >= 2 else None
+
+
+def outliers_against(records: dict[str, WorkCounts], median: float) -> dict[str, str]:
+    """Id -> why: the records (a worker's, or a credential's) with at least MIN_DECIDED_LEASES judged leases whose
+    completion ratio is under COMPLETION_FLOOR x `median`."""
     return {
-        worker_id: (
+        record_id: (
             f"completion ratio {ratio:.2f} < {COMPLETION_FLOOR} x the fleet's median {median:.2f} "
-            f"({workers[worker_id].accepted} accepted of {workers[worker_id].num_decided} leases ended)"
+            f"({counts.scored} scored of {counts.num_judged} leases judged: {counts.rejected} answers refused by the "
+            f"reward service, {counts.expired} expired, {counts.failed} failed)"
         )
-        for worker_id, ratio in ratios.items()
-        if ratio < COMPLETION_FLOOR * median
+        for record_id, counts in records.items()
+        if counts.num_judged >= MIN_DECIDED_LEASES
+        and (ratio := counts.completion_ratio) is not None
+        and ratio < COMPLETION_FLOOR * median
     }
 
 
@@ -55,7 +74,7 @@ def since_release(counts: WorkCounts, baseline: WorkCounts | None) -> WorkCounts
     return counts.model_copy(
         update={
             name: max(0, getattr(counts, name) - getattr(baseline, name))
-            for name in ("leased", "returned", "accepted", "refused", "expired", "failed")
+            for name in ("leased", "returned", "accepted", "refused", "expired", "failed", "scored", "rejected")
         }
     )
 

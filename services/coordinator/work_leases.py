@@ -1,29 +1,30 @@
 """Tasks leased to workers, and their answers, on the workers' behalf: the only path from a worker to the
-shared streams (the contract: shared/work_api.py; the counters: shared/work_counts.py).
+shared streams (the contract: shared/work_api.py; the counters: shared/work_counts.py; the scripts and the
+rules of what a worker and its credential may hold: services/coordinator/work_scripts.py).
 
 A lease is a pending entry of `tasks` in the `rollout` group, its consumer named after the worker id, so
 Redis itself records who holds what and for how long (XPENDING). Each operation is one Lua script, so the
 check and its effects are one atomic step that no concurrent call can split:
 
-    lease    the caller is active (its record and its live lease); entries idle past the lease time are
-             taken over (XCLAIM), counted `expired` for their holder and `leased` for the caller; then new
-             entries (XREADGROUP). A task leased MAX_LEASES_PER_TASK times and never answered is
-             dead-lettered instead of handed out again (it keeps killing its workers). The caller holds at
-             most `max_held` leases ([work] max_held_tasks), those past their lease time included: past it,
-             it gets fewer tasks or none (an empty answer, as when no task is queued: a worker backs off). A
-             lease it let expire comes back to it only after a second lease time, so a worker that never
-             answers cannot keep renewing its own leases (an honest one alone in a fleet still gets them).
+    lease    the caller is active (its record and its live lease) and its credential is not quarantined;
+             entries idle past the lease time are taken over (XCLAIM), counted `expired` for their holder
+             (whose allowance halves) and `leased` for the caller; then new entries (XREADGROUP). The caller
+             and its credential hold at most what they have earned (an empty answer past it, as when no task
+             is queued: a worker backs off). A task MAX_LEASES_PER_TASK proven holders let expire is
+             dead-lettered instead of handed out again (it keeps killing its workers).
     answer   the caller holds the lease now -> the group goes to `rollouts` (an id Redis chooses, no MAXLEN) and
              the task is acked, counted `returned` and `accepted`; otherwise, or when the group is
-             malformed or answers another task or claims another worker, it is dead-lettered and counted
-             `refused`, the lease left as it was (an answer after the lease was reissued, or a second
-             answer, finds it not held).
-    fail     the caller holds the lease -> the task is dead-lettered with the worker's error and acked,
-             counted `failed`.
+             malformed or answers another task or claims another worker, it is refused: counted `refused`,
+             the lease left as it was (an answer after the lease was reissued, or a second answer, finds it
+             not held), and its dead letter (MAX_REFUSAL_PAYLOAD_BYTES of what was sent) kept in the
+             caller's credential's own stream of REFUSALS_KEPT.
+    fail     the caller holds the lease -> a task it took while still earning its allowance is given back
+             (another worker takes it); any other is dead-lettered with the worker's error and acked, counted
+             `failed`. Either way the caller's allowance halves.
 
 Checks that need no Redis (decoding, task id, worker id, run id) are made first, in Python: a stream
 entry never changes, so reading the task before the script cannot race with anything; only who holds
-the lease can, and the script checks that. Dead letters carry the refused group (or the task) cut to
+the lease can, and the script checks that. A task's dead letter carries the task cut to
 MAX_DEAD_LETTER_PAYLOAD_BYTES, under source stream `tasks`. The accounting (cluster/accounting.py) counts
 from these counters, not from stream lengths (the reward service trims `rollouts` once consumed): groups
 produced are `accepted`, and tasks dead-lettered here are the acks of `tasks` that produced no group.
@@ -39,9 +40,12 @@ from typing import Any, cast
 import redis
 from redis.typing import EncodableT
 
+from services.coordinator import work_scripts
+from services.coordinator.lease_pacing import Full
 from services.coordinator.work_accounting import WorkBooks
+from services.coordinator.work_scripts import INITIAL_ALLOWANCE, MAX_LEASES_PER_TASK
 from shared.bus import PAYLOAD_FIELD, redis_text
-from shared.config import WorkConfig
+from shared.config import CredentialConfig, WorkConfig
 from shared.keys import RunKeys
 from shared.messages import DeadLetter, MessageDecodeError, RolloutGroup, TaskGroup
 from shared.streams import DEAD, ROLLOUTS, TASKS
@@ -50,115 +54,19 @@ from shared.work_counts import WorkCounter
 
 log = logging.getLogger(__name__)
 
-MAX_LEASES_PER_TASK = 3  # as the bus's max_deliveries: a task that expired this often is dead-lettered
-MAX_DEAD_LETTER_PAYLOAD_BYTES = 64 * 1024
+MAX_DEAD_LETTER_PAYLOAD_BYTES = 64 * 1024  # a task's dead letter (the task itself: the reward service wrote it)
+# A refused answer's dead letter keeps this much of what the worker sent (a sha256 of it all is in the error), in
+# its credential's own stream of at most REFUSALS_KEPT: what a worker's refusals leave behind is bounded per
+# credential (~100 KiB), and never pushes another's dead letters out of `dead`.
+MAX_REFUSAL_PAYLOAD_BYTES = 512
+REFUSALS_KEPT = 200
 PENDING_SCAN_FACTOR = 10  # expired leases are looked for among the oldest max_groups * this pending entries
 SERVICE = "coordinator-work-api"
 # How long an accepted answer is remembered, so that the same bytes sent again (a retry after a lost reply)
 # are accepted once more instead of dead-lettered: longer than any client's retry window.
 ANSWERED_TTL_S = 600
 NOT_HELD = "the lease is not held by this worker (never leased to it, reissued after its lease time, or answered)"
-
-# KEYS: tasks, worker hash, worker leases (zset), caller's counts, totals, worker ids (set)
-# ARGV: group, caller id, now_s, lease ms, max tasks, pending scan limit, counts key prefix, max leases per task,
-# max leases held by one worker
-# Returns {state} when the caller may not lease ('unknown', 'dead', or its state), else
-# {'active', entries, retire} with entries [[id, [field, value, ...]], ...] leased to the caller and retire
-# [[id, holder], ...]: expired entries leased too often, for the caller to dead-letter (_RETIRE_LUA).
-# `room`: how many more leases the caller may hold; taking back its own expired lease does not change it.
-_LEASE_LUA = """
-local state = redis.call('HGET', KEYS[2], 'state')
-if not state then return {'unknown'} end
-local expiry = redis.call('ZSCORE', KEYS[3], ARGV[2])
-if (not expiry) or tonumber(expiry) <= tonumber(ARGV[3]) then return {'dead'} end
-if state ~= 'active' then return {state} end
-local lease_ms, count, max_leases, max_held = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[8]), tonumber(ARGV[9])
-local room = max_held - #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', max_held, ARGV[2])
-local entries, retire = {}, {}
-for _, p in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', ARGV[6])) do
-  if #entries >= count then break end
-  local own = p[2] == ARGV[2]
-  local min_idle = own and 2 * lease_ms or lease_ms
-  if p[3] >= min_idle then
-    if p[4] >= max_leases then
-      retire[#retire + 1] = {p[1], p[2]}
-    elseif own or room > 0 then
-      local claimed = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], min_idle, p[1])
-      redis.call('HINCRBY', ARGV[7] .. p[2], 'expired', 1)
-      redis.call('HINCRBY', KEYS[5], 'expired', 1)
-      if claimed[1] then
-        entries[#entries + 1] = claimed[1]
-        if not own then room = room - 1 end
-      end
-    end
-  end
-end
-local fresh = math.min(count - #entries, room)
-if fresh > 0 then
-  local read = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', fresh, 'STREAMS', KEYS[1], '>')
-  if read then
-    for _, entry in ipairs(read[1][2]) do entries[#entries + 1] = entry end
-  end
-end
-if #entries > 0 then
-  redis.call('HINCRBY', KEYS[4], 'leased', #entries)
-  redis.call('HINCRBY', KEYS[5], 'leased', #entries)
-  redis.call('SADD', KEYS[6], ARGV[2])
-end
-return {'active', entries, retire}
-"""
-
-# KEYS: tasks, rollouts, dead, caller's counts, totals, worker ids (set), caller's worker record, the lease's
-# answered marker. ARGV: group, caller id, lease id, refusal ('1': refuse, '' accept), payload (the group, or the
-# dead letter of a refusal), the dead letter to write when the lease is not held, the group's number of
-# samples, "<caller id>:<sha256 of the answer>", the marker's TTL (s).
-# An accepted group also counts on the caller's record (num_groups_done, num_samples_done: what /v1/workers
-# and the dashboard show), only if the record still exists.
-# Returns {1, rollouts entry id} accepted, {1, 'repeat'} the caller's accepted answer sent again (nothing
-# written), {0, 'held'} refused for its content, {0, 'not-held'}.
-_ANSWER_LUA = """
-redis.call('SADD', KEYS[6], ARGV[2])
-local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
-if #pending == 0 or pending[1][2] ~= ARGV[2] then
-  if redis.call('GET', KEYS[8]) == ARGV[8] then return {1, 'repeat'} end
-  redis.call('XADD', KEYS[3], '*', 'data', ARGV[6])
-  redis.call('HINCRBY', KEYS[4], 'refused', 1)
-  redis.call('HINCRBY', KEYS[5], 'refused', 1)
-  return {0, 'not-held'}
-end
-redis.call('HINCRBY', KEYS[4], 'returned', 1)
-redis.call('HINCRBY', KEYS[5], 'returned', 1)
-if ARGV[4] ~= '' then
-  redis.call('XADD', KEYS[3], '*', 'data', ARGV[5])
-  redis.call('HINCRBY', KEYS[4], 'refused', 1)
-  redis.call('HINCRBY', KEYS[5], 'refused', 1)
-  return {0, 'held'}
-end
-local id = redis.call('XADD', KEYS[2], '*', 'data', ARGV[5])
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
-redis.call('SET', KEYS[8], ARGV[8], 'EX', ARGV[9])
-redis.call('HINCRBY', KEYS[4], 'accepted', 1)
-redis.call('HINCRBY', KEYS[5], 'accepted', 1)
-if redis.call('EXISTS', KEYS[7]) == 1 then
-  redis.call('HINCRBY', KEYS[7], 'num_groups_done', 1)
-  redis.call('HINCRBY', KEYS[7], 'num_samples_done', ARGV[7])
-end
-return {1, id}
-"""
-
-# KEYS: tasks, dead, totals, worker ids (set). ARGV: group, entry id, holder, min idle ms, dead letter, counts key prefix,
-# counter field, delta. Dead-letters and acks the entry if `holder` still holds it, idle that long; counts
-# `delta` on the holder's and the total `field`. Returns 1 if it did.
-_RETIRE_LUA = """
-local pending = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[4], ARGV[2], ARGV[2], 1)
-if #pending == 0 or pending[1][2] ~= ARGV[3] then return 0 end
-redis.call('XADD', KEYS[2], '*', 'data', ARGV[5])
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-redis.call('HINCRBY', ARGV[6] .. ARGV[3], ARGV[7], ARGV[8])
-redis.call('HINCRBY', KEYS[3], ARGV[7], ARGV[8])
-redis.call('SADD', KEYS[4], ARGV[3])
-return 1
-"""
+GIVEN_BACK, RETIRED = "given back", "retired"
 
 
 class LeaseRefusedError(Exception):
@@ -171,19 +79,32 @@ class LeaseRefusedError(Exception):
 
 class WorkLeases:
     """The work API's stream operations for one run. `lease_ms`: how long a worker has to answer a task;
-    `config`: what one worker may hold, and the reward flag's thresholds."""
+    `config`: what one worker may hold, and the reward flag's thresholds; `credentials`: what one join
+    credential may hold by default (an admin's per-credential budget wins: services/coordinator/credential_budget.py)."""
 
-    def __init__(self, client: redis.Redis, keys: RunKeys, *, lease_ms: int, config: WorkConfig | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        *,
+        lease_ms: int,
+        config: WorkConfig | None = None,
+        credentials: CredentialConfig | None = None,
+    ) -> None:
         self.redis = client
         self.keys = keys
         self.lease_ms = lease_ms
         self.config = config or WorkConfig()
+        self.credentials = credentials or CredentialConfig()
         self.books = WorkBooks(client, keys, self.config, lease_s=lease_ms / 1000)
         self.group = cast(str, TASKS.group)
         self.tasks, self.rollouts, self.dead = (keys.name_of(s) for s in (TASKS, ROLLOUTS, DEAD))
-        self._lease_script = client.register_script(_LEASE_LUA)
-        self._answer_script = client.register_script(_ANSWER_LUA)
-        self._retire_script = client.register_script(_RETIRE_LUA)
+        self._lease_script = client.register_script(work_scripts.LEASE)
+        self._answer_script = client.register_script(work_scripts.ANSWER)
+        self._retire_script = client.register_script(work_scripts.RETIRE)
+        self._give_back_script = client.register_script(work_scripts.GIVE_BACK)
+        self._reconcile_script = client.register_script(work_scripts.RECONCILE)
+        self._fold_script = client.register_script(work_scripts.FOLD)
 
     @property
     def lease_s(self) -> float:
@@ -191,16 +112,22 @@ class WorkLeases:
 
     # leasing
     def lease(self, worker_id: str, max_groups: int, now_s: float) -> list[LeasedTask]:
-        """Up to `max_groups` tasks for `worker_id`: expired leases first, then new tasks, as long as it holds
-        at most `max_held_tasks` leases (fewer or none past it). Raises LeaseRefusedError when the worker is
-        not active (or unknown, or dead at `now_s`)."""
+        """Up to `max_groups` tasks for `worker_id`: expired leases first, then new tasks, as long as it and its
+        credential hold no more than they have earned (services/coordinator/work_scripts.py; fewer or none past
+        it). Raises LeaseRefusedError when the worker is not active (or unknown, or dead at `now_s`, or its
+        credential is quarantined)."""
+        return self.lease_or_full(worker_id, max_groups, now_s)[0]
+
+    def lease_or_full(self, worker_id: str, max_groups: int, now_s: float) -> tuple[list[LeasedTask], Full]:
+        """As lease(), with why it got nothing when it got nothing: it, or its credential, holds all it may
+        (Full.OWN, Full.CREDENTIAL), or there was nothing to lease (Full.NOT)."""
         reply = self._run_lease_script(worker_id, max_groups, now_s)
         state = redis_text(reply[0])
         if state != "active":
             raise LeaseRefusedError(state)
-        entries, retire = reply[1], reply[2]
+        entries, retire, full = reply[1], reply[2], Full(redis_text(reply[3]))
         for entry_id, holder in retire:
-            self._retire_overleased(redis_text(entry_id), redis_text(holder))
+            self._retire_overleased(redis_text(entry_id), redis_text(holder), now_s)
         leased: list[LeasedTask] = []
         for raw_id, fields in entries:
             entry_id, payload = redis_text(raw_id), _payload_of(fields)
@@ -208,17 +135,19 @@ class WorkLeases:
                 leased.append(LeasedTask(lease_id=entry_id, task=TaskGroup.decode(payload)))
             except MessageDecodeError as exc:  # the reward service wrote it; it never reaches a worker
                 letter = self._letter(entry_id, payload, f"undecodable task: {exc}", num_deliveries=1)
-                self._retire(entry_id, worker_id, 0, letter, WorkCounter.LEASED, -1)  # the lease never reached it
-        return leased
+                self._retire(entry_id, worker_id, 0, letter, WorkCounter.LEASED, -1, now_s)  # it never reached it
+        return leased, full
 
     def _run_lease_script(self, worker_id: str, max_groups: int, now_s: float) -> Any:
+        k = self.keys
         keys = [
             self.tasks,
-            self.keys.worker(worker_id),
-            self.keys.worker_leases,
-            self.keys.work_counts(worker_id),
-            self.keys.work_totals,
-            self.keys.work_worker_ids,
+            k.worker(worker_id),
+            k.worker_leases,
+            k.work_counts(worker_id),
+            k.work_totals,
+            k.work_worker_ids,
+            k.work_speculative,
         ]
         args: list[EncodableT] = [
             self.group,
@@ -227,9 +156,16 @@ class WorkLeases:
             self.lease_ms,
             max_groups,
             max_groups * PENDING_SCAN_FACTOR,
-            self.keys.work_counts(""),
+            k.work_counts(""),
             MAX_LEASES_PER_TASK,
             self.config.max_held_tasks,
+            k.credential_prefix,
+            k.operator(""),
+            k.operator_quarantine(""),
+            k.worker_rewards(""),
+            INITIAL_ALLOWANCE,
+            self.credentials.max_leases,
+            "1" if self.config.earn_leases else "",
         ]
         try:
             return self._lease_script(keys=keys, args=args)
@@ -246,21 +182,59 @@ class WorkLeases:
             if "BUSYGROUP" not in str(exc):
                 raise
 
-    def _retire_overleased(self, entry_id: str, holder: str) -> None:
+    def _retire_overleased(self, entry_id: str, holder: str, now_s: float) -> None:
         entries = self.redis.xrange(self.tasks, min=entry_id, max=entry_id, count=1)
         payload = _payload_of(entries[0][1]) if entries else b""
-        reason = f"leased {MAX_LEASES_PER_TASK} times and never answered (last holder {holder})"
+        reason = f"{MAX_LEASES_PER_TASK} proven holders let it expire (the last: {holder})"
         letter = self._letter(entry_id, payload, reason, num_deliveries=MAX_LEASES_PER_TASK)
-        if self._retire(entry_id, holder, self.lease_ms, letter, WorkCounter.EXPIRED, 1):
+        if self._retire(entry_id, holder, self.lease_ms, letter, WorkCounter.EXPIRED, 1, now_s, cut=True):
             log.warning("dead-lettered task %s: %s", entry_id, reason)
 
     def _retire(
-        self, entry_id: str, holder: str, min_idle_ms: int, letter: bytes, counter: WorkCounter, delta: int
+        self,
+        entry_id: str,
+        holder: str,
+        min_idle_ms: int,
+        letter: bytes,
+        counter: WorkCounter,
+        delta: int,
+        now_s: float,
+        *,
+        cut: bool = False,
     ) -> bool:
-        keys = [self.tasks, self.dead, self.keys.work_totals, self.keys.work_worker_ids]
-        args: list[EncodableT] = [self.group, entry_id, holder, min_idle_ms, letter, self.keys.work_counts("")]
-        args += [counter.value, delta]
+        """Dead-letter and ack a lease `holder` holds (idle at least `min_idle_ms`), counting `delta` on `counter`;
+        `cut`: the lease ended unanswered, the holder's allowance halves. False when it does not hold it."""
+        k = self.keys
+        keys = [self.tasks, self.dead, k.work_totals, k.work_worker_ids, k.work_speculative]
+        args: list[EncodableT] = [self.group, entry_id, holder, min_idle_ms, letter, k.work_counts("")]
+        cut = cut and self.config.earn_leases
+        args += [counter.value, delta, k.credential_prefix, "1" if cut else "", repr(now_s), self.lease_s]
+        args.append(INITIAL_ALLOWANCE)
         return bool(self._retire_script(keys=keys, args=args))
+
+    # the control loop's upkeep
+    def reconcile(self, credential_ids: Sequence[str]) -> int:
+        """Recount each credential's held leases and the speculative set from XPENDING (work_scripts.RECONCILE);
+        `credential_ids`: those whose count may be stale (set to 0 unless they hold leases). Returns the leases
+        held in all."""
+        args: list[EncodableT] = [self.group, self.keys.credential_prefix, self.keys.work_counts(""), *credential_ids]
+        try:
+            return int(self._reconcile_script(keys=[self.tasks, self.keys.work_speculative], args=args))
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc) and "no such key" not in str(exc):
+                raise
+            return 0  # no stream or group yet: nothing held
+
+    def fold(self, worker_ids: Sequence[str]) -> None:
+        """Bring what the reward service judged of these identities into their allowance and their credential's
+        record (the lease script does it for a caller; this for identities that may not lease again soon)."""
+        if not worker_ids:
+            return
+        k = self.keys
+        args: list[EncodableT] = [k.work_counts(""), k.credential_prefix, k.worker_rewards(""), INITIAL_ALLOWANCE]
+        args += [self.config.max_held_tasks, self.credentials.max_leases, k.operator("")]
+        args += ["1" if self.config.earn_leases else "", *worker_ids]
+        self._fold_script(keys=[], args=args)
 
     # answering
     def submit(self, worker_id: str, groups: Sequence[SubmittedGroup]) -> SubmitResponse:
@@ -274,17 +248,15 @@ class WorkLeases:
                 payload, refuse = checked.encode(), ""  # re-encoded: only what validated goes on
             else:
                 payload, refuse = self._refusal_letter(worker_id, submitted, checked), "1"
-            keys = [self.tasks, self.rollouts, self.dead, self.keys.work_counts(worker_id), self.keys.work_totals]
-            keys += [
-                self.keys.work_worker_ids,
-                self.keys.worker(worker_id),
-                self.keys.work_answered(submitted.lease_id),
-            ]
+            k = self.keys
+            keys = [self.tasks, self.rollouts, k.work_counts(worker_id), k.work_totals, k.work_worker_ids]
+            keys += [k.worker(worker_id), k.work_answered(submitted.lease_id), k.work_speculative]
             args: list[EncodableT] = [self.group, worker_id, submitted.lease_id, refuse, payload]
             args.append(self._refusal_letter(worker_id, submitted))  # written instead if the lease is not held
             args.append(checked.num_samples if isinstance(checked, RolloutGroup) else 0)
             args += [f"{worker_id}:{hashlib.sha256(submitted.group).hexdigest()}", ANSWERED_TTL_S]
-            done, outcome = self._answer_script(keys=keys, args=args)
+            args += [k.work_counts(""), k.credential_prefix, REFUSALS_KEPT]
+            done, outcome = self._answer(keys, args)
             if int(done):
                 if redis_text(outcome) == "repeat":
                     log.info(
@@ -297,10 +269,21 @@ class WorkLeases:
             log.info("refused an answer of %s to lease %s: %s", worker_id, submitted.lease_id, reason)
         return SubmitResponse(accepted=accepted, refused=refused)
 
+    def _answer(self, keys: list[str], args: list[EncodableT]) -> Any:
+        """The answer script; before any lease of the run (no consumer group yet) it creates the group first: an
+        answer then finds its lease not held and is refused, never a 500."""
+        try:
+            return self._answer_script(keys=keys, args=args)
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+        self.ensure_group()
+        return self._answer_script(keys=keys, args=args)
+
     def _check(self, worker_id: str, submitted: SubmittedGroup, task: TaskGroup | str | None) -> RolloutGroup | str:
         """The group, if its content may answer the lease; else why not."""
         try:
-            group = RolloutGroup.decode(submitted.group)
+            group = submitted.decode_group(task)  # within the task's limits (shared/rollout_limits.py)
         except MessageDecodeError as exc:
             return f"malformed group: {str(exc)[:500]}"
         if isinstance(task, str):
@@ -316,7 +299,14 @@ class WorkLeases:
         return group
 
     def _refusal_letter(self, worker_id: str, submitted: SubmittedGroup, reason: str = NOT_HELD) -> bytes:
-        return self._letter(submitted.lease_id, submitted.group, f"answer of worker {worker_id} refused: {reason}")
+        """What a refused answer leaves behind: the reason, the sha256 and size of what was sent, and its first
+        MAX_REFUSAL_PAYLOAD_BYTES (see REFUSALS_KEPT)."""
+        sent = submitted.group
+        error = (
+            f"answer of worker {worker_id} refused: {reason} "
+            f"({len(sent)} bytes, sha256 {hashlib.sha256(sent).hexdigest()})"
+        )
+        return self._letter(submitted.lease_id, sent[:MAX_REFUSAL_PAYLOAD_BYTES], error)
 
     def _read_tasks(self, entry_ids: Sequence[str]) -> dict[str, TaskGroup | str]:
         """The tasks behind these lease ids (entry id -> task, or why it cannot be read); absent: no entry."""
@@ -334,12 +324,22 @@ class WorkLeases:
         return tasks
 
     # failing
-    def fail(self, worker_id: str, lease_id: str, error: str) -> bool:
-        """Dead-letter and ack a task the worker cannot serve; False when it does not hold the lease."""
+    def fail(self, worker_id: str, lease_id: str, error: str, now_s: float) -> str | None:
+        """A task the worker cannot serve: given back (GIVEN_BACK) when the worker took it while still earning its
+        allowance (it goes to a proven worker, counted `expired` for this one), else dead-lettered and acked,
+        counted `failed` (RETIRED); either way the worker's allowance halves. None: it does not hold the lease."""
+        given_back = self._give_back_script(
+            keys=[self.tasks, self.keys.work_speculative],
+            args=[self.group, lease_id, worker_id, self.lease_ms, MAX_LEASES_PER_TASK],
+        )
+        if int(given_back):
+            log.info("%s gave back task %s (%s): it goes to another worker", worker_id, lease_id, error[:200])
+            return GIVEN_BACK
         entries = self.redis.xrange(self.tasks, min=lease_id, max=lease_id, count=1)
         payload = _payload_of(entries[0][1]) if entries else b""
         letter = self._letter(lease_id, payload, f"worker {worker_id} could not serve it: {error}")
-        return self._retire(lease_id, worker_id, 0, letter, WorkCounter.FAILED, 1)
+        retired = self._retire(lease_id, worker_id, 0, letter, WorkCounter.FAILED, 1, now_s, cut=True)
+        return RETIRED if retired else None
 
     # accounting (services/coordinator/work_accounting.py)
     def accounting(self) -> WorkAccounting:
@@ -356,6 +356,12 @@ class WorkLeases:
             payload=payload[:MAX_DEAD_LETTER_PAYLOAD_BYTES],
             num_deliveries=num_deliveries,
         ).encode()
+
+
+def refusal_letters(client: redis.Redis, keys: RunKeys, credential_id: str, count: int = 100) -> list[DeadLetter]:
+    """The newest dead letters of refused answers of one credential's identities, newest first."""
+    entries = client.xrevrange(keys.credential_refusals(credential_id), count=count)
+    return [DeadLetter.decode(_payload_of(fields)) for _, fields in entries or []]
 
 
 def _payload_of(fields: Any) -> bytes:

@@ -116,7 +116,9 @@ class RewardService:
                 done.append(delivery)
             # policy: a forged group, or one we cannot score, is dead-lettered, never retried
             except (ForgedRolloutError, *UNSCORABLE_ERRORS) as exc:
-                self.bus.dead_letter(delivery, str(exc))
+                # counted against the worker the group names (the work API checked it is the one that sent it)
+                rejected = worker_rewards.rejected_tally(self.keys, delivery.message.worker_id)
+                self.bus.dead_letter(delivery, str(exc), tally=rejected)
         self.bus.publish_and_ack(
             SCORED,
             scored,

@@ -6,7 +6,11 @@ rollouts not finished by this service, scored groups the learner has not read ye
 enough to keep the learner's next batch in the making, never so much that groups wait long enough
 to go stale. A group the learner drops (stale, or flat under `[grpo] dynamic_sampling`) is read and
 acked at once, so it leaves the count when it is decided and the next top-up replaces it: skips cost
-generation, never a starved learner.
+generation, never a starved learner. Tasks leased by identities still earning their lease allowance
+(RunKeys.work_speculative, kept by the coordinator's work API: services/coordinator/work_scripts.py) are
+not counted: the window is what the proven fleet can work on, so leases that an unproven identity holds
+and may never answer (a Sybil's) are issued again beside it rather than out of it. (Not in pull mode, which
+issues exactly the learner's batch: there an unanswered lease is reissued after its lease time.)
 
 Pull mode (`[schedule] mode = "pull"`, Echo's sequential baseline): nothing is sampled ahead. The
 learner publishes version t, then asks for its batch (a BatchRequest: the groups it still needs,
@@ -36,11 +40,17 @@ REISSUE_AFTER_S = 2.0  # an unmet request with nothing in flight for this long l
 
 
 def groups_in_flight(bus: StreamBus) -> int:
-    """Groups produced but not yet read by the learner."""
+    """Groups produced but not yet read by the learner, leaving out the tasks held speculatively."""
     tasks_lag, tasks_pending = bus.group_progress(TASKS)
     rollouts_lag, rollouts_pending = bus.group_progress(ROLLOUTS)
     scored_lag, _ = bus.group_progress(SCORED)  # pending there = trained, awaiting checkpoint
-    return tasks_lag + tasks_pending + rollouts_lag + rollouts_pending + scored_lag
+    in_flight = tasks_lag + tasks_pending + rollouts_lag + rollouts_pending + scored_lag
+    return max(0, in_flight - speculative_leases(bus))
+
+
+def speculative_leases(bus: StreamBus) -> int:
+    """Tasks leased by identities still earning their allowance (the coordinator's work API keeps the set)."""
+    return int(bus.redis.scard(bus.keys.work_speculative))
 
 
 @dataclass

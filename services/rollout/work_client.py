@@ -32,6 +32,8 @@ from shared.work_api import (
     MAX_SUBMISSION_BYTES,
     MSGPACK_CONTENT_TYPE,
     ROLLOUTS_PATH,
+    SUBMISSION_OVERHEAD_BYTES,
+    SUBMITTED_GROUP_OVERHEAD_BYTES,
     LeaseRequest,
     LeaseResponse,
     Refusal,
@@ -40,8 +42,6 @@ from shared.work_api import (
     TaskFailure,
     WorkSubmission,
 )
-
-SUBMISSION_OVERHEAD_BYTES = 64 * 1024  # the envelope and msgpack headers around the groups, with room to spare
 
 
 class WorkClient:
@@ -80,7 +80,7 @@ class WorkClient:
             reason = f"the group is {len(encoded)} bytes, over the work API's limit of {MAX_GROUP_BYTES}"
             self.report_failure(lease_id, reason)  # the task cannot be answered by this worker: give it back
             refused.append(Refusal(lease_id=lease_id, reason=reason))
-        for chunk in _chunks(fitting):
+        for chunk in split_submissions(fitting):
             payload = WorkSubmission(run_id=self.run_id, groups=chunk).encode()
             response = self._send(
                 "POST", ROLLOUTS_PATH, content=payload, headers={"Content-Type": MSGPACK_CONTENT_TYPE}
@@ -111,12 +111,14 @@ class WorkClient:
             raise CoordinatorUnavailableError(f"{method} {self.base_url}{path}: {type(exc).__name__}: {exc}") from exc
 
 
-def _chunks(groups: list[SubmittedGroup]) -> Iterator[list[SubmittedGroup]]:
-    """Consecutive runs of groups that fit one submission (count and bytes)."""
+def split_submissions(groups: list[SubmittedGroup]) -> Iterator[list[SubmittedGroup]]:
+    """Consecutive runs of groups that fit one submission (count and bytes). The coordinator's limit is the
+    run's (shared/work_api.py max_submission_bytes): never under what these hold when each group is one this
+    run's honest workers can produce."""
     chunk: list[SubmittedGroup] = []
     num_bytes = SUBMISSION_OVERHEAD_BYTES
     for group in groups:
-        size = len(group.group) + 64
+        size = len(group.group) + SUBMITTED_GROUP_OVERHEAD_BYTES
         if chunk and (len(chunk) == MAX_GROUPS_PER_SUBMISSION or num_bytes + size > MAX_SUBMISSION_BYTES):
             yield chunk
             chunk, num_bytes = [], SUBMISSION_OVERHEAD_BYTES

@@ -8,7 +8,8 @@ payload verified (manifest.py: the payload digest is derived from the chunk dige
 
 Two transports:
 - `fetch_manifest` / `fetch_chunk` / `fetch_version`: one request per object (httpx); used for
-  manifests and for repairing single chunks.
+  manifests (and by tests and tools for whole versions). Their reads have a timeout each and no bound in
+  all, so nothing fetches chunks from a worker this way: a repair is the first chunk of a ChunkStream.
 - `ChunkStream`: one request for chunks i.. of an artifact, read chunk by chunk as the holder sends
   them (stdlib http.client: `readinto` straight off the socket into the chunk's final place, with a
   per-read timeout, which is how a stalled holder is noticed). This is the relay path: no per-chunk
@@ -88,9 +89,12 @@ def fetch_version(
 class ChunkStream:
     """Chunks `first`, `first`+1, ... of `manifest`'s artifact from one holder, in one response.
 
-    `next_chunk()` returns the bytes of the next chunk exactly as sent (unverified: the caller
-    verifies, so it can tell a corrupt chunk from a dead holder). Every read waits at most
-    `stall_timeout_s`; any failure raises FetchError naming the holder and the chunk."""
+    `open()` sends the request and reads the response head; `next_chunk()` returns the bytes of the next
+    chunk exactly as sent (unverified: the caller verifies, so it can tell a corrupt chunk from a dead
+    holder). Every read waits at most `stall_timeout_s` (the head's, `stall_timeout_s` + `wait_manifest_s`:
+    the holder may wait for the manifest before it answers); a holder that sends a byte now and then, in
+    the head or the body, is bounded only by whoever calls `abort()` (relay_fetch.py's StreamGuard). Any
+    failure raises FetchError naming the holder and the chunk."""
 
     def __init__(
         self, base_url: str, manifest: Manifest, first: int, *, stall_timeout_s: float, wait_manifest_s: float
@@ -98,26 +102,42 @@ class ChunkStream:
         self.base_url = base_url
         self.manifest = manifest
         self.next_index = first
+        self.stall_timeout_s = stall_timeout_s
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
             raise FetchError(f"{base_url!r} is not an http:// URL")
-        path = parts.path.rstrip("/") + stream_path(manifest, first, wait_manifest_s)
-        # the holder may wait up to wait_manifest_s before it answers: the first read may take that long
+        self._path = parts.path.rstrip("/") + stream_path(manifest, first, wait_manifest_s)
         self._connection = http.client.HTTPConnection(
             parts.hostname, parts.port or 80, timeout=stall_timeout_s + wait_manifest_s
         )
         self._response: http.client.HTTPResponse | None = None
+        self._aborted = False
+
+    def open(self) -> ChunkStream:
+        """Connect, send the request, read the response head (status and headers). Raises FetchError."""
         try:
-            self._connection.request("GET", path)
+            self._connection.connect()
+            if self._aborted:  # abort() came before the socket existed: nothing for it to shut down
+                raise TimeoutError("aborted before the response head")
+            self._connection.request("GET", self._path)
             self._response = self._connection.getresponse()
-            self._connection.sock.settimeout(stall_timeout_s)  # from now on: a stall is a silent holder
+            if self._aborted:  # the head was cut off (an end of file ends a head too): not a response
+                raise TimeoutError("aborted while the response head arrived")
+            if self._connection.sock is None:  # http.client let go of it: a body of no stated length
+                raise http.client.HTTPException("a response with no Content-Length")
+            self._connection.sock.settimeout(self.stall_timeout_s)  # from now on: a stall is a silent holder
         except (OSError, http.client.HTTPException) as exc:
             self.close()
-            raise FetchError(f"stream {manifest.artifact} from {base_url}: {type(exc).__name__}: {exc}") from exc
+            raise FetchError(
+                f"stream {self.manifest.artifact} from {self.base_url}: {type(exc).__name__}: {exc}"
+            ) from exc
         if self._response.status != 200:
             body = self._response.read(200).decode(errors="replace")
             self.close()
-            raise FetchError(f"stream {manifest.artifact} from {base_url}: HTTP {self._response.status}: {body}")
+            raise FetchError(
+                f"stream {self.manifest.artifact} from {self.base_url}: HTTP {self._response.status}: {body}"
+            )
+        return self
 
     def next_chunk(self) -> bytes:
         """The next chunk as new bytes, whatever its verdict (tests, tools, skipping a chunk already held;
@@ -158,8 +178,10 @@ class ChunkStream:
         return verdict == STREAM_VERIFIED
 
     def abort(self) -> None:
-        """From another thread: end a read in progress now (it raises FetchError). Shutting the socket down
-        wakes a blocked recv; closing it does not. Bounds a holder that keeps sending a byte now and then."""
+        """From another thread: end a read in progress now, or the opening (it raises FetchError). Shutting
+        the socket down wakes a blocked recv; closing it does not. Bounds a holder that keeps sending a byte
+        now and then."""
+        self._aborted = True  # set before the socket is read: open() checks it once the socket exists
         sock = self._connection.sock
         if sock is not None:
             with contextlib.suppress(OSError):  # already closed or never connected: nothing to end

@@ -113,7 +113,6 @@ class WeightFollower:
             stall_timeout_s=stall_timeout_s,
             manifest_wait_s=chunk_wait_s,
             version_timeout_s=version_timeout_s,
-            repair_timeout_s=fetch_timeout_s,
         )
         self._http = httpx.Client(timeout=fetch_timeout_s)
         self._base: _Base | None = None

@@ -7,29 +7,40 @@ store it (so this worker's own chunk server relays it at once), and route around
             each chunk: socket -> its place in the store's buffer, piece by piece
                                               # each piece is forwarded to children at once (cut-through)
                         -> the sender's verdict -> verify there -> held
-            the sender says it was bad: refetch that chunk (single GET), no blame, carry on
-            corrupt chunk: repair it from another source (single GET), carry on with the stream
+            the sender says it was bad: refetch that chunk (a repair), no blame, carry on
+            corrupt chunk: repair it from another source, carry on with the stream
+                (a repair is a stream of that one chunk, under the same bounds as any stream)
             dead, refusing, or silent for stall_timeout_s: that source has failed, take the next
             a worker too slow to finish by the relay deadline: that source has failed, take the next
         every source failed: ask resolve() again (the coordinator re-plans around the dead)
 
-The bound on what one holder can cost (issue 23, attack 7). The learner is the resolver's last source
-(the last resort); every other source is a worker, and the fetch leaves all of them by the relay
-deadline, started + RELAY_SHARE x version_timeout_s (half), and streams the rest from the learner:
+The bound on what one holder can cost (issue 23, attack 7; issue 35, item 5). The learner is the
+resolver's last source (the last resort); every other source is a worker, and the fetch leaves all of
+them by the relay deadline, started + RELAY_SHARE x version_timeout_s (half), and streams the rest from
+the learner:
     silent holder        stall_timeout_s (the read timeout), once per fetch (a failed source is not
-                         asked again within the fetch)
+                         asked again within the fetch); the same for one that sends its headers and
+                         then nothing, or part of the version and then nothing
     slow or dribbling    left at the first read after stall_timeout_s at which its rate so far would
                          finish after the relay deadline (StreamGuard); a read that returns nothing
                          for stall_timeout_s is aborted, so a byte now and then cannot hold it;
                          at the relay deadline at the latest (the watchdog aborts the read)
-    opening a stream     at most stall_timeout_s + chunk_wait_s per read (the connection's timeout)
+    opening a stream     stall_timeout_s + chunk_wait_s in all for the response head (the holder may
+                         wait chunk_wait_s for the manifest): the guard watches the opening too, so a
+                         head dribbled in a byte at a time is cut off like a body
+    another version's    (or any bytes the manifest does not sign) each such chunk is refetched from
+    chunks               another source; the holder is left at its MAX_CORRUPT_PER_SOURCE-th
+    a repair             the same bounds as a stream (a holder that says "rejected" and then dribbles
+                         the repair is left like one that dribbles the stream)
 so one bad worker holds a child for at most 2 x stall_timeout_s once its stream is open (the first
 read after stall_timeout_s returns within another stall_timeout_s), all workers together until the
 relay deadline, version_timeout_s / 2 (60 s with the default 120), and the learner keeps the rest.
 An honest chain slower than that hands the rest of the version to the learner: keep
-version_timeout_s at twice the transfer time or more. What the
-child got from its first source (the parent it was assigned) goes back in its swap report
-(`ArtifactFetch.parent_url`, `parent_bytes`): the coordinator ranks parents by it.
+version_timeout_s at twice the transfer time or more. What the child got from its first source (the
+parent it was assigned) goes back in its swap report (`ArtifactFetch.parent_url`, `parent_bytes`): the
+coordinator ranks parents by it, and a parent that did not deliver all of it (the child fetched any
+part elsewhere) is counted a miss and made a leaf for a while (relay_plan.py), which is what keeps a
+parent that stalls part-way through every version to log2(V) + 1 of V versions with children.
 
 Nothing here imports torch or talks to Redis: the benchmark runs this same code with no model.
 Every wait is bounded (the holder's wait for progress, `stall_timeout_s` per read,
@@ -47,10 +58,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
-import httpx
-
-from shared.weight_channel.client import ChunkStream, FetchError, fetch_chunk
-from shared.weight_channel.manifest import ChunkVerificationError, Manifest, WeightsError
+from shared.weight_channel.client import ChunkStream, FetchError
+from shared.weight_channel.manifest import ChunkVerificationError, Manifest, WeightsError, verify_chunk
 from shared.weight_channel.store import ChunkStore
 
 log = logging.getLogger(__name__)
@@ -120,21 +129,35 @@ class SourceTooSlowError(Exception):
 class StreamGuard:
     """Bounds one stream from a holder, whatever the holder does between bytes:
 
-        no read returned for stall_timeout_s, or its deadline passed -> the read is aborted
-            (a holder sending a byte now and then never trips the socket's read timeout)
+        no response head within stall_timeout_s + head_wait_s (the holder may wait that long for the
+            manifest), no read returned for stall_timeout_s after it, or its deadline passed
+            -> the opening or the read is aborted (a holder sending a byte now and then, in the head
+            or the body, never trips the socket's read timeout)
         after stall_timeout_s, at each read: the rest at its rate so far would end after its deadline
             -> SourceTooSlowError
 
-    One waiting thread per stream; `stop()` ends it."""
+    Start it before `stream.open()` and call `opened()` once that returned. One waiting thread per
+    stream; `stop()` ends it."""
 
     def __init__(
-        self, stream: ChunkStream, manifest: Manifest, first: int, deadline_s: float, stall_timeout_s: float
+        self,
+        stream: ChunkStream,
+        manifest: Manifest,
+        first: int,
+        deadline_s: float,
+        stall_timeout_s: float,
+        head_wait_s: float = 0.0,
+        num_bytes: int | None = None,
     ) -> None:
         self.stream = stream
         self.deadline_s = deadline_s
         self.stall_timeout_s = stall_timeout_s
-        self.opened_s = self.last_piece_s = time.monotonic()
+        self.opened_s = time.monotonic()
+        self.last_piece_s = self.opened_s + head_wait_s  # the head's allowance: stall_timeout_s + head_wait_s
+        # what the stream is to deliver by its deadline: the rest of the artifact, or `num_bytes` (a repair)
         self.remaining_bytes = manifest.total_size_bytes - first * manifest.chunk_size_bytes
+        if num_bytes is not None:
+            self.remaining_bytes = num_bytes
         self.num_bytes = 0  # of whole chunks read from this stream
         self.fired = ""  # why the read was aborted ('' while it was not)
         self._stopped = threading.Event()
@@ -158,6 +181,10 @@ class StreamGuard:
             if now_s + (self.remaining_bytes - num_bytes) / rate > self.deadline_s:
                 raise SourceTooSlowError(f"{rate * 8 / 1e6:.3g} Mbit/s would finish after its deadline")
 
+    def opened(self) -> None:
+        """The response head arrived: the body's clocks (stall, rate) start now."""
+        self.opened_s = self.last_piece_s = time.monotonic()
+
     def chunk_done(self, num_bytes: int) -> None:
         self.num_bytes += num_bytes
 
@@ -174,11 +201,24 @@ class StreamGuard:
             if now_s >= self.deadline_s or now_s >= self.last_piece_s + self.stall_timeout_s:
                 self.fired = (
                     "too slow: its deadline passed" if now_s >= self.deadline_s else "stalled: no read returned"
-                )
+                )  # an opening cut off reads "stalled" too: no response head in time
                 self.stream.abort()
                 return
             if self._stopped.wait(min(self.deadline_s, self.last_piece_s + self.stall_timeout_s) - now_s):
                 return
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """One fetch's deadlines (monotonic s): the version's for the last resort (the learner), the relay
+    deadline (the version's at the latest) for every worker."""
+
+    version_s: float
+    relay_s: float
+    last_resort: str
+
+    def of(self, url: str) -> float:
+        return self.version_s if url == self.last_resort else min(self.version_s, self.relay_s)
 
 
 class RelayFetcher:
@@ -190,14 +230,12 @@ class RelayFetcher:
         stall_timeout_s: float = 15.0,
         manifest_wait_s: float = 10.0,
         version_timeout_s: float = 120.0,
-        repair_timeout_s: float = 10.0,
     ) -> None:
         self.store = store
         self.own_url = own_url.rstrip("/")
         self.stall_timeout_s = stall_timeout_s
         self.manifest_wait_s = manifest_wait_s  # how long a holder may take to hear of the artifact
         self.version_timeout_s = version_timeout_s
-        self._http = httpx.Client(timeout=repair_timeout_s)
 
     def fetch(
         self, manifest: Manifest, resolve: SourceResolver, *, manifest_wait_s: float | None = None
@@ -237,8 +275,8 @@ class RelayFetcher:
                     f"failures: {'; '.join(result.failures) or 'no source to ask'}"
                 )
             source = candidates[0]
-            source_deadline_s = deadline_s if source == last_resort else min(deadline_s, relay_deadline_s)
-            reason = self._stream_from(source, manifest, missing[0], sources, result, wait_s, source_deadline_s)
+            deadlines = Deadlines(deadline_s, relay_deadline_s, last_resort)
+            reason = self._stream_from(source, manifest, missing[0], sources, result, wait_s, deadlines)
             if reason is not None:
                 failed.add(source)
                 result.failures.append(f"{source}: {reason}")
@@ -252,7 +290,7 @@ class RelayFetcher:
         return result
 
     def close(self) -> None:
-        self._http.close()
+        """Nothing to release: every stream (repairs too) is closed when it ends."""
 
     def _stream_from(
         self,
@@ -262,17 +300,21 @@ class RelayFetcher:
         sources: list[str],
         result: ArtifactFetch,
         wait_s: float,
-        deadline_s: float,
+        deadlines: Deadlines,
     ) -> str | None:
-        """Stream chunks first.. from `source` into the store until `deadline_s` (the version's, or the
+        """Stream chunks first.. from `source` into the store until its deadline (the version's, or the
         relay deadline for a worker). None when the stream reached the end; otherwise why this source must
         not be used again for this fetch."""
+        deadline_s = deadlines.of(source)
         try:
             stream = ChunkStream(source, manifest, first, stall_timeout_s=self.stall_timeout_s, wait_manifest_s=wait_s)
         except FetchError as exc:
             return str(exc)
-        guard = StreamGuard(stream, manifest, first, deadline_s, self.stall_timeout_s)
+        # the guard watches the opening too: a head dribbled in a byte at a time is cut off like a body
+        guard = StreamGuard(stream, manifest, first, deadline_s, self.stall_timeout_s, head_wait_s=wait_s)
         try:
+            stream.open()
+            guard.opened()
             while stream.next_index < manifest.num_chunks:
                 guard.resume()
                 if time.monotonic() >= deadline_s:
@@ -297,8 +339,8 @@ class RelayFetcher:
                     log.info(
                         "version %s chunk %d: %s passed on bad bytes; refetching", manifest.artifact, index, source
                     )
-                    others = [url for url in sources if url != source]
-                    self._repair(manifest, index, [source, *others], result)  # it repairs it too: ask it first
+                    others = [url for url in sources if url != source]  # it repairs it too: ask it first
+                    self._repair(manifest, index, [source, *others], result, deadlines)
                     if result.rejected_by_source[source] >= MAX_REJECTED_PER_SOURCE:
                         return f"passed on {result.rejected_by_source[source]} chunks it could not verify"
                     continue
@@ -310,7 +352,7 @@ class RelayFetcher:
                     log.warning(
                         "version %s chunk %d from %s is corrupt (%s); repairing", manifest.artifact, index, source, exc
                     )
-                    self._repair(manifest, index, [url for url in sources if url != source], result)
+                    self._repair(manifest, index, [url for url in sources if url != source], result, deadlines)
                     if result.corrupt_by_source[source] >= MAX_CORRUPT_PER_SOURCE:
                         return f"sent {result.corrupt_by_source[source]} corrupt chunks"
         except SourceTooSlowError as exc:
@@ -322,12 +364,14 @@ class RelayFetcher:
             stream.close()
         return None
 
-    def _repair(self, manifest: Manifest, index: int, others: list[str], result: ArtifactFetch) -> None:
+    def _repair(
+        self, manifest: Manifest, index: int, others: list[str], result: ArtifactFetch, deadlines: Deadlines
+    ) -> None:
         """Chunk `index` from the first other source that has it intact. If none does, it stays missing
         and the main loop streams it again from the next source."""
         for url in others:
             try:
-                data = fetch_chunk(self._http, url, manifest, index)  # verifies its digest
+                data = self._fetch_one_chunk(url, manifest, index, deadlines.of(url))
             except WeightsError as exc:
                 result.failures.append(f"{url}: repair of chunk {index}: {exc}")
                 continue
@@ -336,6 +380,33 @@ class RelayFetcher:
                 self.store.put_chunk(manifest.policy_version, index, data, manifest.payload)
             log.info("version %s chunk %d repaired from %s", manifest.artifact, index, url)
             return
+
+    def _fetch_one_chunk(self, url: str, manifest: Manifest, index: int, deadline_s: float) -> bytearray:
+        """Chunk `index` alone from `url`, verified: the first chunk of a stream, under a StreamGuard, so a
+        repair is bounded as a stream is (a holder that says "rejected" and then dribbles the repair cannot
+        hold this worker past its deadline). Raises FetchError or ChunkVerificationError."""
+        stream = ChunkStream(url, manifest, index, stall_timeout_s=self.stall_timeout_s, wait_manifest_s=0.0)
+        guard = StreamGuard(
+            stream, manifest, index, deadline_s, self.stall_timeout_s, num_bytes=manifest.chunk_length(index)
+        )
+        data = bytearray(manifest.chunk_length(index))
+        try:
+            stream.open()
+            guard.opened()
+            vouched = stream.read_chunk_into(memoryview(data), guard.watching(lambda _: None))
+        except SourceTooSlowError as exc:
+            raise FetchError(f"too slow: {exc}") from exc
+        except FetchError as exc:
+            if guard.fired:
+                raise FetchError(f"{guard.fired} ({exc})") from exc
+            raise
+        finally:
+            guard.stop()
+            stream.close()
+        if not vouched:
+            raise FetchError(f"{url} could not verify chunk {index} itself")
+        verify_chunk(manifest, index, data)
+        return data
 
     def _usable(self, urls: list[str]) -> list[str]:
         """Unique URLs in order, never this worker's own chunk server."""

@@ -23,8 +23,8 @@ its children reported receiving from it (bytes from it / the child's download ti
 the coordinator assigned them to it.
     delivered  the lowest rate its children observed on their latest reports (bad news from one
                child is enough; good news needs every child)
-    missed     a child got less than half of a version from it (it fell back): the worker is a leaf
-               (no children) for 2^num_misses versions after that version (2, 4, 8, ... capped at
+    missed     a child had to fetch any part of a version elsewhere (it fell back): the worker is a
+               leaf (no children) for 2^num_misses versions after that version (2, 4, 8, ... capped at
                MAX_PROBATION_VERSIONS), then ranks as a newcomer again; misses are never forgiven
                while it stays registered, so a persistent liar gets a child on at most
                log2(V) + 1 of V versions
@@ -32,6 +32,13 @@ the coordinator assigned them to it.
                lowest delivery any observed parent achieved); the claim can only lower it. With no
                observed parent at all (the first version) the claim is all there is, so a liar can
                be the seed once, and is a leaf one version later
+Why the whole version and not a share (issue 35): what a parent costs its child is the wait before the
+child leaves it (stall_timeout_s for a parent that goes silent), whatever share it sent first. A rule of
+"at least half" let a parent serve 60% of every version and then stall: never a miss, so it kept its
+children version after version, each of them late by stall_timeout_s every time. The price: an honest
+parent that dies mid-version, or whose own upstream stalls (it then ends its children's streams), is a
+miss too, and a leaf for a while; a stalling upstream causes such misses only on the versions it has
+children itself, which the rule keeps to log2(V) + 1.
 A child's report can hurt only the parent the coordinator assigned it (the coordinator drops any
 other): a lying child can put its own parent on probation, which delays nobody (the parent becomes a
 leaf), and a colluding child can vouch for its parent only until another child of it reports.
@@ -44,7 +51,6 @@ from dataclasses import dataclass
 
 MAX_FALLBACKS = 8
 LEARNER = "learner"  # the parent id of a seed
-MISS_SHARE = 0.5  # a child that got less than this share of a version from its parent reports a miss
 MAX_PROBATION_VERSIONS = 1024
 
 
@@ -82,7 +88,9 @@ class ParentObservation:
 
     @property
     def missed(self) -> bool:
-        return self.parent_bytes < MISS_SHARE * self.num_bytes
+        """The child fetched some of the version from another source: the parent did not deliver all of it
+        (the heartbeat script applies the same rule: services/coordinator/heartbeat_batch.py)."""
+        return self.parent_bytes < self.num_bytes
 
     @property
     def delivered_mbps(self) -> float:

@@ -4,9 +4,10 @@
     kill -9       of worker-0, the coordinator, Redis and the learner (the process inside its container, from
                   the host: not `docker kill`, which disables the restart policy): each is restarted by its
                   policy and training goes on
-    outside       a worker started with `relay-rl worker` on this machine, outside the compose network, joins
-                  through the published ports and the advertised RL_PUBLIC_HOST addresses, gets a verified
-                  version and has groups accepted; then it is drained (exit 0)
+    outside       a worker started with `relay-rl worker` on this machine, outside the compose network, with a
+                  join credential the admin issued for it (POST /v1/operators: the compose workers' own is
+                  theirs), joins through the published ports and the advertised RL_PUBLIC_HOST addresses, gets
+                  a verified version and has groups accepted; then it is drained (exit 0)
     stop + up     (what Ctrl-C then `up` does) resumes the run: the learner's version goes on from where it
                   was, the model folder is the same bytes
     down + up     containers removed, volumes kept: resumes again
@@ -37,6 +38,7 @@ import httpx
 import pytest
 
 from cluster.secrets import ClusterSecrets, outbound_address, write_private
+from shared.api import OPERATORS_PATH, IssuedOperator
 
 pytestmark = [pytest.mark.compose, pytest.mark.slow]
 
@@ -223,15 +225,28 @@ def test_a_compose_cluster_through_its_lifecycle(stack: Stack, tmp_path: Path) -
     assert left == [] and volumes == []
 
 
+def issue_credential(stack: Stack, name: str) -> str:
+    """What the admin does for a worker on another machine (docs/docker.md): a join credential of its own."""
+    response = httpx.post(
+        COORDINATOR + OPERATORS_PATH,
+        json={"name": name},
+        headers={"Authorization": f"Bearer {stack.env['RL_ADMIN_TOKEN']}"},
+        timeout=10.0,
+    )
+    assert response.status_code == 201, response.text
+    return IssuedOperator.model_validate_json(response.content).join_token
+
+
 def join_from_outside(stack: Stack, tmp_path: Path) -> dict[str, float]:
-    """`relay-rl worker` on this machine (not in the compose network): registers through the published
-    coordinator port, fetches verified weights from the advertised addresses, has groups accepted, drains."""
+    """`relay-rl worker` on this machine (not in the compose network), with a credential issued for it:
+    registers through the published coordinator port, fetches verified weights from the advertised addresses,
+    has groups accepted, drains."""
     with socket.socket() as probe:
         probe.bind(("0.0.0.0", 0))
         port = probe.getsockname()[1]
     command = [
         sys.executable, "-m", "cluster.cli", "worker",
-        "--coordinator", COORDINATOR, f"--token={stack.env['RL_JOIN_TOKEN']}",
+        "--coordinator", COORDINATOR, f"--token={issue_credential(stack, 'outside')}",
         "--public-key", stack.env["RL_WEIGHTS_PUBLIC_KEY"], "--work-dir", str(tmp_path / "outside"),
         "--name", "outside", "--host", "0.0.0.0", "--port", str(port),
         "--public-url", f"http://{stack.env['host']}:{port}",

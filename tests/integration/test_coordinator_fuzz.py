@@ -70,9 +70,9 @@ query_values = st.one_of(st.sampled_from(HOSTILE_NUMBER_TEXTS + ["", "abc", "%00
 @pytest.fixture
 def served(serve_coordinator: ServeCoordinator, run_id: str):  # type: ignore[no-untyped-def]
     # every example registers a worker: 400 of them in seconds, past the default registration rate limit
-    # (tests/integration/test_coordinator_registration.py tests the limit itself)
-    unlimited = {"registrations_per_s": 1e6, "registration_burst": 1_000_000}
-    coordinator = serve_coordinator(RunConfig.model_validate({"run_id": run_id, "coordinator": unlimited}))
+    # and its worker cap (tests/integration/test_credential_budgets.py tests them)
+    unlimited = {"registrations_per_min": 1e7, "max_workers": 1_000_000}
+    coordinator = serve_coordinator(RunConfig.model_validate({"run_id": run_id, "credentials": unlimited}))
     operations = [
         (method.upper(), path) for path, methods in coordinator.app.openapi()["paths"].items() for method in methods
     ]

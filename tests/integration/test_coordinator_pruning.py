@@ -1,7 +1,8 @@
 """Dead workers are pruned after `dead_worker_retention_s` (issue 10, item 8): 3,000 registrations that
-expired once made /v1/status 1.3 MiB and 197 ms for good. After pruning, their records, set membership
-and per-worker hashes are gone while the run's cost totals keep what they cost. A real uvicorn, a real
-redis-server, a hand-driven lease clock."""
+expired once made /v1/status 1.3 MiB and 197 ms for good. Until they are pruned, status lists a bounded
+page of them (the live first, then the most recently dead) and counts the rest; after pruning, their
+records, set membership and per-worker hashes are gone while the run's cost totals keep what they cost.
+A real uvicorn, a real redis-server, a hand-driven lease clock."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 import redis
 
 from services.coordinator.ledger import WorkerBill
-from shared.api import RegisterWorkerRequest, StatusResponse
-from shared.config import CoordinatorConfig, RunConfig
+from shared.api import STATUS_MAX_WORKERS, RegisterWorkerRequest, StatusResponse
+from shared.config import CoordinatorConfig, CredentialConfig, RunConfig
 from shared.keys import RunKeys
 from tests.coordinator_rest import ADMIN_TOKEN, ServeCoordinator, ServedCoordinator, bearer, register
 from tests.manual_clock import ManualClock
@@ -38,7 +39,9 @@ def timed_status(api: httpx.Client) -> tuple[int, float, StatusResponse]:
 def serve(serve_coordinator: ServeCoordinator, keys: RunKeys, clock: ManualClock) -> ServedCoordinator:
     """Leases on `clock`; billing on a clock stopped at 1000 s, so only the test bills (at 1000 s and after)."""
     run = RunConfig(
-        run_id=keys.run_id, coordinator=CoordinatorConfig(lease_s=LEASE_S, dead_worker_retention_s=RETENTION_S)
+        run_id=keys.run_id,
+        coordinator=CoordinatorConfig(lease_s=LEASE_S, dead_worker_retention_s=RETENTION_S),
+        credentials=CredentialConfig(max_workers=NUM_FLEET + 1),  # the fleet is live under one credential at first
     )
     return serve_coordinator(run, lease_clock=clock, control_clock=ManualClock(1000.0))
 
@@ -65,7 +68,9 @@ def test_thousands_of_expired_workers_are_pruned_and_status_stays_small_and_fast
     assert beat.status_code == 410  # the survivor too: it rejoins below, after the fleet is pruned
     registry.expire_due()
     before_bytes, before_ms, before = timed_status(served.client)
-    assert len(before.workers) == NUM_FLEET + 1
+    assert len(before.workers) == STATUS_MAX_WORKERS and before_bytes < 64 * 1024
+    assert before.num_workers_by_state == {"dead": NUM_FLEET + 1}
+    assert before.workers[0].worker_id == survivor.worker_id  # the most recently dead first
 
     clock.advance(RETENTION_S)
     again = served.client.post(
@@ -81,10 +86,12 @@ def test_thousands_of_expired_workers_are_pruned_and_status_stays_small_and_fast
         f"/v1/status with {NUM_FLEET} dead workers: {before_bytes} B, {before_ms:.1f} ms; pruned: {after_bytes} B, {after_ms:.1f} ms"
     )
     assert [w.worker_id for w in after.workers] == [survivor.worker_id]
-    assert after_bytes < 4096 and after_bytes * 100 < before_bytes
+    assert after.num_workers_by_state == {"active": 1}
+    assert after_bytes < 4096
     left = {key.decode() for key in redis_client.scan_iter(match=keys.worker("*"), count=1000)}
     assert left == {keys.worker(survivor.worker_id)}  # no record of the fleet left behind
     assert redis_client.zcard(keys.worker_leases) == 1
+    assert redis_client.zcard(keys.worker_dead) == 0
 
 
 def test_a_pruned_worker_keeps_its_cost_in_the_totals_and_its_hashes_go(
@@ -113,3 +120,20 @@ def test_a_pruned_worker_keeps_its_cost_in_the_totals_and_its_hashes_go(
     assert not [field for field in redis_client.hkeys(keys.cost_ledger) if worker.worker_id.encode() in field]
     assert not redis_client.exists(keys.worker(worker.worker_id))
     assert served.client.get(f"/v1/workers/{worker.worker_id}").status_code == 404
+
+
+def test_dead_records_an_older_coordinator_left_are_indexed_and_pruned(
+    serve_coordinator: ServeCoordinator, keys: RunKeys, redis_client: redis.Redis, clock: ManualClock
+) -> None:
+    served = serve(serve_coordinator, keys, clock)
+    registry = served.app.state.coordinator.registry
+    old, live = (registry.register(f"w-{i:016x}", RegisterWorkerRequest(name=n), f"d-{i}") for i, n in enumerate("ol"))
+    # as an older coordinator left it: dead, out of the leases, never indexed
+    redis_client.zrem(keys.worker_leases, old.worker_id)
+    redis_client.hset(keys.worker(old.worker_id), "state", "dead")
+
+    assert registry.index_the_dead() == 1
+    assert registry.list_dead(10)[0].worker_id == old.worker_id and len(registry.list_live()) == 1
+    clock.advance(LEASE_S + RETENTION_S + 1)
+    prune_all(served, keys, redis_client, expected=0)  # both dead long enough: the indexed one pruned too
+    assert not redis_client.exists(keys.worker(old.worker_id)) and not redis_client.exists(keys.worker(live.worker_id))

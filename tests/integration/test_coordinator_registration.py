@@ -1,5 +1,6 @@
 """Registration under hostile input and after outages (issue 10, items 6 and 8): the join token (401),
-the rate limit (429 + Retry-After, honoured by the worker's membership loop), and a worker whose lease
+the credential's rate limit (429 + Retry-After, honoured by the worker's membership loop; the budgets
+themselves: test_credential_budgets.py), and a worker whose lease
 ran out rejoining as itself (same id, same totals; 403 for another worker's token). A real uvicorn, a
 real redis-server, hand-driven lease clocks."""
 
@@ -16,7 +17,7 @@ from services.rollout.coordinator_client import CoordinatorClient, RegistrationT
 from services.rollout.membership import Membership
 from shared.api import JOIN_TOKEN_HEADER, HeartbeatRequest, RegisterWorkerRequest, WorkerInfo
 from shared.bus import StreamBus
-from shared.config import CoordinatorConfig, RolloutConfig, RunConfig
+from shared.config import CoordinatorConfig, CredentialConfig, RolloutConfig, RunConfig
 from shared.keys import RunKeys
 from shared.messages import QuarantinedWorkers
 from shared.streams import QUARANTINE
@@ -55,26 +56,29 @@ def test_registration_needs_the_join_token(serve_coordinator: ServeCoordinator, 
 def test_registrations_beyond_the_rate_limit_get_429_with_retry_after(
     serve_coordinator: ServeCoordinator, run_id: str
 ) -> None:
-    run = RunConfig(run_id=run_id, coordinator=CoordinatorConfig(registrations_per_s=0.5, registration_burst=3))
+    run = RunConfig(run_id=run_id, credentials=CredentialConfig(registrations_per_min=30, max_workers=2))
     api = serve_coordinator(run).client
-    answers = [api.post("/v1/workers", json={"name": f"w{i}"}) for i in range(5)]
+    answers = [api.post("/v1/workers", json={"name": f"w{i}"}) for i in range(5)]  # one credential: the shared token
 
-    assert [a.status_code for a in answers] == [201, 201, 201, 429, 429]
-    assert 1 <= int(answers[3].headers["Retry-After"]) <= 2  # one token refills in 2 s
-    assert "too many registrations" in answers[3].json()["detail"]
-    assert len(workers(api)) == 3
+    assert [a.status_code for a in answers] == [201, 201, 429, 429, 429]
+    assert all("its cap" in a.json()["detail"] for a in answers[2:4])  # 2 live: its cap; bursts of 4 attempts
+    assert 1 <= int(answers[4].headers["Retry-After"]) <= 2  # one token refills in 2 s
+    assert "too many registrations" in answers[4].json()["detail"]
+    assert len(workers(api)) == 2
 
 
 def test_the_membership_loop_waits_out_a_429_and_then_registers(
     serve_coordinator: ServeCoordinator, run_id: str
 ) -> None:
-    run = RunConfig(run_id=run_id, coordinator=CoordinatorConfig(registrations_per_s=2.0, registration_burst=1))
+    run = RunConfig(run_id=run_id, credentials=CredentialConfig(registrations_per_min=120, max_workers=1))
     served = serve_coordinator(run)
-    register(served.client, "first")  # empties the bucket
+    first = register(served.client, "first")
+    assert served.client.post("/v1/workers", json={"name": "full"}).status_code == 429  # its cap: the bucket is empty
     client = CoordinatorClient(served.url, join_token=JOIN_TOKEN)
     with pytest.raises(RegistrationThrottledError) as throttled:
         client.register(RegisterWorkerRequest(name="eager"))
     assert throttled.value.retry_after_s == 1.0
+    served.client.delete(f"/v1/workers/{first.worker_id}", headers=bearer(first.token))  # room under the cap of 1
 
     membership = Membership(client, RegisterWorkerRequest(name="patient"), HeartbeatRequest, threading.Event())
     registration = membership.register()  # waits out Retry-After, then succeeds

@@ -12,13 +12,12 @@ import redis
 
 from services.coordinator.app import create_app
 from services.coordinator.control import ControlPlane, pass_interval_s
-from shared import worker_rewards
 from shared.api import RegisterWorkerResponse
 from shared.config import ActivationConfig, CoordinatorConfig, GRPOConfig, RunConfig, ScheduleConfig
 from shared.keys import RunKeys
 from shared.messages import LearnerState
 from shared.streams import LEARNER_STATE
-from tests.coordinator_rest import ADMIN_TOKEN, ServeCoordinator, bearer, register
+from tests.coordinator_rest import ADMIN_TOKEN, ServeCoordinator, bearer, register, score_groups
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
@@ -202,11 +201,6 @@ def test_the_ledger_bills_the_learner_and_active_workers_only_while_they_run(
     assert api.get("/v1/cost").json()["total_usd"] == pytest.approx(0.25)
 
 
-def score_groups(client: redis.Redis, keys: RunKeys, worker_id: str, num_groups: int) -> None:
-    """What the reward service records when it scores `num_groups` groups of the worker (shared/worker_rewards.py)."""
-    client.hincrbyfloat(keys.worker_rewards(worker_id), worker_rewards.NUM_GROUPS, num_groups)
-
-
 def test_a_worker_is_billed_only_for_active_time_backed_by_verified_work(
     start: Start, redis_client: redis.Redis, keys: RunKeys
 ) -> None:
@@ -239,8 +233,9 @@ def test_a_flagged_worker_is_not_billed_even_for_scored_groups(
     api, control = start(clock=lambda: now[0], activate_free_workers=False, enabled=False)
     worker = register(api, "flagged", price_per_hour=36.0)
     control.run_once()
-    for peer in (register(api, "honest-a"), register(api, "honest-b")):  # answered all their 20 leases
+    for peer in (register(api, "honest-a"), register(api, "honest-b")):  # answered all their 20 leases, all scored
         redis_client.hset(keys.work_counts(peer.worker_id), mapping={"leased": 20, "returned": 20, "accepted": 20})
+        score_groups(redis_client, keys, peer.worker_id, 20)
     # what the work API counted for it: 18 of its 20 leases expired (fewer ended leases than [work]
     # quarantine_min_ended_leases: flagged, not quarantined)
     redis_client.hset(keys.work_counts(worker.worker_id), mapping={"leased": 20, "accepted": 2, "expired": 18})

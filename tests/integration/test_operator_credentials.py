@@ -146,7 +146,7 @@ def test_a_worker_rejoins_only_under_the_credential_it_registered_with(
     assert worker(api, first.worker_id).operator_id == carol.operator.operator_id
 
 
-def test_relay_rl_operators_issues_lists_and_revokes(
+def test_relay_rl_operators_issues_lists_budgets_and_revokes(
     serve_coordinator: ServeCoordinator,
     run_id: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -163,6 +163,13 @@ def test_relay_rl_operators_issues_lists_and_revokes(
     cli_main(["operators", "list", *at])
     listed = capsys.readouterr().out
     assert operator_id in listed and "active" in listed and gpu.worker_id in listed
+    cli_main(["operators", "budget", operator_id, "--max-workers", "12", "--max-leases", "40", *at])
+    assert "up to 12 workers, 40 leases" in capsys.readouterr().out
+    cli_main(["operators", "issue", "erin", "--max-workers", "3", *at])
+    assert "up to 3 workers" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as not_quarantined:
+        cli_main(["operators", "release", operator_id, *at])
+    assert "409" in str(not_quarantined.value.code)
     cli_main(["operators", "revoke", operator_id, *at])
     assert f"revoked {operator_id}" in capsys.readouterr().out
     assert join_with(served.client, join_token).status_code == 403

@@ -25,7 +25,7 @@ from services.rollout.membership import Membership
 from services.rollout.worker import RolloutWorker
 from shared.api import HeartbeatRequest, RegisterWorkerRequest, WorkerInfo
 from shared.bus import StreamBus
-from shared.config import CoordinatorConfig, RolloutConfig, RunConfig, ScheduleConfig, TaskConfig
+from shared.config import CoordinatorConfig, RolloutConfig, RunConfig, ScheduleConfig, TaskConfig, WorkConfig
 from shared.keys import RunKeys
 from shared.messages import EnvironmentSpec, LearnerState, RolloutGroup, TaskGroup, WeightsPublished
 from shared.streams import DEAD, LEARNER_STATE, ROLLOUTS, TASKS, WEIGHTS
@@ -95,6 +95,7 @@ def run(keys: RunKeys) -> RunConfig:
         schedule=ScheduleConfig(staleness_bound=STALENESS_BOUND),
         rollout=RolloutConfig(heartbeat_interval_s=0.2, claim_idle_ms=60_000),
         coordinator=CoordinatorConfig(lease_s=5.0),
+        work=WorkConfig(earn_leases=False),  # no reward service scores here: a worker holds its batch from its start
     )
 
 
@@ -215,6 +216,7 @@ def test_a_continuous_worker_keeps_its_batch_full_and_new_weights_land_in_sample
             heartbeat_interval_s=0.2, claim_idle_ms=60_000, batching="continuous", continuous_max_rows=max_rows
         ),
         coordinator=CoordinatorConfig(lease_s=5.0),
+        work=WorkConfig(earn_leases=False),  # no reward service scores here: it may fill its batch from its start
     )
     coordinator_url = serve_coordinator(run).url
     engine = TorchEngine(model_dir)

@@ -12,7 +12,7 @@ import redis
 
 from benchmarks.stream_memory import Shape, SimulatedPipeline
 from cluster.accounting import groups_of
-from services.coordinator.work_leases import WorkLeases
+from services.coordinator.work_leases import RETIRED, WorkLeases, refusal_letters
 from shared.bus import StreamBus
 from shared.keys import RunKeys
 from shared.streams import DEAD, ROLLOUTS, SCORED, TASKS
@@ -36,7 +36,7 @@ def test_every_task_is_accounted_for_in_total_and_per_worker_while_streams_are_t
     work = pipeline.work
     pipeline.issue_tasks()
     (failing,) = work.lease("w-0", 1, time.time())
-    assert work.fail("w-0", failing.lease_id, "engine error")
+    assert work.fail("w-0", failing.lease_id, "engine error", time.time()) == RETIRED  # w-0 has earned its leases
     (answered,) = work.lease("w-1", 1, time.time())
     group = SubmittedGroup(lease_id=answered.lease_id, group=pipeline.rollout(answered.task, "w-1").encode())
     assert work.submit("w-1", [group]).accepted == [answered.lease_id]
@@ -85,7 +85,8 @@ def test_every_task_is_accounted_for_in_total_and_per_worker_while_streams_are_t
     # and the streams were trimmed meanwhile: the counts did not come from their lengths
     for stream in (TASKS, ROLLOUTS, SCORED):
         assert reward.length(stream) < accounting.streams[stream.name].num_added / 2, stream.name
-    assert reward.length(DEAD) == 3  # failed task, refused answer, forged rollout
+    assert reward.length(DEAD) == 2  # failed task, forged rollout (a refused answer is in its credential's refusals)
+    assert len(refusal_letters(redis_client, keys, "")) == 1
 
 
 def test_trimming_keeps_every_entry_some_group_has_not_finished(bus: StreamBus) -> None:

@@ -14,11 +14,13 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+import redis
 
+from services.coordinator.work_leases import MAX_REFUSAL_PAYLOAD_BYTES, refusal_letters
 from shared.api import WorkerState
 from shared.bus import StreamBus
-from shared.config import RolloutConfig, RunConfig
-from shared.messages import RolloutGroup, TaskGroup, pack_float32, pack_int32
+from shared.config import RolloutConfig, RunConfig, WorkConfig
+from shared.messages import DeadLetter, RolloutGroup, TaskGroup, pack_float32, pack_int32
 from shared.streams import DEAD, ROLLOUTS, TASKS
 from shared.work_api import (
     ACCOUNTING_PATH,
@@ -33,18 +35,20 @@ from shared.work_api import (
     WorkAccounting,
     WorkSubmission,
 )
-from tests.coordinator_rest import ADMIN_TOKEN, ServeCoordinator, ServedCoordinator, bearer, register
+from tests.coordinator_rest import ADMIN_TOKEN, ServeCoordinator, ServedCoordinator, bearer, register, score_groups
 from tests.manual_clock import ManualClock
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
 
 LEASE_MS = 300  # the run file's rollout.claim_idle_ms: a task unanswered this long goes to another worker
+TRUSTED_NEWCOMERS = WorkConfig(earn_leases=False)  # every identity holds max_held_tasks from its start
 
 
 @pytest.fixture
 def served(serve_coordinator: ServeCoordinator, run_id: str, clock: ManualClock) -> ServedCoordinator:
-    run = RunConfig(run_id=run_id, rollout=RolloutConfig(claim_idle_ms=LEASE_MS))
+    """A run whose new identities hold what they ask for at once: earning leases is tested in test_lease_allowance.py."""
+    run = RunConfig(run_id=run_id, rollout=RolloutConfig(claim_idle_ms=LEASE_MS), work=TRUSTED_NEWCOMERS)
     return serve_coordinator(run, lease_clock=clock)
 
 
@@ -86,6 +90,11 @@ def join(served: ServedCoordinator, run_id: str) -> Iterator[Callable[[str], Wor
     yield join
     for http in clients:
         http.close()
+
+
+def refusals(bus: StreamBus, credential_id: str = "") -> list[DeadLetter]:
+    """The dead letters of refused answers of a credential's identities (the shared token's by default)."""
+    return refusal_letters(bus.redis, bus.keys, credential_id)
 
 
 def add_tasks(bus: StreamBus, num_tasks: int) -> list[TaskGroup]:
@@ -171,9 +180,11 @@ def test_a_second_answer_to_the_same_lease_is_refused_and_dead_lettered(served, 
     assert second.accepted == [] and [r.lease_id for r in second.refused] == [lease_id]
     assert "not held" in second.refused[0].reason
     assert bus.length(ROLLOUTS) == 1
-    [letter] = bus.dead_letters()
+    [letter] = refusals(bus)  # in the credential's own refusals, never in `dead`
     assert letter.source_message_id == lease_id and "not held" in letter.error
-    assert RolloutGroup.decode(letter.payload).task_id == task.task_id  # the evidence, under its size cap
+    sent = answer(task, worker.worker_id).encode()
+    assert len(letter.payload) <= MAX_REFUSAL_PAYLOAD_BYTES and f"{len(sent)} bytes, sha256" in letter.error
+    assert bus.length(DEAD) == 0
     counts = assert_counters_close(served).workers[worker.worker_id]
     assert (counts.accepted, counts.refused) == (1, 1)
 
@@ -190,7 +201,9 @@ def test_the_same_answer_sent_again_is_accepted_once_without_a_dead_letter(serve
 
     assert first.accepted == [lease_id] and retry.accepted == [lease_id] and retry.refused == []
     assert other.accepted == [] and "not held" in other.refused[0].reason
-    assert bus.length(ROLLOUTS) == 1 and bus.length(DEAD) == 1  # the different answer's letter only
+    assert (
+        bus.length(ROLLOUTS) == 1 and len(refusals(bus)) == 1 and bus.length(DEAD) == 0
+    )  # the different answer's letter only
     counts = assert_counters_close(served).workers[worker.worker_id]
     assert (counts.accepted, counts.refused) == (1, 1)
 
@@ -204,7 +217,7 @@ def test_concurrent_answers_to_one_lease_are_accepted_once(served, join, bus: St
         answers = list(pool.map(lambda _: worker.submit([(lease_id, answer(task, worker.worker_id))]), range(8)))
 
     assert sum(len(a.accepted) for a in answers) == 1 and sum(len(a.refused) for a in answers) == 7
-    assert bus.length(ROLLOUTS) == 1 and bus.length(DEAD) == 7
+    assert bus.length(ROLLOUTS) == 1 and len(refusals(bus)) == 7 and bus.length(DEAD) == 0
     assert_counters_close(served)
 
 
@@ -217,7 +230,7 @@ def test_answering_another_workers_lease_is_refused(served, join, bus: StreamBus
     forged = thief.submit([(lease_id, answer(task, holder.worker_id))])  # and claiming to be the holder
 
     assert stolen.accepted == [] and forged.accepted == []
-    assert bus.length(ROLLOUTS) == 0 and bus.length(DEAD) == 2
+    assert bus.length(ROLLOUTS) == 0 and len(refusals(bus)) == 2 and bus.length(DEAD) == 0
     assert bus.group_progress(TASKS) == (0, 1)  # still the holder's, untouched
     assert holder.submit([(lease_id, answer(task, holder.worker_id))]).accepted == [lease_id]
     counts = assert_counters_close(served).workers
@@ -240,7 +253,7 @@ def test_a_group_for_another_task_or_worker_or_malformed_is_refused_and_leaves_t
     assert "claims worker" in wrong_worker.refused[0].reason
     assert malformed.status_code == 200 and "malformed" in malformed.json()["refused"][0]["reason"]
     assert honest.accepted == [lease_id]  # the refusals left the lease as it was
-    assert bus.length(ROLLOUTS) == 1 and bus.length(DEAD) == 3
+    assert bus.length(ROLLOUTS) == 1 and len(refusals(bus)) == 3 and bus.length(DEAD) == 0
     counts = assert_counters_close(served).workers[worker.worker_id]
     assert (counts.returned, counts.refused, counts.accepted) == (4, 3, 1)
 
@@ -306,12 +319,17 @@ def test_bad_bodies_get_4xx_never_500(served, join, bus: StreamBus) -> None:
     [(lease_id, task)] = worker.lease()
     msgpack = {"Content-Type": MSGPACK_CONTENT_TYPE}
 
+    # a worker of its own for each bad body: after a garbage body (422) its sender's next ones get 429, unread
+    bad = [join(f"fuzzer-{i}") for i in range(5)]
+    senders = iter(bad)
     cases = {
-        "undecodable": worker.http.post(ROLLOUTS_PATH, content=b"\xc1garbage", headers=msgpack),
-        "empty": worker.http.post(ROLLOUTS_PATH, content=b"", headers=msgpack),
-        "json": worker.http.post(ROLLOUTS_PATH, json={"groups": []}),
-        "oversized": worker.http.post(ROLLOUTS_PATH, content=b"\x00" * (MAX_SUBMISSION_BYTES + 1), headers=msgpack),
-        "other run": worker.http.post(
+        "undecodable": next(senders).http.post(ROLLOUTS_PATH, content=b"\xc1garbage", headers=msgpack),
+        "empty": next(senders).http.post(ROLLOUTS_PATH, content=b"", headers=msgpack),
+        "json": next(senders).http.post(ROLLOUTS_PATH, json={"groups": []}),
+        "oversized": next(senders).http.post(
+            ROLLOUTS_PATH, content=b"\x00" * (MAX_SUBMISSION_BYTES + 1), headers=msgpack
+        ),
+        "other run": next(senders).http.post(
             ROLLOUTS_PATH,
             content=WorkSubmission(
                 run_id="another-run", groups=[SubmittedGroup(lease_id=lease_id, group=b"x")]
@@ -337,6 +355,8 @@ def test_bad_bodies_get_4xx_never_500(served, join, bus: StreamBus) -> None:
         "none": 422,
     }
     assert bus.length(ROLLOUTS) == 0 and bus.group_progress(TASKS) == (0, 1)  # nothing reached the streams
+    again = bad[0].http.post(ROLLOUTS_PATH, content=b"\xc1garbage", headers=msgpack)
+    assert again.status_code == 429 and "Retry-After" in again.headers  # refused unread: a penalty, not a decode
     assert worker.submit([(lease_id, answer(task, worker.worker_id))]).accepted == [lease_id]
 
 
@@ -368,7 +388,11 @@ def test_workers_show_the_groups_accepted_not_what_their_heartbeats_claim(served
     assert (shown["num_groups_done"], shown["num_samples_done"]) == (1, 2)  # one group of two samples accepted
 
 
-def test_a_worker_that_leases_and_never_answers_is_flagged_against_the_fleet(served, join, bus: StreamBus) -> None:
+def test_a_worker_that_leases_and_never_answers_is_flagged_against_the_fleet(
+    served, join, bus: StreamBus, redis_client: redis.Redis
+) -> None:
+    """The honest workers' answers are scored by the reward service (recorded here as it would): an answer counts
+    as completed only once it is."""
     dropper, honest_a, honest_b = join("dropper"), join("honest-a"), join("honest-b")
     held: list[tuple[str, TaskGroup]] = []
     reissued: list[tuple[str, TaskGroup]] = []
@@ -380,15 +404,28 @@ def test_a_worker_that_leases_and_never_answers_is_flagged_against_the_fleet(ser
             while len(taken) < 6:
                 taken += worker.lease(max_groups=6 - len(taken))
             assert worker.submit([(lease_id, answer(task, worker.worker_id)) for lease_id, task in taken]).refused == []
+            score_groups(redis_client, bus.keys, worker.worker_id, len(taken))
             reissued += taken
     assert len(held) == 24
     add_tasks(bus, 16)
     for worker in (honest_a, honest_b):
         fresh = worker.lease(max_groups=8)
         worker.submit([(lease_id, answer(task, worker.worker_id)) for lease_id, task in fresh])
+        score_groups(redis_client, bus.keys, worker.worker_id, len(fresh))
 
     counts = assert_counters_close(served)
 
     assert sorted(lease_id for lease_id, _ in reissued) == sorted(lease_id for lease_id, _ in held)
     assert counts.workers[dropper.worker_id].expired == 24 and counts.workers[dropper.worker_id].accepted == 0
     assert set(counts.flagged) == {dropper.worker_id}, counts.flagged
+
+
+def test_an_answer_before_any_lease_of_the_run_is_refused_not_a_server_error(served, join, bus: StreamBus) -> None:
+    early = join("early")  # no task was ever leased: the consumer group of `tasks` does not exist yet
+    [task] = add_tasks(bus, 1)
+
+    response = early.submit_raw([("1-0", answer(task, early.worker_id).encode())])
+
+    assert response.status_code == 200, response.text
+    assert [refusal["lease_id"] for refusal in response.json()["refused"]] == ["1-0"]
+    assert len(early.lease(max_groups=1)) == 1  # and leasing goes on as usual

@@ -1,14 +1,16 @@
 """What the work API bounds and what the coordinator does with its accounting (services/coordinator/work_leases.py,
 work_accounting.py, work_flags.py, quarantine.py), against a real redis-server and the real coordinator under
-uvicorn, with registered workers calling it over HTTP: a worker holds at most [work] max_held_tasks leases and
-does not get its own expired leases back before a second lease time; a worker flagged for its completion is
-quarantined by policy (and judged afresh after an admin's release); a worker whose mean reward departs from the
-fleet's is flagged and nothing more."""
+uvicorn, with registered workers calling it over HTTP: a worker holds at most [work] max_held_tasks leases; an
+expired lease goes to another credential's worker after one lease time and back to its own credential only after
+a second; a worker flagged for its completion is quarantined by policy (and judged afresh after an admin's
+release); a worker whose mean reward departs from the fleet's is flagged and nothing more. Leases earned with
+scored groups: test_lease_allowance.py (here every new identity is trusted with max_held_tasks at once)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -20,7 +22,15 @@ from shared.bus import StreamBus
 from shared.config import RolloutConfig, RunConfig, WorkConfig
 from shared.keys import RunKeys
 from shared.messages import TaskGroup
-from tests.coordinator_rest import ADMIN_TOKEN, ServeCoordinator, ServedCoordinator, bearer, register
+from tests.coordinator_rest import (
+    ADMIN_TOKEN,
+    ServeCoordinator,
+    ServedCoordinator,
+    bearer,
+    issue_credential,
+    register,
+    score_groups,
+)
 from tests.integration.test_work_api import Worker, accounting, add_tasks, answer, assert_counters_close
 from tests.manual_clock import ManualClock
 from tests.polling import wait_for
@@ -28,22 +38,24 @@ from tests.polling import wait_for
 pytestmark = pytest.mark.integration
 
 LEASE_MS = 400  # the run file's rollout.claim_idle_ms
-Join = Callable[[str], Worker]
+Join = Callable[..., Worker]  # join(name, join_token=None): a worker of the shared token, or of a credential
 
 
 @pytest.fixture
 def serve(
     serve_coordinator: ServeCoordinator, run_id: str, clock: ManualClock
 ) -> Iterator[Callable[..., tuple[ServedCoordinator, Join]]]:
-    """serve(**work) -> the coordinator of a run with these [work] settings, and join(name) -> a registered worker."""
+    """serve(**work) -> the coordinator of a run with these [work] settings (new identities trusted with
+    max_held_tasks unless earn_leases is given), and join(name, join_token=None) -> a registered worker."""
     clients: list[httpx.Client] = []
 
-    def serve_run(**work: object) -> tuple[ServedCoordinator, Join]:
+    def serve_run(**work: Any) -> tuple[ServedCoordinator, Join]:
+        work.setdefault("earn_leases", False)
         run = RunConfig(run_id=run_id, rollout=RolloutConfig(claim_idle_ms=LEASE_MS), work=WorkConfig(**work))
         served = serve_coordinator(run, lease_clock=clock)
 
-        def join(name: str) -> Worker:
-            registration = register(served.client, name)
+        def join(name: str, join_token: str | None = None) -> Worker:
+            registration = register(served.client, name, join_token=join_token)
             http = httpx.Client(base_url=served.url, timeout=10, headers=bearer(registration.token))
             clients.append(http)
             return Worker(registration.worker_id, http, run_id)
@@ -98,11 +110,11 @@ def test_a_worker_holds_at_most_max_held_tasks_until_it_answers_and_others_still
     assert counts.workers[greedy.worker_id].held == 4 and counts.workers[greedy.worker_id].leased == 6
 
 
-def test_a_lease_a_worker_let_expire_goes_to_others_and_comes_back_to_it_only_after_a_second_lease_time(
+def test_a_lease_a_worker_let_expire_goes_to_another_credential_and_back_to_its_own_only_after_a_second_lease_time(
     serve, bus: StreamBus
 ) -> None:
     served, join = serve(max_held_tasks=4)
-    dropper, honest = join("dropper"), join("honest")
+    dropper, honest = join("dropper", issue_credential(served.client, "dropper's operator")), join("honest")
     add_tasks(bus, 4)
     leased_at_s = time.monotonic()  # at most when Redis leased them
     held = dropper.lease(max_groups=4)
@@ -139,55 +151,68 @@ def test_a_worker_alone_gets_its_expired_leases_back_after_two_lease_times(serve
 # quarantine by policy
 
 
-def drop_a_round(dropper: Worker, honest: list[Worker], bus: StreamBus, num_tasks: int) -> None:
-    """The dropper leases `num_tasks` new tasks and never answers; the honest workers take them once they
-    expire and answer them."""
+def drop_a_round(dropper: Worker, honest: list[Worker], bus: StreamBus, num_tasks: int, scored: Scorer) -> int:
+    """`num_tasks` new tasks: the dropper leases what it may and never answers; the honest workers answer the rest
+    at once and the dropper's once they expire, and the reward service scores their groups (`scored`). Returns how
+    many the dropper held (each expiry halves what it may hold: test_lease_allowance.py)."""
     add_tasks(bus, num_tasks)
-    assert len(dropper.lease(max_groups=num_tasks)) == num_tasks
-    share = num_tasks // len(honest)
-    for worker in honest:
-        answer_all(worker, take_expired(worker, share))
+    held = len(dropper.lease(max_groups=num_tasks))
+    answered = [0]
+
+    def sweep() -> bool:
+        for worker in honest:
+            taken = worker.lease(max_groups=num_tasks)
+            if taken:
+                answer_all(worker, taken)
+                scored(worker.worker_id, len(taken))
+                answered[0] += len(taken)
+        return answered[0] == num_tasks
+
+    wait_for(sweep, "the honest workers answered every task", timeout_s=10, interval_s=0.05)
+    return held
+
+
+Scorer = Callable[[str, int], None]  # (worker id, groups): what the reward service records as it scores them
+
+
+@pytest.fixture
+def scored(redis_client: redis.Redis, keys: RunKeys) -> Scorer:
+    return lambda worker_id, num_groups: score_groups(redis_client, keys, worker_id, num_groups)
 
 
 def test_a_worker_flagged_for_its_completion_is_quarantined_by_policy_and_judged_afresh_after_a_release(
-    serve, bus: StreamBus
+    serve, bus: StreamBus, scored: Scorer
 ) -> None:
-    served, join = serve(max_held_tasks=10, quarantine_min_ended_leases=30)
+    served, join = serve(max_held_tasks=16, quarantine_min_ended_leases=24)
     control = served.app.state.control
-    dropper, honest = join("dropper"), [join("honest-a"), join("honest-b")]
-    for _ in range(2):
-        drop_a_round(dropper, honest, bus, 10)
-    for worker in honest:  # 20 answered each: both have a completion ratio
-        add_tasks(bus, 10)
-        answer_all(worker, worker.lease(max_groups=10))
+    # one honest worker: it answers all 32, so the fleet's median has two workers with 20 judged leases each
+    dropper, honest = join("dropper", issue_credential(served.client, "dropper's")), [join("a")]
+    dropped = drop_a_round(dropper, honest, bus, 16, scored) + drop_a_round(dropper, honest, bus, 16, scored)
+    assert dropped == 32  # leases are not earned in this run: it holds max_held_tasks each round
 
-    control.run_once()  # flagged after 20 ended leases, but under the 30 quarantine needs
+    control.run_once()  # flagged (20 judged leases needed) and quarantined (24 needed) at 32
     assert set(accounting(served).flagged) == {dropper.worker_id}
-    assert state_of(served, dropper) == WorkerState.ACTIVE
-
-    drop_a_round(dropper, honest, bus, 10)  # 30 ended
-    control.run_once()
     assert state_of(served, dropper) == WorkerState.QUARANTINED
     assert all(state_of(served, worker) == WorkerState.ACTIVE for worker in honest)
     add_tasks(bus, 1)
     assert dropper.lease(max_groups=1) == []  # a quarantined worker gets no task
 
-    release = served.client.post(f"/v1/workers/{dropper.worker_id}/release", headers=bearer(ADMIN_TOKEN))
+    # its credential, all of whose work was the dropper's, is quarantined with it: the admin releases the credential
+    operator_id = served.client.get(f"/v1/workers/{dropper.worker_id}").json()["operator_id"]
+    release = served.client.post(f"/v1/operators/{operator_id}/release", headers=bearer(ADMIN_TOKEN))
     assert release.status_code == 200, release.text
+    assert release.json()["state"] == "active" and release.json()["quarantined_worker_ids"] == []
     control.run_once()
-    assert state_of(served, dropper) == WorkerState.ACTIVE  # its 30 expired leases were before the release
+    assert state_of(served, dropper) == WorkerState.ACTIVE  # its expired leases were before the release
     assert accounting(served).flagged == {}
     assert len(dropper.lease(max_groups=1)) == 1
 
 
-def test_with_the_policy_off_a_flagged_worker_keeps_working(serve, bus: StreamBus) -> None:
-    served, join = serve(max_held_tasks=10, quarantine_incomplete=False, quarantine_min_ended_leases=20)
-    dropper, honest = join("dropper"), [join("honest-a"), join("honest-b")]
+def test_with_the_policy_off_a_flagged_worker_keeps_working(serve, bus: StreamBus, scored: Scorer) -> None:
+    served, join = serve(max_held_tasks=16, quarantine_incomplete=False, quarantine_min_ended_leases=20)
+    dropper, honest = join("dropper", issue_credential(served.client, "dropper's")), [join("a")]  # judged: 32 each
     for _ in range(2):
-        drop_a_round(dropper, honest, bus, 10)
-    for worker in honest:
-        add_tasks(bus, 10)
-        answer_all(worker, worker.lease(max_groups=10))
+        drop_a_round(dropper, honest, bus, 16, scored)
 
     served.app.state.control.run_once()
 

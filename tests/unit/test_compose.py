@@ -90,7 +90,20 @@ def test_services_reach_redis_and_each_other_by_compose_names_and_secrets_have_n
         assert env["RL_COORDINATOR_URL"] == "http://coordinator:8000", name
         assert env["RL_WEIGHTS_PUBLIC_KEY"].startswith("${RL_WEIGHTS_PUBLIC_KEY:?"), name
         assert "RL_CLUSTER_KEY" not in env, name
-        assert env["RL_JOIN_TOKEN"].startswith("${RL_JOIN_TOKEN:?"), name
+
+
+def test_workers_join_with_the_operator_credential_the_coordinator_provisions(compose: dict) -> None:
+    """No shared join token: the coordinator provisions RL_OPERATOR_TOKEN as a credential of its own (a budget, a
+    record, quarantine that sticks) and the workers send it; the learner and reward service get neither."""
+    provisioned = "${RL_OPERATOR_TOKEN:?"
+    for name, service in compose["services"].items():
+        env = service.get("environment", {})
+        if name.startswith("worker-"):
+            assert env["RL_JOIN_TOKEN"].startswith(provisioned) and "RL_OPERATOR_TOKENS" not in env, name
+        elif name == "coordinator":
+            assert env["RL_OPERATOR_TOKENS"].startswith(provisioned) and "RL_JOIN_TOKEN" not in env
+        else:
+            assert "RL_JOIN_TOKEN" not in env and "RL_OPERATOR_TOKENS" not in env, name
 
 
 def test_only_the_coordinator_gets_the_admin_token(compose: dict) -> None:
@@ -131,7 +144,8 @@ def test_make_keys_writes_every_variable_the_compose_file_requires(repo_root: Pa
     env = ClusterSecrets.generate().compose_env()
     assert set(env) == required
     assert len(required) == 8
-    assert all(re.fullmatch(r"[0-9a-f]{48,64}", value) for value in env.values())  # URL-safe, no quoting
+    # URL-safe, no quoting; the workers' credential as the coordinator's own issue makes them (op-<id>.<secret>)
+    assert all(re.fullmatch(r"(op-[0-9a-f]{12}\.)?[0-9a-f]{48,64}", value) for value in env.values())
 
 
 def test_each_worker_has_its_own_name_port_and_advertised_address(compose: dict) -> None:

@@ -278,7 +278,7 @@ def test_the_worker_command_is_one_the_cli_accepts_and_fits_its_pod(objects: lis
     coordinator = find(objects, "Service", "-coordinator")
     assert args.command == "worker"
     assert args.coordinator == f"http://{coordinator['metadata']['name']}:{coordinator['spec']['ports'][0]['port']}"
-    assert (args.token, args.public_key) == (cluster_secret["join-token"], cluster_secret["weights-public-key"])
+    assert (args.token, args.public_key) == (cluster_secret["operator-token"], cluster_secret["weights-public-key"])
     assert args.name == FIELD_REFS["metadata.name"]  # registered under its pod's name
     ports = {port["name"]: port["containerPort"] for port in container.spec["ports"]}
     assert (args.host, args.port) == ("0.0.0.0", ports["chunks"])  # what its probes and other workers reach
@@ -357,7 +357,7 @@ def test_a_missing_secret_stops_the_render_with_its_name() -> None:
         ["-f", str(VALUES / "cpu-demo.yaml"), "--set-file", f"runConfig={REPO_ROOT / 'configs/demo.toml'}"]
     )
     assert result.returncode != 0
-    assert "secrets.joinToken" in result.stderr
+    assert "secrets.operatorToken" in result.stderr
 
 
 def test_python_commands_run_modules_that_exist(objects: list[dict]) -> None:
@@ -378,7 +378,8 @@ def test_python_commands_run_modules_that_exist(objects: list[dict]) -> None:
     ("setting", "named"),
     [
         ("workers.engine=tensorrt", "workers.engine"),
-        ("secrets.joinToken=short", "secrets.joinToken"),
+        ("secrets.operatorToken=short", "secrets.operatorToken"),
+        ("secrets.operatorToken=0123456789abcdef0123456789abcdef", "secrets.operatorToken"),  # a shared token's form
         ("redis.external.url=redis://user:password@redis:6379/0", "redis.external.url"),  # credentials: per service
         ("redis.external.url=", None),  # empty: the chart's own Redis
         ("learner.processesPerNode=0", "learner.processesPerNode"),
@@ -399,12 +400,19 @@ def test_values_outside_the_schema_are_refused_with_their_name(
         assert result.returncode != 0 and f"- {named}:" in result.stderr, result.stderr
 
 
-def test_a_join_token_that_begins_with_a_dash_reaches_the_worker(tmp_path: Path) -> None:
-    """Regression: `--token -abc...` is an argparse error (the value looks like a flag); the chart passes
-    `--token=...`. token_urlsafe() begins with "-" one time in 64."""
-    values = tmp_path / "dash.yaml"
-    values.write_text("secrets: {joinToken: -starts-with-a-dash-0123}\n")
-    secrets_values = secret_values(tmp_path)
-    objects = render([VALUES / "cpu-demo.yaml", secrets_values, values], REPO_ROOT / "configs/demo.toml")
-    (container,) = [c for c in containers([find(objects, "Deployment", "-worker")]) if not c.init]
-    assert worker_args(container, objects).token == "-starts-with-a-dash-0123"
+def test_workers_join_with_the_operator_credential_the_coordinator_provisions(
+    objects: list[dict], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No shared join token: the coordinator provisions the chart's operator credential at start and the
+    workers send it, so they have a budget and a record of their own and quarantine sticks to them."""
+    (coordinator,) = [c for c in containers([find(objects, "Deployment", "-coordinator")]) if not c.init]
+    (worker,) = [c for c in containers([find(objects, "Deployment", "-worker")]) if not c.init]
+    coordinator_env, worker_env = resolved_env(coordinator, objects), resolved_env(worker, objects)
+    assert "RL_JOIN_TOKEN" not in coordinator_env
+    for name in [name for name in os.environ if name.startswith("RL_")]:
+        monkeypatch.delenv(name)
+    for name, value in coordinator_env.items():
+        monkeypatch.setenv(name, value)
+    settings = CoordinatorSettings()
+    assert settings.join_token is None and settings.operator_token_values() == [worker_env["RL_JOIN_TOKEN"]]
+    assert worker_args(worker, objects).token == worker_env["RL_JOIN_TOKEN"]

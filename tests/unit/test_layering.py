@@ -30,7 +30,7 @@ VLLM_IMPORTERS = {
 WEIGHT_CHANNEL = "shared.weight_channel"
 CHUNK_PROTOCOL = {f"{WEIGHT_CHANNEL}.protocol", f"{WEIGHT_CHANNEL}.server", f"{WEIGHT_CHANNEL}.client"}
 PRODUCTION_PACKAGES = ("services", "shared", "engines")
-LIAR_MODULES = {"benchmarks.liars", "benchmarks.liar_worker"}
+LIAR_MODULES = {"benchmarks.liars", "benchmarks.liar_worker", "benchmarks.lying_parents"}
 
 
 def _imports(path: Path) -> list[str]:

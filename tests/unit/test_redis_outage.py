@@ -28,7 +28,8 @@ OOM = "OOM command not allowed when used memory > 'maxmemory'."
 )
 def test_an_error_reply_gets_the_class_redis_py_gives_it(reply: str, error_type: type[Exception]) -> None:
     error = redis_reply_error(reply)
-    assert type(error) is error_type
+    # redis-py may name a subclass (8.2 raises MaxClientsReachedError, a ConnectionError, for max clients)
+    assert isinstance(error, error_type)
     assert str(error) in reply
 
 

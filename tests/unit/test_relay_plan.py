@@ -140,12 +140,12 @@ def test_deliveries_take_the_worst_child_report_and_count_misses() -> None:
     assert observations[2].missed and not observations[0].missed
 
 
-def simulate_poisoning(num_versions: int) -> tuple[list[int], list[str]]:
-    """Issue 23, attack 7, version by version: a worker claiming 10 Gbit/s serves nothing. Each version the
-    coordinator plans; a child of the liar fetches nothing from it, falls back (its version is late by
-    the child-side bound) and reports a miss, which the heartbeat script counts; an honest parent
-    delivers its rate. Returns the versions on which some child was late, and the liar's parent per
-    version."""
+def simulate_poisoning(num_versions: int, liar_share: float = 0.0) -> tuple[list[int], list[str]]:
+    """Issue 23, attack 7, version by version: a worker claiming 10 Gbit/s serves `liar_share` of each
+    version and then stalls (issue 35: 0.6 was never a miss). Each version the coordinator plans; a child
+    of the liar falls back for the rest (its version is late by the child-side bound) and reports what it
+    got, which the heartbeat script counts as a miss by the rule; an honest parent delivers its rate.
+    Returns the versions on which some child was late, and the liar's parent per version."""
     honest = {f"h{i}": 100.0 + 10 * i for i in range(5)}
     url = {w: f"http://{w}" for w in [*honest, "liar"]}
     observations: dict[str, ParentObservation] = {}
@@ -161,9 +161,10 @@ def simulate_poisoning(num_versions: int) -> tuple[list[int], list[str]]:
         liar_parents.append(plan.assignments["liar"].parent_id)
         for child in plan.children_of("liar"):
             late_versions.append(version)
-            observations[child] = ParentObservation(child, version, url["liar"], 0, 10**8, 15.0)
-            _, count = misses.get(url["liar"], (version, 0))
-            misses[url["liar"]] = (version, count + 1)
+            observations[child] = ParentObservation(child, version, url["liar"], int(liar_share * 10**8), 10**8, 15.0)
+            if observations[child].missed:
+                _, count = misses.get(url["liar"], (version, 0))
+                misses[url["liar"]] = (version, count + 1)
         for assignment in plan.assignments.values():
             if assignment.parent_id not in (LEARNER, "liar"):
                 mbps = honest[assignment.parent_id]
@@ -184,6 +185,25 @@ def test_relay_poisoning_a_liar_is_demoted_after_one_version_and_its_children_st
     assert all(parent_id != LEARNER for parent_id in liar_parents[1:])
     # the general bound (a newcomer below it would be its child once per probation, which doubles):
     assert len(late_versions) <= math.floor(math.log2(300)) + 1
+
+
+@pytest.mark.parametrize("liar_share", [0.6, 0.999])
+def test_a_parent_that_serves_most_of_every_version_and_stalls_is_bounded_like_one_that_serves_nothing(
+    liar_share: float,
+) -> None:
+    """Issue 35, item 5: under the half-a-version rule a parent delivering 60% was never a miss and kept
+    its child on all 300 versions; a parent that did not deliver the whole version is a miss."""
+    late_versions, _ = simulate_poisoning(300, liar_share)
+
+    assert late_versions[0] == 0 and len(late_versions) <= math.floor(math.log2(300)) + 1
+
+
+def test_a_miss_is_any_part_of_the_version_fetched_elsewhere() -> None:
+    def seen(parent_bytes: int) -> ParentObservation:
+        return ParentObservation("c", 3, "http://p", parent_bytes=parent_bytes, num_bytes=1000, seconds=1.0)
+
+    assert seen(0).missed and seen(600).missed and seen(999).missed
+    assert not seen(1000).missed
 
 
 def test_a_parent_on_probation_is_a_leaf_and_no_ones_fallback_and_comes_back_after_it() -> None:

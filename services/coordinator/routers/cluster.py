@@ -20,7 +20,9 @@ def bootstrap(coordinator: CoordinatorDep, join_token: JoinTokenDep = None) -> C
     """401 without the cluster's join token or with a wrong one; 404 when this coordinator was started
     without RL_WEIGHTS_PUBLIC_KEY (it has nothing to hand out: workers must be configured by hand)."""
     operators = OperatorCredentials(coordinator.redis, coordinator.keys)  # an issued credential bootstraps too
-    check_join_token(join_token, coordinator.join_token_sha256, "the cluster bootstrap", operators)
+    check_join_token(
+        join_token, coordinator.join_token_sha256, "the cluster bootstrap", operators, coordinator.open_registration
+    )
     if coordinator.bootstrap is None:
         raise HTTPException(
             status.HTTP_404_NOT_FOUND,

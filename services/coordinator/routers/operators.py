@@ -1,5 +1,6 @@
-"""/v1/operators: join credentials an admin issues, lists and revokes (admin token only; what a credential is
-and how quarantine sticks to it: services/coordinator/operators.py).
+"""/v1/operators: join credentials an admin issues, lists, budgets, releases and revokes (admin token only; what
+a credential is and how quarantine sticks to it: services/coordinator/operators.py; its budget:
+services/coordinator/credential_budget.py; its record: services/coordinator/credential_record.py).
 
 Revocation drains the credential's active and standby workers rather than quarantining them: it ends an
 operator's membership, it is no verdict on the work already done, which the trust score still judges
@@ -14,13 +15,14 @@ from fastapi import APIRouter, HTTPException, Path, status
 from services.coordinator.deps import AdminCallerDep, ControlDep, CoordinatorDep, RegistryDep
 from services.coordinator.errors import error_docs
 from services.coordinator.operators import OperatorCredentials, UnknownOperatorError
+from services.coordinator.quarantine import NotQuarantinedError
 from shared.api import (
     OPERATORS_PATH,
+    CredentialBudgetUpdate,
     IssuedOperator,
     IssueOperatorRequest,
     OperatorInfo,
     RevokedOperator,
-    WorkerInfo,
     WorkerState,
 )
 
@@ -33,24 +35,57 @@ OperatorIdPath = Path(min_length=1, max_length=64, description="id from POST /v1
 def issue_operator(
     request: IssueOperatorRequest, caller: AdminCallerDep, coordinator: CoordinatorDep
 ) -> IssuedOperator:
-    """A new join credential for `name`; its join token is in this answer only (stored as a sha256). Its
-    workers send it in header X-RL-Join-Token (RL_JOIN_TOKEN, `relay-rl worker --token`)."""
+    """A new join credential for `name`, with its own `budget` where given (else the run's [credentials]
+    defaults); its join token is in this answer only (stored as a sha256). Its workers send it in header
+    X-RL-Join-Token (RL_JOIN_TOKEN, `relay-rl worker --token`)."""
     operator, join_token = credentials_of(coordinator).issue(request.name)
-    return IssuedOperator(operator=operator, join_token=join_token)
+    if request.budget is not None:
+        coordinator.budgets.set(operator.operator_id, request.budget)
+    return IssuedOperator(operator=described(coordinator, operator, None), join_token=join_token)
 
 
 @router.get("", responses=error_docs(401, 403))
-def list_operators(caller: AdminCallerDep, coordinator: CoordinatorDep) -> list[OperatorInfo]:
-    """Every credential of the run, oldest first, with its state and the workers registered under it."""
-    workers = coordinator.registry.list_workers()
-    return [with_workers(operator, workers) for operator in credentials_of(coordinator).list_operators()]
+def list_operators(caller: AdminCallerDep, coordinator: CoordinatorDep, control: ControlDep) -> list[OperatorInfo]:
+    """Every credential of the run, oldest first, with its state, budget, record and live identities."""
+    return [described(coordinator, operator, control) for operator in credentials_of(coordinator).list_operators()]
 
 
 @router.get("/{operator_id}", responses=error_docs(401, 403, 404))
 def get_operator(
-    caller: AdminCallerDep, coordinator: CoordinatorDep, operator_id: str = OperatorIdPath
+    caller: AdminCallerDep, coordinator: CoordinatorDep, control: ControlDep, operator_id: str = OperatorIdPath
 ) -> OperatorInfo:
-    return with_workers(find(coordinator, operator_id), coordinator.registry.list_workers())
+    return described(coordinator, find(coordinator, operator_id), control)
+
+
+@router.patch("/{operator_id}", responses=error_docs(401, 403, 404))
+def set_budget(
+    update: CredentialBudgetUpdate,
+    caller: AdminCallerDep,
+    coordinator: CoordinatorDep,
+    control: ControlDep,
+    operator_id: str = OperatorIdPath,
+) -> OperatorInfo:
+    """Change the credential's budget (the fields given; the others stay): its cap of live identities, of leases
+    held together, its registrations per minute. A lower cap takes no identity away: it refuses the next."""
+    operator = find(coordinator, operator_id)
+    coordinator.budgets.set(operator_id, update)
+    return described(coordinator, operator, control)
+
+
+@router.post("/{operator_id}/release", responses=error_docs(401, 403, 404, 409))
+def release_operator(
+    caller: AdminCallerDep, coordinator: CoordinatorDep, control: ControlDep, operator_id: str = OperatorIdPath
+) -> OperatorInfo:
+    """Release a quarantined credential: it registers workers again, its record is judged afresh from now, and
+    each of its workers held in quarantine is released (back to active if its lease still runs). 409 when it
+    is not quarantined."""
+    find(coordinator, operator_id)
+    try:
+        operator = control.quarantine.release_credential(operator_id)
+    except NotQuarantinedError as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
+    control.request_replan()
+    return described(coordinator, operator, control)
 
 
 @router.delete("/{operator_id}", responses=error_docs(401, 403, 404))
@@ -66,13 +101,13 @@ def revoke_operator(
     Idempotent."""
     find(coordinator, operator_id)  # 404 for an unknown id
     operator = credentials_of(coordinator).revoke(operator_id)
-    live = [w.worker_id for w in registry.list_workers() if w.operator_id == operator_id]
+    live = registry.live_of(operator_id)
     after = registry.set_states(
         {wid: (WorkerState.DRAINING, (WorkerState.ACTIVE, WorkerState.STANDBY)) for wid in live}
     )
     drained = sorted(wid for wid, state in after.items() if state == WorkerState.DRAINING)
     control.request_replan()
-    return RevokedOperator(operator=with_workers(operator, registry.list_workers()), drained_worker_ids=drained)
+    return RevokedOperator(operator=described(coordinator, operator, control), drained_worker_ids=drained)
 
 
 def credentials_of(coordinator: CoordinatorDep) -> OperatorCredentials:
@@ -86,6 +121,10 @@ def find(coordinator: CoordinatorDep, operator_id: str) -> OperatorInfo:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=str(exc)) from exc
 
 
-def with_workers(operator: OperatorInfo, workers: list[WorkerInfo]) -> OperatorInfo:
-    worker_ids = [w.worker_id for w in workers if w.operator_id == operator.operator_id]
-    return operator.model_copy(update={"worker_ids": worker_ids})
+def described(coordinator: CoordinatorDep, operator: OperatorInfo, control: ControlDep | None) -> OperatorInfo:
+    """The credential with its live identities, its budget and (given the control plane) its record."""
+    operator_id = operator.operator_id
+    update = {"worker_ids": coordinator.registry.live_of(operator_id), "budget": coordinator.budgets.of(operator_id)}
+    if control is not None:
+        update["record"] = control.credentials.record(operator_id)
+    return operator.model_copy(update=update)

@@ -14,7 +14,8 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
-from services.coordinator.deps import AdminCallerDep, RegistryDep, WorkerCallerDep, WorkLeasesDep
+from services.coordinator.body_limit import received_body
+from services.coordinator.deps import AdminCallerDep, CoordinatorDep, RegistryDep, WorkerCallerDep, WorkLeasesDep
 from services.coordinator.errors import error_docs
 from services.coordinator.work_leases import LeaseRefusedError
 from services.coordinator.worker_registry import UnknownWorkerError, WorkerDeadError
@@ -26,6 +27,7 @@ from shared.work_api import (
     MAX_SUBMISSION_BYTES,
     MSGPACK_CONTENT_TYPE,
     ROLLOUTS_PATH,
+    SUBMISSION_DECODE_LIMITS,
     LeaseRequest,
     LeaseResponse,
     SubmitResponse,
@@ -39,14 +41,23 @@ router = APIRouter(tags=["work"])
 
 @router.post(LEASE_PATH, responses=error_docs(401, 403, 404, 410))
 def lease_tasks(
-    request: LeaseRequest, caller: WorkerCallerDep, work: WorkLeasesDep, registry: RegistryDep
+    request: LeaseRequest,
+    caller: WorkerCallerDep,
+    work: WorkLeasesDep,
+    registry: RegistryDep,
+    coordinator: CoordinatorDep,
 ) -> LeaseResponse:
     """Up to `max_groups` tasks, answering at once (maybe with none: back off before asking again). Leases
-    another worker let expire come first. A worker holding `[work] max_held_tasks` unanswered leases gets
-    none until it answers some (or they expire and go to others). Standby, draining and quarantined
-    workers get none; a dead worker gets 410 (register again)."""
+    another worker let expire come first. A worker, and its join credential, hold no more than they have
+    earned (2 leases when new, one more per scored group, up to `[work] max_held_tasks` and the credential's
+    budget: services/coordinator/work_scripts.py): past it, none until it answers some (or they expire and go
+    to others). Standby, draining and quarantined workers, and those of a quarantined credential, get none; a
+    dead worker gets 410 (register again). A worker that got none because it, or its credential, held all it may
+    gets its next calls answered empty for a while, until it answers or fails a lease
+    (services/coordinator/lease_pacing.py)."""
     try:
-        tasks = work.lease(caller.worker_id, request.max_groups, registry.clock())
+        tasks, full = work.lease_or_full(caller.worker_id, request.max_groups, registry.clock())
+        coordinator.lease_pacing.note(caller.worker_id, full)
     except LeaseRefusedError as exc:
         if exc.state == "unknown":
             raise UnknownWorkerError(f"no worker {caller.worker_id} is registered") from exc
@@ -58,31 +69,51 @@ def lease_tasks(
 
 @router.post(
     ROLLOUTS_PATH,
-    responses=error_docs(401, 403) | {413: {"description": f"body over {MAX_SUBMISSION_BYTES} bytes"}},
+    responses=error_docs(401, 403) | {413: {"description": "body over the run's limit (max_submission_bytes)"}},
     openapi_extra={"requestBody": {"content": {MSGPACK_CONTENT_TYPE: {"schema": {"type": "string"}}}}},
 )
-async def submit_rollouts(request: Request, caller: WorkerCallerDep, work: WorkLeasesDep) -> SubmitResponse:
+async def submit_rollouts(
+    request: Request, caller: WorkerCallerDep, work: WorkLeasesDep, coordinator: CoordinatorDep
+) -> SubmitResponse:
     """A msgpack WorkSubmission (shared/work_api.py): groups answering the caller's leases. Each is
     accepted or refused on its own; a refused group is dead-lettered with its reason. 415 for another
-    content type, 422 for a body that is no WorkSubmission of this run, 413 over the body limit."""
+    content type, 422 for a body that is no WorkSubmission of this run or breaks its decode limits (the
+    detail names the limit), 413 over the body limit.
+
+    The body and each group are decoded within limits (SUBMISSION_DECODE_LIMITS, then the task's:
+    shared/rollout_limits.py) and in a worker thread, so no body costs more than those allow, and the event
+    loop keeps serving every other request meanwhile. After a 422 the caller's next submissions get 429 for a
+    while, unread (services/coordinator/submission_penalty.py)."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type != MSGPACK_CONTENT_TYPE:
         raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, detail=f"send {MSGPACK_CONTENT_TYPE}")
-    body = await request.body()
-    try:
-        submission = WorkSubmission.decode(body)
-    except MessageDecodeError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)[:1000]) from exc
+    async with received_body(request, MAX_SUBMISSION_BYTES) as body:  # unmapped once its groups are copied out
+        try:
+            submission = await run_in_threadpool(WorkSubmission.decode, body, SUBMISSION_DECODE_LIMITS)
+        except MessageDecodeError as exc:
+            coordinator.submission_penalties.strike(caller.worker_id)
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)[:1000]) from exc
     if submission.run_id != work.keys.run_id:
+        coordinator.submission_penalties.strike(caller.worker_id)
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=f"this coordinator runs {work.keys.run_id}")
+    coordinator.submission_penalties.clear(caller.worker_id)
+    coordinator.lease_pacing.clear(caller.worker_id)
     return await run_in_threadpool(work.submit, caller.worker_id, submission.groups)
 
 
 @router.post(FAILURES_PATH, status_code=status.HTTP_204_NO_CONTENT, responses=error_docs(401, 403, 409))
-def report_failure(failure: TaskFailure, caller: WorkerCallerDep, work: WorkLeasesDep) -> Response:
+def report_failure(
+    failure: TaskFailure,
+    caller: WorkerCallerDep,
+    work: WorkLeasesDep,
+    registry: RegistryDep,
+    coordinator: CoordinatorDep,
+) -> Response:
     """The caller cannot serve the task of this lease (an engine error): it is dead-lettered with `error`
-    and acked, counted `failed` against the caller. 409 when the caller does not hold the lease."""
-    if not work.fail(caller.worker_id, failure.lease_id, failure.error):
+    and acked, counted `failed` against the caller; a task it took while still earning its allowance goes
+    back to other workers instead. Either way its allowance halves. 409 when the caller does not hold the lease."""
+    coordinator.lease_pacing.clear(caller.worker_id)
+    if work.fail(caller.worker_id, failure.lease_id, failure.error, registry.clock()) is None:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=f"lease {failure.lease_id} is not held by this worker")
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 

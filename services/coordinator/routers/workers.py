@@ -5,14 +5,17 @@ Lifecycle: register (active, or standby when it has a price and the planner has 
 -> drain (own token or admin): the worker finishes its batch, acks it, deregisters and exits
 -> gone. A worker that stops heartbeating is dead after `lease_s` and must register again (as itself:
 `previous_worker_id` + its old token; services/coordinator/join.py). A dead worker's record is pruned
-`dead_worker_retention_s` after its lease ran out (services/coordinator/pruning.py).
+`dead_worker_retention_s` after its lease ran out (services/coordinator/pruning.py). Listings are pages:
+the live workers, then the dead, newest first (GET /v1/workers?state=&operator_id=&limit=&offset=).
 
 How a heartbeat is served, fast path and this endpoint, step by step: services/coordinator/heartbeat_path.py.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Response, status
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
 from services.coordinator.auth import AdminCaller, Caller, WorkerCaller
 from services.coordinator.control import read_learner_view
@@ -29,11 +32,13 @@ from services.coordinator.errors import error_docs
 from services.coordinator.join import admit_registration, join_or_rejoin
 from services.coordinator.operators import OperatorCredentials
 from shared.api import (
+    MAX_WORKERS_PAGE,
     HeartbeatRequest,
     HeartbeatResponse,
     RegisterWorkerRequest,
     RegisterWorkerResponse,
     WorkerInfo,
+    WorkerState,
 )
 
 router = APIRouter(prefix="/v1/workers", tags=["workers"])
@@ -42,6 +47,7 @@ router = APIRouter(prefix="/v1/workers", tags=["workers"])
 @router.post("", status_code=status.HTTP_201_CREATED, responses=error_docs(401, 403, 409, 429))
 def register_worker(
     request: RegisterWorkerRequest,
+    http: Request,
     coordinator: CoordinatorDep,
     control: ControlDep,
     join_token: JoinTokenDep = None,
@@ -49,20 +55,35 @@ def register_worker(
 ) -> RegisterWorkerResponse:
     """Join the run, with a join token in header X-RL-Join-Token: the cluster's, or a join credential an
     admin issued (POST /v1/operators), whose id the worker then carries (401 without one; 403 when that
-    credential is revoked or quarantined; 429 when registrations come faster than the rate limit: retry
-    after Retry-After). The answer carries the worker's id and its bearer token (shown once, stored only
-    as a sha256). The lease starts now: heartbeat every `heartbeat_interval_s`, well within `lease_s`.
+    credential is revoked or quarantined; 429 when the credential's registrations come faster than its rate
+    limit, or it holds its cap of live workers: retry after Retry-After). The answer carries the worker's id
+    and its bearer token (shown once, stored only as a sha256). The lease starts now: heartbeat every
+    `heartbeat_interval_s`, well within `lease_s`.
     `state` is where it starts: active,
     or standby until cost-aware activation picks it (heartbeat answers carry every later decision).
     A worker whose lease ran out rejoins as itself: `previous_worker_id` in the body and its previous
     token as `Authorization: Bearer` (403 if the token is not that worker's); see services/coordinator/join.py."""
     operators = OperatorCredentials(coordinator.redis, coordinator.keys)
-    operator_id = admit_registration(
-        join_token, coordinator.join_token_sha256, operators, coordinator.registration_limit
+    admission = admit_registration(
+        join_token,
+        coordinator.join_token_sha256,
+        operators,
+        coordinator.registration_limits,
+        coordinator.budgets,
+        http.client.host if http.client is not None else "",
+        coordinator.open_registration,
     )
     quarantined = control.quarantine.current().worker_ids if request.previous_worker_id else []
     initial_state = control.initial_state(request)
-    joined = join_or_rejoin(coordinator.registry, request, bearer_token, initial_state, quarantined, operator_id)
+    joined = join_or_rejoin(
+        coordinator.registry,
+        request,
+        bearer_token,
+        initial_state,
+        quarantined,
+        admission.operator_id,
+        admission.budget.max_workers,
+    )
     access = coordinator.access.grant(joined.worker_id)  # after the lease exists: services/coordinator/redis_access.py
     control.request_replan()
     run = coordinator.run
@@ -136,9 +157,34 @@ def drain_worker(worker_id: WorkerIdPath, caller: CallerDep, registry: RegistryD
 
 
 @router.get("")
-def list_workers(registry: RegistryDep) -> list[WorkerInfo]:
-    """Every registered worker, dead ones included, oldest first."""
-    return registry.list_workers()
+def list_workers(
+    registry: RegistryDep,
+    response: Response,
+    state: Annotated[WorkerState | None, Query(description="only workers in this state")] = None,
+    operator_id: Annotated[
+        str | None, Query(max_length=64, description='only identities of this join credential ("": the shared token)')
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_WORKERS_PAGE, description="workers in this page at most")] = 200,
+    offset: Annotated[int, Query(ge=0, le=10_000_000, description="workers to skip")] = 0,
+) -> list[WorkerInfo]:
+    """A page of the registered workers: the live ones (oldest registration first), then the dead (most
+    recently dead first), `limit` from `offset`. The header X-Total-Count says how many match; a page costs
+    O(live workers + limit), however many dead identities a registration flood left behind."""
+    live = [w for w in registry.list_live() if (state is None or w.state == state)]
+    if operator_id is not None:
+        live = [w for w in live if w.operator_id == operator_id]
+    page = live[offset : offset + limit]
+    num_dead = 0
+    if state in (None, WorkerState.DEAD):
+        num_dead = registry.num_dead()
+        if operator_id is None:
+            page += registry.list_dead(limit - len(page), max(0, offset - len(live)))
+        else:  # a credential's dead identities: filtered from the newest dead, a bounded scan
+            dead = [w for w in registry.list_dead(MAX_WORKERS_PAGE) if w.operator_id == operator_id]
+            num_dead = len(dead)
+            page += dead[max(0, offset - len(live)) :][: limit - len(page)]
+    response.headers["X-Total-Count"] = str(len(live) + num_dead)
+    return page
 
 
 @router.get("/{worker_id}", responses=error_docs(404))
