@@ -55,8 +55,10 @@ class FaultRun:
         return self.cluster.run_dir
 
     def workers_named(self, name: str) -> list[WorkerInfo]:
-        """Every registration of the worker service `name` (a worker keeps its id when it re-registers)."""
-        return [worker for worker in self.final_status.workers if worker.name == name]
+        """Every registration of the worker service `name` (a worker keeps its id when it re-registers), the oldest
+        first (the status lists live workers before dead ones)."""
+        named = [worker for worker in self.final_status.workers if worker.name == name]
+        return sorted(named, key=lambda worker: worker.registered_at_s)
 
     def log(self, service: str) -> str:
         return (self.run_dir / "logs" / f"{service}.log").read_text()
