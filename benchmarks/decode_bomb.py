@@ -77,6 +77,8 @@ POLL_TIMEOUT_S = 30.0
 
 
 def array_of_empty_maps(num_bytes: int) -> bytes:
+    """One msgpack array of ~num_bytes empty maps (fixmap 0x80, one byte each): ~72 bytes of Python objects per
+    byte sent, to a decoder without limits."""
     count = num_bytes - 5
     return b"\xdd" + count.to_bytes(4, "big") + b"\x80" * count
 
@@ -86,6 +88,7 @@ def deep_nesting(num_bytes: int) -> bytes:
 
 
 def huge_run_id(num_bytes: int) -> bytes:
+    """A WorkSubmission's map whose run_id is a string of almost all the body."""
     length = num_bytes - 13  # after a map's, a key's and a string's headers
     return b"\x81\xa6run_id\xdb" + length.to_bytes(4, "big") + b"r" * length
 

@@ -34,6 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.decode_bomb import array_of_empty_maps
 from engines.interface import Sample
 from services.rollout.rollout_groups import build_rollout_group
 from shared.messages import TaskGroup
@@ -215,7 +216,7 @@ class Attacker:
         if identity is None:
             return
         size = BOMB_BYTES
-        bomb = decode_bomb(size)
+        bomb = array_of_empty_maps(size)
         while self.running():
             status, _ = await http.post(ROLLOUTS_PATH, bomb, MSGPACK | _bearer(identity))
             self.tally.bombs_sent += 1
@@ -224,7 +225,7 @@ class Attacker:
             # the run's body limit, so halve it until it gets in
             if status in (0, 413) and size > MIN_BOMB_BYTES:
                 size //= 2
-                bomb = decode_bomb(size)
+                bomb = array_of_empty_maps(size)
         self.tally.bomb_bytes = size
 
     async def run(self) -> None:
@@ -236,12 +237,6 @@ class Attacker:
         finally:
             for http in connections:
                 http.close()
-
-
-def decode_bomb(num_bytes: int) -> bytes:
-    """A msgpack body of `num_bytes` that is one array of empty maps (fixmap 0x80, one byte each)."""
-    num_maps = num_bytes - 5
-    return b"\xdd" + num_maps.to_bytes(4, "big") + b"\x80" * num_maps
 
 
 def _bearer(identity: Identity) -> dict[str, str]:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 import redis
 
+from benchmarks.decode_bomb import array_of_empty_maps, deep_nesting, huge_run_id
 from services.coordinator.work_leases import MAX_DEAD_LETTER_PAYLOAD_BYTES
 from shared.bus import StreamBus
 from shared.config import GRPOConfig, ModelConfig, RolloutConfig, RunConfig
@@ -34,22 +35,6 @@ LEASE_MS = 60_000  # no lease runs out during a test
 MSGPACK = {"Content-Type": MSGPACK_CONTENT_TYPE}
 # a refused answer's dead letter: at most this much of what was sent, plus its reason (<= 4,000 characters)
 MAX_LETTER_BYTES = MAX_DEAD_LETTER_PAYLOAD_BYTES + 4 * 4000 + 1024
-
-
-def array_of_empty_maps(num_bytes: int) -> bytes:
-    """One array of ~num_bytes empty maps (one byte each): ~72 bytes of Python objects per byte sent."""
-    count = num_bytes - 5
-    return b"\xdd" + count.to_bytes(4, "big") + b"\x80" * count
-
-
-def deep_nesting(num_bytes: int) -> bytes:
-    return b"\x91" * (num_bytes - 1) + b"\xc0"
-
-
-def huge_run_id(num_bytes: int) -> bytes:
-    """A WorkSubmission's map whose run_id is a string of almost all the body."""
-    length = num_bytes - 13  # after a map's, a key's and a string's headers
-    return b"\x81\xa6run_id\xdb" + length.to_bytes(4, "big") + b"r" * length
 
 
 SUBMISSION_BOMBS = {
