@@ -492,18 +492,49 @@ class IssueOperatorRequest(RequestBody):
     budget: CredentialBudgetUpdate | None = Field(None, description="its own budget (absent: the run's defaults)")
 
 
-class CredentialRecord(Body):
-    """What the work API saw of one credential's identities together (services/coordinator/credential_record.py):
-    its leases and how they ended, its groups scored and refused by the reward service, and what it has earned."""
+class WorkCounts(Body):
+    """The work API's counters (shared/work_counts.py) of a worker or a credential, plus the leases held now (for
+    the closing identity). Served by the work accounting (shared/work_api.py) and the operator records."""
 
     leased: int = Field(0, ge=0)
+    returned: int = Field(0, ge=0)
     accepted: int = Field(0, ge=0)
+    refused: int = Field(0, ge=0)
     expired: int = Field(0, ge=0)
     failed: int = Field(0, ge=0)
-    refused: int = Field(0, ge=0, description="answers the work API refused (a lease not held, a malformed group)")
+    held: int = Field(0, ge=0, description="leases held now, not yet answered nor expired and reissued")
     scored: int = Field(0, ge=0, description="of its accepted groups, those the reward service scored")
     rejected: int = Field(0, ge=0, description="of its accepted groups, those the reward service dead-lettered")
-    held: int = Field(0, ge=0, description="leases its identities hold now")
+
+    @property
+    def num_unaccounted(self) -> int:
+        """leased - (accepted + failed + expired + held): 0 when every lease is accounted for."""
+        return self.leased - (self.accepted + self.failed + self.expired + self.held)
+
+    @property
+    def num_decided(self) -> int:
+        """Leases that ended: answered, failed or expired."""
+        return self.accepted + self.failed + self.expired
+
+    @property
+    def num_judged(self) -> int:
+        """Leases whose outcome is known: the answer scored or refused by the reward service, or the lease failed
+        or expired. An accepted answer the reward service has not judged yet is in neither part."""
+        return self.scored + self.rejected + self.failed + self.expired
+
+    @property
+    def completion_ratio(self) -> float | None:
+        """Of the judged leases, the fraction answered with a group the reward service scored (None: none
+        judged yet). An answer counts as completed only once it is scored: well-formed garbage the work API
+        accepts and the reward service refuses counts against its worker."""
+        return self.scored / self.num_judged if self.num_judged else None
+
+
+class CredentialRecord(WorkCounts):
+    """What the work API saw of one credential's identities together (services/coordinator/credential_record.py):
+    their leases and how they ended, their groups scored and refused by the reward service (`held`: leases its
+    identities hold now), and what it has earned."""
+
     allowance: float = Field(0.0, ge=0, description="leases it has earned the right to hold at once")
     share: int | None = Field(
         None, description="its part of the in-flight window by verified throughput (null: none set)"

@@ -21,7 +21,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from shared.api import Body, RequestBody, Text
+from shared.api import Body, RequestBody, Text, WorkCounts
 from shared.bounded_msgpack import DecodeLimits
 from shared.config import RunConfig
 from shared.messages import Message, MessageDecodeError, RolloutGroup, TaskGroup
@@ -143,43 +143,6 @@ class TaskFailure(RequestBody):
 
     lease_id: LeaseId
     error: Text = Field(min_length=1, max_length=MAX_ERROR_CHARS)
-
-
-class WorkCounts(Body):
-    """The counters of shared/work_counts.py, plus the leases held now (for the closing identity)."""
-
-    leased: int = Field(0, ge=0)
-    returned: int = Field(0, ge=0)
-    accepted: int = Field(0, ge=0)
-    refused: int = Field(0, ge=0)
-    expired: int = Field(0, ge=0)
-    failed: int = Field(0, ge=0)
-    held: int = Field(0, ge=0, description="leases held now, not yet answered nor expired and reissued")
-    scored: int = Field(0, ge=0, description="of its accepted groups, those the reward service scored")
-    rejected: int = Field(0, ge=0, description="of its accepted groups, those the reward service dead-lettered")
-
-    @property
-    def num_unaccounted(self) -> int:
-        """leased - (accepted + failed + expired + held): 0 when every lease is accounted for."""
-        return self.leased - (self.accepted + self.failed + self.expired + self.held)
-
-    @property
-    def num_decided(self) -> int:
-        """Leases that ended: answered, failed or expired."""
-        return self.accepted + self.failed + self.expired
-
-    @property
-    def num_judged(self) -> int:
-        """Leases whose outcome is known: the answer scored or refused by the reward service, or the lease failed
-        or expired. An accepted answer the reward service has not judged yet is in neither part."""
-        return self.scored + self.rejected + self.failed + self.expired
-
-    @property
-    def completion_ratio(self) -> float | None:
-        """Of the judged leases, the fraction answered with a group the reward service scored (None: none
-        judged yet). An answer counts as completed only once it is scored: well-formed garbage the work API
-        accepts and the reward service refuses counts against its worker."""
-        return self.scored / self.num_judged if self.num_judged else None
 
 
 class RewardStats(Body):

@@ -86,14 +86,14 @@ class CredentialBooks:
                 pipe.hgetall(self.keys.credential_release_baseline(credential_id))
             baselines = pipe.execute()
         return {
-            credential_id: since_release(_as_counts(records[credential_id]), _baseline(raw))
+            credential_id: since_release(records[credential_id], _baseline(raw))
             for credential_id, raw in zip(ids, baselines, strict=True)
         }
 
     # writing
     def mark_released(self, credential_id: str) -> None:
         """An admin released the credential: its record is judged from now on (it stays as it is)."""
-        counts = _as_counts(self.record(credential_id))
+        counts = self.record(credential_id)
         fields: dict[EncodableT, EncodableT] = {name: getattr(counts, name) for name in RECORD_FIELDS}
         key = self.keys.credential_release_baseline(credential_id)
         with self.redis.pipeline(transaction=True) as pipe:
@@ -163,26 +163,13 @@ def _number(raw: dict[bytes, bytes], name: str, default: float = 0.0) -> float:
 
 
 def _record(raw: dict[bytes, bytes], initial_allowance: int) -> CredentialRecord:
-    counts = {name: max(0, int(_number(raw, name))) for name in RECORD_FIELDS if name != "returned"}
+    counts = {name: max(0, int(_number(raw, name))) for name in RECORD_FIELDS}
     share = raw.get(b"share")
     return CredentialRecord(
         **counts,
         held=max(0, int(_number(raw, "held"))),
         allowance=max(0.0, _number(raw, "allowance", initial_allowance)),
         share=None if share is None else int(_number(raw, "share")),
-    )
-
-
-def _as_counts(record: CredentialRecord) -> WorkCounts:
-    return WorkCounts(
-        leased=record.leased,
-        accepted=record.accepted,
-        refused=record.refused,
-        expired=record.expired,
-        failed=record.failed,
-        scored=record.scored,
-        rejected=record.rejected,
-        held=record.held,
     )
 
 
