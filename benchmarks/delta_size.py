@@ -1,7 +1,9 @@
 """Delta size of a policy version at real learning rates per learner precision, every codec of
 shared/weight_channel/delta.py and the pick; with each precision's step time and learner bytes per parameter.
+With `--config`, the same question on a run file's real model, published as the learner publishes it.
 
     python -m benchmarks.delta_size          # make bench-delta; writes benchmarks/results/delta_size.json
+    python -m benchmarks.delta_size --config configs/smollm2.toml   # writes benchmarks/results/delta_size_smollm2.json
 
 A Qwen3-style causal LM of ~128M parameters (hidden 768, 12 layers, vocab 32k, tied embeddings,
 random init from a fixed seed, no download) takes real AdamW steps (the learner's settings:
@@ -19,6 +21,21 @@ Every precision publishes the bf16 rounding of its weights (a bf16 checkpoint's 
 of versions is encoded with every codec (size, encode and decode seconds) and with encode_smallest.
 Step time: forward, backward, clipping and the AdamW step of one batch (no publication), the mean over
 the measured steps; bytes per parameter: the parameters, their gradients and the optimizer state.
+
+With `--config RUN.toml` (`make bench-delta ARGS="--config configs/smollm2.toml"`): the run file's model
+(`--model-dir`, else its `[model] path`, else the catalog model its `[model] init` names, cached by `make
+model`) in the learner's own Policy (services/learner/policy.py: the run's `[learner] precision`, AdamW at the
+run's learning rate with torch's default betas and eps, weight decay, gradient clipping, micro-batches) takes
+`--steps` real GRPO steps: each samples prompts of the run's task with the workers' torch engine holding the
+last published version (in the published dtype, at the run's temperature and max_new_tokens), scores them with
+the task's verifier and, as `[grpo] dynamic_sampling` does, keeps only groups whose rewards differ (sampling
+`--prompts-per-round` prompts at a time until `groups_per_step` are found, or at least one once
+`--max-groups-per-step` were generated), then trains on them (services/learner/trainer.train_step through
+Policy.train_step). Every version, the base as version 0 included, goes out through the learner's own
+WeightPublisher (shared/weight_channel/publisher.py, the run's `[broadcast]` chunk size, `full_every` and zstd
+level, a real Redis for its announcements): per version, the full bytes, the payload it announced (delta or
+full, codec, bytes), the publish time (encode_smallest included), the share of bf16 words that changed
+(all tensors; the tied embedding and the rest apart) and the decode time of the delta, checked exact.
 """
 
 from __future__ import annotations
@@ -29,17 +46,35 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
-from services.learner.publish import serialize_weights
+from benchmarks.ppo_minibatches import sample_groups
+from benchmarks.vs_trl import model_folder
+from cluster.redis_server import RedisServer
+from engines.torch_engine import TorchEngine
+from services.learner.batch import tensorize
+from services.learner.policy import Policy
+from services.learner.publish import publication_state, serialize_weights
+from services.learner.zero_variance import is_flat
+from shared.bus import StreamBus, connect
+from shared.config import RunConfig, load_run_config
+from shared.keys import RunKeys
+from shared.messages import ScoredGroup
+from shared.signing import Ed25519PrivateKey
+from shared.tasks import TaskAdapter, build_task
+from shared.weight_channel import ChunkStore, PublishedVersion, WeightPublisher, parse_blob
 from shared.weight_channel.delta import CODECS, apply_delta, encode_smallest, encode_with
 
-RESULTS = Path(__file__).resolve().parent / "results" / "delta_size.json"
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS = RESULTS_DIR / "delta_size.json"
 MODEL_CONFIG = {
     "vocab_size": 32_000,
     "hidden_size": 768,
@@ -238,12 +273,240 @@ def print_row(row: dict) -> None:
     )
 
 
+def run_model(args: argparse.Namespace) -> dict:
+    """--config: `args.steps` real GRPO steps of the run file's model, every version published by the
+    learner's WeightPublisher; one row per version (see the module doc)."""
+    started_s = time.perf_counter()
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    run = load_run_config(args.config)
+    if run.lora.enabled:
+        raise ValueError(f"{args.config}: a LoRA run publishes its adapter whole, never a delta (docs/lora.md)")
+    model_dir = model_folder(run.model.model_dump(), args.model_dir) or run.model.path
+    if model_dir is None:
+        raise ValueError(f"{args.config} names no model folder: pass --model-dir")
+    policy = Policy(model_dir, run)  # the learner's: precision, AdamW at the run's lr, clipping, micro-batches
+    engine = TorchEngine(model_dir, dtype=policy.precision.publish_dtype)  # samples what workers would load
+    task = build_task(run.task)
+    prompt_rng = torch.Generator().manual_seed(args.seed)
+    print(f"{model_dir}: {policy.precision.mode} precision, lr {run.grpo.learning_rate}", flush=True)
+    versions: list[dict] = []
+    with local_publisher(run, policy.precision.publish_dtype) as publisher:
+        published = publisher.publish(publication_state(policy.weights()), 0)  # the base, as the learner's start
+        previous = bytes(publisher.store.payload(published.full_manifest))
+        versions.append(version_row(published, previous, None, publisher.store))
+        for version in range(1, args.steps + 1):
+            engine.load_weights(previous, version - 1)  # the worker's swap: the last published bytes
+            groups, num_generated, sample_s = sample_trainable_groups(engine, task, run, prompt_rng, version - 1, args)
+            batch = tensorize(groups, engine.pad_token_id, run.grpo.normalize_advantage_by_std)
+            step = policy.train_step(batch, [group.rollout.num_samples for group in groups], shuffle_seed=version)
+            published = publisher.publish(publication_state(policy.weights()), version)
+            blob = bytes(publisher.store.payload(published.full_manifest))
+            row = version_row(published, blob, previous, publisher.store)
+            row["step"] = {
+                "num_groups_generated": num_generated,
+                "num_groups_trained": len(groups),
+                "reward_mean": round(float(batch.rewards.mean()), 4),
+                "loss": round(step.diagnostics.loss, 5),
+                "grad_norm": round(step.diagnostics.grad_norm, 4),
+                "sample_s": round(sample_s, 2),
+                "train_s": round(step.train_s, 2),
+            }
+            versions.append(row)
+            print_version(row)
+            previous = blob
+    return {
+        "command": " ".join(["python -m benchmarks.delta_size", *sys.argv[1:]]),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "wall_s": round(time.perf_counter() - started_s, 1),  # model loading, steps, publication, checks
+        **model_run_settings(args, run, policy, model_dir),
+        "versions": versions,
+        "summary": summarise_versions(versions),
+    }
+
+
+def model_run_settings(args: argparse.Namespace, run: RunConfig, policy: Policy, model_dir: Path) -> dict:
+    """What the measurement ran on and with: host, model, the learner's optimizer, sampling, publication."""
+    return {
+        "torch": torch.__version__,
+        "host": {
+            "cpus": os.cpu_count(),
+            "torch_threads": args.threads,
+            "python": platform.python_version(),
+            "load_average_at_end": [round(load, 2) for load in os.getloadavg()],  # other jobs sharing the cores
+        },
+        "config": str(args.config),
+        "model": {
+            "folder": model_dir.name,
+            "architecture": policy.config.architectures[0],
+            "num_parameters": sum(p.numel() for p in policy.model.parameters()),
+        },
+        "learner": {
+            "precision": policy.precision.mode,
+            "published_dtype": str(policy.precision.publish_dtype).removeprefix("torch."),
+            "optimizer": optimizer_settings(policy.optimizer),
+            "max_grad_norm": run.grpo.max_grad_norm,
+            "micro_batch_size": run.learner.micro_batch_size,
+        },
+        "grpo": {
+            "group_size": run.grpo.group_size,
+            "groups_per_step": run.grpo.groups_per_step,
+            "temperature": run.grpo.temperature,
+            "max_new_tokens": run.grpo.max_new_tokens,
+            "dynamic_sampling": run.grpo.dynamic_sampling,
+            "max_groups_per_step": args.max_groups_per_step,
+        },
+        "broadcast": {"chunk_size_bytes": run.broadcast.chunk_size_bytes, "full_every": run.broadcast.full_every},
+    }
+
+
+@contextmanager
+def local_publisher(run: RunConfig, dtype: torch.dtype) -> Iterator[WeightPublisher]:
+    """The learner's WeightPublisher as services/learner/learner.py builds it (the run's [broadcast] chunk size,
+    full_every and zstd level; floating tensors published in `dtype`), its store spilling to a temporary folder,
+    announcing on a private Redis. K is the run file's `full_every` even where its `delta` is off (the learner
+    would make K 1 then): what the deltas would weigh is the question. Nobody fetches: no chunk server."""
+    with tempfile.TemporaryDirectory(prefix="delta-size-") as folder:
+        redis = RedisServer(Path(folder) / "redis", append_only=False).start()
+        keys = RunKeys(f"delta-size-{os.getpid()}")
+        store = ChunkStore(keep_versions=run.broadcast.keep_versions, spill_dir=Path(folder) / "published")
+        publisher = WeightPublisher(
+            StreamBus(connect(redis.url), keys, service="learner"),
+            keys,
+            store,
+            public_url="http://delta-size.invalid",
+            signing_key=Ed25519PrivateKey.generate(),
+            chunk_size_bytes=run.broadcast.chunk_size_bytes,
+            full_every=run.broadcast.full_every,
+            delta_zstd_level=run.broadcast.delta_zstd_level,
+            dtype=dtype,
+        )
+        try:
+            yield publisher
+        finally:
+            publisher.close()
+            store.spares.discard()
+            redis.stop()
+
+
+def summarise_versions(versions: list[dict]) -> dict:
+    """The versions after the base: mean and largest delta, and the share of bf16 words changed per step."""
+    deltas = [row for row in versions if row["payload"] == "delta"]
+    stepped = versions[1:]
+    return {
+        "full_bytes": versions[0]["full_bytes"],
+        "num_versions_after_base": len(stepped),
+        "num_delta_versions": len(deltas),
+        "codecs": sorted({row["codec"] for row in deltas}),
+        "delta_bytes_mean": round(float(np.mean([row["payload_bytes"] for row in deltas]))) if deltas else None,
+        "delta_bytes_max": max((row["payload_bytes"] for row in deltas), default=None),
+        "delta_size_fraction_mean": mean(row["size_fraction"] for row in deltas) if deltas else None,
+        "delta_size_fraction_max": max((row["size_fraction"] for row in deltas), default=None),
+        "changed_fraction_mean": mean(row["changed_fraction"] for row in stepped),
+        "changed_fraction_max": max(row["changed_fraction"] for row in stepped),
+        "delta_publish_s_mean": mean(row["publish_s"] for row in deltas) if deltas else None,
+        "decode_s_mean": mean(row["decode_s"] for row in deltas) if deltas else None,
+    }
+
+
+def sample_trainable_groups(
+    engine: TorchEngine,
+    task: TaskAdapter,
+    run: RunConfig,
+    prompt_rng: torch.Generator,
+    policy_version: int,
+    args: argparse.Namespace,
+) -> tuple[list[ScoredGroup], int, float]:
+    """Scored groups to train on, as the learner collects them: with dynamic sampling only groups whose
+    rewards differ (a flat group's advantages are all 0), sampled `--prompts-per-round` prompts at a time
+    until `groups_per_step` are found, or at least one once `--max-groups-per-step` were generated.
+    Returns (groups, groups generated, sampling seconds)."""
+    grpo = run.grpo
+    trainable: list[ScoredGroup] = []
+    num_generated, started_s = 0, time.perf_counter()
+    while len(trainable) < grpo.groups_per_step and (num_generated < args.max_groups_per_step or not trainable):
+        picks = torch.randint(len(task.train_set), (args.prompts_per_round,), generator=prompt_rng).tolist()
+        groups = sample_groups(engine, task, [task.train_set[index] for index in picks], grpo, policy_version)
+        num_generated += len(groups)
+        trainable += [group for group in groups if not (grpo.dynamic_sampling and is_flat(group.rewards))]
+    return trainable[: grpo.groups_per_step], num_generated, time.perf_counter() - started_s
+
+
+def version_row(published: PublishedVersion, blob: bytes, previous: bytes | None, store: ChunkStore) -> dict:
+    """One published version: what went out, how its bf16 words differ from the last version's (None for
+    the first) and the seconds a worker holding the base takes to rebuild it (None for a full payload)."""
+    manifest = published.manifest
+    row: dict = {
+        "policy_version": manifest.policy_version,
+        "payload": manifest.payload,
+        "codec": manifest.codec if manifest.payload == "delta" else None,
+        "full_bytes": published.full_manifest.total_size_bytes,
+        "payload_bytes": manifest.total_size_bytes,
+        "size_fraction": round(published.size_fraction, 5),
+        "publish_s": round(published.publish_s, 3),
+        "changed_fraction": None,
+        "changed_fraction_embedding": None,
+        "changed_fraction_rest": None,
+        "decode_s": None,
+    }
+    if previous is not None:
+        row.update(changed_words(previous, blob))
+    if previous is not None and manifest.payload == "delta":  # a worker holding the base: rebuild, exactly
+        started_s = time.perf_counter()
+        rebuilt = apply_delta(previous, store.payload(manifest))
+        row["decode_s"] = round(time.perf_counter() - started_s, 3)
+        assert rebuilt == blob, f"version {manifest.policy_version}: the delta does not rebuild the full bytes"
+    return row
+
+
+def changed_words(base: bytes, target: bytes) -> dict:
+    """The share of 16-bit weight words (bf16 values) that differ, over every tensor, the embedding alone
+    (tied: it is the LM head too) and the rest."""
+    num_changed = {"embedding": 0, "rest": 0}
+    num_words = {"embedding": 0, "rest": 0}
+    base_tensors, target_tensors = parse_blob(base), parse_blob(target)
+    for name, tensor in target_tensors.items():
+        assert tensor.element_size() == 2, f"{name}: {tensor.dtype}, not a 16-bit weight"
+        part = "embedding" if "embed_tokens" in name else "rest"
+        num_changed[part] += int((base_tensors[name].view(torch.int16) != tensor.view(torch.int16)).sum())
+        num_words[part] += tensor.numel()
+    return {
+        "changed_fraction": round(sum(num_changed.values()) / sum(num_words.values()), 6),
+        "changed_fraction_embedding": round(num_changed["embedding"] / max(1, num_words["embedding"]), 6),
+        "changed_fraction_rest": round(num_changed["rest"] / max(1, num_words["rest"]), 6),
+    }
+
+
+def optimizer_settings(optimizer: torch.optim.Optimizer) -> dict:
+    group = optimizer.param_groups[0]
+    return {
+        "name": type(optimizer).__name__,
+        "lr": group["lr"],
+        "betas": list(group["betas"]),
+        "eps": group["eps"],
+        "weight_decay": group["weight_decay"],
+    }
+
+
+def print_version(row: dict) -> None:
+    step = row["step"]
+    print(
+        f"v{row['policy_version']}: {row['payload']} {row['codec'] or ''} {row['payload_bytes']:,} of "
+        f"{row['full_bytes']:,} bytes ({row['size_fraction']:.4f}), bf16 words changed {row['changed_fraction']:.4f} "
+        f"(embedding {row['changed_fraction_embedding']:.4f}, rest {row['changed_fraction_rest']:.4f}); "
+        f"publish {row['publish_s']:.2f}s, decode {row['decode_s'] or 0.0:.2f}s; "
+        f"{step['num_groups_trained']}/{step['num_groups_generated']} groups trained, reward {step['reward_mean']:.3f}, "
+        f"sample {step['sample_s']:.0f}s, train {step['train_s']:.0f}s",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--precisions", nargs="+", choices=("mixed", "bf16", "fp32"), default=["mixed", "bf16", "fp32"])
     parser.add_argument("--lrs", nargs="+", type=float, default=[1e-6, 1e-5])
     parser.add_argument("--warmup-steps", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=4, help="measured steps: one version pair each")
+    parser.add_argument("--steps", type=int, help="measured steps: one version pair each (4; --config: 5)")
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
@@ -252,11 +515,29 @@ def main() -> None:
         "--timing-rounds", type=int, default=5, help="round-robin steps per precision for the step times (0: none)"
     )
     parser.add_argument("--skip-deltas", action="store_true", help="only the step times and bytes per parameter")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--config", type=Path, help="a run file: its real model, real GRPO steps (module doc)")
+    parser.add_argument("--model-dir", type=Path, help="--config: the model folder (default: the run file's)")
+    parser.add_argument("--prompts-per-round", type=int, default=4, help="--config: prompts sampled at a time")
+    parser.add_argument(
+        "--max-groups-per-step",
+        type=int,
+        default=12,
+        help="--config: train on fewer groups once this many were sampled",
+    )
+    parser.add_argument(
+        "--out", type=Path, help="default: results/delta_size.json, with --config delta_size_<run_id>.json"
+    )
     args = parser.parse_args()
-    result = run(args)
+    if args.config is not None:
+        args.steps = args.steps or 5  # the real model: 5 versions after the base
+        result = run_model(args)
+        out = args.out or RESULTS_DIR / f"delta_size_{load_run_config(args.config).run_id}.json"
+    else:
+        args.steps = args.steps or 4
+        result = run(args)
+        out = args.out or RESULTS
     print(json.dumps(result["summary"], indent=1))
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

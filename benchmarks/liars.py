@@ -219,10 +219,12 @@ class TamperingStore(ChunkStore):
         chunk = super().get_chunk(policy_version, index, wait_s, payload, manifest_sha256)
         return memoryview(tamper(chunk)) if chunk is not None else None
 
-    def wait_received(self, manifest: Manifest, index: int, offset: int, stall_s: float) -> ReceivedBytes | None:
+    def wait_received(
+        self, manifest: Manifest, index: int, offset: int, stall_s: float, requester_url: str = ""
+    ) -> ReceivedBytes | None:
         """Chunks forwarded cut-through, before they are held, are served flipped too (their verdict stays
         "verified": the lie is caught by the child's own check, and charged to this worker)."""
-        received = super().wait_received(manifest, index, offset, stall_s)
+        received = super().wait_received(manifest, index, offset, stall_s, requester_url)
         if received is None or offset != 0 or not received.data:
             return received
         return ReceivedBytes(memoryview(tamper(received.data)), received.attempt, received.held)

@@ -100,14 +100,16 @@ class LyingParentStore(ChunkStore):
         lie = self._other_versions_chunk(policy_version, payload, index, len(chunk))
         return memoryview(lie) if lie is not None else chunk
 
-    def wait_received(self, manifest: Manifest, index: int, offset: int, stall_s: float) -> ReceivedBytes | None:
+    def wait_received(
+        self, manifest: Manifest, index: int, offset: int, stall_s: float, requester_url: str = ""
+    ) -> ReceivedBytes | None:
         """Cut-through: a chunk it stalls on never arrives; other_version waits for the real chunk to be held
         (so the lie is paced like the truth) and then has the server send it whole, through get_chunk."""
         if self._stalls_at(manifest.policy_version, manifest.payload, index):
             self._released.wait()
             return None
         if self.lie != ParentLie.OTHER_VERSION:
-            return super().wait_received(manifest, index, offset, stall_s)
+            return super().wait_received(manifest, index, offset, stall_s, requester_url)
         held = super().get_chunk(manifest.policy_version, index, stall_s, manifest.payload, manifest.sha256())
         return None if held is None else ReceivedBytes(held[offset:], 0, held=True)
 

@@ -64,6 +64,14 @@ def value_at(data: Any, path: str) -> Any:
     return node
 
 
+def value_or_none(row: Any, path: str) -> Any:
+    """A table cell: the row's value at `path`, None (shown "none") where this row has no such figure."""
+    try:
+        return value_at(row, path)
+    except KeyError:
+        return None
+
+
 def formatted(value: Any, figure: Figure) -> str:
     if isinstance(value, bool) or value is None:
         text = str(value).lower()
@@ -83,6 +91,34 @@ def formatted(value: Any, figure: Figure) -> str:
 
 
 F = Figure
+# benchmarks/delta_size.py --config: one section per result file
+SMOLLM2_DELTA_FIGURES = (
+    F("full version", "summary/full_bytes", "bytes"),
+    F("delta versions", "summary/num_delta_versions"),
+    F("delta, mean", "summary/delta_bytes_mean", "bytes"),
+    F("delta / full, mean", "summary/delta_size_fraction_mean"),
+    F("delta / full, largest", "summary/delta_size_fraction_max"),
+    F("bf16 words changed per step, mean", "summary/changed_fraction_mean"),
+    F("bf16 words changed per step, largest", "summary/changed_fraction_max"),
+    F("publish a delta version (encode included), mean", "summary/delta_publish_s_mean", "s"),
+    F("rebuild from the delta, mean", "summary/decode_s_mean", "s"),
+    F("benchmark wall time", "wall_s", "s"),
+    F("load average at the end (1 min; 2 cores, other jobs beside it)", "host/load_average_at_end/0"),
+)
+SMOLLM2_DELTA_VERSIONS = Table(
+    "versions",
+    (
+        F("version", "policy_version"),
+        F("payload", "payload"),
+        F("bytes", "payload_bytes"),
+        F("/ full", "size_fraction", "", 4),
+        F("bf16 words changed", "changed_fraction", "", 4),
+        F("embedding", "changed_fraction_embedding", "", 4),
+        F("rest", "changed_fraction_rest", "", 4),
+        F("publish s", "publish_s", "", 2),
+        F("rebuild s", "decode_s", "", 2),
+    ),
+)
 RESULTS: tuple[Result, ...] = (
     Result(
         "demo_report.json",
@@ -156,6 +192,24 @@ RESULTS: tuple[Result, ...] = (
         ),
         docs="deltas.md",
         extra_files=("delta_size_after_20_steps.json",),
+    ),
+    Result(
+        "delta_size_smollm2.json",
+        "Weight deltas on SmolLM2-135M",
+        "bytes per published version of SmolLM2-135M-Instruct after real GRPO steps at configs/smollm2.toml's settings "
+        "(lr 3e-5, mixed precision, AdamW), each version published by the learner's WeightPublisher",
+        SMOLLM2_DELTA_FIGURES,
+        docs="deltas.md#smollm2-135m-at-its-run-files-learning-rate",
+        tables=(SMOLLM2_DELTA_VERSIONS,),
+    ),
+    Result(
+        "delta_size_smollm2_20_steps.json",
+        "Weight deltas on SmolLM2-135M, 20 steps",
+        "the same through the 20 versions configs/smollm2.toml's run publishes after its base (at most 4 groups "
+        "sampled per step, so the run fits the machine), a full version every 10th (full_every)",
+        SMOLLM2_DELTA_FIGURES,
+        docs="deltas.md#smollm2-135m-at-its-run-files-learning-rate",
+        tables=(SMOLLM2_DELTA_VERSIONS,),
     ),
     Result(
         "precision_step_time.json",
@@ -614,6 +668,110 @@ RESULTS: tuple[Result, ...] = (
         docs="operations.md",
     ),
     Result(
+        "fault_suite_wan.json",
+        "Network faults across the WAN testbed",
+        "`make test-faults-wan`: three workers on `broadband`, the coordinator on https, one network fault each, "
+        "for a fixed time (docs/wan.md): resync is the partitioned worker's seconds from the link healing to "
+        "holding the learner's newest version; t_bcast p95 the link's healthy T_bcast; billed the victim's "
+        "billed seconds",
+        (F("tests", "num_tests"), F("passed", "num_passed"), F("test wall time in all", "total_test_wall_s", "s")),
+        docs="wan.md#network-faults",
+        tables=(
+            Table(
+                "tests",
+                (
+                    F("test", "test"),
+                    F("outcome", "outcome"),
+                    F("steps", "num_steps"),
+                    F("trained", "accounting/trained"),
+                    F("unaccounted", "accounting/unaccounted"),
+                    F("resync", "resync_s", "s", 2),
+                    F("T_bcast p95", "t_bcast_p95_s", "s", 2),
+                    F("victim billed", "victim_billed_s", "s", 1),
+                    F("credential hits in the capture", "credential_hits"),
+                    F("TLS records captured", "tls_records"),
+                ),
+            ),
+        ),
+    ),
+    Result(
+        "wan.json",
+        "WAN testbed: calibration and the demo across each profile",
+        "`make bench-wan`: each link profile measured from a worker's namespace against its numbers (RTT, raw TCP "
+        "goodput against the bound its caps allow, UDP loss); then the demo (4 workers, 200 steps, the coordinator "
+        "on https) on loopback and on each fleet, side by side in one session, with the simulator's prediction "
+        "of each WAN cell from the loopback cell's inputs and the calibrated links",
+        (F("demo steps per cell", "demo_steps"), F("workers", "num_workers"), F("session wall time", "wall_s", "s")),
+        docs="wan.md",
+        tables=(
+            Table(
+                "calibration/profiles",
+                (
+                    F("profile", "profile"),
+                    F("RTT target", "target/rtt_ms", "ms"),
+                    F("RTT median", "measured/rtt_ms_median", "ms", 1),
+                    F("RTT p10-p90", "measured/rtt_ms_p10", "ms", 1),
+                    F("", "measured/rtt_ms_p90", "ms", 1),
+                    F("down goodput bound", "target/down_goodput_bound_mbps", "Mbit/s", 1),
+                    F("down measured", "measured/down_goodput_mbps", "Mbit/s", 1),
+                    F("up goodput bound", "target/up_goodput_bound_mbps", "Mbit/s", 1),
+                    F("up measured", "measured/up_goodput_mbps", "Mbit/s", 1),
+                    F("loss target", "target/loss_percent", "%"),
+                    F("loss down", "measured/loss_percent_down", "%", 2),
+                    F("loss up", "measured/loss_percent_up", "%", 2),
+                ),
+            ),
+            Table(
+                "cells",
+                (
+                    F("model", "model"),
+                    F("cell", "fleet"),
+                    F("steps/min", "steps_per_min", "", 1),
+                    F("vs loopback", "steps_per_min_to_loopback", "", 2),
+                    F("learner busy", "learner_busy", "", 2),
+                    F("T_bcast p50", "t_bcast_p50_s", "s", 2),
+                    F("T_bcast p95", "t_bcast_p95_s", "s", 2),
+                    F("swap pause mean", "swap_pause_mean_s", "s", 3),
+                    F("stale drops", "stale_drops"),
+                    F("tasks lost", "tasks_lost"),
+                    F("bytes/version", "bytes_per_version_mean"),
+                    F("held-out accuracy", "eval_accuracy_last", "", 3),
+                    F("simulated steps/min", "simulator/predicted_steps_per_min", "", 1),
+                    F("simulator error", "simulator/steps_per_min_relative_error", "", 3),
+                ),
+            ),
+        ),
+    ),
+    Result(
+        "wan_smollm2.json",
+        "WAN testbed: SmolLM2 on loopback and on broadband",
+        "`make bench-wan` with SmolLM2 cells: configs/smollm2.toml (deltas, no periodic full version), 2 workers on "
+        "vLLM, 20 steps, the coordinator on https, on loopback and with every worker on `broadband`, one after "
+        "the other in one session; T_bcast against the learner's step time, held-out accuracy after step 20",
+        (F("session wall time", "wall_s", "s"),),
+        docs="wan.md",
+        tables=(
+            Table(
+                "cells",
+                (
+                    F("cell", "fleet"),
+                    F("steps", "num_steps"),
+                    F("steps/min", "steps_per_min", "", 2),
+                    F("learner busy", "learner_busy", "", 2),
+                    F("step time", "step_s_mean", "s", 1),
+                    F("T_bcast p50", "t_bcast_p50_s", "s", 2),
+                    F("T_bcast p95", "t_bcast_p95_s", "s", 2),
+                    F("swap pause mean", "swap_pause_mean_s", "s", 3),
+                    F("stale drops", "stale_drops"),
+                    F("tasks lost", "tasks_lost"),
+                    F("bytes/version", "bytes_per_version_mean"),
+                    F("held-out accuracy", "eval_accuracy_last", "", 3),
+                    F("at step", "eval_step_last"),
+                ),
+            ),
+        ),
+    ),
+    Result(
         "gpu_check.json",
         "GPU check",
         "`make gpu-check` on a lent GPU: model build, learner step, FSDP2, engine, a short cluster run",
@@ -671,7 +829,7 @@ def render() -> str:
             lines += ["", "| " + " | ".join(column.label for column in table.columns) + " |"]
             lines.append("|" + "|".join("---" if index < 1 else "---:" for index in range(len(table.columns))) + "|")
             for row in value_at(data, table.path):
-                cells = [formatted(value_at(row, column.path), column) for column in table.columns]
+                cells = [formatted(value_or_none(row, column.path), column) for column in table.columns]
                 lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)

@@ -204,12 +204,15 @@ def groups_of(bus: StreamBus) -> GroupAccounting:
     )
 
 
-def _counts(bus: StreamBus, key: str, problems: list[str]) -> dict[str, int]:
-    """A counter hash; a field that is not an integer is left out and named in `problems`."""
+def _counts(bus: StreamBus, key: str, problems: list[str], text_fields: frozenset[str] = frozenset()) -> dict[str, int]:
+    """A counter hash; a field that is not an integer is left out and named in `problems` (`text_fields`: fields
+    that hold text by design, left out silently)."""
     raw: dict[bytes, bytes] = bus.redis.hgetall(key)  # type: ignore[assignment]
     counts: dict[str, int] = {}
     for name, value in raw.items():
         field = name.decode(errors="replace")
+        if field in text_fields:
+            continue
         try:
             counts[field] = int(value)
         except ValueError:
@@ -252,7 +255,8 @@ def _workers(bus: StreamBus, problems: list[str]) -> list[WorkerAccounting]:
     held = _held_by_consumer(bus)
     rows = []
     for worker_id in worker_ids:
-        counts = _counts(bus, keys.work_counts(worker_id), problems)
+        # a worker's counters also name its join credential (services/coordinator/work_scripts.py)
+        counts = _counts(bus, keys.work_counts(worker_id), problems, text_fields=frozenset({"credential"}))
         rows.append(
             WorkerAccounting(
                 worker_id=worker_id,

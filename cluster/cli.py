@@ -7,6 +7,7 @@
     relay-rl status [--json]                     the run at a glance: learner step, reward, workers by state
     relay-rl bench NAME [ARGS] | --list          the benchmarks the Makefile runs (make bench-*)
     relay-rl keys [--compose] [--out .env]       a new Ed25519 pair; --compose: every secret compose needs (make keys)
+                  [--tls-host NAME ...]          and a run CA + coordinator certificate for those names (tls/)
     relay-rl model get NAME | list               a pretrained base from the catalog, converted once (make model)
 
 `relay-rl COMMAND --help` says more. Only the standard library is imported before the arguments are
@@ -25,6 +26,10 @@ from pathlib import Path
 from cluster import bench_catalog, model_cache, operators, remote_worker, status_view
 from cluster.checkout import source_checkout
 from cluster.join import DEFAULT_RUN_DIR, REPO_ROOT
+
+# the names compose's coordinator is reached at: its service name (the workers), this machine (its healthcheck,
+# `relay-rl worker` here); `relay-rl keys --compose --tls-host` adds the address other machines use
+COMPOSE_TLS_HOSTS = ("coordinator", "localhost", "127.0.0.1")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,6 +87,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="write to this file (mode 0600); an existing one is an error, but with --compose it gets the variables "
         "it lacks and keeps every value it has",
     )
+    keys.add_argument(
+        "--tls-host",
+        action="append",
+        default=[],
+        metavar="NAME_OR_IP",
+        help="a name or address the coordinator is reached at: makes a run CA (ca.pem), the coordinator's certificate "
+        "for every --tls-host (server.pem) and its key (server.key, 0600) in --tls-dir; repeatable. --compose "
+        f"always makes them, for {', '.join(COMPOSE_TLS_HOSTS)} and these",
+    )
+    keys.add_argument(
+        "--tls-dir",
+        type=Path,
+        default=None,
+        help="where the TLS files go (default: tls/ beside --out, else ./tls); a whole set there is kept as it is",
+    )
     model = commands.add_parser(
         "model",
         help="a pretrained base from the catalog: get (fetch, convert, check; prints its folder) or list",
@@ -117,25 +137,37 @@ def main(argv: Sequence[str] | None = None) -> None:
             return
         bench_catalog.run(args.name, extra)
     elif args.command == "keys":
-        print_keys(args.compose, args.out)
+        print_keys(args.compose, args.out, args.tls_host, args.tls_dir)
     elif args.command == "model":
         model_cache.main(args)
 
 
-def print_keys(compose: bool, out: Path | None) -> None:
-    """`relay-rl keys [--compose] [--out FILE]`: only the secrets go to stdout (so `> .env` is safe)."""
-    from cluster.secrets import ClusterSecrets, add_missing_compose_env, write_private
+def print_keys(compose: bool, out: Path | None, tls_hosts: Sequence[str] = (), tls_dir: Path | None = None) -> None:
+    """`relay-rl keys [--compose] [--out FILE] [--tls-host NAME ...] [--tls-dir DIR]`: only the secrets go to stdout
+    (so `> .env` is safe); the TLS files go to their folder, what was done to stderr."""
+    from cluster.secrets import (
+        TLS_DIR_VARIABLE,
+        ClusterSecrets,
+        add_missing_compose_env,
+        env_file_values,
+        write_private,
+    )
 
     secrets = ClusterSecrets.generate()
+    if tls_dir is None and compose and out is not None and out.exists():  # the folder the running cluster uses
+        tls_dir = Path(env_file_values(out.read_text()).get(TLS_DIR_VARIABLE) or out.parent / "tls")
+    tls_dir = tls_dir or (out.parent if out is not None else Path()) / "tls"
+    if compose or tls_hosts:
+        make_tls_files(tls_dir, [*(COMPOSE_TLS_HOSTS if compose else ()), *tls_hosts])
     if compose and out is not None and out.exists():  # a running cluster's, maybe: complete it, change nothing
         try:
-            added = add_missing_compose_env(out, secrets)
+            added = add_missing_compose_env(out, secrets, tls_dir)
         except ValueError as error:
             sys.exit(str(error))
         print(f"{out} exists: its values kept; added {', '.join(added) or 'nothing'}", file=sys.stderr)
         return
     if compose:
-        text = secrets.compose_env_text()
+        text = secrets.compose_env_text(tls_dir)
     else:
         text = f"RL_SIGNING_KEY={secrets.signing_key}\nRL_WEIGHTS_PUBLIC_KEY={secrets.weights_public_key}\n"
     if out is None:
@@ -146,6 +178,24 @@ def print_keys(compose: bool, out: Path | None) -> None:
     except FileExistsError as error:
         sys.exit(str(error))
     print(f"wrote {out} (mode 0600): {len(text.splitlines())} lines", file=sys.stderr)
+
+
+def make_tls_files(tls_dir: Path, hosts: Sequence[str]) -> None:
+    """The run CA and the coordinator's certificate for `hosts` in `tls_dir` (a whole set there is kept: it may be
+    a running cluster's); says on stderr what was done and the certificate's SHA-256, what a worker may pin."""
+    from cluster.tls import existing_or_new_certificates
+
+    try:
+        files, made = existing_or_new_certificates(tls_dir, hosts)
+    except ValueError as error:
+        sys.exit(str(error))
+    what = f"made for {', '.join(dict.fromkeys(hosts))}" if made else "kept (remove the folder to make a new set)"
+    print(
+        f"TLS in {tls_dir}: ca.pem (workers: RL_COORDINATOR_CA_FILE), server.pem and server.key (0600; the "
+        f"coordinator: RL_TLS_CERT_FILE, RL_TLS_KEY_FILE) {what}; certificate sha256 {files.cert_sha256} "
+        "(RL_COORDINATOR_CERT_SHA256 pins it)",
+        file=sys.stderr,
+    )
 
 
 def run_demo(args: list[str]) -> None:

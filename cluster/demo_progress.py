@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from shared.api import StatusResponse
+    from shared.tls import Verify
 
 POLL_INTERVAL_S = 1.0
 
@@ -37,8 +38,8 @@ def demo_progress_bar(runs_dir: Path) -> Iterator[None]:
         task = progress.add_task("starting the cluster ...", total=None)
 
         def follow() -> None:
-            for url in coordinator_urls(runs_dir / "latest" / "cluster.env", time.time(), stop):
-                status = fetch_status(url)
+            for url, verify in coordinator_urls(runs_dir / "latest" / "cluster.env", time.time(), stop):
+                status = fetch_status(url, verify)
                 if status is not None and status.learner is not None:
                     learner = status.learner
                     progress.update(
@@ -57,26 +58,29 @@ def demo_progress_bar(runs_dir: Path) -> Iterator[None]:
             thread.join(timeout=5.0)
 
 
-def coordinator_urls(cluster_env: Path, started_at_s: float, stop: threading.Event) -> Iterator[str]:
-    """The coordinator URL of the run started after `started_at_s`, once per poll interval, until `stop`."""
+def coordinator_urls(cluster_env: Path, started_at_s: float, stop: threading.Event) -> Iterator[tuple[str, Verify]]:
+    """The coordinator URL of the run started after `started_at_s` and how to verify it (its run CA with --tls),
+    once per poll interval, until `stop`."""
     from cluster.join import read_cluster_env
+    from shared.tls import CoordinatorTrust
 
-    url = None
+    found: tuple[str, Verify] | None = None
     while not stop.wait(POLL_INTERVAL_S):
-        if url is None:
+        if found is None:
             if cluster_env.exists() and cluster_env.stat().st_mtime >= started_at_s:
-                url = read_cluster_env(cluster_env.parent)["RL_COORDINATOR_URL"]
+                cluster = read_cluster_env(cluster_env.parent)
+                found = cluster["RL_COORDINATOR_URL"], CoordinatorTrust.from_env(cluster).verify()
             continue
-        yield url
+        yield found
 
 
-def fetch_status(url: str) -> StatusResponse | None:
+def fetch_status(url: str, verify: Verify = True) -> StatusResponse | None:
     import httpx
 
     from shared.api import StatusResponse
 
     try:
-        response = httpx.get(url + "/v1/status", timeout=2.0)
+        response = httpx.get(url + "/v1/status", timeout=2.0, verify=verify)
     except httpx.HTTPError:
         return None  # starting or stopping: the next poll tries again
     return StatusResponse.model_validate_json(response.content) if response.status_code == 200 else None

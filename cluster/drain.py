@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 from pydantic import TypeAdapter
 
-from cluster.join import DEFAULT_RUN_DIR, read_cluster_env
+from cluster.join import DEFAULT_RUN_DIR, cluster_trust, read_cluster_env
 from shared.api import WorkerInfo, WorkerState
 
 WORKER_LIST = TypeAdapter(list[WorkerInfo])
@@ -38,10 +38,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         cluster = read_cluster_env(args.run_dir)
+        url = cluster["RL_COORDINATOR_URL"]
+        verify = cluster_trust(cluster).verify_for(url)  # the admin token crosses only TLS off loopback
     except ValueError as exc:
         sys.exit(str(exc))
     headers = {"Authorization": f"Bearer {cluster['RL_ADMIN_TOKEN']}"}
-    with httpx.Client(base_url=cluster["RL_COORDINATOR_URL"], headers=headers, timeout=10.0) as client:
+    with httpx.Client(base_url=url, headers=headers, timeout=10.0, verify=verify) as client:
         worker_ids = resolve_worker_ids(client, args.worker)
         if not worker_ids:
             sys.exit(f"no live worker named or with id {args.worker!r}")

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from cluster.worker_process import add_identity_arguments, exec_rollout_worker, identity_environment
+from shared.tls import CoordinatorTrust, is_verification_failure
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RUN_DIR = REPO_ROOT / "runs" / "latest"
@@ -38,7 +39,7 @@ WORKER_VARIABLES = (
     "RL_RUN_ID",
     "RL_RUN_DIR",
     "RL_MODEL_DIR",
-)
+)  # and, with a cluster run with --tls, RL_COORDINATOR_CA_FILE (shared/tls.py CoordinatorTrust.environment)
 ADMIN_TOKEN_VARIABLE = "RL_ADMIN_TOKEN"  # in cluster.env: issues each new worker a credential of its own
 SHARED_TOKEN_VARIABLE = "RL_JOIN_TOKEN"  # the demo's shared token, for --shared-token
 ISSUE_TIMEOUT_S = 10.0
@@ -58,6 +59,13 @@ def read_cluster_env(run_dir: Path) -> dict[str, str]:
             name, _, value = line.partition("=")
             values[name.strip()] = value.strip()
     return values
+
+
+def cluster_trust(cluster: dict[str, str]) -> CoordinatorTrust:
+    """How a tool verifies the coordinator (shared/tls.py): RL_COORDINATOR_CA_FILE, RL_COORDINATOR_CERT_SHA256 and
+    RL_INSECURE_HTTP from this process's environment where set there, else from `cluster` (a cluster.env)."""
+    overrides = {name: value for name, value in os.environ.items() if value.strip()}
+    return CoordinatorTrust.from_env({**cluster, **overrides})
 
 
 class CredentialNotIssuedError(Exception):
@@ -85,7 +93,9 @@ def local_join_token(cluster: dict[str, str], worker_name: str, *, shared_token:
         if SHARED_TOKEN_VARIABLE not in cluster:
             raise ValueError(f"cluster.env has no {SHARED_TOKEN_VARIABLE} (and no admin token to issue a credential)")
         return cluster[SHARED_TOKEN_VARIABLE]
-    join_token = issue_join_credential(cluster["RL_COORDINATOR_URL"], cluster[ADMIN_TOKEN_VARIABLE], worker_name)
+    join_token = issue_join_credential(
+        cluster["RL_COORDINATOR_URL"], cluster[ADMIN_TOKEN_VARIABLE], worker_name, CoordinatorTrust.from_env(cluster)
+    )
     print(
         f"issued join credential {join_token.partition('.')[0]} for {worker_name}: its own budget and record "
         "(relay-rl operators list)",
@@ -95,21 +105,28 @@ def local_join_token(cluster: dict[str, str], worker_name: str, *, shared_token:
     return join_token
 
 
-def issue_join_credential(coordinator_url: str, admin_token: str, name: str) -> str:
-    """POST /v1/operators with the admin token: a new credential named `name`; returns its join token."""
+def issue_join_credential(
+    coordinator_url: str, admin_token: str, name: str, trust: CoordinatorTrust | None = None
+) -> str:
+    """POST /v1/operators with the admin token: a new credential named `name`; returns its join token. `trust`:
+    how the coordinator is verified first (shared/tls.py; default the system's CAs, plain http on loopback only:
+    InsecureCoordinatorError, a ValueError, otherwise)."""
     import httpx
 
     from shared.api import OPERATORS_PATH, IssuedOperator
 
+    verify = (trust or CoordinatorTrust()).verify_for(coordinator_url)
     try:
         response = httpx.post(
             coordinator_url.rstrip("/") + OPERATORS_PATH,
             json={"name": name},
             headers={"Authorization": f"Bearer {admin_token}"},
             timeout=ISSUE_TIMEOUT_S,
+            verify=verify,
         )
     except httpx.HTTPError as exc:  # refused, unresolvable, timed out: the user starts it again
-        message = f"cannot reach the coordinator at {coordinator_url} to issue a join credential: {exc}"
+        what = "failed TLS verification (nothing was sent)" if is_verification_failure(exc) else "cannot be reached"
+        message = f"the coordinator at {coordinator_url} {what}; no join credential issued: {exc}"
         raise CredentialNotIssuedError(message, unreachable=True) from exc
     if response.status_code != 201:
         message = (
@@ -125,7 +142,10 @@ def worker_environment(cluster: dict[str, str], args: argparse.Namespace) -> dic
         raise ValueError(f"cluster.env lacks {', '.join(missing)}")
     join_token = local_join_token(cluster, args.name, shared_token=args.shared_token)
     return (
-        {name: cluster[name] for name in WORKER_VARIABLES} | {"RL_JOIN_TOKEN": join_token} | identity_environment(args)
+        {name: cluster[name] for name in WORKER_VARIABLES}
+        | CoordinatorTrust.from_env(cluster).environment()
+        | {"RL_JOIN_TOKEN": join_token}
+        | identity_environment(args)
     )
 
 

@@ -48,11 +48,15 @@ from cluster.redis_acl import OPERATOR, RedisUsers
 from cluster.redis_server import RedisServer
 from cluster.run_report import RunReport
 from cluster.supervisor import RestartMode, RestartPolicy, ServiceState, SupervisionRecord, Supervisor
+from cluster.tls import TlsFiles, make_run_certificates
+from cluster.wan.profiles import LINKS_FILE, Fleet, load_fleet
+from cluster.wan.testbed import CORE, HOST_ADDRESS, Testbed, worker_node
 from shared.api import StatusResponse, WorkerState
 from shared.config import RunConfig, load_run_config, resolve_model_dir
 from shared.model_catalog import TINY_RANDOM
 from shared.run_records import LearnerSummary
 from shared.signing import PUBLIC_KEY_ENV, SIGNING_KEY_ENV, KeyPair, generate_key_pair
+from shared.tls import INSECURE_HTTP_ENV, CoordinatorTrust, Verify, is_loopback_host
 from shared.tokenization import ModelFolderError, check_model_folder
 
 log = logging.getLogger("cluster")
@@ -81,6 +85,14 @@ class ClusterOptions:
     worker_env: dict[str, dict[str, str]] = field(default_factory=dict)
     # processes of the learner: > 1 runs it sharded under torchrun (docs/distributed_learner.md)
     learner_procs: int = 1
+    # --wan FLEET: every worker in a network namespace of its own behind its link profile, the trusted
+    # services in another (cluster/wan/testbed.py, docs/wan.md); None: everything on loopback
+    wan: Fleet | None = None
+    # --tls: the coordinator serves https with a certificate of this run's own CA (cluster/tls.py, in
+    # <run_dir>/tls); workers, tools and this runner verify it with the CA (RL_COORDINATOR_CA_FILE).
+    # tls_hosts: names or addresses it covers besides 127.0.0.1, localhost and the services' address
+    tls: bool = False
+    tls_hosts: tuple[str, ...] = ()
 
     def restart_policy(self, mode: RestartMode) -> RestartPolicy:
         return RestartPolicy(
@@ -107,6 +119,10 @@ class LocalCluster:
     # workers register with it; hex never begins with "-", which a --token flag would take for a flag
     join_token: str = field(default_factory=lambda: secrets.token_hex(24))
     metrics_urls: dict[str, str] = field(default_factory=dict)  # service name -> its Prometheus /metrics
+    testbed: Testbed | None = None  # the emulated WAN the services run across (options.wan)
+    learner_port: int = 0  # the learner's chunk server (workers fetch weights from it)
+    tls: TlsFiles | None = None  # with options.tls: the run CA and the coordinator's certificate (tls_files())
+    warned_plain_http: bool = False
 
     def __post_init__(self) -> None:
         base = load_run_config(self.options.config_path)
@@ -125,6 +141,7 @@ class LocalCluster:
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         point_latest_at(self.run_dir)
+        self.start_testbed()
         self.start_redis()
         self.build_initial_policy()
         self.start_coordinator()
@@ -148,7 +165,7 @@ class LocalCluster:
         seen (None: none yet). Raises RuntimeError if the supervisor gives up on the learner."""
         deadline = time.monotonic() + self.run.schedule.max_wall_s + self.options.startup_timeout_s
         status: StatusResponse | None = None
-        with httpx.Client(base_url=self.coordinator_url, timeout=5.0) as client:
+        with httpx.Client(base_url=self.coordinator_url, timeout=5.0, verify=self.coordinator_verify()) as client:
             while time.monotonic() < deadline:
                 self.supervisor.poll()
                 self.supervisor.write_summary(self.run_dir / "supervision.json")
@@ -194,6 +211,8 @@ class LocalCluster:
         finally:
             self.supervisor.stop(["redis"])
             self.supervisor.write_summary(self.run_dir / "supervision.json")
+            if self.testbed is not None:
+                self.testbed.stop()
 
     def supervision(self) -> SupervisionRecord:
         return self.supervisor.summary()
@@ -212,14 +231,41 @@ class LocalCluster:
         (self.run_dir / "accounting.json").write_text(accounting.model_dump_json(indent=2) + "\n")
 
     # steps
+    def start_testbed(self) -> None:
+        """With --wan: the namespaces, links and delay lines (the runner stays in the root namespace)."""
+        if self.options.wan is None:
+            return
+        self.testbed = Testbed(self.options.wan, self.run_dir / "wan")
+        self.testbed.start(self.options.num_workers)
+
+    @property
+    def services_host(self) -> str:
+        """The address the trusted services bind and are reached at: the core node's on the testbed."""
+        return self.testbed.address(CORE) if self.testbed is not None else "127.0.0.1"
+
+    def node_of(self, service: str) -> str:
+        """The testbed node a service runs on: worker-<i> on w<i>, the rest on the core."""
+        return worker_node(int(service.removeprefix("worker-"))) if service.startswith("worker-") else CORE
+
+    def command_prefix(self, service: str) -> list[str]:
+        return self.testbed.command(self.node_of(service), []) if self.testbed is not None else []
+
     def start_redis(self) -> None:
         """Redis with ACLs on: the default user off, one user per trusted service (cluster/redis_acl.py).
         Supervised: a restart reuses the same port, AOF and ACL file."""
         acl_file = self.run_dir / "redis" / "users.acl"
         self.redis_users.write_acl_file(acl_file)
         probe_user = (OPERATOR, self.redis_users.passwords[OPERATOR])
-        redis_server = RedisServer(self.run_dir / "redis", acl_file=acl_file, probe_user=probe_user)
+        redis_server = RedisServer(
+            self.run_dir / "redis",
+            acl_file=acl_file,
+            probe_user=probe_user,
+            host=self.services_host,
+            command_prefix=self.command_prefix("redis"),
+        )
         self.redis = redis_server
+        if self.testbed is not None:  # only the trusted services (and this runner) reach Redis
+            self.testbed.block_port(CORE, redis_server.port, "redis", except_address=HOST_ADDRESS)
         self.supervisor.add("redis", redis_server.start, self.options.restart_policy(RestartMode.UNLESS_STOPPED))
         log.info("redis on %s (ACLs on: the default user is disabled)", redis_server.url)
 
@@ -263,11 +309,13 @@ class LocalCluster:
 
     def start_coordinator(self) -> None:
         port = free_port()
-        self.coordinator_url = f"http://127.0.0.1:{port}"
+        self.coordinator_url = f"{self.coordinator_scheme}://{self.services_host}:{port}"
         env = {
+            "RL_COORDINATOR_HOST": self.services_host,
             "RL_COORDINATOR_PORT": str(port),
             "RL_REDIS_URL": self.redis_url_for("coordinator"),
             "RL_ADMIN_TOKEN": self.admin_token,
+            **self.coordinator_tls_env(),
         }
         self.launch("coordinator", "services.coordinator", env)
         self.wait_healthy(self.coordinator_url + "/healthz", self.services["coordinator"])
@@ -277,9 +325,10 @@ class LocalCluster:
 
     def start_learner(self) -> None:
         port = free_port()
+        self.learner_port = port
         env = {
             "RL_LEARNER_PORT": str(port),
-            "RL_LEARNER_HOST": "127.0.0.1",
+            "RL_LEARNER_HOST": self.services_host,
             "RL_REDIS_URL": self.redis_url_for("learner"),
             SIGNING_KEY_ENV: self.weights_keys.signing_key_hex,
         }
@@ -288,6 +337,13 @@ class LocalCluster:
     def start_worker(self, index: int) -> None:
         name = f"worker-{index}"
         env = {"RL_WORKER_NAME": name, "RL_WORKER_PORT": "0", **self.options.worker_env.get(name, {})}
+        if self.testbed is not None:  # its chunk server on its own node's address, where its children reach it;
+            node = self.node_of(name)  # its uplink as the bandwidth it declares (the relay plan ranks parents by it)
+            env = {
+                "RL_WORKER_HOST": self.testbed.address(node),
+                "RL_WORKER_BANDWIDTH_MBPS": str(self.testbed.profile(node).up_mbps),
+                **env,
+            }
         if name in self.options.liars:  # a lying worker (tests and benchmarks only): the liar's own entry point
             env["RL_FAULT_INJECT"] = self.options.liars[name]
             self.launch(name, "benchmarks.liar_worker", env)
@@ -315,6 +371,7 @@ class LocalCluster:
             "RL_COORDINATOR_URL": self.coordinator_url,
             PUBLIC_KEY_ENV: self.weights_keys.public_key_hex,
             "RL_JOIN_TOKEN": self.join_token,
+            **self.coordinator_trust_env(),
         }
 
     def write_cluster_env(self) -> Path:
@@ -336,8 +393,10 @@ class LocalCluster:
             self.metrics_urls[name] = f"http://127.0.0.1:{port}/metrics"
         full_env = {**self.common_env(), **env}
 
+        prefix = self.command_prefix(name)
+
         def start() -> ServiceProcess:
-            return start_service(name, module, full_env, self.run_dir / "logs", REPO_ROOT, launcher or [])
+            return start_service(name, module, full_env, self.run_dir / "logs", REPO_ROOT, launcher or [], prefix)
 
         # exit 0 is deliberate for these two: the learner's run is complete, a worker was drained
         deliberate_exit = name == "learner" or name.startswith("worker")
@@ -352,7 +411,7 @@ class LocalCluster:
             if not process.alive():
                 raise RuntimeError(f"{process.name} exited with {process.popen.returncode}:\n{process.log_tail()}")
             try:
-                if httpx.get(url, timeout=1.0).status_code == 200:
+                if httpx.get(url, timeout=1.0, verify=self.coordinator_verify()).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -375,6 +434,45 @@ class LocalCluster:
             log.warning("status unavailable: %s", exc)
             return None
         return StatusResponse.model_validate_json(response.content) if response.status_code == 200 else None
+
+    # TLS (options.tls; docs/operations.md#tls): credentials cross only TLS off loopback
+    @property
+    def coordinator_scheme(self) -> str:
+        return "https" if self.options.tls else "http"
+
+    def tls_files(self) -> TlsFiles:
+        """The run CA and the coordinator's certificate in <run_dir>/tls, made at the first call (for 127.0.0.1,
+        localhost, the services' address and options.tls_hosts) and the same set after."""
+        if self.tls is None:
+            hosts = ["127.0.0.1", "localhost", self.services_host, *self.options.tls_hosts]
+            self.tls = make_run_certificates(self.run_dir / "tls", hosts, overwrite=True)
+            log.info(
+                "coordinator certificate for %s, sha256 %s (run CA %s)", hosts, self.tls.cert_sha256, self.tls.ca_file
+            )
+        return self.tls
+
+    def coordinator_tls_env(self) -> dict[str, str]:
+        """The coordinator's RL_TLS_CERT_FILE and RL_TLS_KEY_FILE with --tls; nothing (plain http) without."""
+        return self.tls_files().server_env() if self.options.tls else {}
+
+    def coordinator_trust_env(self) -> dict[str, str]:
+        """What every client of the coordinator gets: the run CA with --tls. Without it, plain http to a services
+        address that is not loopback (the WAN testbed's namespaces) is allowed with RL_INSECURE_HTTP=1: tokens
+        cross the emulated links in clear text, so it says so."""
+        if self.options.tls:
+            return self.tls_files().client_env()
+        if not is_loopback_host(self.services_host):
+            if not self.warned_plain_http:
+                log.warning(
+                    "plain http to %s: tokens cross the emulated links in clear text (--tls)", self.services_host
+                )
+                self.warned_plain_http = True
+            return {INSECURE_HTTP_ENV: "1"}
+        return {}
+
+    def coordinator_verify(self) -> Verify:
+        """httpx's `verify=` for this runner's own calls (health, status): the run CA with --tls."""
+        return CoordinatorTrust(self.tls_files().ca_file).verify() if self.options.tls else True
 
 
 def point_latest_at(run_dir: Path) -> None:
@@ -488,6 +586,28 @@ def main() -> None:
         default=1,
         help="learner processes: > 1 shards it with FSDP2 under torchrun (gloo on CPU, nccl on GPUs)",
     )
+    parser.add_argument(
+        "--wan",
+        default=None,
+        metavar="FLEET",
+        help="run across an emulated WAN (root; docs/wan.md): a fleet or link profile of --wan-links"
+        " (broadband, far, mobile, datacenter, mixed); implies --tls",
+    )
+    parser.add_argument("--wan-links", type=Path, default=LINKS_FILE, help="the link profiles file")
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="the coordinator serves https with a certificate of a CA made for this run (<run dir>/tls); workers "
+        "verify it with the CA (docs/operations.md#tls)",
+    )
+    parser.add_argument(
+        "--tls-host",
+        action="append",
+        default=[],
+        metavar="NAME_OR_IP",
+        help="with --tls, another name or address the certificate covers (repeatable; 127.0.0.1, localhost and the "
+        "services' address always are)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per status poll otherwise
@@ -506,6 +626,9 @@ def main() -> None:
                 max_restarts=args.max_restarts,
                 restart_window_s=args.restart_window_s,
                 learner_procs=args.learner_procs,
+                wan=load_fleet(args.wan, args.wan_links) if args.wan else None,
+                tls=args.tls or args.wan is not None,  # across a network, credentials cross only TLS
+                tls_hosts=tuple(args.tls_host),
             )
         )
     except ValueError as exc:  # a run file that does not fit the flags: one line, no traceback

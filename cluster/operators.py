@@ -16,10 +16,13 @@ it registers nobody and its live workers stop, until an admin releases it.
     relay-rl operators revoke op-...    refuses it from now on; its active and standby workers are drained
 
 The coordinator is --coordinator, else $RL_COORDINATOR_URL, else the one in <run dir>/cluster.env; the admin
-token is $RL_ADMIN_TOKEN, else the one in <run dir>/cluster.env. The same over plain HTTP:
+token is $RL_ADMIN_TOKEN, else the one in <run dir>/cluster.env. An https coordinator is verified with
+$RL_COORDINATOR_CA_FILE or $RL_COORDINATOR_CERT_SHA256 (else cluster.env's, else the system's CAs); plain http
+to a host that is not loopback is refused unless RL_INSECURE_HTTP=1 (the admin token would cross in clear
+text). The same with curl:
 
-    curl -X POST -H "Authorization: Bearer $RL_ADMIN_TOKEN" -H 'Content-Type: application/json' \\
-         -d '{"name": "alice"}' $RL_COORDINATOR_URL/v1/operators
+    curl --cacert "$RL_COORDINATOR_CA_FILE" -X POST -H "Authorization: Bearer $RL_ADMIN_TOKEN" \\
+         -H 'Content-Type: application/json' -d '{"name": "alice"}' $RL_COORDINATOR_URL/v1/operators
 
 Only the standard library is imported at module level: `relay-rl operators --help` builds its parser here.
 """
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
     import httpx
 
     from shared.api import OperatorInfo
+    from shared.tls import CoordinatorTrust
 
 ADMIN_TOKEN_ENV = "RL_ADMIN_TOKEN"
 COORDINATOR_ENV = "RL_COORDINATOR_URL"
@@ -81,10 +85,14 @@ def add_arguments(parser: argparse.ArgumentParser, default_run_dir: Path) -> Non
 def main(args: argparse.Namespace) -> None:
     import httpx
 
-    url, admin_token = coordinator_and_admin_token(args.coordinator, args.run_dir)
+    url, admin_token, trust = coordinator_and_admin_token(args.coordinator, args.run_dir)
+    try:  # the admin token crosses only TLS off loopback (shared/tls.py)
+        verify = trust.verify_for(url)
+    except ValueError as exc:
+        sys.exit(f"relay-rl operators: {exc}")
     headers = {"Authorization": f"Bearer {admin_token}"}
     try:
-        with httpx.Client(base_url=url, headers=headers, timeout=REQUEST_TIMEOUT_S) as client:
+        with httpx.Client(base_url=url, headers=headers, timeout=REQUEST_TIMEOUT_S, verify=verify) as client:
             print(run_action(client, args))
     except httpx.HTTPError as exc:
         sys.exit(f"relay-rl operators: cannot reach the coordinator at {url}: {exc}")
@@ -174,15 +182,17 @@ def expect(response: httpx.Response, status_code: int) -> bytes:
     return response.content
 
 
-def coordinator_and_admin_token(explicit_url: str | None, run_dir: Path) -> tuple[str, str]:
-    """--coordinator / $RL_COORDINATOR_URL and $RL_ADMIN_TOKEN, each else from <run dir>/cluster.env."""
-    url, admin_token = explicit_url, os.environ.get(ADMIN_TOKEN_ENV)
-    if not url or not admin_token:
-        from cluster.join import read_cluster_env
+def coordinator_and_admin_token(explicit_url: str | None, run_dir: Path) -> tuple[str, str, CoordinatorTrust]:
+    """--coordinator / $RL_COORDINATOR_URL and $RL_ADMIN_TOKEN, each else from <run dir>/cluster.env; and how the
+    coordinator is verified ($RL_COORDINATOR_CA_FILE / _CERT_SHA256 / $RL_INSECURE_HTTP, else cluster.env's)."""
+    from cluster.join import cluster_trust, read_cluster_env
 
+    url, admin_token = explicit_url, os.environ.get(ADMIN_TOKEN_ENV)
+    cluster: dict[str, str] = {}
+    if not url or not admin_token:
         try:
             cluster = read_cluster_env(run_dir)
         except ValueError as exc:
             sys.exit(f"relay-rl operators: no --coordinator/${ADMIN_TOKEN_ENV} and {exc}")
         url, admin_token = url or cluster[COORDINATOR_ENV], admin_token or cluster[ADMIN_TOKEN_ENV]
-    return url.rstrip("/"), admin_token
+    return url.rstrip("/"), admin_token, cluster_trust(cluster)

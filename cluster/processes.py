@@ -64,11 +64,18 @@ def tail_of(path: Path, num_lines: int) -> str:
 
 
 def start_service(
-    name: str, module: str, env: dict[str, str], log_dir: Path, cwd: Path, launcher: Sequence[str] = ()
+    name: str,
+    module: str,
+    env: dict[str, str],
+    log_dir: Path,
+    cwd: Path,
+    launcher: Sequence[str] = (),
+    command_prefix: Sequence[str] = (),
 ) -> ServiceProcess:
     """`python [launcher...] -m <module>` with `env` added to this process's environment, output to
     <log_dir>/<name>.log. `launcher`: e.g. torchrun's `-m torch.distributed.run --standalone --nproc-per-node=2`
     (the process is then torchrun: it passes SIGTERM to its ranks, and they exit when it is killed).
+    `command_prefix`: what runs it, e.g. `ip netns exec rlw-w0` (it execs: the PID is still Python's).
     A weight-signing key in this process's environment is not passed on: a child gets one only in `env`
     (the learner), so a worker never inherits one from the shell that started the cluster."""
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -77,7 +84,7 @@ def start_service(
     child_env = {**inherited, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **env}
     with open(log_path, "ab") as log_file:
         popen = subprocess.Popen(
-            [sys.executable, *launcher, "-m", module],
+            [*command_prefix, sys.executable, *launcher, "-m", module],
             env=child_env,
             cwd=cwd,
             stdout=log_file,

@@ -54,7 +54,9 @@ class RedisServer:
     """A redis-server child process on 127.0.0.1; `append_only` turns on AOF (fsync every second).
     `acl_file`: the users it loads (cluster/redis_acl.py), then `probe_user` (name, password) is who the
     readiness check logs in as. `maxmemory_bytes`: its memory cap (noeviction; module docstring).
-    `server_args`: more redis-server options, after ours (a test slowing its loading down)."""
+    `server_args`: more redis-server options, after ours (a test slowing its loading down). `host`: another
+    address it listens on besides 127.0.0.1 and that its URL names; `command_prefix`: what runs it (the WAN
+    testbed's `ip netns exec <namespace>`)."""
 
     def __init__(
         self,
@@ -65,6 +67,8 @@ class RedisServer:
         probe_user: tuple[str, str] | None = None,
         maxmemory_bytes: int = DEFAULT_MAXMEMORY_BYTES,
         server_args: Sequence[str] = (),
+        host: str = "127.0.0.1",
+        command_prefix: Sequence[str] = (),
     ) -> None:
         if maxmemory_bytes < 1024**2:
             raise ValueError(f"maxmemory_bytes must be at least 1 MiB, got {maxmemory_bytes}")
@@ -75,11 +79,13 @@ class RedisServer:
         self.acl_file = acl_file
         self.probe_user = probe_user
         self.server_args = tuple(server_args)
+        self.host = host
+        self.command_prefix = tuple(command_prefix)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{self.host}:{self.port}/0"
 
     @property
     def pid(self) -> int:
@@ -107,11 +113,12 @@ class RedisServer:
         data is loaded it answers LOADING errors (what `start` waits out)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [
+            *self.command_prefix,
             find_server_binary(),
             "--port",
             str(self.port),
             "--bind",
-            "127.0.0.1",
+            *dict.fromkeys(["127.0.0.1", self.host]),
             "--dir",
             str(self.data_dir.resolve()),
             "--save",
@@ -145,7 +152,7 @@ class RedisServer:
         """Until PING answers and INFO persistence says `loading:0` (a server replaying its AOF answers
         LOADING errors, a BusyLoadingError subclass of ConnectionError, or reports loading:1)."""
         username, password = self.probe_user or (None, None)
-        client = redis.Redis(port=self.port, socket_timeout=1.0, username=username, password=password)
+        client = redis.Redis(host=self.host, port=self.port, socket_timeout=1.0, username=username, password=password)
         deadline = time.monotonic() + timeout_s
         try:
             while time.monotonic() < deadline:

@@ -1,12 +1,15 @@
 """`relay-rl worker`: one command starts a rollout worker on any machine and joins a running cluster.
 
-    relay-rl worker --coordinator http://coord.example:8000 --token=$RL_JOIN_TOKEN --name gpu-a --price 0.4
+    relay-rl worker --coordinator https://coord.example:8000 --ca-file ca.pem --token=$RL_JOIN_TOKEN --name gpu-a
 
 The join token is a credential the cluster's admin issued for this worker or its operator (`relay-rl operators
 issue NAME`): its own budget and record, and a quarantine sticks to it. Without --coordinator and --token, on
 the machine of a local cluster (`make worker`), both come from its cluster.env: a credential issued for this
 worker with the admin token there, or with --shared-token the local demo's shared join token.
 
+    0. trust     the coordinator is https://, checked against the run CA (--ca-file) or a pinned certificate
+                 (--cert-sha256) before the token is sent (shared/tls.py); a plain http:// URL whose host is not
+                 loopback is refused (exit 2) unless --insecure; a certificate that fails: exit 5, nothing sent
     1. fetch     GET /v1/cluster/bootstrap with the join token (header X-RL-Join-Token): the run id, the
                  run file, the learner's public key and the model (shared/api.py
                  ClusterBootstrap); 401: a wrong token, exit 3; no coordinator there: exit 4
@@ -23,9 +26,9 @@ worker with the admin token there, or with --shared-token the local demo's share
                  plan, its signature checked with the key): a folder with another tokenizer or architecture
                  (model fingerprint) is refused here. A learner this machine cannot reach, or no version
                  yet: the worker's own check at the first weights refuses it (shared/weight_channel/manifest.py)
-    5. exec      `python -m services.rollout` with that environment in place of this process: Ctrl-C
-                 drains it (finish the batch, deregister, exit 0). The worker needs no Redis: it takes
-                 tasks and hands back groups through the coordinator's work API.
+    5. exec      `python -m services.rollout` with that environment (the trust of step 0 included) in place of
+                 this process: Ctrl-C drains it (finish the batch, deregister, exit 0). The worker needs no
+                 Redis: it takes tasks and hands back groups through the coordinator's work API.
 
 Only the standard library is imported at module level: `relay-rl worker --help` builds its parser here.
 """
@@ -48,6 +51,15 @@ from cluster.join import (
 )
 from cluster.model_cache import link_catalog_model
 from cluster.worker_process import add_identity_arguments, exec_rollout_worker, identity_environment
+from shared.tls import (
+    CA_FILE_ENV,
+    CERT_SHA256_ENV,
+    INSECURE_HTTP_ENV,
+    TRUE_WORDS,
+    CoordinatorTrust,
+    Verify,
+    is_verification_failure,
+)
 
 if TYPE_CHECKING:
     import httpx
@@ -66,6 +78,7 @@ EXIT_FAILED = 1  # anything else: the coordinator has no bootstrap, a model fold
 EXIT_USAGE = 2  # no coordinator URL or no join token (argparse's code for a usage error)
 EXIT_REFUSED = 3  # the coordinator refused the join token (HTTP 401/403)
 EXIT_UNREACHABLE = 4  # no coordinator answered at that URL
+EXIT_UNTRUSTED = 5  # the coordinator's certificate failed verification (run CA, pin): nothing was sent
 
 
 class JoinError(Exception):
@@ -87,6 +100,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get(JOIN_TOKEN_ENV),
         help=f"a join credential the cluster's admin issued (relay-rl operators issue), or a shared join token "
         f"(default ${JOIN_TOKEN_ENV}; write --token=VALUE if it begins with -)",
+    )
+    parser.add_argument(
+        "--ca-file",
+        type=Path,
+        default=os.environ.get(CA_FILE_ENV) or None,
+        help=f"the run's CA certificate (ca.pem of relay-rl keys): the https coordinator's certificate must chain to "
+        f"it (default ${CA_FILE_ENV}; neither this nor --cert-sha256: the system's CAs)",
+    )
+    parser.add_argument(
+        "--cert-sha256",
+        default=os.environ.get(CERT_SHA256_ENV) or None,
+        help=f"pin the coordinator's certificate by its SHA-256 (hex; the coordinator logs it at start) instead of a "
+        f"CA (default ${CERT_SHA256_ENV})",
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        default=os.environ.get(INSECURE_HTTP_ENV, "").strip().lower() in TRUE_WORDS,
+        help=f"allow a plain http:// coordinator that is not on loopback: the join token and the worker's tokens "
+        f"cross the network in clear text (test beds only; default ${INSECURE_HTTP_ENV})",
     )
     parser.add_argument(
         "--public-key",
@@ -152,11 +185,16 @@ def prepare(args: argparse.Namespace) -> dict[str, str]:
         raise JoinError(f"no coordinator: pass --coordinator URL or set {COORDINATOR_ENV}", EXIT_USAGE)
     if not args.token:
         raise JoinError(f"no join token: pass --token TOKEN or set {JOIN_TOKEN_ENV}", EXIT_USAGE)
+    trust = CoordinatorTrust(args.ca_file, args.cert_sha256, args.insecure)
+    try:  # step 0, before the token goes anywhere
+        verify = trust.verify_for(args.coordinator)
+    except ValueError as exc:  # plain http to another host, an unreadable CA file, a malformed pin
+        raise JoinError(str(exc), EXIT_USAGE) from exc
     from rich.console import Console
 
     console = Console(stderr=True)
     with console.status(f"fetching the cluster's settings from {args.coordinator}"):
-        bootstrap = fetch_bootstrap(args.coordinator, args.token)
+        bootstrap = fetch_bootstrap(args.coordinator, args.token, verify)
     check_public_key(bootstrap.weights_public_key, args.public_key)
     work_dir = (args.work_dir or DEFAULT_WORK_ROOT / bootstrap.run_id).resolve()
     run_file = write_run_file(work_dir, bootstrap.run_config_toml)
@@ -164,7 +202,7 @@ def prepare(args: argparse.Namespace) -> dict[str, str]:
     with console.status("preparing the model folder" + (f" (init = {init}: built or fetched here)" if init else "")):
         model_dir = prepare_model_folder(bootstrap, run_file, args.model_dir, work_dir)
     with console.status("checking the model folder against the learner's newest weights"):
-        checked = check_against_learner(args.coordinator, bootstrap.weights_public_key, model_dir)
+        checked = check_against_learner(args.coordinator, bootstrap.weights_public_key, model_dir, verify)
     console.print(f"run {bootstrap.run_id}: run file {run_file}, model folder {model_dir} ({checked})")
     env = {
         "RL_COORDINATOR_URL": args.coordinator.rstrip("/"),
@@ -177,6 +215,7 @@ def prepare(args: argparse.Namespace) -> dict[str, str]:
         "RL_WORKER_NUM_THREADS": str(args.threads),
         "RL_WORKER_HOST": args.host,
         "RL_WORKER_PORT": str(args.port),
+        **trust.environment(),
         **identity_environment(args),
     }
     if args.engine is not None:
@@ -192,6 +231,10 @@ def take_local_cluster(args: argparse.Namespace) -> None:
     in that run folder, <run dir>/joined/<name>."""
     cluster = read_cluster_env(args.run_dir)
     args.coordinator = cluster["RL_COORDINATOR_URL"]
+    local = CoordinatorTrust.from_env(cluster)  # --tls: its run CA; the emulated WAN without it: plain http allowed
+    args.ca_file = args.ca_file or local.ca_file
+    args.cert_sha256 = args.cert_sha256 or local.cert_sha256
+    args.insecure = args.insecure or local.insecure_http
     try:
         args.token = local_join_token(cluster, args.name, shared_token=args.shared_token)
     except CredentialNotIssuedError as exc:
@@ -204,7 +247,7 @@ def take_local_cluster(args: argparse.Namespace) -> None:
         args.work_dir = args.run_dir.resolve() / "joined" / args.name
 
 
-def fetch_bootstrap(coordinator_url: str, join_token: str) -> ClusterBootstrap:
+def fetch_bootstrap(coordinator_url: str, join_token: str, verify: Verify = True) -> ClusterBootstrap:
     """Step 1: GET /v1/cluster/bootstrap; JoinError with the reason (and exit code) otherwise."""
     import httpx
     from pydantic import ValidationError
@@ -213,8 +256,13 @@ def fetch_bootstrap(coordinator_url: str, join_token: str) -> ClusterBootstrap:
 
     url = coordinator_url.rstrip("/") + BOOTSTRAP_PATH
     try:
-        response = httpx.get(url, headers={JOIN_TOKEN_HEADER: join_token}, timeout=BOOTSTRAP_TIMEOUT_S)
+        response = httpx.get(url, headers={JOIN_TOKEN_HEADER: join_token}, timeout=BOOTSTRAP_TIMEOUT_S, verify=verify)
     except httpx.HTTPError as exc:  # refused, unresolvable, timed out: nothing to retry on the user's behalf
+        if is_verification_failure(exc):
+            raise JoinError(
+                f"the coordinator at {coordinator_url} failed TLS verification (nothing was sent): {exc}",
+                EXIT_UNTRUSTED,
+            ) from exc
         raise JoinError(f"cannot reach the coordinator at {coordinator_url}: {exc}", EXIT_UNREACHABLE) from exc
     if response.status_code in (401, 403):
         raise JoinError(
@@ -280,7 +328,7 @@ def prepare_model_folder(bootstrap: ClusterBootstrap, run_file: Path, model_dir:
     return model_dir.resolve()
 
 
-def check_against_learner(coordinator_url: str, public_key_hex: str, model_dir: Path) -> str:
+def check_against_learner(coordinator_url: str, public_key_hex: str, model_dir: Path, verify: Verify = True) -> str:
     """Step 4's last check: JoinError unless the learner's newest full version was published for this
     folder's model fingerprint and verifies with the public key. Returns what was checked, in words."""
     import httpx
@@ -299,7 +347,7 @@ def check_against_learner(coordinator_url: str, public_key_hex: str, model_dir: 
     )
 
     try:
-        plan = httpx.get(coordinator_url.rstrip("/") + "/v1/broadcast/plan", timeout=BOOTSTRAP_TIMEOUT_S)
+        plan = httpx.get(coordinator_url.rstrip("/") + "/v1/broadcast/plan", timeout=BOOTSTRAP_TIMEOUT_S, verify=verify)
         learner_url = RelayPlanResponse.model_validate_json(plan.raise_for_status().content).learner_url
         if not learner_url:
             return NOTHING_PUBLISHED

@@ -1,10 +1,12 @@
 """Fresh secrets for a deployment, in one place: the workers' join credential, the admin token, a new Ed25519
-pair for weight manifests, and one Redis password per trusted user (cluster/redis_acl.py). Two renderings:
+pair for weight manifests, one Redis password per trusted user (cluster/redis_acl.py), and the coordinator's TLS:
+a run CA and a server certificate (cluster/tls.py). Two renderings:
 
     relay-rl keys --compose --out .env     the .env file docker-compose.yml reads: every variable it
                                            requires (`make keys` writes it, mode 0600; on an existing
-                                           file it adds the missing ones and never changes a value)
-    deploy/make_secrets.py --out x.yaml    the Helm chart's values file (docs/kubernetes.md)
+                                           file it adds the missing ones and never changes a value), and
+                                           the TLS files in tls/ beside it (RL_TLS_DIR; kept when there)
+    deploy/make_secrets.py --out x.yaml    the Helm chart's values file (docs/kubernetes.md), TLS included
 
 The workers' join credential is an operator credential (`op-<12 hex>.<secret>`, services/coordinator/operators.py),
 not a shared join token: the coordinator provisions it at start (RL_OPERATOR_TOKENS) and the workers send it, so
@@ -25,7 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.redis_acl import REDIS_USERS
+from cluster.tls import TlsFiles
 from shared.signing import generate_key_pair
+
+TLS_DIR_VARIABLE = "RL_TLS_DIR"  # docker-compose.yml: the folder of ca.pem, server.pem and server.key
 
 
 def _token() -> str:
@@ -50,27 +55,30 @@ class ClusterSecrets:
         pair = generate_key_pair()
         return cls(weights_public_key=pair.public_key_hex, signing_key=pair.signing_key_hex)
 
-    def compose_env(self) -> dict[str, str]:
-        """Every variable docker-compose.yml requires (`${NAME:?...}`)."""
+    def compose_env(self, tls_dir: Path) -> dict[str, str]:
+        """Every variable docker-compose.yml requires (`${NAME:?...}`); `tls_dir`: where its TLS files are."""
         return {
             "RL_OPERATOR_TOKEN": self.operator_token,
             "RL_ADMIN_TOKEN": self.admin_token,
             "RL_WEIGHTS_PUBLIC_KEY": self.weights_public_key,
             "RL_SIGNING_KEY": self.signing_key,
             **{f"RL_REDIS_PASSWORD_{user.upper()}": password for user, password in self.redis_passwords.items()},
+            TLS_DIR_VARIABLE: str(tls_dir.resolve()),
         }
 
-    def compose_env_text(self) -> str:
+    def compose_env_text(self, tls_dir: Path) -> str:
         lines = [
             "# relay-rl secrets for docker compose (relay-rl keys --compose): keep private, never commit",
-            *(f"{name}={value}" for name, value in self.compose_env().items()),
-            "# Workers on other machines: set the address they reach this machine at (docs/docker.md);",
+            *(f"{name}={value}" for name, value in self.compose_env(tls_dir).items()),
+            "# Workers on other machines: set the address they reach this machine at (docs/docker.md), and have the",
+            f"# coordinator's certificate in {TLS_DIR_VARIABLE} name it (relay-rl keys --compose --tls-host ADDRESS);",
             f"# this machine's outbound address is {outbound_address()}",
             "# RL_PUBLIC_HOST=",
         ]
         return "\n".join(lines) + "\n"
 
-    def helm_values(self) -> dict[str, object]:
+    def helm_values(self, tls: TlsFiles) -> dict[str, object]:
+        """The chart's `secrets` values; `tls`: the coordinator's certificate, its key and the run CA, inlined."""
         return {
             "secrets": {
                 "create": True,
@@ -79,6 +87,11 @@ class ClusterSecrets:
                 "weightsPublicKey": self.weights_public_key,
                 "signingKey": self.signing_key,
                 "redisPasswords": dict(self.redis_passwords),
+                "tls": {
+                    "caCert": tls.ca_file.read_text(),
+                    "serverCert": tls.cert_file.read_text(),
+                    "serverKey": tls.key_file.read_text(),
+                },
             }
         }
 
@@ -96,13 +109,13 @@ def outbound_address() -> str:
 KEY_PAIR = ("RL_WEIGHTS_PUBLIC_KEY", "RL_SIGNING_KEY")  # one is useless without its own other half
 
 
-def add_missing_compose_env(path: Path, fresh: ClusterSecrets) -> list[str]:
+def add_missing_compose_env(path: Path, fresh: ClusterSecrets, tls_dir: Path) -> list[str]:
     """`make keys` on an existing .env: append each variable docker-compose.yml requires that the file lacks, with
-    its value from `fresh`; a value already there is never changed (it may be a running cluster's secret). Returns
-    the names added. ValueError when the file holds one half of the weight-signing pair: a fresh other half
-    would not match it."""
+    its value from `fresh` (and `tls_dir`); a value already there is never changed (it may be a running cluster's
+    secret). Returns the names added. ValueError when the file holds one half of the weight-signing pair: a fresh
+    other half would not match it."""
     present = env_file_names(path.read_text())
-    missing = {name: value for name, value in fresh.compose_env().items() if name not in present}
+    missing = {name: value for name, value in fresh.compose_env(tls_dir).items() if name not in present}
     lacking = [name for name in KEY_PAIR if name in missing]
     if len(lacking) == 1:
         (there,) = set(KEY_PAIR) - set(lacking)
@@ -117,12 +130,18 @@ def add_missing_compose_env(path: Path, fresh: ClusterSecrets) -> list[str]:
 
 def env_file_names(text: str) -> set[str]:
     """The variables a .env file sets (KEY=VALUE lines; comments and blank lines skipped)."""
-    names = set()
+    return set(env_file_values(text))
+
+
+def env_file_values(text: str) -> dict[str, str]:
+    """The KEY=VALUE lines of a .env file (comments and blank lines skipped)."""
+    values = {}
     for line in text.splitlines():
         line = line.strip()
         if line and not line.startswith("#") and "=" in line:
-            names.add(line.partition("=")[0].removeprefix("export ").strip())
-    return names
+            name, _, value = line.partition("=")
+            values[name.removeprefix("export ").strip()] = value.strip()
+    return values
 
 
 def write_private(path: Path, text: str, *, overwrite: bool = False) -> None:

@@ -2,7 +2,8 @@
 StatusResponse), as a short summary and a table of the workers; `--json` prints the answer as sent.
 
 The coordinator is --coordinator, else $RL_COORDINATOR_URL, else the one in <run dir>/cluster.env
-(runs/latest: the newest local cluster). /v1/status needs no token."""
+(runs/latest: the newest local cluster). /v1/status needs no token; an https coordinator is verified with
+$RL_COORDINATOR_CA_FILE or $RL_COORDINATOR_CERT_SHA256, else cluster.env's, else the system's CAs."""
 
 from __future__ import annotations
 
@@ -36,11 +37,16 @@ def add_arguments(parser: argparse.ArgumentParser, default_run_dir: Path) -> Non
 def main(args: argparse.Namespace) -> None:
     import httpx
 
+    from cluster.join import cluster_trust, read_cluster_env
     from shared.api import StatusResponse
 
     url = coordinator_url(args.coordinator, args.run_dir)
+    cluster = read_cluster_env(args.run_dir) if (args.run_dir / "cluster.env").exists() else {}
     try:
-        response = httpx.get(url + "/v1/status", timeout=STATUS_TIMEOUT_S)
+        verify = cluster_trust(cluster).verify()  # no token goes with it: plain http is fine anywhere
+        response = httpx.get(url + "/v1/status", timeout=STATUS_TIMEOUT_S, verify=verify)
+    except ValueError as exc:
+        sys.exit(f"relay-rl status: {exc}")
     except httpx.HTTPError as exc:
         sys.exit(f"relay-rl status: cannot reach the coordinator at {url}: {exc}")
     if response.status_code != 200:

@@ -231,6 +231,12 @@ class WorkerInfo(Body):
     operator_id: str = Field(
         "", description="the join credential it registered with (GET /v1/operators); empty: the cluster's shared token"
     )
+    inbound_reachable: bool | None = Field(
+        None,
+        description="the coordinator's connect-back probe reached its chunk server (false: behind NAT or a "
+        "firewall, a leaf of the relay plan; null: not probed yet, or probing is off; "
+        "services/coordinator/reachability.py)",
+    )
 
 
 class StalenessResponse(Body):
@@ -287,6 +293,9 @@ class RelayAssignmentInfo(Body):
     reported_mbps: float
     measured_mbps: float | None = Field(None, description="throughput achieved on past versions, if measured")
     fallback_urls: list[str] = Field(description="holders to use when the parent dies or stalls, best first")
+    inbound_reachable: bool | None = Field(
+        None, description="the coordinator's probe reached its chunk server (false or null: a leaf, nobody's parent)"
+    )
 
 
 class RelayPlanResponse(Body):

@@ -312,6 +312,12 @@ class BroadcastConfig(Section):
         description="workers fed by the learner; each gets B_learner / num_seeds, so more pay only on a fast learner uplink",
     )
     relay_fanout: int = Field(1, ge=1, description="children per relaying worker (1: chains)")
+    probe_inbound: bool = Field(
+        True,
+        description="the coordinator connects back to each worker's chunk server (TCP, GET /healthz) and plans one "
+        "it cannot reach (NAT, a firewall) as a leaf that nobody fetches from; false: every worker with a chunk "
+        "server is taken as reachable (a coordinator outside the network its workers share)",
+    )
     delta: bool = Field(
         True, description="publish a version as a compressed delta against the previous one when smaller"
     )

@@ -318,12 +318,13 @@ def run_cluster(
     worker_env: dict[str, dict[str, str]] | None = None,
     worker_scrapes: list[tuple[float, str, str]] | None = None,
     on_streams: Callable[[StreamBus], None] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> tuple[list[StepRecord], list[DashboardResponse], dict[str, Any], RunConfig]:
     """One real local cluster run; returns its step records, the dashboard polls, its data-plane latencies
     (`measure_pipeline`) and its run config. `worker_env`: extra environment by worker name (worker-0...).
     `worker_scrapes`, if given, gets (unix time, worker name, its /metrics text) for every worker at every
     poll (once a second). `on_streams`, if given, reads the run's streams when it has ended, before its
-    Redis stops."""
+    Redis stops. `options`: more ClusterOptions fields (e.g. `wan`, `tls`: benchmarks/wan.py)."""
     base = load_run_config(config)
     config_path = runs_dir / f"{name}.toml"
     text = config.read_text()
@@ -337,6 +338,7 @@ def run_cluster(
             runs_dir=runs_dir,
             run_id=f"{base.run_id}-{name}",
             worker_env=worker_env or {},
+            **(options or {}),
         )
     )
     polls: list[DashboardResponse] = []
@@ -347,7 +349,9 @@ def run_cluster(
             if not cluster.coordinator_url:
                 continue
             try:
-                response = httpx.get(cluster.coordinator_url + "/v1/dashboard", timeout=5.0)
+                response = httpx.get(
+                    cluster.coordinator_url + "/v1/dashboard", timeout=5.0, verify=cluster.coordinator_verify()
+                )
                 polls.append(DashboardResponse.model_validate_json(response.raise_for_status().content))
             except (httpx.HTTPError, ValueError):  # ValueError: pydantic's ValidationError
                 pass

@@ -5,6 +5,7 @@ The `serve_coordinator` fixture (tests/integration/conftest.py) is the usual way
 from __future__ import annotations
 
 import contextlib
+import ssl
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,9 @@ from typing import Any
 import httpx
 import redis
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
+from cluster.tls import TlsFiles
 from services.coordinator.announcements import Announcements
 from services.coordinator.app import create_app
 from services.coordinator.redis_access import RedisAccess
@@ -71,19 +74,27 @@ def served_coordinator(
     port: int | None = None,
     access: RedisAccess | None = None,
     bootstrap: ClusterBootstrap | None = None,
+    tls: TlsFiles | None = None,
+    host: str = "127.0.0.1",
+    front: Callable[[FastAPI], ASGIApp] | None = None,
 ) -> Iterator[ServedCoordinator]:
     """The real coordinator app for `run` under uvicorn until the block ends. `lease_clock` replaces the
     wall clock of the leases (registration, heartbeats, expiry, the sweeper), `control_clock` that of the
     control loop (billing, dwell); both are set before the app serves anything or runs a pass. `access`:
     the workers' rollout keys (default retention). `bootstrap`: what GET /v1/cluster/bootstrap answers
-    (default: 404). The app requires JOIN_TOKEN to register; the client
-    sends it with every request (JOIN_HEADERS)."""
+    (default: 404). `tls`: served over https with a run's certificate (the client trusts its CA); `host`: the
+    address it binds (default loopback); `front`: an ASGI layer served in front of the app (a test's recorder). The
+    app requires JOIN_TOKEN to register; the client sends it with every request (JOIN_HEADERS)."""
     app = create_app(run, redis_client, ADMIN_TOKEN, JOIN_TOKEN, access=access, bootstrap=bootstrap)
     if lease_clock is not None:
         app.state.coordinator.registry.clock = lease_clock
     if control_clock is not None:
         app.state.control.clock = control_clock
-    with serve(app, port) as url, httpx.Client(base_url=url, timeout=10, headers=JOIN_HEADERS) as client:
+    verify: ssl.SSLContext | bool = True if tls is None else ssl.create_default_context(cafile=str(tls.ca_file))
+    with (
+        serve(app if front is None else front(app), port, tls=tls, host=host) as url,
+        httpx.Client(base_url=url, timeout=10, headers=JOIN_HEADERS, verify=verify) as client,
+    ):
         yield ServedCoordinator(url=url, client=client, app=app)
 
 

@@ -1,26 +1,33 @@
-"""Running a FastAPI app under a real uvicorn server in a thread, for integration tests."""
+"""Running a FastAPI app (or any ASGI app) under a real uvicorn server in a thread, for integration tests."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
-from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from cluster.ports import free_port
+from cluster.tls import TlsFiles
 from tests.polling import wait_for
 
 
 @contextlib.contextmanager
-def serve(app: FastAPI, port: int | None = None) -> Iterator[str]:
-    """Run `app` under uvicorn in a thread (on `port`, default a free one); yields its base URL; stops it
-    (lifespan included) on exit."""
+def serve(
+    app: ASGIApp, port: int | None = None, *, tls: TlsFiles | None = None, host: str = "127.0.0.1"
+) -> Iterator[str]:
+    """Run `app` under uvicorn in a thread (on `host`:`port`, default a free port of loopback); yields its base URL
+    (https with `tls`: a run's certificate and key, cluster/tls.py); stops it (lifespan included) on exit."""
     port = free_port() if port is None else port
+    certificate: dict[str, Any] = (
+        {} if tls is None else {"ssl_certfile": str(tls.cert_file), "ssl_keyfile": str(tls.key_file)}
+    )
     # long polls (GET /v1/weights/latest) are cut after 1 s at stop: a worker retries them
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1)
+        uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=1, **certificate)
     )
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
@@ -31,7 +38,7 @@ def serve(app: FastAPI, port: int | None = None) -> Iterator[str]:
 
     wait_for(started, "the server to start", timeout_s=10, interval_s=0.01)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"{'http' if tls is None else 'https'}://{host}:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=10)

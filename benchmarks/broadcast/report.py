@@ -14,7 +14,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from benchmarks.broadcast.wan import GOODPUT_FRACTION
+from cluster.wan.namespaces import GOODPUT_FRACTION
 from shared.weight_channel import RELAY_PIECE_BYTES
 
 GIB = float(1 << 30)

@@ -1,6 +1,6 @@
 """make bench-broadcast: end-to-end weight broadcast, one-to-many vs pipelined relay, over capped links.
 
-Real processes running the project's code on an emulated WAN (benchmarks/broadcast/wan.py: a network
+Real processes running the project's code on an emulated WAN (cluster/wan/namespaces.py: a network
 namespace per node, MTU 1500, `tc tbf` with a 100 ms drop-tail queue on both directions of every link):
 the learner node (redis-server, ChunkServer, the real WeightPublisher publishing a torch module of
 random bf16 tensors) and up to 16 receivers (the real WeightsSync following `weights` on the learner's
@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.broadcast.report import plot, summarize
-from benchmarks.broadcast.wan import (
+from cluster.redis_server import find_server_binary
+from cluster.wan.namespaces import (
     GOODPUT_FRACTION,
     MTU_BYTES,
     QUEUE_MS,
@@ -50,7 +51,6 @@ from benchmarks.broadcast.wan import (
     calibrate,
     shared_uplink,
 )
-from cluster.redis_server import find_server_binary
 from shared.weight_channel import RELAY_PIECE_BYTES, RelayCandidate, plan_relay
 
 log = logging.getLogger("bench-broadcast")
@@ -153,7 +153,7 @@ class Bench:
     def start(self) -> dict:
         Wan.check_available()
         take_run_lock()
-        Wan.remove_leftovers()
+        self.wan.remove_leftovers()
         self.wan.create_bridge()
         self.wan.add_node("l", Link(self.args.mbps, self.args.mbps))
         for name in self.workers:

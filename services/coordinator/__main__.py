@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shared.service_entry import parse_cli, start_service
 
@@ -46,6 +46,10 @@ environment:
   RL_COORDINATOR_REQUEST_TIMEOUT_S  a whole request must arrive within this of connecting or of the previous
                                     response, or the connection is closed (default 30)
   RL_COORDINATOR_KEEP_ALIVE_S       an idle keep-alive connection is closed after this (default 5)
+  RL_TLS_CERT_FILE      the server certificate (PEM); with RL_TLS_KEY_FILE the API is served over https only
+  RL_TLS_KEY_FILE       its private key (PEM). Unset: plain http, for loopback (workers refuse plain http to any
+                        other host unless told --insecure). relay-rl keys --tls-host NAME makes a run CA, a
+                        certificate and its key (docs/operations.md)
   RL_RUN_CONFIG         the run TOML file (default configs/demo.toml): lease_s, staleness bound, ...
   RL_RUN_ID             overrides run_id of the run file
   RL_LOG_LEVEL          logging level (default INFO)
@@ -114,7 +118,35 @@ def main(argv: Sequence[str] | None = None) -> None:
         # open long polls (GET /v1/weights/latest: up to 10 s) are cut after 1 s at stop; workers retry them
         timeout_graceful_shutdown=1,
         **limits,
+        **tls_options(settings),
     )
+
+
+def tls_options(settings: CoordinatorSettings) -> dict[str, Any]:
+    """uvicorn's certificate and key when RL_TLS_CERT_FILE / RL_TLS_KEY_FILE are set (https only), else none
+    (http); logs which, with the certificate's SHA-256 (what a worker may pin: RL_COORDINATOR_CERT_SHA256)."""
+    import sys
+
+    from shared.tls import pem_certificate_sha256
+
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        log.info("serving plain http on %s:%d (no RL_TLS_CERT_FILE)", settings.host, settings.port)
+        return {}
+    for name, path in (("RL_TLS_CERT_FILE", settings.tls_cert_file), ("RL_TLS_KEY_FILE", settings.tls_key_file)):
+        if not path.is_file():
+            sys.exit(f"coordinator: {name}={path} is not a file")
+    try:
+        sha256 = pem_certificate_sha256(settings.tls_cert_file)
+    except ValueError as exc:
+        sys.exit(f"coordinator: RL_TLS_CERT_FILE: {exc}")
+    log.info(
+        "serving https on %s:%d, certificate %s (sha256 %s)",
+        settings.host,
+        settings.port,
+        settings.tls_cert_file,
+        sha256,
+    )
+    return {"ssl_certfile": str(settings.tls_cert_file), "ssl_keyfile": str(settings.tls_key_file)}
 
 
 def provision_operator_tokens(join_tokens: Sequence[str], credentials: OperatorCredentials) -> None:

@@ -1,5 +1,5 @@
-"""The coordinator's FastAPI app: routers (routers/), the heartbeat fast path, the lease sweeper and the control
-loop, error mapping. All run state lives in Redis."""
+"""The coordinator's FastAPI app: routers (routers/), the heartbeat fast path, the lease sweeper, the control
+loop and the workers' reachability probes, error mapping. All run state lives in Redis."""
 
 from __future__ import annotations
 
@@ -24,13 +24,15 @@ from services.coordinator.errors import install_error_handlers
 from services.coordinator.heartbeat_path import HeartbeatFastPath
 from services.coordinator.lease_pacing import LeasePacing
 from services.coordinator.prometheus import install_metrics
+from services.coordinator.reachability import InboundProbes
 from services.coordinator.redis_access import RedisAccess
 from services.coordinator.registration_limit import RegistrationLimits, retry_after_header
+from services.coordinator.relay_view import RELAY_STATES
 from services.coordinator.routers import broadcast, cluster, control, operators, status, trust, weights, work, workers
 from services.coordinator.submission_penalty import SubmissionPenalties
 from services.coordinator.work_leases import WorkLeases
 from services.coordinator.worker_registry import WorkerRegistry
-from shared.api import JOIN_TOKEN_HEADER, ClusterBootstrap
+from shared.api import JOIN_TOKEN_HEADER, ClusterBootstrap, WorkerInfo
 from shared.bus import StreamBus
 from shared.config import RunConfig
 from shared.keys import RunKeys
@@ -200,8 +202,9 @@ def create_app(
         sweep_interval_s = min(MAX_SWEEP_INTERVAL_S, run.coordinator.lease_s / 4)
         sweeper = asyncio.create_task(sweep_leases(coordinator.registry, sweep_interval_s), name="lease-sweeper")
         planner = asyncio.create_task(control_plane.run_forever(), name="control-loop")  # activation, ledger, history
+        prober = asyncio.create_task(probes.run_forever(), name="reachability-probes")  # reachability.py
         yield
-        for task in (sweeper, planner):
+        for task in (sweeper, planner, prober):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -218,6 +221,13 @@ def create_app(
     )
     app.state.coordinator = coordinator
     control_plane = app.state.control = ControlPlane(coordinator)
+
+    def relay_workers() -> list[WorkerInfo]:
+        """The relay plan's workers with a chunk server, as of the control loop's last pass."""
+        snapshot = control_plane.snapshot
+        return [] if snapshot is None else [w for w in snapshot.workers if w.state in RELAY_STATES and w.endpoint_url]
+
+    probes = app.state.reachability = InboundProbes(registry, relay_workers, enabled=run.broadcast.probe_inbound)
     routers = (
         workers.router,
         work.router,

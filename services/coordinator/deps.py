@@ -5,6 +5,7 @@ from here and nowhere else.
     RegistryDep      its `WorkerRegistry`
     WorkLeasesDep    its `WorkLeases`: tasks leased to workers and their answers (services/coordinator/work_leases.py)
     ControlDep       the `ControlPlane` (services/coordinator/control.py): the control loop's last pass
+    ProbesDep        the `InboundProbes` (services/coordinator/reachability.py): who can be reached from outside
     CallerDep        who holds the bearer token: `AdminCaller` or `WorkerCaller` (401 for anyone else)
     WorkerCallerDep  a `WorkerCaller` only (403 for the admin token: the admin is no worker)
     AdminCallerDep   an `AdminCaller` only (403 for a worker's token)
@@ -26,6 +27,7 @@ from services.coordinator.auth import AdminCaller, Caller, InvalidTokenError, Wo
 from services.coordinator.control import ControlPlane
 from services.coordinator.credential_budget import Budgets
 from services.coordinator.lease_pacing import LeasePacing
+from services.coordinator.reachability import InboundProbes
 from services.coordinator.redis_access import RedisAccess
 from services.coordinator.registration_limit import RegistrationLimits
 from services.coordinator.submission_penalty import SubmissionPenalties
@@ -80,6 +82,13 @@ def get_control(request: Request) -> ControlPlane:
 
 
 ControlDep = Annotated[ControlPlane, Depends(get_control)]
+
+
+def get_probes(request: Request) -> InboundProbes:
+    return request.app.state.reachability
+
+
+ProbesDep = Annotated[InboundProbes, Depends(get_probes)]
 
 
 def get_work_leases(coordinator: CoordinatorDep) -> WorkLeases:

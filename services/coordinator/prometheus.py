@@ -14,6 +14,7 @@ from services.coordinator.broadcast_times import BroadcastTimes
 from services.coordinator.capacity_view import NUM_BROADCASTS, recent_broadcast_s
 from services.coordinator.control import ControlPlane, ControlSnapshot
 from services.coordinator.measurements import BAD_MEASUREMENTS
+from services.coordinator.reachability import REACHABLE, UNREACHABLE, InboundProbes
 from shared.api import WorkerState
 from shared.metrics import PREFIX, CallbackCollector, gauge, learner_families, new_registry, stream_depth_families
 
@@ -27,6 +28,7 @@ def install_metrics(app: FastAPI, control: ControlPlane) -> None:
         fast_path = getattr(app, "heartbeat_fast_path", None)  # CoordinatorAPI's
         if fast_path is not None:
             yield from heartbeat_families(fast_path.batcher_counts())
+        yield from probe_families(app.state.reachability)
 
     app.state.metrics_registry = new_registry(CallbackCollector(families))
 
@@ -84,6 +86,18 @@ def heartbeat_families(counts: tuple[int, int]) -> Iterator[Metric]:
     yield CounterMetricFamily(
         PREFIX + "coordinator_heartbeat_script_calls", "Redis calls that carried them (batched)", value=num_calls
     )
+
+
+def probe_families(probes: InboundProbes) -> Iterator[Metric]:
+    """The connect-back probes of the workers' chunk servers (services/coordinator/reachability.py)."""
+    outcomes = CounterMetricFamily(
+        PREFIX + "coordinator_reachability_probes",
+        "probes of workers' chunk servers from the coordinator (TCP connect + GET /healthz), by outcome",
+        labels=["outcome"],
+    )
+    for outcome in (REACHABLE, UNREACHABLE):
+        outcomes.add_metric([outcome], probes.num_probes[outcome])
+    yield outcomes
 
 
 def coordinator_families(control: ControlPlane) -> Iterator[Metric]:
@@ -152,6 +166,11 @@ def worker_families(snapshot: ControlSnapshot) -> Iterator[Metric]:
         num = snapshot.num_dead if state == WorkerState.DEAD else sum(1 for w in snapshot.workers if w.state == state)
         by_state.add_metric([state.value], num)
     yield by_state
+    yield gauge(
+        "fleet_workers_unreachable",
+        "live workers whose chunk server the coordinator's probe could not reach (NAT, a firewall): relay-plan leaves",
+        sum(1 for w in snapshot.workers if w.inbound_reachable is False),
+    )
     names = ("samples_per_second", "tokens_per_second", "policy_version", "price_per_hour")
     families = {
         name: GaugeMetricFamily(

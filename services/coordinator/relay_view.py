@@ -1,11 +1,12 @@
 """The relay plan as the coordinator serves it: who fetches the next weight version from whom.
 
-The plan is computed on every read from the registry (alive workers, their reported bandwidth) and what
-relay children observed of their parents (`RelayKeys`: each child's latest observation, each parent's
-misses), so it follows joins, drains, deaths and parents that do not deliver with no state of its own
-(shared/weight_channel/relay_plan.py holds the rule). Serving a worker its parent records that assignment: the
-heartbeat script keeps a child's observation only of the parent it was assigned. Swap reports arrive
-with heartbeats and become T_bcast in services/coordinator/broadcast_times.py. Served by
+The plan is computed on every read from the registry (alive workers, their reported bandwidth, whether the
+coordinator's probe reached their chunk server: services/coordinator/reachability.py) and what relay
+children observed of their parents (`RelayKeys`: each child's latest observation, each parent's misses),
+so it follows joins, drains, deaths, workers behind NAT and parents that do not deliver with no state of
+its own (shared/weight_channel/relay_plan.py holds the rule). Serving a worker its parent records that
+assignment: the heartbeat script keeps a child's observation only of the parent it was assigned. Swap
+reports arrive with heartbeats and become T_bcast in services/coordinator/broadcast_times.py. Served by
 services/coordinator/routers/broadcast.py.
 """
 
@@ -70,6 +71,7 @@ def relay_plan_response(coordinator: Coordinator) -> RelayPlanResponse:
                 reported_mbps=by_id[a.worker_id].bandwidth_mbps,
                 measured_mbps=measured.get(a.worker_id),
                 fallback_urls=list(a.fallback_urls),
+                inbound_reachable=by_id[a.worker_id].inbound_reachable,
             )
             for a in plan.assignments.values()
         ],
@@ -89,10 +91,8 @@ def parent_response(coordinator: Coordinator, worker_id: str) -> ParentResponse:
     assignment = plan.parent_of(worker_id)
     record_assignment(coordinator, worker_id, assignment.parent_url if assignment is not None else "")
     if assignment is None:
-        relayers = sorted(plan.assignments.values(), key=lambda a: a.depth)
-        fallbacks = [
-            w.endpoint_url for w in workers if w.worker_id in {a.worker_id for a in relayers} and w.endpoint_url
-        ]
+        url_of = {w.worker_id: w.endpoint_url for w in workers}
+        fallbacks = [url_of[worker_id] for worker_id in plan.relayer_ids]  # shallowest first
         return ParentResponse(
             worker_id=worker_id,
             parent_id=LEARNER,
@@ -117,6 +117,7 @@ def compute_plan(
     measured_mbps: dict[str, float],
     current_version: int | None = None,
 ) -> RelayPlan:
+    config = coordinator.run.broadcast
     by_url = read_deliveries(coordinator, {w.worker_id for w in workers if w.state in RELAY_STATES})
     candidates = [
         RelayCandidate(
@@ -126,10 +127,11 @@ def compute_plan(
             measured_mbps=measured_mbps.get(w.worker_id),
             alive=w.state in RELAY_STATES,
             delivery=by_url.get(w.endpoint_url, Delivery()) if w.endpoint_url else Delivery(),
+            # probing off ([broadcast] probe_inbound): every chunk server is taken as reachable
+            inbound_reachable=w.inbound_reachable if config.probe_inbound else True,
         )
         for w in workers
     ]
-    config = coordinator.run.broadcast
     return plan_relay(
         candidates, num_seeds=config.relay_num_seeds, fanout=config.relay_fanout, current_version=current_version
     )

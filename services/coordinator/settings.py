@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -81,6 +82,16 @@ class CoordinatorSettings(ServiceSettings):
         validation_alias="RL_COORDINATOR_KEEP_ALIVE_S",
         description="an idle keep-alive connection is closed this long after its last response",
     )
+    # TLS (docs/operations.md#tls): workers send tokens to this port, so anything but loopback serves https
+    tls_cert_file: Path | None = Field(
+        None,
+        validation_alias="RL_TLS_CERT_FILE",
+        description="the server certificate (PEM, its chain after it): set with RL_TLS_KEY_FILE, the API is served "
+        "over https only (relay-rl keys --tls-host makes a run CA and one); None: plain http",
+    )
+    tls_key_file: Path | None = Field(
+        None, validation_alias="RL_TLS_KEY_FILE", description="the server certificate's private key (PEM)"
+    )
 
     @model_validator(mode="after")
     def _join_token_unless_open(self) -> CoordinatorSettings:
@@ -89,6 +100,12 @@ class CoordinatorSettings(ServiceSettings):
                 "RL_JOIN_TOKEN or RL_OPERATOR_TOKENS is required (or set RL_OPEN_REGISTRATION=true for an open dev "
                 "cluster)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _tls_files_together(self) -> CoordinatorSettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("RL_TLS_CERT_FILE and RL_TLS_KEY_FILE go together: set both (https) or neither (http)")
         return self
 
     @model_validator(mode="after")

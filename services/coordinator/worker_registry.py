@@ -179,6 +179,7 @@ if not room_for(live, KEYS[2], KEYS[4], ARGV[8], ARGV[9], ARGV[1], tonumber(ARGV
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[5], 'state_since_s', ARGV[3], 'last_heartbeat_s', ARGV[3],
   'lease_expires_at_s', ARGV[4], 'token_sha256', ARGV[6])
+redis.call('HDEL', KEYS[1], 'inbound_reachable')  -- probed again (reachability.py): it may be elsewhere now
 for i = 10, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
@@ -279,7 +280,8 @@ class WorkerRegistry:
     ) -> int:
         """A returning worker (its lease ran out, or the coordinator lost it for a while) takes its own
         record back: same id, same totals and registration time; a fresh lease, `state`, the new token's
-        digest and the registration's fields. Checked and applied in one script, so the presented token
+        digest and the registration's fields; its reachability unknown until probed again
+        (services/coordinator/reachability.py). Checked and applied in one script, so the presented token
         is the one stored at that moment. Returns REVIVED, REVIVE_UNKNOWN (no such record: pruned or
         never known), REVIVE_WRONG_TOKEN, REVIVE_REFUSED (its state is not dead, active or standby) or
         REVIVE_CREDENTIAL_FULL (its credential holds `max_live` other live identities)."""
@@ -482,9 +484,12 @@ def _flat(fields: Mapping[str, str]) -> list[EncodableT]:
 
 
 def _to_redis_fields(values: Mapping[str, object]) -> dict[str, str]:
-    """Hash values are strings; pydantic's lax mode parses them back ("1" -> True, "0.5" -> 0.5)."""
+    """Hash values are strings; pydantic's lax mode parses them back ("1" -> True, "0.5" -> 0.5). None is
+    stored as no field."""
     fields: dict[str, str] = {}
     for name, value in values.items():
+        if value is None:
+            continue
         if isinstance(value, bool):
             fields[name] = "1" if value else "0"
         elif isinstance(value, Enum):

@@ -1,8 +1,12 @@
 """Rollout worker: samples GRPO groups for the tasks the coordinator leases it with the newest announced,
 verified policy weights, and hands them back to the coordinator.
 
-    RL_COORDINATOR_URL=http://<host>:<port> RL_WEIGHTS_PUBLIC_KEY=... RL_JOIN_TOKEN=<the cluster's join token>
-    RL_RUN_CONFIG=<run.toml> RL_RUN_ID=<run id> RL_MODEL_DIR=<model folder> python -m services.rollout
+    RL_COORDINATOR_URL=https://<host>:<port> RL_COORDINATOR_CA_FILE=<the run's ca.pem> RL_WEIGHTS_PUBLIC_KEY=...
+    RL_JOIN_TOKEN=<the cluster's join token> RL_RUN_CONFIG=<run.toml> RL_RUN_ID=<run id> RL_MODEL_DIR=<model folder>
+    python -m services.rollout
+
+A plain http:// coordinator URL is refused unless its host is loopback (127.0.0.0/8, ::1, localhost) or
+RL_INSECURE_HTTP=1: the worker's tokens cross only TLS off this machine (shared/tls.py).
 
 (`python -m cluster.join` does this with the settings of the newest local cluster, runs/latest/cluster.env.)
 A worker holds no Redis credentials and opens no Redis connection: everything goes through the coordinator.
@@ -54,6 +58,10 @@ def serve(parts: WorkerParts | None = None) -> int:
 
     # a missing or malformed RL_WEIGHTS_PUBLIC_KEY fails here, before anything starts
     settings, run = start_service("rollout", RolloutSettings)
+    try:  # before the engine loads: plain http to another host, or an unreadable CA file, is one line
+        settings.coordinator_verify()
+    except ValueError as exc:
+        sys.exit(f"rollout: {exc}")
     log.info(
         "model folder %s, engine %s",
         settings.resolved_model_dir(run.model),

@@ -24,12 +24,14 @@ from services.rollout.coordinator_client import (
     CoordinatorRejectedError,
     CoordinatorUnavailableError,
     TokenRefusedError,
+    transport_error,
 )
 from shared.api import MAX_WEIGHTS_WAIT_S, WEIGHTS_LATEST_PATH, is_news
 from shared.bus import StreamBus
 from shared.messages import WeightsPublished
 from shared.retry import is_redis_outage
 from shared.streams import WEIGHTS
+from shared.tls import Verify
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +71,13 @@ class HttpAnnouncements:
         *,
         connect_timeout_s: float = 5.0,
         transport: httpx.BaseTransport | None = None,
+        verify: Verify = True,
     ) -> None:
         self.base_url = coordinator_url.rstrip("/")
         self.token = token
         # a read may take the whole long poll, plus the answer's way back
         timeout = httpx.Timeout(connect_timeout_s, read=MAX_WEIGHTS_WAIT_S + connect_timeout_s)
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport, verify=verify)
 
     def latest(self) -> WeightsPublished | None:
         return self._get(after_version=-1, after_sha256=None, wait_s=0.0)
@@ -96,8 +99,8 @@ class HttpAnnouncements:
             response = self._http.get(
                 WEIGHTS_LATEST_PATH, params=params, headers={"Authorization": f"Bearer {self.token()}"}
             )
-        except httpx.HTTPError as exc:  # connect/read errors and timeouts: all transient from here
-            raise CoordinatorUnavailableError(f"{what}: {type(exc).__name__}: {exc}") from exc
+        except httpx.HTTPError as exc:  # transient, unless the certificate failed verification
+            raise transport_error(what, exc) from exc
         if response.status_code == 204:
             return None
         if response.status_code == 200:

@@ -10,6 +10,11 @@ Errors form one family so callers can pick a policy per kind:
   id's; register as a new worker.
 - CoordinatorRejectedError: any other non-success answer or a malformed body; a bug or a misconfiguration
   (bad token, wrong join token, bad request), not retried.
+- CoordinatorUntrustedError (a CoordinatorRejectedError): the server's certificate failed verification against
+  the run CA or the pinned fingerprint (shared/tls.py); nothing was sent, not retried.
+
+`verify` is httpx's, from `CoordinatorTrust.verify_for(url)` (shared/tls.py): every client of the coordinator
+here (this one, work_client.py, announcement_client.py, relay_sources.py) is built with the same value.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from shared.api import (
     RegisterWorkerResponse,
     StalenessResponse,
 )
+from shared.tls import Verify, is_verification_failure
 
 B = TypeVar("B", bound=BaseModel)
 
@@ -69,6 +75,11 @@ class IdentityRejectedError(CoordinatorRejectedError):
     """403 on a rejoin: the token presented is not the previous worker id's."""
 
 
+class CoordinatorUntrustedError(CoordinatorRejectedError):
+    """The coordinator's TLS certificate failed verification (the run CA, the pin): the connection was closed in
+    its handshake, before a request, so no token was sent."""
+
+
 MAX_RETRY_AFTER_S = 60.0  # a Retry-After beyond this (or unreadable) is taken as this
 
 
@@ -79,10 +90,11 @@ class CoordinatorClient:
         timeout_s: float = 5.0,
         transport: httpx.BaseTransport | None = None,
         join_token: str | None = None,
+        verify: Verify = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.join_token = join_token  # sent with every registration (None: the coordinator's is open)
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, transport=transport)
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, transport=transport, verify=verify)
 
     def register(self, request: RegisterWorkerRequest, previous_token: str | None = None) -> RegisterWorkerResponse:
         """Join the run; rejoining as `request.previous_worker_id`, send its `previous_token`."""
@@ -120,8 +132,17 @@ class CoordinatorClient:
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             return self._http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:  # connect/read errors and timeouts: all transient from here
-            raise CoordinatorUnavailableError(f"{method} {self.base_url}{path}: {type(exc).__name__}: {exc}") from exc
+        except httpx.HTTPError as exc:
+            raise transport_error(f"{method} {self.base_url}{path}", exc) from exc
+
+
+def transport_error(what: str, exc: httpx.HTTPError) -> CoordinatorError:
+    """The family's member for a request that got no answer: a certificate that failed verification is
+    CoordinatorUntrustedError (a misconfiguration or an impostor: never retried); connect and read errors and
+    timeouts are CoordinatorUnavailableError (transient from here)."""
+    if is_verification_failure(exc):
+        return CoordinatorUntrustedError(f"{what}: the coordinator's TLS certificate failed verification: {exc}")
+    return CoordinatorUnavailableError(f"{what}: {type(exc).__name__}: {exc}")
 
 
 def _retry_after_s(value: str | None) -> float:

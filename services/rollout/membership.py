@@ -45,7 +45,8 @@ from shared.retry import Backoff
 
 log = logging.getLogger(__name__)
 
-COORDINATOR_MAX_BACKOFF_S = 10.0  # registration and heartbeats: a lease is several intervals long
+COORDINATOR_MAX_BACKOFF_S = 2.0  # registration and heartbeats: no more often than heartbeats in an outage, and a
+# worker back from a partition (docs/wan.md) is back within 2 s of the link healing
 
 
 class NotRegisteredError(RuntimeError):

@@ -14,6 +14,7 @@ import httpx
 from pydantic import ValidationError
 
 from shared.api import ParentResponse
+from shared.tls import Verify
 
 log = logging.getLogger(__name__)
 
@@ -22,11 +23,13 @@ class CoordinatorParents:
     """`parents(learner_url)` -> holders to stream from, best first: the assigned parent (the learner for
     a seed), then the plan's fallbacks. Callable from the weights-sync thread."""
 
-    def __init__(self, coordinator_url: str, worker_id: Callable[[], str], timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, coordinator_url: str, worker_id: Callable[[], str], timeout_s: float = 5.0, *, verify: Verify = True
+    ) -> None:
         self.coordinator_url = coordinator_url.rstrip("/")
         self.worker_id = worker_id  # raises while not registered; the id changes on re-registration
         self.last: ParentResponse | None = None
-        self._http = httpx.Client(base_url=self.coordinator_url, timeout=timeout_s)
+        self._http = httpx.Client(base_url=self.coordinator_url, timeout=timeout_s, verify=verify)
 
     def __call__(self, learner_url: str) -> list[str]:
         try:

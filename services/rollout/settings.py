@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
 from shared.config import EngineKind, ModelConfig, ProcessSettings, resolve_model_dir
 from shared.signing import KEY_HEX_PATTERN, Ed25519PublicKey, load_public_key
+from shared.tls import CoordinatorTrust, Verify, normalize_sha256
 
 
 class RolloutSettings(ProcessSettings):
@@ -24,6 +25,16 @@ class RolloutSettings(ProcessSettings):
     )
     join_token: SecretStr | None = Field(
         None, description="the cluster's join token, sent to register (RL_JOIN_TOKEN; None: open registration)"
+    )
+    # how the worker knows the coordinator before it sends a token (shared/tls.py)
+    coordinator_ca_file: Path | None = Field(
+        None, description="the run CA (PEM) the coordinator's https certificate must chain to (None: system CAs)"
+    )
+    coordinator_cert_sha256: str | None = Field(
+        None, description="pin: the SHA-256 of the coordinator's https certificate (64 hex; the chain is not checked)"
+    )
+    insecure_http: bool = Field(
+        False, description="allow a plain http:// coordinator that is not on loopback (tokens in clear text: test beds)"
     )
     worker_engine: EngineKind | None = Field(
         None, description="inference engine (torch, vllm, auto); overrides the run file's [rollout] engine"
@@ -45,8 +56,19 @@ class RolloutSettings(ProcessSettings):
     )
     worker_poll_s: float = Field(0.2, gt=0, description="pause between checks while waiting for admissible weights")
 
+    @field_validator("coordinator_cert_sha256")
+    @classmethod
+    def _fingerprint(cls, value: str | None) -> str | None:
+        return None if value is None else normalize_sha256(value)
+
     def public_key(self) -> Ed25519PublicKey:
         return load_public_key(self.weights_public_key)
+
+    def coordinator_verify(self) -> Verify:
+        """httpx's `verify=` for every call to the coordinator; InsecureCoordinatorError (a ValueError) for a plain
+        http:// URL whose host is not loopback, unless RL_INSECURE_HTTP."""
+        trust = CoordinatorTrust(self.coordinator_ca_file, self.coordinator_cert_sha256, self.insecure_http)
+        return trust.verify_for(self.coordinator_url)
 
     def join_token_value(self) -> str | None:
         return None if self.join_token is None else self.join_token.get_secret_value()

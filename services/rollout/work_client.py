@@ -17,12 +17,9 @@ from typing import Any
 
 import httpx
 
-from services.rollout.coordinator_client import (
-    CoordinatorUnavailableError,
-    expect_status,
-    parse_body,
-)
+from services.rollout.coordinator_client import expect_status, parse_body, transport_error
 from shared.messages import RolloutGroup
+from shared.tls import Verify
 from shared.work_api import (
     FAILURES_PATH,
     LEASE_PATH,
@@ -55,11 +52,12 @@ class WorkClient:
         *,
         timeout_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
+        verify: Verify = True,
     ) -> None:
         self.base_url = coordinator_url.rstrip("/")
         self.token = token
         self.run_id = run_id
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, transport=transport)
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, transport=transport, verify=verify)
 
     def lease(self, max_groups: int) -> LeaseResponse:
         """Up to `max_groups` tasks, maybe none (then back off before asking again)."""
@@ -107,8 +105,8 @@ class WorkClient:
         headers = {**(headers or {}), "Authorization": f"Bearer {self.token()}"}
         try:
             return self._http.request(method, path, headers=headers, **kwargs)
-        except httpx.HTTPError as exc:  # connect/read errors and timeouts: all transient from here
-            raise CoordinatorUnavailableError(f"{method} {self.base_url}{path}: {type(exc).__name__}: {exc}") from exc
+        except httpx.HTTPError as exc:  # transient, unless the certificate failed verification
+            raise transport_error(f"{method} {self.base_url}{path}", exc) from exc
 
 
 def split_submissions(groups: list[SubmittedGroup]) -> Iterator[list[SubmittedGroup]]:

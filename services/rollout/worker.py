@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 IDLE_WAIT_MIN_S = 0.02
 IDLE_WAIT_MAX_S = 0.5
 # a coordinator outage: retry with backoff up to this (its leases expire and are reissued meanwhile)
-COORDINATOR_MAX_BACKOFF_S = 5.0
+COORDINATOR_MAX_BACKOFF_S = 2.0
 
 # What happened to one task: its group, or the engine error that made it undeliverable.
 Outcome = tuple[LeasedTask, RolloutGroup | EngineError]
@@ -114,15 +114,16 @@ class RolloutWorker:
         self.chunk_server = ChunkServer(
             self.store, host=settings.worker_host, port=settings.worker_port, wait_s=run.broadcast.chunk_wait_s
         )
+        verify = settings.coordinator_verify()  # the run CA or the pin: checked before any token is sent
         self.weights = WeightsSync(
-            HttpAnnouncements(settings.coordinator_url, self.token),  # long polls the coordinator
+            HttpAnnouncements(settings.coordinator_url, self.token, verify=verify),  # long polls the coordinator
             WeightFollower(
                 self.store,
                 settings.public_key(),
                 run_id=run.run_id,
                 fetch_timeout_s=run.broadcast.chunk_wait_s + 5.0,
                 # relay: stream from the parent the coordinator assigns; fetching runs on its own thread
-                parents=CoordinatorParents(settings.coordinator_url, lambda: self.membership.worker_id),
+                parents=CoordinatorParents(settings.coordinator_url, lambda: self.membership.worker_id, verify=verify),
                 own_url=settings.resolved_public_url(self.chunk_server.url),
                 stall_timeout_s=run.broadcast.stall_timeout_s,
                 chunk_wait_s=run.broadcast.chunk_wait_s,
@@ -132,10 +133,10 @@ class RolloutWorker:
                 base_fingerprint=base_fingerprint(engine.model_dir) if run.lora.enabled and engine.model_dir else "",
             ),
         )
-        self.coordinator = CoordinatorClient(settings.coordinator_url)
-        self.work = WorkClient(settings.coordinator_url, self.token, run.run_id)
+        self.coordinator = CoordinatorClient(settings.coordinator_url, verify=verify)
+        self.work = WorkClient(settings.coordinator_url, self.token, run.run_id, verify=verify)
         self.membership = Membership(
-            CoordinatorClient(settings.coordinator_url, join_token=settings.join_token_value()),
+            CoordinatorClient(settings.coordinator_url, join_token=settings.join_token_value(), verify=verify),
             self._registration_request(),
             self.report,
             self.stopping,

@@ -8,7 +8,8 @@ coordinator and the engines use the names below and nothing else of it.
                      streamed from its relay parent into its own ChunkStore (its ChunkServer relays
                      them on at once), every chunk verified, a delta rebuilt -> VerifiedVersion
     the coordinator  plan_relay and its types: who fetches from whom; announced_source: whose
-                     chunk server an announcement names
+                     chunk server an announcement names; holder_answers: whether a worker's chunk
+                     server can be reached from the coordinator (its connect-back probe)
     the engines      parse_blob (the safetensors layout, zero copy) and the fit checks
                      (check_state_fits, check_adapter_fits), raising WeightsLoadError
 
@@ -33,6 +34,7 @@ The keys that sign manifests are shared/signing.py's (deployment secrets with th
 package signs and verifies with them. Nothing here imports torch at import time.
 """
 
+from shared.weight_channel.client import holder_answers
 from shared.weight_channel.fit import TIED_OUTPUT_KEY, check_adapter_fits, check_state_fits
 from shared.weight_channel.follower import ParentLookup, VerifiedVersion, WeightFollower
 from shared.weight_channel.layout import WeightsLoadError, parse_blob, safetensors_size, write_safetensors
@@ -78,6 +80,7 @@ __all__ = [
     "RelayPlan",
     "announced_source",
     "deliveries",
+    "holder_answers",
     "plan_relay",
     # the engines (and the learner's own serialiser)
     "ADAPTER_CONFIG_FILE",

@@ -10,6 +10,8 @@ Two transports:
 - `fetch_manifest` / `fetch_chunk` / `fetch_version`: one request per object (httpx); used for
   manifests (and by tests and tools for whole versions). Their reads have a timeout each and no bound in
   all, so nothing fetches chunks from a worker this way: a repair is the first chunk of a ChunkStream.
+- `holder_answers`: whether a holder's chunk server can be reached from here at all (the coordinator's
+  connect-back probe: services/coordinator/reachability.py).
 - `ChunkStream`: one request for chunks i.. of an artifact, read chunk by chunk as the holder sends
   them (stdlib http.client: `readinto` straight off the socket into the chunk's final place, with a
   per-read timeout, which is how a stalled holder is noticed). This is the relay path: no per-chunk
@@ -21,10 +23,13 @@ Two transports:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import http.client
 import socket
 from collections.abc import Callable
+from concurrent.futures import Executor
 from urllib.parse import urlsplit
 
 import httpx
@@ -32,6 +37,8 @@ import httpx
 from shared.signing import Ed25519PublicKey
 from shared.weight_channel.manifest import Manifest, Payload, WeightsError, verify_chunk, verify_signature
 from shared.weight_channel.protocol import (
+    HEALTH_BODY,
+    HEALTH_PATH,
     RELAY_PIECE_BYTES,
     STREAM_REJECTED,
     STREAM_VERIFIED,
@@ -86,6 +93,65 @@ def fetch_version(
     return store.payload(manifest)
 
 
+MAX_PROBE_RESPONSE_BYTES = 1024  # a health answer is ~150 bytes; a holder cannot make a probe read more
+
+
+async def holder_answers(base_url: str, timeout_s: float, resolver: Executor | None = None) -> bool:
+    """Whether the chunk server at `base_url` answers from here: a new TCP connection to it and GET /healthz
+    answered 200 "ok", all within `timeout_s`. Plain sockets, so no proxy from the environment, no
+    keep-alive (the connection is what is probed) and no redirect; at most MAX_PROBE_RESPONSE_BYTES read.
+    False for anything else: refused, unresolvable, silent, slow, another server, not an http:// URL.
+    The host name is looked up in `resolver`'s threads (None: the event loop's default executor): a lookup
+    cannot be cancelled, so a caller probing names it does not trust gives them threads of their own."""
+    target = _health_request(base_url)
+    if target is None:
+        return False
+    host, port, request = target
+    try:
+        async with asyncio.timeout(timeout_s):
+            lookup = functools.partial(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+            address = str((await asyncio.get_running_loop().run_in_executor(resolver, lookup))[0][4][0])
+            reader, writer = await asyncio.open_connection(address, port)  # an address: no second lookup
+            try:
+                writer.write(request)
+                await writer.drain()
+                response = await _read_at_most(reader, MAX_PROBE_RESPONSE_BYTES)
+            finally:
+                writer.close()
+    except (OSError, TimeoutError):  # refused, unreachable, unresolvable (gaierror); silent or slow
+        return False
+    head, _, body = response.partition(b"\r\n\r\n")
+    version, _, status = head.partition(b"\r\n")[0].partition(b" ")
+    return version.startswith(b"HTTP/1.") and status.startswith(b"200 ") and body == HEALTH_BODY
+
+
+def _health_request(base_url: str) -> tuple[str, int, bytes] | None:
+    """(host, port, the GET /healthz request) of an http:// URL; None for any other, or for one with a
+    space, a control character or non-ASCII text (nothing in the URL may add a line to the request)."""
+    if not (base_url.isascii() and base_url.isprintable()) or " " in base_url:
+        return None
+    try:
+        parts = urlsplit(base_url)
+        port = parts.port or 80
+    except ValueError:  # a port that is not a number or out of range, a malformed IPv6 address
+        return None
+    if parts.scheme != "http" or not parts.hostname:
+        return None
+    path = parts.path.rstrip("/") + HEALTH_PATH
+    return parts.hostname, port, f"GET {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nConnection: close\r\n\r\n".encode()
+
+
+async def _read_at_most(reader: asyncio.StreamReader, num_bytes: int) -> bytes:
+    """What the peer sends until it closes, or the first `num_bytes` of it."""
+    data = bytearray()
+    while len(data) < num_bytes:
+        piece = await reader.read(num_bytes - len(data))
+        if not piece:
+            break
+        data += piece
+    return bytes(data)
+
+
 class ChunkStream:
     """Chunks `first`, `first`+1, ... of `manifest`'s artifact from one holder, in one response.
 
@@ -97,7 +163,14 @@ class ChunkStream:
     failure raises FetchError naming the holder and the chunk."""
 
     def __init__(
-        self, base_url: str, manifest: Manifest, first: int, *, stall_timeout_s: float, wait_manifest_s: float
+        self,
+        base_url: str,
+        manifest: Manifest,
+        first: int,
+        *,
+        stall_timeout_s: float,
+        wait_manifest_s: float,
+        requester_url: str = "",
     ) -> None:
         self.base_url = base_url
         self.manifest = manifest
@@ -106,7 +179,7 @@ class ChunkStream:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
             raise FetchError(f"{base_url!r} is not an http:// URL")
-        self._path = parts.path.rstrip("/") + stream_path(manifest, first, wait_manifest_s)
+        self._path = parts.path.rstrip("/") + stream_path(manifest, first, wait_manifest_s, requester_url)
         self._connection = http.client.HTTPConnection(
             parts.hostname, parts.port or 80, timeout=stall_timeout_s + wait_manifest_s
         )

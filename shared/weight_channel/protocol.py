@@ -31,11 +31,13 @@ The learner announces a manifest by its URL (`WeightsPublished.manifest_url`, `m
 from __future__ import annotations
 
 import re
+from urllib.parse import quote
 
 from shared.messages import WeightsPublished
 from shared.weight_channel.manifest import Manifest, Payload, WeightsError, as_payload
 
 HEALTH_PATH = "/healthz"
+HEALTH_BODY = b"ok"  # what a holder answers there (the coordinator's connect-back probe checks it)
 LATEST_PATH = "/v1/weights/latest"
 _ARTIFACT = r"^/v1/weights/(\d+)(?:/(full|delta))?"
 MANIFEST_ROUTE = re.compile(_ARTIFACT + r"/manifest$")
@@ -69,11 +71,14 @@ def chunk_path(manifest: Manifest, index: int) -> str:
     return f"/v1/weights/{manifest.artifact}/chunks/{index}?manifest={manifest.sha256()}"
 
 
-def stream_path(manifest: Manifest, first: int, wait_manifest_s: float) -> str:
-    """Route of the stream of chunks `first`.. of `manifest`'s artifact, pinned to it."""
+def stream_path(manifest: Manifest, first: int, wait_manifest_s: float, requester_url: str = "") -> str:
+    """Route of the stream of chunks `first`.. of `manifest`'s artifact, pinned to it. `requester_url`: the
+    asking worker's own chunk server (`holder=`): a holder whose own copy is coming from that very worker
+    ends the stream at once instead of waiting on it (a relay cycle, server.py)."""
+    holder = f"&holder={quote(requester_url, safe='')}" if requester_url else ""
     return (
         f"/v1/weights/{manifest.artifact}/stream"
-        f"?from={first}&manifest={manifest.sha256()}&wait_manifest_s={wait_manifest_s}"
+        f"?from={first}&manifest={manifest.sha256()}&wait_manifest_s={wait_manifest_s}{holder}"
     )
 
 

@@ -307,9 +307,17 @@ class RelayFetcher:
         not be used again for this fetch."""
         deadline_s = deadlines.of(source)
         try:
-            stream = ChunkStream(source, manifest, first, stall_timeout_s=self.stall_timeout_s, wait_manifest_s=wait_s)
+            stream = ChunkStream(
+                source,
+                manifest,
+                first,
+                stall_timeout_s=self.stall_timeout_s,
+                wait_manifest_s=wait_s,
+                requester_url=self.own_url,
+            )
         except FetchError as exc:
             return str(exc)
+        self.store.set_source(manifest, source)  # a child that is this source is told at once (a relay cycle)
         # the guard watches the opening too: a head dribbled in a byte at a time is cut off like a body
         guard = StreamGuard(stream, manifest, first, deadline_s, self.stall_timeout_s, head_wait_s=wait_s)
         try:
@@ -360,6 +368,7 @@ class RelayFetcher:
         except FetchError as exc:
             return f"{guard.fired} ({exc})" if guard.fired else str(exc)
         finally:
+            self.store.set_source(manifest, "")
             guard.stop()
             stream.close()
         return None

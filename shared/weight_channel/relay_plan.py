@@ -2,9 +2,11 @@
 
     rank      alive workers by the delivery their relay children observed, fastest first
               (a claimed bandwidth never ranks a worker: see "Trusting measurements" below)
-    seeds     the first `num_seeds` get the learner as parent
-    the rest  take the earliest free child slot, where every relaying worker offers `fanout` slots
-              (fanout 1: `num_seeds` chains, filled round-robin; fanout 2: binary trees)
+    relayers  the workers others may fetch from ("Relayers and leaves" below), in rank order: the
+              first `num_seeds` get the learner as parent, the rest the earliest free child slot,
+              where every relayer offers `fanout` slots (fanout 1: `num_seeds` chains, filled
+              round-robin; fanout 2: binary trees)
+    leaves    everyone else, in rank order: the slots left, then the relayer feeding the fewest children
 
 Why this shape: with pipelining, a chain moves a version to everyone in about size / B + depth *
 chunk time, and every link carries one copy, so the learner uploads `num_seeds` copies in all. The
@@ -12,10 +14,19 @@ rate of a chain is its slowest link above a worker, so ranking fastest-first put
 tails, where they slow nobody but themselves. More seeds split the learner's uplink; they only pay
 when it is faster than a worker's link (or to shorten chains when the chunk time matters).
 
-A worker that cannot serve chunks (no endpoint URL) is a leaf. Each worker also gets fallbacks for when
-its parent dies or stalls: its other ancestors nearest first (they hold everything the parent held),
-then workers on other branches by depth; never its own descendants (they get the data through it).
-The learner is the last resort of every worker and is not listed.
+Relayers and leaves. A worker is a relayer (a parent, a fallback) only when it serves chunks (an endpoint
+URL), the coordinator's connect-back probe reached that chunk server (`inbound_reachable` True:
+services/coordinator/reachability.py), and it is not on probation (below). Anyone else is a leaf: it
+fetches like everyone but nobody is planned to wait on it. A worker behind NAT or a firewall is a leaf, and
+so is one not probed yet: a probe takes milliseconds at registration, while a parent nobody can reach
+costs each child `chunk_wait_s` per version. Relayers are placed first, in rank order; leaves then take
+the slots left (the tails of the chains, so a leaf never breaks a chain and sends the next relayer to
+the learner), and past those each goes to the relayer feeding the fewest children (the deepest among
+equals), which keeps the uploads balanced; only with no relayer at all do leaves hang off the learner.
+Each worker also gets fallbacks for when its parent dies or stalls: its other ancestors nearest first
+(they hold everything the parent held), then relayers on other branches by depth; never its own
+descendants (they get the data through it). The learner is the last resort of every worker and is not
+listed.
 
 Trusting measurements, not claims (issue 23, attack 7: a worker claiming 10 Gbit/s and serving nothing
 became the seed, and its child fell ~290 versions behind). A worker's rank is its `Delivery`: what
@@ -46,7 +57,8 @@ leaf), and a colluding child can vouch for its parent only until another child o
 
 from __future__ import annotations
 
-from collections import deque
+import heapq
+from collections import Counter, deque
 from dataclasses import dataclass
 
 MAX_FALLBACKS = 8
@@ -117,6 +129,18 @@ class RelayCandidate:
     measured_mbps: float | None = None  # its own download rate on past versions, if measured (its claim too)
     alive: bool = True
     delivery: Delivery = Delivery()  # what its relay children observed
+    # the coordinator's connect-back probe reached its chunk server; False: it did not (NAT, a firewall);
+    # None: not probed yet (either way a leaf)
+    inbound_reachable: bool | None = True
+
+    def relays(self, current_version: int | None) -> bool:
+        """Whether others may be planned to fetch from it: it serves chunks, the probe reached them, and it
+        is not on probation."""
+        return (
+            bool(self.endpoint_url)
+            and self.inbound_reachable is True
+            and not self.delivery.on_probation(current_version)
+        )
 
     @property
     def claimed_mbps(self) -> float:
@@ -158,6 +182,7 @@ class RelayAssignment:
 @dataclass(frozen=True)
 class RelayPlan:
     assignments: dict[str, RelayAssignment]  # by worker id, in rank order
+    relayer_ids: tuple[str, ...] = ()  # the workers others may fetch from, shallowest first
 
     def parent_of(self, worker_id: str) -> RelayAssignment | None:
         return self.assignments.get(worker_id)
@@ -173,9 +198,9 @@ class RelayPlan:
 def plan_relay(
     candidates: list[RelayCandidate], *, num_seeds: int = 1, fanout: int = 1, current_version: int | None = None
 ) -> RelayPlan:
-    """Assign every alive candidate a parent: the learner for the first `num_seeds` by rank, then the
-    earliest free slot of a relaying worker (each offers `fanout`). `current_version`: the newest
-    announced one, which ends a probation (None: probations hold)."""
+    """Assign every alive candidate a parent: relayers first, by rank, the learner for the first
+    `num_seeds` then the earliest free slot of a relayer (each offers `fanout`); then the leaves (module
+    doc). `current_version`: the newest announced one, which ends a probation (None: probations hold)."""
     if num_seeds < 1 or fanout < 1:
         raise ValueError(f"num_seeds and fanout must be at least 1, got {num_seeds} and {fanout}")
     alive = [c for c in candidates if c.alive]
@@ -191,31 +216,61 @@ def plan_relay(
         alive,
         key=lambda c: (-score[c.worker_id], c.delivery.delivered_mbps is None, -c.claimed_mbps, c.worker_id),
     )
+    relayers = [c.worker_id for c in ranked if c.relays(current_version)]
+    leaves = [c.worker_id for c in ranked if not c.relays(current_version)]
     parent_of: dict[str, str] = {}
     depth_of: dict[str, int] = {LEARNER: 0}
     free_slots: deque[str] = deque([LEARNER] * num_seeds)
-    for candidate in ranked:
-        # a worker with no free slot left anywhere (every relayer is a leaf) hangs off the learner
-        parent_id = free_slots.popleft() if free_slots else LEARNER
-        parent_of[candidate.worker_id] = parent_id
-        depth_of[candidate.worker_id] = depth_of[parent_id] + 1
-        if candidate.endpoint_url and not candidate.delivery.on_probation(current_version):
-            free_slots.extend([candidate.worker_id] * fanout)
+    for worker_id in relayers:  # never out of slots: each relayer offers at least one for the one it takes
+        _attach(worker_id, free_slots.popleft(), parent_of, depth_of)
+        free_slots.extend([worker_id] * fanout)
+    least_loaded: _LeastLoaded | None = None  # counts children once the free slots are gone
+    for worker_id in leaves:
+        if free_slots:
+            parent_id = free_slots.popleft()
+        else:
+            if least_loaded is None:
+                least_loaded = _LeastLoaded(relayers, parent_of, depth_of)
+            parent_id = least_loaded.take()
+        _attach(worker_id, parent_id, parent_of, depth_of)
     by_id = {c.worker_id: c for c in ranked}
     ancestors_of = {worker_id: _ancestors(worker_id, parent_of) for worker_id in parent_of}
-    by_depth = sorted(parent_of, key=lambda worker_id: depth_of[worker_id])  # stable: rank within a depth
+    relayers_by_depth = sorted(relayers, key=lambda worker_id: depth_of[worker_id])  # stable: rank within a depth
     assignments = {
         c.worker_id: RelayAssignment(
             worker_id=c.worker_id,
             parent_id=parent_of[c.worker_id],
             parent_url=by_id[parent_of[c.worker_id]].endpoint_url if parent_of[c.worker_id] != LEARNER else "",
             depth=depth_of[c.worker_id],
-            fallback_urls=tuple(_fallbacks(c.worker_id, ancestors_of, by_depth, by_id, current_version)),
+            fallback_urls=tuple(_fallbacks(c.worker_id, ancestors_of, relayers_by_depth, by_id)),
             effective_mbps=score[c.worker_id],
         )
         for c in ranked
     }
-    return RelayPlan(assignments)
+    return RelayPlan(assignments, tuple(relayers_by_depth))
+
+
+def _attach(worker_id: str, parent_id: str, parent_of: dict[str, str], depth_of: dict[str, int]) -> None:
+    parent_of[worker_id] = parent_id
+    depth_of[worker_id] = depth_of[parent_id] + 1
+
+
+class _LeastLoaded:
+    """The parent of a leaf once the free slots are gone: the relayer feeding the fewest children, the
+    deepest among equals (then by rank), so no relayer uploads to many leaves while another feeds one; the
+    learner when nobody relays."""
+
+    def __init__(self, relayers: list[str], parent_of: dict[str, str], depth_of: dict[str, int]) -> None:
+        num_children = Counter(parent_of.values())
+        self._heap = [(num_children[r], -depth_of[r], rank, r) for rank, r in enumerate(relayers)]
+        heapq.heapify(self._heap)
+
+    def take(self) -> str:
+        if not self._heap:
+            return LEARNER
+        num_children, minus_depth, rank, relayer = self._heap[0]
+        heapq.heapreplace(self._heap, (num_children + 1, minus_depth, rank, relayer))
+        return relayer
 
 
 def _ancestors(worker_id: str, parent_of: dict[str, str]) -> list[str]:
@@ -231,19 +286,18 @@ def _ancestors(worker_id: str, parent_of: dict[str, str]) -> list[str]:
 def _fallbacks(
     worker_id: str,
     ancestors_of: dict[str, list[str]],
-    by_depth: list[str],
+    relayers_by_depth: list[str],
     by_id: dict[str, RelayCandidate],
-    current_version: int | None,
 ) -> list[str]:
-    """Other ancestors nearest first, then other branches shallowest first; no descendants; relayers
-    only, and never one on probation (it failed a child lately)."""
+    """Other ancestors nearest first (every ancestor is a relayer), then relayers on other branches
+    shallowest first; no descendants, never a leaf (unreachable, unprobed, on probation or without a
+    chunk server)."""
     ancestors = ancestors_of[worker_id]
     chosen = ancestors[1:]
     excluded = {worker_id, *ancestors}
-    for other in by_depth:
+    for other in relayers_by_depth:
         if len(chosen) >= MAX_FALLBACKS:
             break
         if other not in excluded and worker_id not in ancestors_of[other]:
             chosen.append(other)
-    usable = [n for n in chosen if by_id[n].endpoint_url and not by_id[n].delivery.on_probation(current_version)]
-    return [by_id[node].endpoint_url for node in usable][:MAX_FALLBACKS]
+    return [by_id[node].endpoint_url for node in chosen][:MAX_FALLBACKS]

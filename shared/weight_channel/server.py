@@ -39,6 +39,7 @@ from urllib.parse import parse_qs
 from shared.weight_channel.manifest import Manifest, Payload, as_payload
 from shared.weight_channel.protocol import (
     CHUNK_ROUTE,
+    HEALTH_BODY,
     HEALTH_PATH,
     LATEST_PATH,
     MANIFEST_ROUTE,
@@ -255,7 +256,7 @@ def _make_handler(
 
         def _route(self, path: str, query: dict[str, str]) -> None:
             if path == HEALTH_PATH:
-                return self._send(200, b"ok", "text/plain")
+                return self._send(200, HEALTH_BODY, "text/plain")
             if path == LATEST_PATH:
                 version = store.latest_complete_version()
                 manifest = store.manifest(version) if version is not None else None
@@ -319,13 +320,18 @@ def _make_handler(
             self.send_header("Content-Length", str(body_bytes))
             self.end_headers()
             sha256 = manifest.sha256()
+            requester_url = query.get("holder", "")  # the asking worker's own chunk server (relay cycles)
             for index in range(first, manifest.num_chunks):
                 try:
-                    verified = self._forward_chunk(manifest, sha256, index)
+                    verified = self._forward_chunk(manifest, sha256, index, requester_url)
                 except KeyError as exc:  # evicted or replaced mid-stream
                     verified, why = None, str(exc)
                 else:
-                    why = f"no progress here for {wait_s}s"
+                    why = (
+                        f"this holder's copy comes from {requester_url}, the one asking (a relay cycle)"
+                        if requester_url and store.source_of(manifest) == requester_url.rstrip("/")
+                        else f"no progress here for {wait_s}s"
+                    )
                 if verified is None:
                     log.warning("stream of %s ends at chunk %d: %s", manifest.artifact, index, why)
                     self.close_connection = True
@@ -333,10 +339,10 @@ def _make_handler(
                 self.wfile.write(STREAM_VERIFIED if verified else STREAM_REJECTED)
             return None
 
-        def _forward_chunk(self, manifest: Manifest, sha256: str, index: int) -> bool | None:
+        def _forward_chunk(self, manifest: Manifest, sha256: str, index: int, requester_url: str = "") -> bool | None:
             """Send chunk `index`: whole if it is held, else cut-through as its bytes arrive. Returns
             whether what was sent is the chunk verified here (the verdict), None when this holder's copy
-            stalled (the stream must end)."""
+            stalled, or comes from `requester_url` itself (the stream must end)."""
             held = store.get_chunk(
                 manifest.policy_version, index, wait_s=0.0, payload=manifest.payload, manifest_sha256=sha256
             )
@@ -345,11 +351,11 @@ def _make_handler(
                 return True
             length, offset, attempts = manifest.chunk_length(index), 0, set()
             while offset < length:
-                received = store.wait_received(manifest, index, offset, wait_s)
+                received = store.wait_received(manifest, index, offset, wait_s, requester_url)
                 if received is None:
                     return None
                 if received.held and offset == 0:  # verified before a byte left: the held path
-                    return self._forward_chunk(manifest, sha256, index)
+                    return self._forward_chunk(manifest, sha256, index, requester_url)
                 attempts.add(received.attempt)
                 self.wfile.write(received.data)
                 offset += len(received.data)

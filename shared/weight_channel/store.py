@@ -75,6 +75,7 @@ class _StoredArtifact:
     held_from: dict[int, int] = field(default_factory=dict)  # chunk -> the receipt it was verified from (0: put whole)
     num_attempts: int = 0
     progress_at_s: float = field(default_factory=time.monotonic)  # last byte received or chunk held here
+    source_url: str = ""  # the holder this store's own fetch streams it from now ("": none, or the learner's own)
 
     @property
     def complete(self) -> bool:
@@ -315,7 +316,10 @@ class ChunkStore:
         """The held manifest (the one with `manifest_sha256` when given), waiting up to `wait_s` for it to
         be added. Raises ManifestMismatchError if a different one is held when the wait ends. A delta is
         not waited for once this holder has the version's full payload without it: it went the full way
-        (it lacked the base) and will never hold the delta, so its children move on at once."""
+        (it lacked the base) and will never hold the delta, so its children move on at once. Nor is a version
+        this holder does not hold while it holds a newer one: versions only ever arrive newest-last (the
+        learner publishes in order, a follower fetches the newest announced), so it never will (a worker
+        back from a partition asking for the version it was cut off in moves on at once)."""
         deadline = time.monotonic() + wait_s
         with self._changed:
             while True:
@@ -324,6 +328,8 @@ class ChunkStore:
                     return stored.manifest
                 remaining_s = deadline - time.monotonic()
                 if stored is None and payload == "delta" and self._artifact(policy_version, "full") is not None:
+                    return None
+                if stored is None and max(self._versions, default=policy_version) > policy_version:
                     return None
                 if remaining_s <= 0:
                     if stored is not None:
@@ -359,11 +365,32 @@ class ChunkStore:
                     return chunk
                 self._changed.wait(remaining_s)
 
-    def wait_received(self, manifest: Manifest, index: int, offset: int, stall_s: float) -> ReceivedBytes | None:
+    def set_source(self, manifest: Manifest, url: str) -> None:
+        """The holder this store's own fetch of `manifest` streams from now ("" when it stops): a forwarder
+        serving that holder itself must not wait on it (`wait_received`'s `requester_url`)."""
+        with self._changed:
+            stored = self._artifact(manifest.policy_version, manifest.payload)
+            if stored is not None and stored.manifest == manifest:
+                stored.source_url = url.rstrip("/")
+                self._changed.notify_all()
+
+    def source_of(self, manifest: Manifest) -> str:
+        """The holder this store's own fetch of `manifest` streams from now ("": none)."""
+        with self._changed:
+            stored = self._artifact(manifest.policy_version, manifest.payload)
+            return stored.source_url if stored is not None and stored.manifest == manifest else ""
+
+    def wait_received(
+        self, manifest: Manifest, index: int, offset: int, stall_s: float, requester_url: str = ""
+    ) -> ReceivedBytes | None:
         """Bytes of chunk `index` from `offset` on, for a cut-through forwarder: the verified chunk once
         held, else whatever its current receipt wrote past `offset`, waiting while the artifact makes
-        progress here. None after `stall_s` without progress; KeyError if the artifact left the store."""
+        progress here. None after `stall_s` without progress; KeyError if the artifact left the store.
+        None at once while the bytes are missing and this store's own fetch streams them from
+        `requester_url`, the very holder asking: two workers fetching from each other (each had the other
+        as parent in successive relay plans) would otherwise wait `stall_s` each."""
         started_s = time.monotonic()
+        requester_url = requester_url.rstrip("/")
         with self._changed:
             while True:
                 stored = self._held(manifest)
@@ -374,6 +401,8 @@ class ChunkStore:
                 if receipt is not None and not receipt.failed and receipt.num_bytes > offset:
                     data = stored.region(index)[offset : receipt.num_bytes].toreadonly()
                     return ReceivedBytes(data, receipt.attempt, held=False)
+                if requester_url and stored.source_url == requester_url:
+                    return None
                 remaining_s = self._stall_left_s(stored, started_s, stall_s)
                 if remaining_s <= 0:
                     return None

@@ -6,8 +6,9 @@
                   policy and training goes on
     outside       a worker started with `relay-rl worker` on this machine, outside the compose network, with a
                   join credential the admin issued for it (POST /v1/operators: the compose workers' own is
-                  theirs), joins through the published ports and the advertised RL_PUBLIC_HOST addresses, gets
-                  a verified version and has groups accepted; then it is drained (exit 0)
+                  theirs), joins through the published ports (the coordinator's https, verified with the run CA
+                  `relay-rl keys --compose` made) and the advertised RL_PUBLIC_HOST addresses, gets a verified
+                  version and has groups accepted; then it is drained (exit 0)
     stop + up     (what Ctrl-C then `up` does) resumes the run: the learner's version goes on from where it
                   was, the model folder is the same bytes
     down + up     containers removed, volumes kept: resumes again
@@ -27,6 +28,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -37,7 +39,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cluster.cli import COMPOSE_TLS_HOSTS
 from cluster.secrets import ClusterSecrets, outbound_address, write_private
+from cluster.tls import make_run_certificates
 from shared.api import OPERATORS_PATH, IssuedOperator
 
 pytestmark = [pytest.mark.compose, pytest.mark.slow]
@@ -46,7 +50,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "relay-rl:latest"
 REDIS_IMAGE = "redis:7.2-bookworm"
 PUBLISHED_PORTS = (8000, 8100, 8200, 8201, 8202)
-COORDINATOR = "http://127.0.0.1:8000"
+COORDINATOR = "https://127.0.0.1:8000"  # the coordinator's certificate names 127.0.0.1 (COMPOSE_TLS_HOSTS)
 KILLED = ("worker-0", "coordinator", "redis", "learner")
 CONSUMERS = ("worker-0", "worker-1", "worker-2", "learner", "reward", "coordinator")
 STEP_TIMEOUT_S = 240.0
@@ -78,7 +82,11 @@ class Stack:
     project: str
     env_file: Path
     env: dict[str, str]
+    ca_file: Path  # the run CA: what this test (and the outside worker) verify the coordinator with
     timeline: dict[str, float] = field(default_factory=dict)
+
+    def verify(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.ca_file))
 
     def compose(self, *args: str, timeout_s: float = 300.0, check: bool = True) -> subprocess.CompletedProcess[str]:
         command = ["docker", "compose", "-p", self.project, "--env-file", str(self.env_file), *args]
@@ -99,7 +107,7 @@ class Stack:
 
     def learner_version(self) -> int:
         try:
-            status = httpx.get(f"{COORDINATOR}/v1/status", timeout=3.0)
+            status = httpx.get(f"{COORDINATOR}/v1/status", timeout=3.0, verify=self.verify())
         except httpx.HTTPError:
             return -1
         if status.status_code != 200 or status.json()["learner"] is None:
@@ -107,7 +115,7 @@ class Stack:
         return int(status.json()["learner"]["learner_version"])
 
     def workers(self) -> list[dict[str, object]]:
-        return list(httpx.get(f"{COORDINATOR}/v1/status", timeout=3.0).json()["workers"])
+        return list(httpx.get(f"{COORDINATOR}/v1/status", timeout=3.0, verify=self.verify()).json()["workers"])
 
     def model_digest(self) -> str:
         out = self.compose("exec", "-T", "learner", "sha256sum", "/data/runs/compose/model/model.safetensors")
@@ -139,9 +147,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     secrets = ClusterSecrets.generate()
     public_host = outbound_address()  # this machine's address: reachable from the containers and from here
     env_file = folder / ".env"
-    write_private(env_file, secrets.compose_env_text() + f"RL_PUBLIC_HOST={public_host}\n")
+    tls = make_run_certificates(folder / "tls", COMPOSE_TLS_HOSTS)  # what `make keys` makes beside .env
+    write_private(env_file, secrets.compose_env_text(folder / "tls") + f"RL_PUBLIC_HOST={public_host}\n")
     stack = Stack(
-        project=f"relayrl-e2e-{os.getpid()}", env_file=env_file, env={**secrets.compose_env(), "host": public_host}
+        project=f"relayrl-e2e-{os.getpid()}",
+        env_file=env_file,
+        env={**secrets.compose_env(folder / "tls"), "host": public_host},
+        ca_file=tls.ca_file,
     )
     try:
         yield stack
@@ -232,6 +244,7 @@ def issue_credential(stack: Stack, name: str) -> str:
         json={"name": name},
         headers={"Authorization": f"Bearer {stack.env['RL_ADMIN_TOKEN']}"},
         timeout=10.0,
+        verify=stack.verify(),
     )
     assert response.status_code == 201, response.text
     return IssuedOperator.model_validate_json(response.content).join_token
@@ -246,7 +259,7 @@ def join_from_outside(stack: Stack, tmp_path: Path) -> dict[str, float]:
         port = probe.getsockname()[1]
     command = [
         sys.executable, "-m", "cluster.cli", "worker",
-        "--coordinator", COORDINATOR, f"--token={issue_credential(stack, 'outside')}",
+        "--coordinator", COORDINATOR, "--ca-file", str(stack.ca_file), f"--token={issue_credential(stack, 'outside')}",
         "--public-key", stack.env["RL_WEIGHTS_PUBLIC_KEY"], "--work-dir", str(tmp_path / "outside"),
         "--name", "outside", "--host", "0.0.0.0", "--port", str(port),
         "--public-url", f"http://{stack.env['host']}:{port}",

@@ -29,6 +29,7 @@ from cluster.redis_acl import OPERATOR
 from cluster.report import write_report
 from cluster.run_report import RunReport
 from cluster.supervisor import ServiceRestarts
+from cluster.wan.profiles import Fleet
 from shared.api import StatusResponse, WorkerInfo
 from shared.bus import StreamBus, connect
 from shared.keys import RunKeys
@@ -38,6 +39,7 @@ FAULTS_TOML = Path(__file__).with_name("faults.toml")
 
 Injection = Callable[[LocalCluster, StatusResponse], None]
 Inspection = Callable[[LocalCluster, StatusResponse], None]  # (the cluster, its final status)
+Observation = Callable[[LocalCluster, StatusResponse], None]  # every status the runner sees, after injecting
 
 
 @dataclass
@@ -74,10 +76,16 @@ def run_with_fault(
     num_workers: int = 3,
     liars: dict[str, str] | None = None,
     worker_env: dict[str, dict[str, str]] | None = None,
+    wan: Fleet | None = None,
+    tls: bool = False,
+    config_path: Path | None = None,
+    observe: Observation | None = None,
 ) -> FaultRun:
+    """`wan`: run across the emulated WAN (tests/faults/test_network.py); `tls`: the coordinator on https;
+    `config_path`: another run file than faults.toml; `observe`: called with every status after the injection."""
     cluster = LocalCluster(
         ClusterOptions(
-            config_path=fault_suite_config(tmp_path),
+            config_path=config_path or fault_suite_config(tmp_path),
             num_workers=num_workers,
             runs_dir=tmp_path / "runs",
             model_dir=model_dir,
@@ -85,6 +93,8 @@ def run_with_fault(
             restart_base_delay_s=0.5,
             liars=liars or {},
             worker_env=worker_env or {},
+            wan=wan,
+            tls=tls,
         )
     )
     injected: list[int] = []
@@ -94,6 +104,8 @@ def run_with_fault(
         if inject is not None and not injected and version >= at_version and all_working(status, num_workers):
             injected.append(version)
             inject(cluster, status)
+        if observe is not None and injected:
+            observe(cluster, status)
 
     started_s = time.monotonic()
     try:
@@ -140,7 +152,7 @@ def all_working(status: StatusResponse, num_workers: int) -> bool:
 def final_status_of(cluster: LocalCluster) -> StatusResponse:
     """The coordinator's status now (the supervisor restarts a killed coordinator: wait for it)."""
     deadline_s = time.monotonic() + 60.0
-    with httpx.Client(base_url=cluster.coordinator_url, timeout=5.0) as client:
+    with httpx.Client(base_url=cluster.coordinator_url, timeout=5.0, verify=cluster.coordinator_verify()) as client:
         while (status := cluster.fetch_status(client)) is None:
             if time.monotonic() > deadline_s:
                 raise TimeoutError("no status from the coordinator after the run")

@@ -25,6 +25,7 @@ from tests.faults.cluster_run import FaultRun, run_with_fault
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_ENV = "RL_FAULT_SUITE_RESULTS"  # where to write the table (unset: nowhere)
+COMMAND_ENV = "RL_FAULT_SUITE_COMMAND"  # the command the table says produced it (default: make test-faults)
 
 ROWS: dict[str, dict[str, Any]] = {}  # test name -> its row, in the order the tests ran
 
@@ -67,7 +68,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         rows[name] = {"test": name, "measured_at": stamp, "commit": commit(), **row}
     table = {
         "date": stamp[:10],
-        "command": "make test-faults",
+        "command": os.environ.get(COMMAND_ENV, "make test-faults"),
         "config": "tests/faults/faults.toml",
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_at_end": os.getloadavg()},
         "num_tests": len(rows),

@@ -22,7 +22,7 @@ from shared.api import (
     WorkerInfo,
 )
 from shared.bus import StreamBus
-from shared.config import RunConfig
+from shared.config import BroadcastConfig, RunConfig
 from shared.keys import RunKeys
 from shared.messages import WeightsPublished
 from shared.streams import WEIGHTS
@@ -35,7 +35,10 @@ LEARNER_URL = "http://learner:8100"
 
 @pytest.fixture
 def api(redis_client: redis.Redis, keys: RunKeys) -> Iterator[httpx.Client]:
-    app = create_app(RunConfig(run_id=keys.run_id), redis_client, ADMIN_TOKEN)
+    # the workers' chunk servers are names nobody serves (http://fast:9000): taken as reachable, not probed
+    # (probing: tests/integration/test_relay_reachability.py)
+    run = RunConfig(run_id=keys.run_id, broadcast=BroadcastConfig(probe_inbound=False))
+    app = create_app(run, redis_client, ADMIN_TOKEN)
     with TestClient(app) as client:  # no sweeper needed: every read applies due lease expiries
         yield client
 

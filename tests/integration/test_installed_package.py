@@ -61,7 +61,8 @@ def _relay_rl(installed: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_the_commands_of_a_worker_machine_work_from_a_wheel(installed: Path) -> None:
     keys = _relay_rl(installed, "keys", "--compose")
     assert keys.returncode == 0, keys.stderr
-    assert len([line for line in keys.stdout.splitlines() if line.startswith("RL_")]) == 8
+    names = [line.split("=", 1)[0] for line in keys.stdout.splitlines() if line.startswith("RL_")]
+    assert len(names) == 9 and "RL_TLS_DIR" in names, names  # the secrets, and where the run CA's files went
     help_text = _relay_rl(installed, "worker", "--help")
     assert help_text.returncode == 0 and "--coordinator" in help_text.stdout
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -206,3 +207,67 @@ def test_a_holder_that_went_the_full_way_says_at_once_it_has_no_delta(chunk_serv
     with httpx.Client(timeout=30.0) as client:
         response = client.get(f"{chunk_server.url}/v1/weights/4/delta/stream?wait_manifest_s=3600")
     assert response.status_code == 404
+
+
+def test_a_holder_of_a_newer_version_says_at_once_it_will_not_hold_an_older_one(chunk_server: ChunkServer) -> None:
+    # a worker back from a partition asks for the version it was cut off in; a holder that has moved on will
+    # never hold it (versions arrive newest-last): it answers at once, so the worker moves to the newest version
+    blob = os.urandom(2 * CHUNK_SIZE_BYTES)
+    manifest, _ = build_manifest(
+        blob, run_id="r", policy_version=9, chunk_size_bytes=CHUNK_SIZE_BYTES, signing_key=SIGNING_KEY
+    )
+    store = chunk_server.store
+    store.put_version(manifest, blob)
+    with httpx.Client(timeout=30.0) as client:
+        for payload in ("full", "delta"):
+            response = client.get(f"{chunk_server.url}/v1/weights/5/{payload}/stream?wait_manifest_s=3600")
+            assert response.status_code == 404, payload
+    # a version newer than every held one is still waited for (it may come): here, until the short wait ends
+    assert store.wait_for_manifest(10, "full", None, 0.2) is None
+    answers: list[object] = []
+    waiting = threading.Thread(target=lambda: answers.append(store.wait_for_manifest(10, "full", None, 3600.0)))
+    waiting.start()
+    newer, _ = build_manifest(
+        blob, run_id="r", policy_version=10, chunk_size_bytes=CHUNK_SIZE_BYTES, signing_key=SIGNING_KEY
+    )
+    store.put_version(newer, blob)
+    waiting.join(timeout=30.0)
+    assert answers == [newer]
+
+
+def test_two_workers_fetching_from_each_other_break_the_cycle_at_once(chunk_server: ChunkServer) -> None:
+    # successive relay plans can make A the parent of B and B the parent of A for one version: each streams
+    # from the other and neither holds a byte. Each names itself in its request, so each tells the other at
+    # once that its copy comes from the asker; both move to their next source (the learner) instead of
+    # waiting the holders' wait (60 s here; a fetcher's read gives up after 30) for progress that cannot come
+    blob = os.urandom(3 * CHUNK_SIZE_BYTES)
+    manifest, _ = build_manifest(
+        blob, run_id="r", policy_version=6, chunk_size_bytes=CHUNK_SIZE_BYTES, signing_key=SIGNING_KEY
+    )
+    chunk_server.store.put_version(manifest, blob)
+    stores = [ChunkStore(trusted_key=PUBLIC_KEY), ChunkStore(trusted_key=PUBLIC_KEY)]
+    servers = [ChunkServer(store, wait_s=60.0).start() for store in stores]
+    fetchers = [
+        RelayFetcher(store, own_url=server.url, stall_timeout_s=30.0)
+        for store, server in zip(stores, servers, strict=True)
+    ]
+    results: dict[int, object] = {}
+
+    def fetch(me: int) -> None:
+        other = servers[1 - me].url
+        results[me] = fetchers[me].fetch(manifest, lambda: [other, chunk_server.url], manifest_wait_s=60.0)
+
+    threads = [threading.Thread(target=fetch, args=(me,)) for me in (0, 1)]
+    try:
+        started_s = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120.0)
+        elapsed_s = time.monotonic() - started_s
+        assert not any(thread.is_alive() for thread in threads)
+        assert all(stores[me].payload(manifest) == blob for me in (0, 1))
+        assert elapsed_s < 5.0, f"the cycle cost {elapsed_s:.1f}s: the holders waited on each other"
+    finally:
+        for server in servers:
+            server.stop()

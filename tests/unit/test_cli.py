@@ -78,15 +78,17 @@ def test_the_coordinator_bootstrap_hands_out_no_redis_at_all(repo_root: Path) ->
 
 
 def test_keys_compose_prints_only_the_env_file_and_never_overwrites_one(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`relay-rl keys --compose > .env` must be a valid .env (nothing but the secrets on stdout), and
-    `--out` (what `make keys` runs) writes it 0600 and never changes a running cluster's (tests/unit/test_compose_keys.py:
-    it only adds what is missing)."""
+    """`relay-rl keys --compose > .env` must be a valid .env (nothing but the secrets on stdout; its TLS files go
+    to ./tls), and `--out` (what `make keys` runs) writes it 0600 and never changes a running cluster's
+    (tests/unit/test_compose_keys.py: it only adds what is missing)."""
+    monkeypatch.chdir(tmp_path)
     main(["keys", "--compose"])
     printed = capsys.readouterr().out
     variables = dict(line.split("=", 1) for line in printed.splitlines() if line and not line.startswith("#"))
-    assert len(variables) == 8 and all(re.fullmatch(r"RL_[A-Z_]+", name) for name in variables)
+    assert len(variables) == 9 and all(re.fullmatch(r"RL_[A-Z_]+", name) for name in variables)
+    assert variables["RL_TLS_DIR"] == str(tmp_path.resolve() / "tls")
     assert all(value and " " not in value for value in variables.values())
 
     env_file = tmp_path / ".env"

@@ -87,7 +87,7 @@ def test_services_reach_redis_and_each_other_by_compose_names_and_secrets_have_n
             assert env["RL_REDIS_URL"].endswith("@redis:6379/0"), name
         else:  # a worker: no Redis at all, it works through the coordinator's work API
             assert "RL_REDIS_URL" not in env, name
-        assert env["RL_COORDINATOR_URL"] == "http://coordinator:8000", name
+        assert env["RL_COORDINATOR_URL"] == "https://coordinator:8000", name
         assert env["RL_WEIGHTS_PUBLIC_KEY"].startswith("${RL_WEIGHTS_PUBLIC_KEY:?"), name
         assert "RL_CLUSTER_KEY" not in env, name
 
@@ -132,20 +132,44 @@ def test_redis_runs_with_acls_and_only_trusted_services_have_users(compose: dict
     assert "RL_REDIS_PASSWORD_OPERATOR" in " ".join(services["redis"]["healthcheck"]["test"])
 
 
-def test_make_keys_writes_every_variable_the_compose_file_requires(repo_root: Path) -> None:
+def test_make_keys_writes_every_variable_the_compose_file_requires(repo_root: Path, tmp_path: Path) -> None:
     """`make keys` (relay-rl keys --compose --out .env) covers every `${NAME:?...}` of the compose file, and
     nothing it writes is a variable the file does not read."""
     import re
 
-    from cluster.secrets import ClusterSecrets
+    from cluster.secrets import TLS_DIR_VARIABLE, ClusterSecrets
 
     text = (repo_root / "docker-compose.yml").read_text()
     required = set(re.findall(r"\$\{(RL_[A-Z_]+):\?", text))
-    env = ClusterSecrets.generate().compose_env()
+    env = ClusterSecrets.generate().compose_env(tmp_path / "tls")
     assert set(env) == required
-    assert len(required) == 8
+    assert len(required) == 9
+    assert env.pop(TLS_DIR_VARIABLE) == str((tmp_path / "tls").resolve())  # a folder: the secrets' files are in it
     # URL-safe, no quoting; the workers' credential as the coordinator's own issue makes them (op-<id>.<secret>)
     assert all(re.fullmatch(r"(op-[0-9a-f]{12}\.)?[0-9a-f]{48,64}", value) for value in env.values())
+
+
+def test_the_coordinator_serves_https_and_every_worker_verifies_it_with_the_run_ca(compose: dict) -> None:
+    """Workers send the coordinator tokens over the compose network (not loopback), so it serves https with the
+    certificate and key `make keys` made, as compose secrets only it mounts; each worker gets the CA alone and
+    verifies the coordinator with it before a token goes out (shared/tls.py)."""
+    services = compose["services"]
+    tls_files = {name: secret["file"] for name, secret in compose["secrets"].items()}
+    assert tls_files == {
+        "coordinator_tls_cert": "${RL_TLS_DIR:?set RL_TLS_DIR (make keys)}/server.pem",
+        "coordinator_tls_key": "${RL_TLS_DIR:?set RL_TLS_DIR (make keys)}/server.key",
+        "coordinator_ca": "${RL_TLS_DIR:?set RL_TLS_DIR (make keys)}/ca.pem",
+    }
+    coordinator = services["coordinator"]
+    assert coordinator["environment"]["RL_TLS_CERT_FILE"] == "/run/secrets/coordinator_tls_cert"
+    assert coordinator["environment"]["RL_TLS_KEY_FILE"] == "/run/secrets/coordinator_tls_key"
+    assert "https://127.0.0.1:8000/healthz" in " ".join(coordinator["healthcheck"]["test"])
+    holders = [name for name, service in services.items() if "coordinator_tls_key" in service.get("secrets", [])]
+    assert holders == ["coordinator"]
+    for name, service in services.items():
+        if name.startswith("worker-"):
+            assert service["secrets"] == ["coordinator_ca"], name
+            assert service["environment"]["RL_COORDINATOR_CA_FILE"] == "/run/secrets/coordinator_ca", name
 
 
 def test_each_worker_has_its_own_name_port_and_advertised_address(compose: dict) -> None:

@@ -18,8 +18,8 @@ def env_values(path: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in lines)
 
 
-def test_the_workers_join_with_an_operator_credential_not_a_shared_token() -> None:
-    env = ClusterSecrets.generate().compose_env()
+def test_the_workers_join_with_an_operator_credential_not_a_shared_token(tmp_path: Path) -> None:
+    env = ClusterSecrets.generate().compose_env(tmp_path / "tls")
     assert re.fullmatch(PROVISIONED_TOKEN_PATTERN, env["RL_OPERATOR_TOKEN"])  # what RL_OPERATOR_TOKENS accepts
     assert "RL_JOIN_TOKEN" not in env
     assert ClusterSecrets().operator_token != ClusterSecrets().operator_token
@@ -53,3 +53,53 @@ def test_half_a_signing_pair_is_not_completed_with_a_key_that_would_not_match(tm
     with pytest.raises(SystemExit, match="RL_WEIGHTS_PUBLIC_KEY but not RL_SIGNING_KEY"):
         main(["keys", "--compose", "--out", str(env_file)])
     assert env_file.read_text() == "\n".join(kept) + "\n"
+
+
+def test_make_keys_makes_the_coordinators_tls_beside_the_env_file_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`make keys`: a run CA and the coordinator's certificate for compose's names (and --tls-host) in tls/ beside
+    .env, which names the folder (RL_TLS_DIR); the key is 0600. Run again, the set is kept (a running cluster's
+    workers trust that CA); half a set is an error, never silently replaced."""
+    from cryptography import x509
+
+    from cluster.tls import read_run_certificates
+
+    env_file = tmp_path / ".env"
+    main(["keys", "--compose", "--out", str(env_file), "--tls-host", "203.0.113.7"])
+    tls = read_run_certificates(tmp_path / "tls")
+    assert env_values(env_file)["RL_TLS_DIR"] == str((tmp_path / "tls").resolve())
+    assert tls.key_file.stat().st_mode & 0o777 == 0o600
+    assert tls.cert_sha256 in capsys.readouterr().err  # what a worker may pin, said once
+    names = x509.load_pem_x509_certificate(tls.cert_file.read_bytes()).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName
+    )
+    assert set(map(str, names.value.get_values_for_type(x509.IPAddress))) == {"127.0.0.1", "203.0.113.7"}
+    assert set(names.value.get_values_for_type(x509.DNSName)) == {"coordinator", "localhost"}
+
+    main(["keys", "--compose", "--out", str(env_file)])
+    assert read_run_certificates(tmp_path / "tls") == tls
+
+    moved = (tmp_path / "tls").rename(tmp_path / "elsewhere")  # the set .env names is the one kept
+    env_file.write_text(env_file.read_text().replace(str(tmp_path / "tls"), str(moved)))
+    main(["keys", "--compose", "--out", str(env_file)])
+    assert not (tmp_path / "tls").exists() and read_run_certificates(moved).cert_sha256 == tls.cert_sha256
+
+    read_run_certificates(moved).key_file.unlink()
+    with pytest.raises(SystemExit, match="not the whole set"):
+        main(["keys", "--compose", "--out", str(env_file)])
+
+
+def test_keys_with_tls_hosts_alone_makes_a_set_for_exactly_those(tmp_path: Path) -> None:
+    """`relay-rl keys --tls-host NAME --tls-dir DIR`: a coordinator started by hand (RL_TLS_CERT_FILE ...)."""
+    from cryptography import x509
+
+    from cluster.tls import read_run_certificates
+
+    main(["keys", "--tls-host", "coord.example.com", "--tls-host", "10.78.0.1", "--tls-dir", str(tmp_path / "t")])
+    tls = read_run_certificates(tmp_path / "t")
+    names = x509.load_pem_x509_certificate(tls.cert_file.read_bytes()).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName
+    )
+    assert names.value.get_values_for_type(x509.DNSName) == ["coord.example.com"]
+    assert list(map(str, names.value.get_values_for_type(x509.IPAddress))) == ["10.78.0.1"]

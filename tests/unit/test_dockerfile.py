@@ -74,7 +74,9 @@ def test_the_compiler_stays_in_the_builder_stage(dockerfile: str) -> None:
 
 
 def test_the_secrets_file_is_kept_out_of_git_and_out_of_the_build_context(repo_root: Path) -> None:
-    """`.env` holds the learner's signing key and every Redis password (docker compose reads it)."""
+    """`.env` holds the learner's signing key and every Redis password (docker compose reads it); tls/ beside it the
+    coordinator's private key (make keys)."""
     for ignore_file in (".gitignore", ".dockerignore"):
         patterns = [line.strip() for line in (repo_root / ignore_file).read_text().splitlines()]
         assert ".env" in patterns, ignore_file
+        assert "tls" in [pattern.strip("/") for pattern in patterns], ignore_file

@@ -264,7 +264,7 @@ def test_workers_join_with_the_one_command_and_scale_by_replicas(secrets_file: P
     coordinator = find(objects, "Service", "-coordinator")
     assert (
         option(command, "--coordinator")
-        == f"http://{coordinator['metadata']['name']}:{coordinator['spec']['ports'][0]['port']}"
+        == f"https://{coordinator['metadata']['name']}:{coordinator['spec']['ports'][0]['port']}"
     )
 
 
@@ -277,7 +277,8 @@ def test_the_worker_command_is_one_the_cli_accepts_and_fits_its_pod(objects: lis
     cluster_secret = {key: value for (name, key), value in secret_data(objects).items() if name.endswith("-cluster")}
     coordinator = find(objects, "Service", "-coordinator")
     assert args.command == "worker"
-    assert args.coordinator == f"http://{coordinator['metadata']['name']}:{coordinator['spec']['ports'][0]['port']}"
+    assert args.coordinator == f"https://{coordinator['metadata']['name']}:{coordinator['spec']['ports'][0]['port']}"
+    assert container.mount_for(str(args.ca_file))["secret"]["secretName"].endswith("-coordinator-ca")
     assert (args.token, args.public_key) == (cluster_secret["operator-token"], cluster_secret["weights-public-key"])
     assert args.name == FIELD_REFS["metadata.name"]  # registered under its pod's name
     ports = {port["name"]: port["containerPort"] for port in container.spec["ports"]}
@@ -416,3 +417,32 @@ def test_workers_join_with_the_operator_credential_the_coordinator_provisions(
     settings = CoordinatorSettings()
     assert settings.join_token is None and settings.operator_token_values() == [worker_env["RL_JOIN_TOKEN"]]
     assert worker_args(worker, objects).token == worker_env["RL_JOIN_TOKEN"]
+
+
+def test_the_coordinator_serves_https_with_a_certificate_the_workers_verify_with_the_run_ca(
+    objects: list[dict],
+) -> None:
+    """Workers send the coordinator tokens, so it serves https only: its certificate and key come from
+    <fullname>-coordinator-tls, mounted where RL_TLS_CERT_FILE / RL_TLS_KEY_FILE say; the workers get only the
+    CA (<fullname>-coordinator-ca), and that CA issued a certificate for the name they dial."""
+    from cryptography import x509
+
+    (coordinator,) = [c for c in containers([find(objects, "Deployment", "-coordinator")]) if not c.init]
+    env = resolved_env(coordinator, objects)
+    data = secret_data(objects)
+    for variable, key in (("RL_TLS_CERT_FILE", "tls.crt"), ("RL_TLS_KEY_FILE", "tls.key")):
+        volume = coordinator.mount_for(env[variable])
+        assert volume is not None and volume["secret"]["secretName"].endswith("-coordinator-tls"), variable
+        assert Path(env[variable]).name == key and (volume["secret"]["secretName"], key) in data
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert coordinator.spec[probe]["httpGet"]["scheme"] == "HTTPS"
+    (worker,) = [c for c in containers([find(objects, "Deployment", "-worker")]) if not c.init]
+    args = worker_args(worker, objects)
+    ca_secret = worker.mount_for(str(args.ca_file))["secret"]["secretName"]
+    assert {key for name, key in data if name == ca_secret} == {"ca.crt"}  # no key reaches a worker's pod
+    ca = x509.load_pem_x509_certificate(data[(ca_secret, "ca.crt")].encode())
+    (tls_secret,) = {name for name, key in data if key == "tls.crt"}
+    certificate = x509.load_pem_x509_certificate(data[(tls_secret, "tls.crt")].encode())
+    certificate.verify_directly_issued_by(ca)
+    names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert urlsplit(args.coordinator).hostname in names.get_values_for_type(x509.DNSName)

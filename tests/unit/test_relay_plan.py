@@ -1,9 +1,10 @@
 """The relay plan (shared/weight_channel/relay_plan.py): seeds, ordering by observed delivery (claims only for newcomers),
-probation of parents that do not deliver, fallbacks, re-planning."""
+probation of parents that do not deliver, workers nobody can reach, fallbacks, re-planning."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -57,8 +58,56 @@ def test_fanout_builds_a_tree_and_a_worker_that_cannot_relay_is_a_leaf() -> None
 
     plan = plan_relay(candidates, num_seeds=1, fanout=2)
 
-    assert parents(plan) == {"a": LEARNER, "b": "a", "c": "a", "d": "c", "e": "c"}  # b has no chunk server: no children
-    assert plan.children_of("a") == ["b", "c"]
+    # b has no chunk server: no children, and a slot only once every relayer has one (d moves up a level)
+    assert parents(plan) == {"a": LEARNER, "c": "a", "d": "a", "e": "c", "b": "c"}
+    assert plan.children_of("a") == ["c", "d"]
+    assert plan.relayer_ids == ("a", "c", "d", "e")
+
+
+def test_a_worker_the_coordinator_cannot_reach_or_has_not_probed_is_a_leaf_and_nobodys_fallback() -> None:
+    """Issue 36, item 3: behind NAT (the probe failed) or not probed yet, it still fetches, once every
+    relayer has its place, and nobody is planned to wait on it, however fast it claims to be."""
+    candidates = [
+        RelayCandidate("nat", "http://nat", 10_000.0, inbound_reachable=False),
+        worker("a", 300),
+        RelayCandidate("unprobed", "http://unprobed", 200.0, inbound_reachable=None),
+        worker("b", 100),
+    ]
+
+    plan = plan_relay(candidates)
+
+    # the free slot at the chain's tail, then the relayer feeding the fewest children (the deeper of a tie)
+    assert parents(plan) == {"a": LEARNER, "b": "a", "nat": "b", "unprobed": "b"}
+    assert plan.children_of("nat") == plan.children_of("unprobed") == []
+    assert plan.relayer_ids == ("a", "b")
+    fallbacks = {url for a in plan.assignments.values() for url in a.fallback_urls}
+    assert fallbacks == {"http://a"}  # the leaves' grandparent; never a leaf
+    # a probe reaches it: it relays, and its claim makes it the seed (as for any newcomer)
+    reached = [replace(candidates[0], inbound_reachable=True), *candidates[1:]]
+    assert parents(plan_relay(reached))["a"] == "nat"
+
+
+def test_leaves_fill_the_free_slots_then_spread_over_the_relayers_not_the_learner() -> None:
+    """Chains (fanout 1) of three relayers leave one free slot, at the tail; the other leaves go to the relayer
+    feeding the fewest children, the deepest among equals: the learner still uploads one copy and no relayer
+    uploads to all the leaves."""
+    relayers = [worker(f"r{i}", 100 - i) for i in range(3)]  # r0 -> r1 -> r2
+    leaves = [RelayCandidate(f"l{i}", f"http://l{i}", 50.0 - i, inbound_reachable=False) for i in range(5)]
+
+    plan = plan_relay(relayers + leaves)
+
+    assert parents(plan) == {
+        "r0": LEARNER,
+        "r1": "r0",
+        "r2": "r1",
+        "l0": "r2",  # the free slot
+        "l1": "r2",
+        "l2": "r1",
+        "l3": "r0",
+        "l4": "r2",  # every relayer feeds two, the deepest first
+    }
+    assert plan.children_of(LEARNER) == ["r0"]
+    assert set(parents(plan_relay(leaves)).values()) == {LEARNER}  # nobody relays: the learner feeds them all
 
 
 def test_a_measured_throughput_lowers_a_workers_rank_but_never_raises_it() -> None:

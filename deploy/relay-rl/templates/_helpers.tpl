@@ -47,7 +47,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{- define "relay-rl.coordinatorUrl" -}}
-{{- printf "http://%s-coordinator:%d" (include "relay-rl.fullname" .) (int .Values.coordinator.port) -}}
+{{- printf "https://%s-coordinator:%d" (include "relay-rl.fullname" .) (int .Values.coordinator.port) -}}
 {{- end -}}
 
 {{/* env: the Redis password of one trusted user, then RL_REDIS_URL built from it (dependent variable) */}}
@@ -132,11 +132,13 @@ app.kubernetes.io/component: {{ .component }}
     - python
     - -c
     - |
-      import time, urllib.request
+      import ssl, time, urllib.request
       url = "{{ include "relay-rl.coordinatorUrl" . }}/healthz"
+      # only waits: no credential goes with it, so the certificate is not checked here (the worker checks it)
+      unverified = ssl._create_unverified_context()
       while True:
           try:
-              urllib.request.urlopen(url, timeout=2)
+              urllib.request.urlopen(url, timeout=2, context=unverified)
               break
           except OSError as exc:
               print(f"waiting for {url}: {exc}", flush=True)

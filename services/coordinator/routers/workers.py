@@ -25,6 +25,7 @@ from services.coordinator.deps import (
     ControlDep,
     CoordinatorDep,
     JoinTokenDep,
+    ProbesDep,
     RegistryDep,
     WorkerIdPath,
 )
@@ -50,6 +51,7 @@ def register_worker(
     http: Request,
     coordinator: CoordinatorDep,
     control: ControlDep,
+    probes: ProbesDep,
     join_token: JoinTokenDep = None,
     bearer_token: BearerTokenDep = None,
 ) -> RegisterWorkerResponse:
@@ -62,7 +64,9 @@ def register_worker(
     `state` is where it starts: active,
     or standby until cost-aware activation picks it (heartbeat answers carry every later decision).
     A worker whose lease ran out rejoins as itself: `previous_worker_id` in the body and its previous
-    token as `Authorization: Bearer` (403 if the token is not that worker's); see services/coordinator/join.py."""
+    token as `Authorization: Bearer` (403 if the token is not that worker's); see services/coordinator/join.py.
+    Its `endpoint_url` is probed from here at once and every minute after: the relay plan makes it a parent
+    only while that chunk server answers (`inbound_reachable`; services/coordinator/reachability.py)."""
     operators = OperatorCredentials(coordinator.redis, coordinator.keys)
     admission = admit_registration(
         join_token,
@@ -86,6 +90,7 @@ def register_worker(
     )
     access = coordinator.access.grant(joined.worker_id)  # after the lease exists: services/coordinator/redis_access.py
     control.request_replan()
+    probes.request(joined.worker_id, joined.info.endpoint_url)  # a parent once its chunk server answers
     run = coordinator.run
     return RegisterWorkerResponse(
         worker_id=joined.worker_id,

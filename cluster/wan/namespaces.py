@@ -18,7 +18,8 @@ N flows through one bucket share it only as fairly as drop-tail TCP does: `share
 200 Mbit/s holds ~1650 packets, ~100 per flow with 16 flows: losses are repaired by fast retransmit,
 not by RTO backoff (the starvation seen at MTU 65000, where the same queue held 38 packets).
 
-Everything is named with the `rlb` prefix; `Wan.remove_leftovers()` deletes what a killed run left.
+Everything is named with the Wan's prefix (`rlb` here, `rlw` for the cluster testbed); `Wan.remove_leftovers()`
+deletes what a killed run left.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 PREFIX = "rlb"
-BRIDGE = f"{PREFIX}-br"
 SUBNET = "10.77.0"
 MTU_BYTES = 1500
 WIRE_BYTES_PER_SEGMENT = MTU_BYTES + 14  # Ethernet header: tbf on a veth counts it
@@ -69,9 +69,14 @@ def _run(*args: str) -> str:
 
 
 class Wan:
-    """Nodes by name (short: they end up in interface names of at most 15 characters)."""
+    """Nodes by name (short: they end up in interface names of at most 15 characters). `prefix` names
+    every namespace, link and the bridge (the broadcast benchmark's `rlb`, the cluster testbed's `rlw`:
+    two users never delete each other's leftovers); `subnet` is the nodes' /24."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = PREFIX, subnet: str = SUBNET) -> None:
+        self.prefix = prefix
+        self.subnet = subnet
+        self.bridge = f"{prefix}-br"
         self.address: dict[str, str] = {}
         self.links: dict[str, Link] = {}
         self.namespaces: list[str] = []
@@ -86,25 +91,28 @@ class Wan:
             if shutil.which(tool) is None:
                 raise WanError(f"`{tool}` is not on PATH (apt-get install iproute2)")
 
-    @staticmethod
-    def remove_leftovers() -> None:
-        """Delete every `rlb` link, namespace and the bridge a previous (killed) run left behind."""
+    def remove_leftovers(self) -> None:
+        """Delete every link and namespace with this prefix, and the bridge, that a previous (killed) run left."""
         for line in _run("ip", "netns", "list").splitlines():
             name = line.split()[0] if line.strip() else ""
-            if name.startswith(f"{PREFIX}-"):
+            if name.startswith(f"{self.prefix}-"):
                 subprocess.run(["ip", "netns", "delete", name], capture_output=True)
-        remove_links()
+        remove_links(self.prefix)
 
-    def create_bridge(self) -> None:
-        _run("ip", "link", "add", BRIDGE, "type", "bridge")
-        _run("ip", "link", "set", BRIDGE, "mtu", str(MTU_BYTES))
-        _run("ip", "link", "set", BRIDGE, "up")
+    def create_bridge(self, address: str | None = None) -> None:
+        """The bridge every node's veth joins; `address` (e.g. "<subnet>.254") gives this (root) namespace
+        an address on it, so the machine's own tools reach the nodes."""
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        _run("ip", "link", "set", self.bridge, "mtu", str(MTU_BYTES))
+        if address is not None:
+            _run("ip", "addr", "add", f"{address}/24", "dev", self.bridge)
+        _run("ip", "link", "set", self.bridge, "up")
 
     def add_node(self, name: str, link: Link) -> str:
         """A namespace for `name` on the bridge with `link`'s caps; returns its IP address."""
         index = len(self.address) + 1
-        namespace, host_end, node_end = f"{PREFIX}-{name}", f"{PREFIX}{name}-h", f"{PREFIX}{name}-n"
-        address = f"{SUBNET}.{index}"
+        namespace, host_end, node_end = self.namespace(name), self.host_end(name), self.node_end(name)
+        address = f"{self.subnet}.{index}"
         _run("ip", "netns", "add", namespace)
         self.namespaces.append(namespace)  # removed by `remove` even if the rest of this fails
         _run(
@@ -123,7 +131,7 @@ class Wan:
             str(MTU_BYTES),
         )
         _run("ip", "link", "set", node_end, "netns", namespace)
-        _run("ip", "link", "set", host_end, "master", BRIDGE, "up")
+        _run("ip", "link", "set", host_end, "master", self.bridge, "up")
         _run("ip", "netns", "exec", namespace, "ip", "addr", "add", f"{address}/24", "dev", node_end)
         _run("ip", "netns", "exec", namespace, "ip", "link", "set", node_end, "up")
         _run("ip", "netns", "exec", namespace, "ip", "link", "set", "lo", "up")
@@ -134,38 +142,49 @@ class Wan:
     def set_link(self, name: str, link: Link, add: bool = False) -> None:
         """(Re)cap a node's uplink (egress of its own end) and downlink (egress of the bridge end)."""
         verb = "add" if add else "change"
-        namespace = f"{PREFIX}-{name}"
+        namespace = self.namespace(name)
         up = ["tbf", "rate", f"{link.up_mbps}mbit", "burst", TBF_BURST, "latency", f"{link.up_queue_ms}ms"]
-        _run("ip", "netns", "exec", namespace, "tc", "qdisc", verb, "dev", f"{PREFIX}{name}-n", "root", *up)
+        _run("ip", "netns", "exec", namespace, "tc", "qdisc", verb, "dev", self.node_end(name), "root", *up)
         down = ["tbf", "rate", f"{link.down_mbps}mbit", "burst", TBF_BURST, "latency", f"{link.down_queue_ms}ms"]
-        _run("tc", "qdisc", verb, "dev", f"{PREFIX}{name}-h", "root", *down)
+        _run("tc", "qdisc", verb, "dev", self.host_end(name), "root", *down)
         self.links[name] = link
 
     def uplink_bytes(self, name: str) -> int:
         """Link-layer bytes `name` has sent so far (what its uplink carried: headers, HTTP and Redis included)."""
-        with open(f"/sys/class/net/{PREFIX}{name}-h/statistics/rx_bytes") as counter:
+        with open(f"/sys/class/net/{self.host_end(name)}/statistics/rx_bytes") as counter:
             return int(counter.read())
 
     def command(self, name: str, argv: list[str]) -> list[str]:
         """`argv` run inside `name`'s namespace (`ip netns exec` execs it: the PID is the program's)."""
-        return ["ip", "netns", "exec", f"{PREFIX}-{name}", *argv]
+        return ["ip", "netns", "exec", self.namespace(name), *argv]
+
+    def namespace(self, name: str) -> str:
+        return f"{self.prefix}-{name}"
+
+    def host_end(self, name: str) -> str:
+        """The node's veth end in this namespace, on the bridge (its egress is the node's downlink)."""
+        return f"{self.prefix}{name}-h"
+
+    def node_end(self, name: str) -> str:
+        """The node's veth end in its own namespace (its egress is the node's uplink)."""
+        return f"{self.prefix}{name}-n"
 
     def remove(self) -> None:
         for namespace in self.namespaces:
             subprocess.run(["ip", "netns", "delete", namespace], capture_output=True)
-        remove_links()
+        remove_links(self.prefix)
         self.namespaces.clear()
         self.address.clear()
 
 
-def remove_links(timeout_s: float = 10.0) -> None:
-    """Delete the bridge and every `rlb*` link left in the root namespace (deleting a veth end deletes
+def remove_links(prefix: str = PREFIX, timeout_s: float = 10.0) -> None:
+    """Delete the bridge and every `<prefix>*` link left in the root namespace (deleting a veth end deletes
     its peer), until none is left: a deleted namespace's veths go away asynchronously, and a new run's
     `ip link add` of the same name fails while one lingers."""
     deadline_s = time.monotonic() + timeout_s
     while True:
         names = [line.split(":")[1].strip().split("@")[0] for line in _run("ip", "-o", "link", "show").splitlines()]
-        leftovers = [name for name in names if name.startswith(PREFIX)]
+        leftovers = [name for name in names if name.startswith(prefix)]
         if not leftovers:
             return
         if time.monotonic() >= deadline_s:
@@ -180,14 +199,14 @@ def calibrate(wan: Wan, sender: str, receiver: str, num_bytes: int) -> dict:
     how exact the emulated link is. Returns the nominal cap, the measured rate and their ratio."""
     port = 9009
     server = subprocess.Popen(
-        wan.command(sender, [sys.executable, "-c", _SEND_PROGRAM, str(port), str(num_bytes)]),
+        wan.command(sender, [sys.executable, "-c", SEND_PROGRAM, str(port), str(num_bytes)]),
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert server.stdout is not None
         server.stdout.readline()  # "listening"
-        output = _run(*wan.command(receiver, [sys.executable, "-c", _RECEIVE_PROGRAM, wan.address[sender], str(port)]))
+        output = _run(*wan.command(receiver, [sys.executable, "-c", RECEIVE_PROGRAM, wan.address[sender], str(port)]))
         num_received, seconds = output.split()
         server.wait(timeout=30)
     finally:
@@ -215,7 +234,7 @@ def shared_uplink(wan: Wan, sender: str, receivers: list[str], num_bytes_each: i
     (a starved flow shows as a long tail)."""
     servers = [
         subprocess.Popen(
-            wan.command(sender, [sys.executable, "-c", _SEND_PROGRAM, str(port + i), str(num_bytes_each)]),
+            wan.command(sender, [sys.executable, "-c", SEND_PROGRAM, str(port + i), str(num_bytes_each)]),
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -228,7 +247,7 @@ def shared_uplink(wan: Wan, sender: str, receivers: list[str], num_bytes_each: i
             server.stdout.readline()  # "listening"
 
         def receive(i: int, name: str) -> None:
-            argv = [sys.executable, "-c", _RECEIVE_PROGRAM, wan.address[sender], str(port + i)]
+            argv = [sys.executable, "-c", RECEIVE_PROGRAM, wan.address[sender], str(port + i)]
             seconds[name] = float(_run(*wan.command(name, argv)).split()[1])
 
         threads = [threading.Thread(target=receive, args=(i, name)) for i, name in enumerate(receivers)]
@@ -257,7 +276,10 @@ def shared_uplink(wan: Wan, sender: str, receivers: list[str], num_bytes_each: i
     }
 
 
-_SEND_PROGRAM = """
+# Raw TCP programs, run inside a namespace: the sender listens on argv[1] and sends argv[2] bytes to whoever
+# connects; the receiver connects to argv[1]:argv[2], reads to the end and prints the bytes and the seconds from
+# the first byte (the connection's set-up, a round trip on a long link, is not the link's rate).
+SEND_PROGRAM = """
 import socket, sys
 port, total = int(sys.argv[1]), int(sys.argv[2])
 listener = socket.socket(); listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -268,12 +290,12 @@ while sent < total:
 connection.close()
 """
 
-_RECEIVE_PROGRAM = """
+RECEIVE_PROGRAM = """
 import socket, sys, time
-started = time.perf_counter()
 connection = socket.create_connection((sys.argv[1], int(sys.argv[2])))
-received = 0
+received, started = 0, None
 while data := connection.recv(1 << 20):
+    started = started or time.perf_counter()
     received += len(data)
-print(received, time.perf_counter() - started)
+print(received, time.perf_counter() - (started or time.perf_counter()))
 """
