@@ -119,6 +119,16 @@ SMOLLM2_DELTA_VERSIONS = Table(
         F("rebuild s", "decode_s", "", 2),
     ),
 )
+# a cell of benchmarks/wan.py (wan.json, wan_smollm2.json): its broadcast, losses and what it learned
+WAN_CELL_FIGURES = (
+    F("T_bcast p50", "t_bcast_p50_s", "s", 2),
+    F("T_bcast p95", "t_bcast_p95_s", "s", 2),
+    F("swap pause mean", "swap_pause_mean_s", "s", 3),
+    F("stale drops", "stale_drops"),
+    F("tasks lost", "tasks_lost"),
+    F("bytes/version", "bytes_per_version_mean"),
+    F("held-out accuracy", "eval_accuracy_last", "", 3),
+)
 RESULTS: tuple[Result, ...] = (
     Result(
         "demo_report.json",
@@ -729,13 +739,7 @@ RESULTS: tuple[Result, ...] = (
                     F("steps/min", "steps_per_min", "", 1),
                     F("vs loopback", "steps_per_min_to_loopback", "", 2),
                     F("learner busy", "learner_busy", "", 2),
-                    F("T_bcast p50", "t_bcast_p50_s", "s", 2),
-                    F("T_bcast p95", "t_bcast_p95_s", "s", 2),
-                    F("swap pause mean", "swap_pause_mean_s", "s", 3),
-                    F("stale drops", "stale_drops"),
-                    F("tasks lost", "tasks_lost"),
-                    F("bytes/version", "bytes_per_version_mean"),
-                    F("held-out accuracy", "eval_accuracy_last", "", 3),
+                    *WAN_CELL_FIGURES,
                     F("simulated steps/min", "simulator/predicted_steps_per_min", "", 1),
                     F("simulator error", "simulator/steps_per_min_relative_error", "", 3),
                 ),
@@ -759,13 +763,7 @@ RESULTS: tuple[Result, ...] = (
                     F("steps/min", "steps_per_min", "", 2),
                     F("learner busy", "learner_busy", "", 2),
                     F("step time", "step_s_mean", "s", 1),
-                    F("T_bcast p50", "t_bcast_p50_s", "s", 2),
-                    F("T_bcast p95", "t_bcast_p95_s", "s", 2),
-                    F("swap pause mean", "swap_pause_mean_s", "s", 3),
-                    F("stale drops", "stale_drops"),
-                    F("tasks lost", "tasks_lost"),
-                    F("bytes/version", "bytes_per_version_mean"),
-                    F("held-out accuracy", "eval_accuracy_last", "", 3),
+                    *WAN_CELL_FIGURES,
                     F("at step", "eval_step_last"),
                 ),
             ),

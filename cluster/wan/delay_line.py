@@ -148,7 +148,6 @@ class DelayedPipe:
 @dataclass
 class DelayLine:
     table: DelayTable
-    num_connections: int = 0
 
     async def serve(self) -> None:
         server = await asyncio.start_server(self.handle, "0.0.0.0", self.table.listen_port, limit=READ_BYTES)
@@ -159,7 +158,6 @@ class DelayLine:
     async def handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         loop = asyncio.get_running_loop()
         accepted_s = loop.time()
-        self.num_connections += 1
         upstream_writer: asyncio.StreamWriter | None = None
         try:
             destination, port = original_destination(client_writer.get_extra_info("socket"))

@@ -59,6 +59,8 @@ class Link:
     down_mbps: float
     up_queue_ms: float = QUEUE_MS  # the uplink's drop-tail queue (tbf latency)
     down_queue_ms: float = QUEUE_MS
+    up_burst: str = TBF_BURST  # tbf's bucket, each way (the cluster testbed fits it to the rate)
+    down_burst: str = TBF_BURST
 
 
 def _run(*args: str) -> str:
@@ -143,9 +145,9 @@ class Wan:
         """(Re)cap a node's uplink (egress of its own end) and downlink (egress of the bridge end)."""
         verb = "add" if add else "change"
         namespace = self.namespace(name)
-        up = ["tbf", "rate", f"{link.up_mbps}mbit", "burst", TBF_BURST, "latency", f"{link.up_queue_ms}ms"]
+        up = ["tbf", "rate", f"{link.up_mbps}mbit", "burst", link.up_burst, "latency", f"{link.up_queue_ms}ms"]
         _run("ip", "netns", "exec", namespace, "tc", "qdisc", verb, "dev", self.node_end(name), "root", *up)
-        down = ["tbf", "rate", f"{link.down_mbps}mbit", "burst", TBF_BURST, "latency", f"{link.down_queue_ms}ms"]
+        down = ["tbf", "rate", f"{link.down_mbps}mbit", "burst", link.down_burst, "latency", f"{link.down_queue_ms}ms"]
         _run("tc", "qdisc", verb, "dev", self.host_end(name), "root", *down)
         self.links[name] = link
 

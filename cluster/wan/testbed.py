@@ -50,7 +50,13 @@ def tbf_burst_bytes(rate_mbps: float) -> int:
 
 
 def link_of(profile: LinkProfile) -> Link:
-    return Link(up_mbps=profile.up_mbps, down_mbps=profile.down_mbps)
+    """The node's tbf caps: its profile's rates, each with a bucket fitted to it."""
+    return Link(
+        up_mbps=profile.up_mbps,
+        down_mbps=profile.down_mbps,
+        up_burst=str(tbf_burst_bytes(profile.up_mbps)),
+        down_burst=str(tbf_burst_bytes(profile.down_mbps)),
+    )
 
 
 def nft(namespace_command: list[str], script: str) -> None:
@@ -151,34 +157,6 @@ class Testbed:
         if profile.loss_percent > 0:
             match = random_drop(profile.loss_percent)
             self.add_fault(node, "profile_loss", sent=match, received=match)
-        for direction in ("up", "down"):
-            self.set_burst(node, direction, profile)
-
-    def set_burst(self, node: str, direction: str, profile: LinkProfile) -> None:
-        """Re-cap one end with a burst fitted to its rate (tbf_burst_bytes)."""
-        rate_mbps = profile.up_mbps if direction == "up" else profile.down_mbps
-        device = self.wan.node_end(node) if direction == "up" else self.wan.host_end(node)
-        prefix = self.command(node, []) if direction == "up" else []
-        subprocess.run(
-            [
-                *prefix,
-                "tc",
-                "qdisc",
-                "change",
-                "dev",
-                device,
-                "root",
-                "tbf",
-                "rate",
-                f"{rate_mbps}mbit",
-                "burst",
-                str(tbf_burst_bytes(rate_mbps)),
-                "latency",
-                "100ms",
-            ],
-            check=True,
-            capture_output=True,
-        )
 
     def start_delay_line(self, node: str) -> None:
         profile = self.profile(node)
