@@ -10,6 +10,7 @@ looked up, which port a probe asks) is what the chart says, unchanged.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import shutil
@@ -73,6 +74,16 @@ class LocalPods:
                 ]
                 for key, text in config_map["data"].items():
                     (path / key).write_text(text)
+            if "secret" in volume:  # each key a file, as the kubelet mounts a Secret (the rendered stringData)
+                (secret,) = [
+                    obj
+                    for obj in self.objects
+                    if obj["kind"] == "Secret" and obj["metadata"]["name"] == volume["secret"]["secretName"]
+                ]
+                for key, text in secret.get("stringData", {}).items():
+                    (path / key).write_text(text)
+                for key, encoded in secret.get("data", {}).items():
+                    (path / key).write_bytes(base64.b64decode(encoded))
         return path
 
     def localize(self, container: Container, text: str) -> str:
@@ -149,8 +160,11 @@ class LocalPods:
         if "httpGet" in probe:
             port = probe["httpGet"]["port"]
             number = port if isinstance(port, int) else self.named_port(container, port)
+            scheme = probe["httpGet"].get("scheme", "HTTP").lower()
+            url = f"{scheme}://127.0.0.1:{self.local_port(owner, number)}{probe['httpGet']['path']}"
             try:
-                response = httpx.get(f"http://127.0.0.1:{self.local_port(owner, number)}{probe['httpGet']['path']}")
+                # the kubelet does not verify an HTTPS probe's certificate
+                response = httpx.get(url, verify=False)
             except httpx.HTTPError:
                 return False
             return 200 <= response.status_code < 400

@@ -7,6 +7,7 @@ run file, the model folders) holds together."""
 
 from __future__ import annotations
 
+import ssl
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -80,10 +81,15 @@ def test_the_cpu_demo_chart_runs_as_processes_and_the_learner_trains(learner_pro
                     )
                     assert process.alive(), f"{name} exited:\n{process.log_tail()}"
 
-        base = f"http://127.0.0.1:{pods.env(coordinator)['RL_COORDINATOR_PORT']}"
+        # https only, its certificate chaining to the run CA the workers verify it with
+        base = f"https://127.0.0.1:{pods.env(coordinator)['RL_COORDINATOR_PORT']}"
+        (ca_secret,) = [
+            o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"].endswith("-coordinator-ca")
+        ]
+        ca = ssl.create_default_context(cadata=ca_secret["stringData"]["ca.crt"])
 
         def learner_version() -> int:
-            status = StatusResponse.model_validate_json(httpx.get(f"{base}/v1/status").content)
+            status = StatusResponse.model_validate_json(httpx.get(f"{base}/v1/status", verify=ca).content)
             return status.learner.learner_version if status.learner is not None else 0
 
         wait_for(
@@ -94,7 +100,7 @@ def test_the_cpu_demo_chart_runs_as_processes_and_the_learner_trains(learner_pro
             explain=lambda: "\n".join(p.log_tail() for _, p in started.values()),
         )
         annotations = coordinator.owner["spec"]["template"]["metadata"]["annotations"]
-        metrics = httpx.get(f"{base}{annotations['prometheus.io/path']}")
+        metrics = httpx.get(f"{base}{annotations['prometheus.io/path']}", verify=ca)
         assert metrics.status_code == 200 and "relayrl_learner_version" in metrics.text
     finally:
         exit_codes = {name: process.stop() for name, (_, process) in reversed(started.items())}
