@@ -69,7 +69,7 @@ help:
 	@echo "make bench-delta   delta size per codec after real AdamW steps at lr 1e-6 / 1e-5, bf16 vs fp32 master weights (~5 min);"
 	@echo "                   ARGS=\"--config configs/smollm2.toml\": a run file's real model, real GRPO steps, the learner's publisher (~4 min)"
 	@echo "make ablation    staleness ablation: S in {0,1,2,4,6,11} x {truncated IS, none} x 3 seeds + pull mode, real local clusters (resumable; ~70 min; docs/staleness_ablation.md)"
-	@echo "make bench-async  async (S=2) vs sync (pull mode) and the centralized baseline: busy fraction, steps/h, reward vs cost (~12 min)"
+	@echo "make bench-async  async (S=2) vs sync (pull mode) and the centralized baseline: busy fraction, steps/h, reward vs cost (~12 min; ARGS='--placement \"learner=0 workers=1\" --staleness 1,2,4': docs/placement.md)"
 	@echo "make setup-trl    build $(TRL_VENV): TRL's GRPOTrainer (pinned) on CPU torch, for bench-vs-trl (never a dependency of ours)"
 	@echo "make bench-vs-trl MODEL=<folder> SEEDS=0,1  TRL GRPOTrainer vs ours (pull, async S=2) on configs/smollm2.toml: held-out accuracy vs samples and wall time (resumable; hours on CPU; docs/vs_trl.md)"
 	@echo "make bench-ppo     PPO minibatches on the demo task in one process: num_minibatches 1/2/4 x lag 0/2 x 3 seeds, 150 steps (~20 min)"

@@ -59,6 +59,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.ablation.cells import REPO_ROOT, dump_toml, start_runner_logging
 from benchmarks.async_vs_sync import reexec_for_engine
 from benchmarks.result_file import write_result
+from cluster.placement import Placement
 from shared.bus import StreamBus
 from shared.config import RunConfig, load_run_config
 from shared.messages import unpack_int32
@@ -97,10 +98,12 @@ class Cell:
     staleness_bound: int
     mode: str  # a key of MODES
     max_wall_s: float | None = None  # None: the workload's
+    placement: str = ""  # cluster/placement.py's text; empty: every process on every core
 
     @property
     def key(self) -> str:
-        return f"{self.workload}-{self.engine}-S{self.staleness_bound}-{self.mode}"
+        placed = "-placed" if self.placement else ""
+        return f"{self.workload}-{self.engine}-S{self.staleness_bound}-{self.mode}{placed}"
 
     def run_file(self) -> dict[str, Any]:
         raw = tomllib.loads((REPO_ROOT / WORKLOADS[self.workload][0]).read_text())
@@ -180,9 +183,11 @@ class CellResult:
         return extra / self.tokens_trained if self.tokens_trained else 0.0
 
 
-def cells(workloads: list[str], engine: str, modes: list[str], max_wall_s: float | None = None) -> list[Cell]:
+def cells(
+    workloads: list[str], engine: str, modes: list[str], max_wall_s: float | None = None, placement: str = ""
+) -> list[Cell]:
     return [
-        Cell(workload, engine, bound, mode, max_wall_s)
+        Cell(workload, engine, bound, mode, max_wall_s, placement)
         for workload in workloads
         if not (workload == "multi-turn" and engine == "vllm")
         for bound in STALENESS_BOUNDS
@@ -203,8 +208,9 @@ def run_cell(cell: Cell, runs_dir: Path) -> CellResult:
             lengths.update(unpack_int32(group.rollout.completion_lengths).tolist())
 
     num_workers = WORKLOADS[cell.workload][1]
+    options = {"placement": Placement.parse(cell.placement, num_workers)} if cell.placement else None
     steps, polls, pipeline, run = run_cluster(
-        cell.key, run_file, num_workers, {}, runs_dir, None, scrapes, on_streams=count_lengths
+        cell.key, run_file, num_workers, {}, runs_dir, None, scrapes, on_streams=count_lengths, options=options
     )
     result = summarize(cell, run.run_id, steps, worker_windows(scrapes))
     result.completion_lengths = {str(length): lengths[length] for length in sorted(lengths)}
@@ -430,6 +436,9 @@ def main() -> None:
     parser.add_argument(
         "--max-wall-s", type=float, default=None, help="every cell's training time (default: its run file's)"
     )
+    parser.add_argument(
+        "--placement", default="", help="cluster/placement.py's text, e.g. 'learner=0 workers=1' (docs/placement.md)"
+    )
     parser.add_argument("--only-report", action="store_true")
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
     parser.add_argument("--runs-dir", type=Path, default=RUNS_DIR)
@@ -438,7 +447,7 @@ def main() -> None:
         reexec_for_engine(args.engine, "benchmarks.continuous_cluster")
         start_runner_logging()
         run_missing(
-            cells(args.workloads.split(","), args.engine, args.modes.split(","), args.max_wall_s),
+            cells(args.workloads.split(","), args.engine, args.modes.split(","), args.max_wall_s, args.placement),
             args.out_dir,
             args.runs_dir,
         )

@@ -42,6 +42,7 @@ import redis
 
 from cluster.accounting import count_groups
 from cluster.model_cache import link_catalog_model
+from cluster.placement import Placement
 from cluster.ports import free_port
 from cluster.processes import ServiceProcess, start_service
 from cluster.redis_acl import OPERATOR, RedisUsers
@@ -93,6 +94,9 @@ class ClusterOptions:
     # tls_hosts: names or addresses it covers besides 127.0.0.1, localhost and the services' address
     tls: bool = False
     tls_hosts: tuple[str, ...] = ()
+    # --placement: the learner's cores and the workers' (taskset, thread counts to match: cluster/placement.py,
+    # docs/placement.md); None: every process floats over every core
+    placement: Placement | None = None
 
     def restart_policy(self, mode: RestartMode) -> RestartPolicy:
         return RestartPolicy(
@@ -248,7 +252,10 @@ class LocalCluster:
         return worker_node(int(service.removeprefix("worker-"))) if service.startswith("worker-") else CORE
 
     def command_prefix(self, service: str) -> list[str]:
-        return self.testbed.command(self.node_of(service), []) if self.testbed is not None else []
+        """What runs the service's command: its network namespace (--wan), then its cores (--placement)."""
+        prefix = self.testbed.command(self.node_of(service), []) if self.testbed is not None else []
+        placement = self.options.placement
+        return prefix + (placement.command_prefix(service) if placement is not None else [])
 
     def start_redis(self) -> None:
         """Redis with ACLs on: the default user off, one user per trusted service (cluster/redis_acl.py).
@@ -391,7 +398,8 @@ class LocalCluster:
             port = free_port()
             env = {"RL_METRICS_PORT": str(port), **env}
             self.metrics_urls[name] = f"http://127.0.0.1:{port}/metrics"
-        full_env = {**self.common_env(), **env}
+        placement = self.options.placement
+        full_env = {**self.common_env(), **(placement.env(name) if placement is not None else {}), **env}
 
         prefix = self.command_prefix(name)
 
@@ -595,6 +603,13 @@ def main() -> None:
     )
     parser.add_argument("--wan-links", type=Path, default=LINKS_FILE, help="the link profiles file")
     parser.add_argument(
+        "--placement",
+        default=None,
+        metavar="'learner=CORES workers=CORES [services=CORES]'",
+        help="pin the learner and the workers to their own cores, thread counts to match (docs/placement.md); "
+        "e.g. 'learner=0 workers=1'",
+    )
+    parser.add_argument(
         "--tls",
         action="store_true",
         help="the coordinator serves https with a certificate of a CA made for this run (<run dir>/tls); workers "
@@ -626,6 +641,7 @@ def main() -> None:
                 max_restarts=args.max_restarts,
                 restart_window_s=args.restart_window_s,
                 learner_procs=args.learner_procs,
+                placement=Placement.parse(args.placement, args.workers) if args.placement else None,
                 wan=load_fleet(args.wan, args.wan_links) if args.wan else None,
                 tls=args.tls or args.wan is not None,  # across a network, credentials cross only TLS
                 tls_hosts=tuple(args.tls_host),
@@ -709,6 +725,15 @@ def print_summary(report: RunReport) -> None:
     if report.accounting is not None:
         accounting = report.accounting
         print(f"  tasks issued {accounting.num_tasks_issued}, unaccounted {accounting.num_unaccounted}")
+    if report.evals and report.evals[-1].format_rate is not None:
+        last = report.evals[-1]
+        chance = (
+            f"; chance {last.chance_accuracy:.3f} ({last.chance_strategy})" if last.chance_accuracy is not None else ""
+        )
+        right = f", {last.formatted_accuracy:.3f} of those right" if last.formatted_accuracy is not None else ""
+        print(f"  eval at version {last.step}: {last.format_rate:.0%} in the answer form{right}{chance}")
+    if report.time_use is not None:
+        print(f"  {report.time_use.verdict_line}")
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ def build_report(
         num_dropped=dropped,
         eval_accuracy_before=evals[0].eval_accuracy if evals else None,
         eval_accuracy_after=evals[-1].eval_accuracy if evals else None,
-        evals=[EvalPoint(step=e.eval_step, accuracy=e.eval_accuracy) for e in evals],
+        evals=[EvalPoint.of(e) for e in evals],
         num_dead_letters=status.num_dead_letters if status is not None else None,
         cost_usd=status.cost_usd if status is not None else None,  # the coordinator's ledger
         workers=[
@@ -85,6 +85,7 @@ def build_report(
         restarts={name: service.restarts() for name, service in supervision.services.items()},
         gave_up_on=[name for name, service in supervision.services.items() if service.gave_up],
         accounting=read_accounting(run_dir),
+        time_use=status.time_use if status is not None else None,
     )
 
 

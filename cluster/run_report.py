@@ -3,6 +3,7 @@ runner writes it, cluster/local.py), and every reader (the runner's summary line
 with `load_report` and reads attributes, so a renamed field fails under mypy instead of reading as missing.
 
     headline        steps, reward, wall and learner time, staleness, drops, evaluations, cost, workers
+    time_use        where the time went and the verdict (shared/time_use.py), from the last status
     zero_variance   groups with zero reward variance over the run (ZeroVarianceSection)
     broadcast       bytes per version and T_bcast (BroadcastSection)
     restarts        the supervisor's restarts by service (cluster/supervisor.py: ServiceRestarts)
@@ -24,6 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_valid
 from cluster.accounting import TOTALS, GroupAccounting
 from cluster.supervisor import ServiceRestarts
 from shared.api import WorkerState
+from shared.messages import EvalRecord
+from shared.time_use import TimeUse
 
 
 class Section(BaseModel):
@@ -33,6 +36,25 @@ class Section(BaseModel):
 class EvalPoint(Section):
     step: int = Field(description="the learner version evaluated")
     accuracy: float = Field(description="held-out greedy accuracy")
+    format_rate: float | None = Field(None, description="answers in the task's answer form (None: no form, or older)")
+    formatted_accuracy: float | None = Field(None, description="accuracy among the answers in that form")
+    chance_accuracy: float | None = Field(None, description="what the answer form alone scores (chance baseline)")
+    chance_strategy: str | None = None
+    evaluated_by: str | None = Field(None, description='"learner" or "workers" (None: a report from before)')
+    eval_s: float | None = Field(None, description="the evaluation's duration")
+
+    @classmethod
+    def of(cls, record: EvalRecord) -> EvalPoint:
+        return cls(
+            step=record.eval_step,
+            accuracy=record.eval_accuracy,
+            format_rate=record.eval_format_rate,
+            formatted_accuracy=record.eval_formatted_accuracy,
+            chance_accuracy=record.eval_chance_accuracy,
+            chance_strategy=record.eval_chance_strategy,
+            evaluated_by=record.evaluated_by,
+            eval_s=round(record.eval_s, 2),
+        )
 
 
 class WorkerRow(Section):
@@ -112,6 +134,9 @@ class RunReport(Section):
     restarts: dict[str, ServiceRestarts]
     gave_up_on: list[str] = Field(description="services the supervisor left down")
     accounting: GroupAccounting | None = Field(description="None: the groups could not be counted")
+    time_use: TimeUse | None = Field(
+        None, description="where the time went and the verdict, from the coordinator's last status (shared/time_use.py)"
+    )
     plots: list[str] = Field(default_factory=list, description="PNG files next to report.json")
 
     @field_serializer("accounting")

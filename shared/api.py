@@ -14,7 +14,8 @@ from typing import Annotated, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from shared.config import ModelConfig
-from shared.messages import FlatGroups, WeightsPublished, WorkerTrust
+from shared.messages import EvalRecord, FlatGroups, WeightsPublished, WorkerTrust
+from shared.time_use import TimeUse
 
 # Bounds of what a client may send: far above any real value, far below what overflows the control
 # computations (a swap time of 1e308 once made every control pass raise OverflowError).
@@ -23,6 +24,7 @@ MAX_COUNT = 2**53  # exact in a float
 MAX_RATE_PER_S = 1e9
 MAX_DURATION_S = 86_400.0
 MAX_UNIX_TIME_S = 1e10  # the year 2286
+MAX_TOTAL_S = 1e9  # a running total of seconds (~32 years)
 MAX_BYTES = 2**50
 
 
@@ -196,6 +198,10 @@ class HeartbeatRequest(RequestBody):
         0.0, ge=0, le=MAX_DURATION_S, description="L_gen: mean seconds of one engine call (a batch of groups)"
     )
     last_swap: WeightSwapReport | None = Field(None, description="the most recent weight swap, if any")
+    # where its time went since it registered (shared/time_use.py; its own claim, a diagnosis only)
+    generating_s_total: float = Field(0.0, ge=0, le=MAX_TOTAL_S, description="seconds generating")
+    gated_s_total: float = Field(0.0, ge=0, le=MAX_TOTAL_S, description="seconds held by the staleness gate")
+    waiting_for_tasks_s_total: float = Field(0.0, ge=0, le=MAX_TOTAL_S, description="seconds with no task")
 
 
 class HeartbeatResponse(Body):
@@ -221,6 +227,9 @@ class WorkerInfo(Body):
     generating: bool
     tokens_per_s: float = 0.0
     group_latency_s: float = 0.0
+    generating_s_total: float = Field(0.0, description="its heartbeat's claim: seconds generating since registering")
+    gated_s_total: float = Field(0.0, description="its heartbeat's claim: seconds held by the staleness gate")
+    waiting_for_tasks_s_total: float = Field(0.0, description="its heartbeat's claim: seconds with no task to lease")
     state_since_s: float = Field(0.0, description="unix time of the last state change")
     registered_at_s: float
     last_heartbeat_s: float
@@ -262,6 +271,9 @@ class LearnerInfo(Body):
     zero_variance_warning: str | None = Field(
         None, description="the learner's warning while nearly every group has zero reward variance (LearnerState)"
     )
+    last_eval: EvalRecord | None = Field(
+        None, description="the newest held-out evaluation: accuracy, answer-form rate, chance baseline (LearnerState)"
+    )
 
 
 class StatusResponse(Body):
@@ -278,6 +290,9 @@ class StatusResponse(Body):
         default_factory=dict, description="every registered worker the coordinator still knows, by state"
     )
     cost_usd: float = Field(0.0, description="cumulative cost so far (GET /v1/cost for the breakdown)")
+    time_use: TimeUse | None = Field(
+        None, description="where the time went and the side bounding the run (shared/time_use.py); None: no learner"
+    )
 
 
 # Weight broadcast (services/coordinator/routers/broadcast.py). Consumers: rollout workers (their parent),
@@ -449,6 +464,7 @@ class DashboardResponse(Body):
     trust_by_worker: dict[str, WorkerTrust] = Field(
         default_factory=dict, description="the learner's trust per worker id (docs/trust.md)"
     )
+    time_use: TimeUse | None = Field(None, description="where the time went (shared/time_use.py); None: no learner")
 
 
 # GET WEIGHTS_LATEST_PATH (services/coordinator/routers/weights.py): the learner's newest announcement,

@@ -254,6 +254,13 @@ class LearnerConfig(Section):
         description="held-out evaluation runs on its own thread; when one is due while the previous one still "
         "runs, training waits at most this long for it, then skips the new one (counted in num_evals_skipped)",
     )
+    # why a knob: evaluating on the learner's cores competes with training (79-197 s per 200 SmolLM2 prompts)
+    eval_on: Literal["workers", "learner"] = Field(
+        "workers",
+        description="where held-out evaluation runs: workers: as eval tasks leased to rollout workers at exactly "
+        "the evaluated version, the learner's eval thread only when no worker is active or they miss the deadline "
+        "([broadcast] version_timeout_s); learner: always on the learner's eval thread (docs/evaluation.md)",
+    )
 
 
 class ScheduleConfig(Section):

@@ -221,3 +221,22 @@ class RunKeys:
         """coordinator -> reward: set of the lease ids (task entry ids) held by identities still earning their
         allowance; the task feed issues that many tasks beyond its window (services/reward/task_feed.py)."""
         return self.prefix + "work:speculative"
+
+    # held-out evaluation by the workers (services/reward/evaluation.py; docs/evaluation.md#where-evaluation-runs)
+    @property
+    def evals_open(self) -> str:
+        """reward: hash policy_version -> unix time its evaluation is abandoned (the versions with eval tasks out)."""
+        return self.prefix + "eval:open"
+
+    def eval_state(self, policy_version: int) -> str:
+        """reward (and the work API's `first_leased_at_s`): hash of one version's open evaluation: `request_id`,
+        `requested_at_s`, `deadline_at_s`, `num_prompts`, `first_leased_at_s`."""
+        return self.prefix + f"eval:{policy_version}"
+
+    def eval_prompts(self, policy_version: int) -> str:
+        """reward: hash task_id -> held-out prompt index, of the version's eval tasks issued."""
+        return self.prefix + f"eval:{policy_version}:prompts"
+
+    def eval_scores(self, policy_version: int) -> str:
+        """reward: hash prompt index -> its EvalScore (JSON), the first scored answer for each prompt."""
+        return self.prefix + f"eval:{policy_version}:scores"

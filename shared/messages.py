@@ -134,6 +134,20 @@ class TaskGroup(Message):
     # samples it with weights at least this new (it waits for them). 0: any version (async mode).
     min_policy_version: int = Field(0, ge=0)
     environment: EnvironmentSpec | None = None
+    # Held-out evaluation (docs/evaluation.md#where-evaluation-runs): an eval task of this policy version. A
+    # worker decodes it greedily, one sample, with the weights of exactly this version; its group is scored for
+    # the learner's EvalRecord, never trained. None: a training task.
+    eval_version: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _eval_task_shape(self) -> Self:
+        if self.eval_version is None:
+            return self
+        if self.num_samples != 1 or self.environment is not None:
+            raise ValueError("an eval task has one single-turn sample (greedy decoding)")
+        if self.min_policy_version != self.eval_version:
+            raise ValueError(f"an eval task of version {self.eval_version} has min_policy_version {self.eval_version}")
+        return self
 
 
 class RolloutGroup(Message):
@@ -489,6 +503,37 @@ class StepDiagnostics(BaseModel):
 LearnerStatus = Literal["starting", "training", "done"]
 
 
+class EvalRecord(BaseModel):
+    """One held-out evaluation: a line of metrics.jsonl when it finishes (so it may follow the StepRecords of
+    steps taken meanwhile; shared/run_records.py), and the newest one in LearnerState (docs/evaluation.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    eval_step: int = Field(description="learner version evaluated")
+    eval_accuracy: float = Field(description="greedy completions scoring exactly 1.0 on the held-out prompts")
+    eval_reward_mean: float
+    num_eval_prompts: int
+    num_verifier_failures: int = Field(
+        0, ge=0, description="held-out prompts the verifier timed out, raised or died on (counted as wrong)"
+    )
+    eval_format_rate: float | None = Field(
+        None, description="share of greedy answers in the form the task asks for, right or wrong (None: no form)"
+    )
+    eval_formatted_accuracy: float | None = Field(None, description="accuracy among the answers in that form")
+    eval_chance_accuracy: float | None = Field(
+        None, description="the held-out accuracy the answer form alone earns (the task's chance baseline)"
+    )
+    eval_chance_strategy: str | None = Field(None, description="the format-only strategy that baseline plays")
+    evaluated_by: str = Field("learner", description='"learner" (its eval thread) or "workers" (eval tasks)')
+    eval_s: float = Field(description="the evaluation's own duration on the eval thread (load weights, decode, score)")
+    eval_stall_s: float = Field(
+        0.0,
+        description="how long the training loop blocked to hand this evaluation over (waiting for the previous "
+        "one, snapshotting the weights); 0.0 in records written before evaluation left the loop",
+    )
+    wall_s: float = Field(description="run time when the evaluation finished")
+
+
 class LearnerState(Message):
     """The learner's latest state, kept under one Redis key. Producer: learner. Consumers: coordinator,
     the local cluster runner."""
@@ -517,6 +562,10 @@ class LearnerState(Message):
     )
     num_groups_trained: int = Field(0, ge=0, description="groups trained on in this run (each counted once)")
     num_dead_lettered: int = Field(0, ge=0, description="groups the learner dead-lettered in this run")
+    last_eval: EvalRecord | None = Field(None, description="the newest held-out evaluation (format and chance too)")
+    num_stale_tokens_dropped: int = Field(
+        0, ge=0, description="completion tokens not trained because they were too old (dropped groups, masked tokens)"
+    )
     num_restarts: int = Field(0, ge=0, description="times the learner resumed from a checkpoint")
     mismatch_by_worker: dict[str, WorkerMismatch] = Field(
         default_factory=dict, description="the last step's engine mismatch by worker id (workers with lag-0 groups)"
@@ -566,3 +615,46 @@ class QuarantinedWorkers(Message):
     worker_ids: list[str] = Field(default_factory=list, description="quarantined now")
     num_releases: dict[str, int] = Field(default_factory=dict, description="admin releases by worker id")
     updated_at_s: float = Field(default_factory=time.time)
+
+
+class EvalRequest(Message):
+    """Evaluate `policy_version` on the task's held-out prompts with the rollout workers. Producer: learner
+    (services/learner/worker_eval.py). Consumer: reward service (services/reward/evaluation.py), which issues one
+    eval task per held-out prompt, leased only to workers whose engine holds exactly that version."""
+
+    request_id: str = Field(min_length=1, max_length=64, description="the learner's id of this evaluation")
+    policy_version: int = Field(ge=0)
+    deadline_s: float = Field(gt=0, description="seconds after requested_at_s at which the reward service gives up")
+    requested_at_s: float = Field(default_factory=time.time)
+
+
+class EvalScore(BaseModel):
+    """One held-out prompt's greedy completion, scored. Producer: reward service (in EvalScores)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    prompt_index: int = Field(ge=0, description="its place in the task's eval_set")
+    completion_text: str = Field(max_length=1 << 20, description="the text the completion's token ids decode to")
+    reward: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, description="the verifier's (0.0 when it failed)")
+    verifier_failed: bool = Field(description="the verifier timed out, raised, died or returned no valid reward")
+    worker_id: str = Field(min_length=1, max_length=64, description="the worker that generated it")
+
+
+class EvalScores(Message):
+    """The workers' evaluation of one version, complete: one score per held-out prompt. Producer: reward service
+    (services/reward/evaluation.py), once every prompt of the request is scored. Consumer: learner
+    (services/learner/worker_eval.py), which turns it into the version's EvalRecord."""
+
+    request_id: str = Field(min_length=1, max_length=64)
+    policy_version: int = Field(ge=0)
+    requested_at_s: float
+    first_leased_at_s: float | None = Field(description="when a worker first leased one of its tasks (None: unknown)")
+    finished_at_s: float = Field(description="when its last prompt was scored")
+    scores: list[EvalScore] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_score_per_prompt(self) -> Self:
+        indices = sorted(score.prompt_index for score in self.scores)
+        if indices != list(range(len(self.scores))):
+            raise ValueError("scores must hold prompt indices 0..n-1, each once")
+        return self

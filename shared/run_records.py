@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.messages import FlatGroups, StepDiagnostics, WorkerMismatch
+from shared.messages import EvalRecord, FlatGroups, StepDiagnostics, WorkerMismatch
 
 
 class StepRecord(StepDiagnostics):
@@ -76,28 +76,6 @@ class StepRecord(StepDiagnostics):
         return StepDiagnostics(**self.model_dump(include=set(StepDiagnostics.model_fields)))
 
 
-class EvalRecord(BaseModel):
-    """One held-out evaluation, written by the learner's eval thread when it finishes (so it may follow
-    the StepRecords of steps taken meanwhile; docs/evaluation.md)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    eval_step: int = Field(description="learner version evaluated")
-    eval_accuracy: float = Field(description="greedy completions scoring exactly 1.0 on the held-out prompts")
-    eval_reward_mean: float
-    num_eval_prompts: int
-    num_verifier_failures: int = Field(
-        0, ge=0, description="held-out prompts the verifier timed out, raised or died on (counted as wrong)"
-    )
-    eval_s: float = Field(description="the evaluation's own duration on the eval thread (load weights, decode, score)")
-    eval_stall_s: float = Field(
-        0.0,
-        description="how long the training loop blocked to hand this evaluation over (waiting for the previous "
-        "one, snapshotting the weights); 0.0 in records written before evaluation left the loop",
-    )
-    wall_s: float = Field(description="run time when the evaluation finished")
-
-
 class RunTotals(BaseModel):
     """Cumulative counters, kept in every checkpoint so a resumed run continues them."""
 
@@ -127,6 +105,7 @@ class RunTotals(BaseModel):
     eval_step_last: int | None = None
     eval_stall_s: float = 0.0  # training-loop time spent handing evaluations over (skipped ones included)
     num_evals_skipped: int = 0  # due while the previous evaluation ran past [learner] eval_max_stall_s
+    last_eval: EvalRecord | None = None  # the newest evaluation's whole record (LearnerState.last_eval)
 
     @property
     def busy_fraction(self) -> float:
@@ -156,6 +135,7 @@ class RunTotals(BaseModel):
             self.eval_accuracy_before = record.eval_accuracy
         self.eval_accuracy_last = record.eval_accuracy
         self.eval_step_last = record.eval_step
+        self.last_eval = record
 
 
 class LearnerSummary(BaseModel):

@@ -14,6 +14,8 @@ from typing import Any, Generic, TypeVar
 from shared.messages import (
     BatchRequest,
     DeadLetter,
+    EvalRequest,
+    EvalScores,
     LearnerState,
     Message,
     QuarantinedWorkers,
@@ -68,6 +70,24 @@ BATCH_REQUEST: StateKey[BatchRequest] = StateKey("learner:batch_request", BatchR
 
 # coordinator -> learner: the quarantined workers (docs/trust.md) and each one's admin releases
 QUARANTINE: StateKey[QuarantinedWorkers] = StateKey("trust:quarantine", QuarantinedWorkers)
+
+# Held-out evaluation by the workers (docs/evaluation.md#where-evaluation-runs), beside the training path and
+# never on it: learner -> reward, one request per evaluated version
+EVAL_REQUESTS: Stream[EvalRequest] = Stream("eval_requests", "reward", EvalRequest)
+
+# coordinator (a worker's accepted answer to an eval task) -> reward: greedy groups of one sample
+EVAL_ROLLOUTS: Stream[RolloutGroup] = Stream("eval_rollouts", "reward", RolloutGroup)
+
+# reward -> learner: one version's evaluation, every held-out prompt scored
+EVAL_SCORES: Stream[EvalScores] = Stream("eval_scores", "learner", EvalScores)
+
+
+def eval_tasks(policy_version: int) -> Stream[TaskGroup]:
+    """reward -> rollout workers, leased by the coordinator only to a worker whose engine holds exactly
+    `policy_version`: the version's eval tasks, one per held-out prompt; deleted when its evaluation is done or
+    abandoned (services/reward/evaluation.py)."""
+    return Stream(f"eval_tasks:{policy_version}", "rollout", TaskGroup)
+
 
 # the streams consumed through a group, in pipeline order; their depth (the group's unfinished
 # entries) is what /v1/status and /metrics report

@@ -13,6 +13,13 @@ A lease id is the entry id of the task on the `tasks` stream. Every call carries
 token; a lease belongs to the worker whose token took it, until it is answered or its lease time
 (the run file's `rollout.claim_idle_ms`) runs out and another worker takes it. A worker holds at most
 `[work] max_held_tasks` leases at once.
+
+Eval tasks (held-out evaluation by the workers, docs/evaluation.md#where-evaluation-runs) travel the same
+routes: a lease call that names the engine's `policy_version` gets that exact version's eval tasks first (a
+TaskGroup with `eval_version` set, its lease id an entry of `eval_tasks:<version>`), then training tasks as
+ever. The answer names `eval_version` (SubmittedGroup) and goes to `eval_rollouts`, never `rollouts`; a
+failure report naming it gives the eval lease back without penalty. They are counted apart (EvalCounter) and
+held apart from `[work] max_held_tasks` (at most MAX_GROUPS_PER_LEASE eval leases of one version per worker).
 """
 
 from __future__ import annotations
@@ -60,6 +67,15 @@ LeaseId = Annotated[str, Field(pattern=r"^[0-9]{1,20}-[0-9]{1,20}$"), AfterValid
 
 class LeaseRequest(RequestBody):
     max_groups: int = Field(ge=1, le=MAX_GROUPS_PER_LEASE, description="tasks wanted at most")
+    policy_version: int | None = Field(
+        None,
+        ge=0,
+        description="the version of the weights the caller's engine holds and will decode eval tasks with: that "
+        "version's eval tasks are leased first (None: none)",
+    )
+    max_eval_groups: int = Field(
+        0, ge=0, le=MAX_GROUPS_PER_LEASE, description="eval tasks wanted at most, besides max_groups training tasks"
+    )
 
 
 class LeasedTask(Body):
@@ -84,6 +100,7 @@ class SubmittedGroup(BaseModel):
 
     lease_id: LeaseId
     group: bytes = Field(max_length=MAX_GROUP_BYTES, description="RolloutGroup.encode()")
+    eval_version: int | None = Field(None, ge=0, description="an eval task's answer: the task's eval_version")
 
     def decode_group(self, task: TaskGroup | str | None) -> RolloutGroup:
         """The RolloutGroup, decoded within the limits of the task it answers (shared/rollout_limits.py), or of
@@ -143,6 +160,9 @@ class TaskFailure(RequestBody):
 
     lease_id: LeaseId
     error: Text = Field(min_length=1, max_length=MAX_ERROR_CHARS)
+    eval_version: int | None = Field(
+        None, ge=0, description="an eval lease (of this version): given back to other workers, without penalty"
+    )
 
 
 class RewardStats(Body):
@@ -167,6 +187,18 @@ class RewardStats(Body):
         return max(0.0, spread / (self.num_groups - 1))
 
 
+class EvalWorkCounts(Body):
+    """The work API's eval-task counters (shared/work_counts.py EvalCounter) of a worker or the run."""
+
+    leased: int = Field(0, ge=0)
+    accepted: int = Field(0, ge=0)
+    refused: int = Field(0, ge=0)
+    expired: int = Field(
+        0, ge=0, description="eval leases another worker at the version took over after the lease time"
+    )
+    given_back: int = Field(0, ge=0, description="eval leases handed back (version moved on, engine error)")
+
+
 class WorkAccounting(Body):
     """GET /v1/work/accounting (admin): what the work API saw arrive, per worker and over the run."""
 
@@ -187,3 +219,7 @@ class WorkAccounting(Body):
         description="worker id -> why its mean group reward departs from the rest of the fleet's: a signal for an "
         "operator, never acted on (docs/threat_model.md)",
     )
+    eval_workers: dict[str, EvalWorkCounts] = Field(
+        default_factory=dict, description="by worker id: its eval-task counters (workers that leased one)"
+    )
+    eval_totals: EvalWorkCounts = Field(default_factory=EvalWorkCounts, description="eval-task counters of the run")

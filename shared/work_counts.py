@@ -10,6 +10,12 @@ accounting starts here, from what the coordinator saw arrive, never from what a 
 
 Per worker: leased = accepted + failed + expired + (leases it still holds). `refused` counts answers,
 not tasks: a refused answer leaves its lease as it was.
+
+Eval tasks (held-out evaluation by the workers, docs/evaluation.md#where-evaluation-runs) are counted apart, in
+the same hashes under EvalCounter's names, so they change none of the counts above nor the run's accounting:
+eval_leased, eval_accepted, eval_refused, eval_expired (taken over by another worker at that version after the
+lease time) and eval_given_back (handed back without penalty: the worker's version moved on, or its engine
+could not serve the prompt). An eval lease never dead-letters anything nor cuts an allowance.
 """
 
 from __future__ import annotations
@@ -24,3 +30,11 @@ class WorkCounter(StrEnum):
     REFUSED = "refused"
     EXPIRED = "expired"
     FAILED = "failed"
+
+
+class EvalCounter(StrEnum):
+    LEASED = "eval_leased"
+    ACCEPTED = "eval_accepted"
+    REFUSED = "eval_refused"
+    EXPIRED = "eval_expired"
+    GIVEN_BACK = "eval_given_back"

@@ -4,6 +4,7 @@ that every process it started is gone (reaped by PID)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import pytest
 
@@ -12,11 +13,16 @@ from cluster.report import write_report
 from cluster.run_report import RunReport, load_report
 
 
-def run_to_completion(options: ClusterOptions) -> tuple[LocalCluster, RunReport]:
-    """The finished cluster and its report.json, read back as every reader reads it."""
+def run_to_completion(
+    options: ClusterOptions, while_running: Callable[[LocalCluster], None] | None = None
+) -> tuple[LocalCluster, RunReport]:
+    """The finished cluster and its report.json, read back as every reader reads it. `while_running`: called
+    once every service has started, before waiting for the learner to finish."""
     cluster = LocalCluster(options)
     try:
         cluster.start()
+        if while_running is not None:
+            while_running(cluster)
         status = cluster.wait_until_done()
     finally:
         cluster.stop()

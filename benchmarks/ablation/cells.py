@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from cluster.local import raise_keyboard_interrupt
+from cluster.placement import Placement
 from cluster.report import write_report
-from cluster.run_report import RunReport
+from cluster.run_report import EvalPoint, RunReport
 from shared.api import DashboardResponse
 from shared.config import RunConfig, load_run_config
 from shared.run_records import EvalRecord, StepRecord, read_metrics
@@ -58,11 +59,15 @@ class Cell:
     worker_price_per_hour: float = 0.0  # $/h each worker registers with (the cost ledger bills it while active)
     learner_price_per_hour: float | None = None  # None: the run file's [activation] learner_price_per_hour
     base_config: str = "configs/demo.toml"  # the run file every override applies to, from the repository root
+    placement: str = ""  # cluster/placement.py's text ("learner=0 workers=1"); empty: every process on every core
+    eval_on: str = ""  # [learner] eval_on ("workers" | "learner"); empty: the run file's
+    engine: str = ""  # [rollout] engine ("torch" | "vllm"); empty: the run file's
 
     @property
     def key(self) -> str:
         name = "pull" if self.mode == "pull" else f"S{self.staleness_bound}-{self.correction}"
-        return f"{name}{'-' + self.tag if self.tag else ''}-seed{self.seed}"
+        eval_on = f"-eval-{self.eval_on}" if self.eval_on else ""
+        return f"{name}{'-' + self.tag if self.tag else ''}{eval_on}-seed{self.seed}"
 
     @property
     def hold(self) -> int:
@@ -84,6 +89,10 @@ class Cell:
         schedule |= {"staleness_bound": self.staleness_bound, "num_steps": self.num_steps, "mode": self.mode}
         schedule["max_wall_s"] = 3600.0  # equal learner steps: the step count ends every run
         raw.setdefault("rollout", {})["hold_versions_max"] = self.hold
+        if self.eval_on:
+            raw.setdefault("learner", {})["eval_on"] = self.eval_on
+        if self.engine:
+            raw.setdefault("rollout", {})["engine"] = self.engine
         # The trust score's honest band is calibrated at lags 0-2 (docs/trust.md): at lag 7+ an honest
         # worker's mean |log mu - log pi_prox| leaves it and the worker is quarantined, which would end
         # the run's supply of groups. Trust is not what a cell measures: off.
@@ -135,11 +144,20 @@ def run_cell(cell: Cell, runs_dir: Path, analyse: CellAnalysis | None = None) ->
     load_run_config(run_file)  # a bad cell fails here, before any process starts
     price = {"RL_WORKER_PRICE_PER_HOUR": str(cell.worker_price_per_hour)}
     worker_env = {f"worker-{index}": price for index in range(cell.num_workers)}
-    steps, polls, pipeline, run = run_cluster(cell.key, run_file, cell.num_workers, {}, runs_dir, worker_env)
+    options = {"placement": Placement.parse(cell.placement, cell.num_workers)} if cell.placement else {}
+    steps, polls, pipeline, run = run_cluster(
+        cell.key, run_file, cell.num_workers, {}, runs_dir, worker_env, options=options
+    )
     run_dir = runs_dir / run.run_id
     report = write_report(run_dir, run, None, wall_s=steps[-1].wall_s if steps else 0.0)
     _, evals = read_metrics(run_dir / "metrics.jsonl")
     result = summarize(cell, run.run_id, steps, evals, report, polls)
+    # each evaluation whole (who ran it, how long, format and chance), and where the time went at the end
+    result.extra["evals"] = [EvalPoint.of(record).model_dump() for record in evals]
+    result.extra["wall_s_by_step"] = [round(step.wall_s, 2) for step in steps]
+    time_uses = [poll.time_use for poll in polls if poll.time_use is not None]
+    if time_uses:
+        result.extra["time_use"] = time_uses[-1].model_dump()
     if analyse is not None:
         result.extra |= analyse(run, steps, polls, pipeline)
     return result

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from shared.api import MAX_COUNT, MAX_DURATION_S, MAX_RATE_PER_S, MAX_UNIX_TIME_S, MAX_VERSION
+from shared.api import MAX_COUNT, MAX_DURATION_S, MAX_RATE_PER_S, MAX_TOTAL_S, MAX_UNIX_TIME_S, MAX_VERSION
 from shared.messages import LearnerState
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,9 @@ WORKER_NUMBER_FIELDS: dict[str, tuple[float, float, float]] = {
     "samples_per_s": (0.0, MAX_RATE_PER_S, 0.0),
     "tokens_per_s": (0.0, MAX_RATE_PER_S, 0.0),
     "group_latency_s": (0.0, MAX_DURATION_S, 0.0),
+    "generating_s_total": (0.0, MAX_TOTAL_S, 0.0),
+    "gated_s_total": (0.0, MAX_TOTAL_S, 0.0),
+    "waiting_for_tasks_s_total": (0.0, MAX_TOTAL_S, 0.0),
     "state_since_s": (0.0, MAX_UNIX_TIME_S, 0.0),
     "registered_at_s": (0.0, MAX_UNIX_TIME_S, 0.0),
     "last_heartbeat_s": (0.0, MAX_UNIX_TIME_S, 0.0),

@@ -15,8 +15,10 @@ from services.coordinator.capacity_view import NUM_BROADCASTS, recent_broadcast_
 from services.coordinator.control import ControlPlane, ControlSnapshot
 from services.coordinator.measurements import BAD_MEASUREMENTS
 from services.coordinator.reachability import REACHABLE, UNREACHABLE, InboundProbes
+from services.coordinator.run_view import run_time_use
 from shared.api import WorkerState
 from shared.metrics import PREFIX, CallbackCollector, gauge, learner_families, new_registry, stream_depth_families
+from shared.time_use import TimeUse
 
 
 def install_metrics(app: FastAPI, control: ControlPlane) -> None:
@@ -152,12 +154,40 @@ def coordinator_families(control: ControlPlane) -> Iterator[Metric]:
             "rollout pause (engine loading a version): the longest swap of the newest measured versions",
             pause_max_s,
         )
+    yield from time_use_families(run_time_use(coordinator, snapshot.learner, snapshot.workers))
     cost = control.cost(snapshot)
     usd = CounterMetricFamily(PREFIX + "cost_usd", "cumulative cost billed", labels=["component"])
     usd.add_metric(["learner"], cost.learner_usd)
     usd.add_metric(["workers"], cost.workers_usd)
     yield usd
     yield gauge("cost_usd_per_hour", "current burn rate", cost.usd_per_hour_now)
+
+
+def time_use_families(use: TimeUse | None) -> Iterator[Metric]:
+    """Where the time went (shared/time_use.py): seconds by side and what they were spent on, the verdict."""
+    if use is None:
+        return
+    seconds = GaugeMetricFamily(
+        PREFIX + "time_seconds",
+        "where the run's time went, by side and use (shared/time_use.py)",
+        labels=["side", "use"],
+    )
+    seconds.add_metric(["learner", "train"], use.learner_train_s)
+    seconds.add_metric(["learner", "wait_for_data"], use.learner_wait_s)
+    seconds.add_metric(["workers", "generate"], use.workers_generating_s)
+    seconds.add_metric(["workers", "staleness_gate"], use.workers_gated_s)
+    seconds.add_metric(["workers", "wait_for_tasks"], use.workers_waiting_for_tasks_s)
+    yield seconds
+    if use.weight_sync_p95_s is not None:
+        yield gauge("weight_sync_p95_seconds", "T_bcast p95 over the measured versions", use.weight_sync_p95_s)
+    yield gauge(
+        "stale_tokens_dropped", "completion tokens not trained because they were too old", use.stale_tokens_dropped
+    )
+    verdict = GaugeMetricFamily(
+        PREFIX + "verdict", "1 for the side bounding the run (shared/time_use.py)", labels=["verdict"]
+    )
+    verdict.add_metric([use.verdict], 1.0)
+    yield verdict
 
 
 def worker_families(snapshot: ControlSnapshot) -> Iterator[Metric]:

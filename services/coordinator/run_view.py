@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from services.coordinator.broadcast_times import BroadcastTimes
 from services.coordinator.control import ControlPlane, read_learner_view
 from services.coordinator.deps import Coordinator
 from services.coordinator.ledger import CostLedger
@@ -15,12 +16,14 @@ from shared.api import (
     LearnerInfo,
     StalenessResponse,
     StatusResponse,
+    WorkerInfo,
     WorkerState,
 )
 from shared.bus import StreamBus
 from shared.messages import LearnerState
 from shared.staleness import is_admissible, steps_remaining
 from shared.streams import DEAD, GROUPED_STREAMS
+from shared.time_use import TimeUse, WorkerTimeUse, time_use
 
 
 def staleness_verdict(coordinator: Coordinator, policy_version: int) -> StalenessResponse:
@@ -56,6 +59,7 @@ def status_response(coordinator: Coordinator) -> StatusResponse:
         workers=listed,
         num_workers_by_state=dict(sorted(by_state.items())),
         cost_usd=CostLedger(coordinator.redis, coordinator.keys, max_billing_gap_s=1.0).totals().total_usd,
+        time_use=run_time_use(coordinator, learner.state, listed),
     )
 
 
@@ -77,6 +81,32 @@ def dashboard_response(control: ControlPlane) -> DashboardResponse:
         activation=snapshot.activation,
         cost=control.cost(snapshot),
         trust_by_worker=dict(learner.trust_by_worker) if learner is not None else {},
+        time_use=run_time_use(coordinator, learner, snapshot.workers),
+    )
+
+
+def run_time_use(coordinator: Coordinator, learner: LearnerState | None, workers: list[WorkerInfo]) -> TimeUse | None:
+    """Where the time went (shared/time_use.py): the learner's state, the workers' heartbeat counters, the
+    measured broadcasts. None before the learner's first state."""
+    if learner is None:
+        return None
+    broadcast = BroadcastTimes(coordinator.redis, coordinator.keys).summary()
+    return time_use(
+        learner_wall_s=learner.wall_s,
+        learner_train_s=learner.train_s_total,
+        learner_wait_s=learner.idle_s_total,
+        num_steps=learner.num_steps_done,
+        workers=[
+            WorkerTimeUse(
+                generating_s=w.generating_s_total,
+                gated_s=w.gated_s_total,
+                waiting_for_tasks_s=w.waiting_for_tasks_s_total,
+            )
+            for w in workers
+        ],
+        weight_sync_s=broadcast.seconds_by_version.values(),
+        swap_pause_mean_s=broadcast.pause_mean_s,
+        stale_tokens_dropped=learner.num_stale_tokens_dropped,
     )
 
 
@@ -96,4 +126,5 @@ def learner_info(state: LearnerState) -> LearnerInfo:
         busy_fraction=state.busy_fraction,
         last_flat_groups=state.last_flat_groups,
         zero_variance_warning=state.zero_variance_warning,
+        last_eval=state.last_eval,
     )

@@ -1,7 +1,8 @@
 """The work accounting as the coordinator reads it (GET /v1/work/accounting, and each control pass): the
 work API's counters per worker and in total (shared/work_counts.py, written by services/coordinator/work_leases.py),
 the leases held now (XPENDING), what the reward service recorded per worker (shared/worker_rewards.py), and
-the workers they flag (services/coordinator/work_flags.py).
+the workers they flag (services/coordinator/work_flags.py). Eval tasks are counted apart (shared/work_counts.py
+EvalCounter, in the same hashes) and reported apart (`eval_workers`, `eval_totals`): no figure above includes them.
 
 A worker's completion is judged on the leases ended since an admin last released it: the release stores
 its counters as a baseline (RunKeys.work_release_baseline), so a released worker starts afresh instead of
@@ -23,8 +24,8 @@ from shared.bus import redis_text
 from shared.config import WorkConfig
 from shared.keys import RunKeys
 from shared.streams import TASKS
-from shared.work_api import RewardStats, WorkAccounting, WorkCounts
-from shared.work_counts import WorkCounter
+from shared.work_api import EvalWorkCounts, RewardStats, WorkAccounting, WorkCounts
+from shared.work_counts import EvalCounter, WorkCounter
 
 
 class WorkBooks:
@@ -64,6 +65,12 @@ class WorkBooks:
                 num_standard_errors=self.config.reward_flag_standard_errors,
                 min_groups=self.config.reward_flag_min_groups,
             ),
+            eval_workers={
+                worker_id: evals
+                for worker_id, raw in zip(worker_ids, counts, strict=False)
+                if (evals := _eval_counts(raw)).leased
+            },
+            eval_totals=_eval_counts(counts[-1]),
         )
 
     def counts_since_release(self, worker_ids: Iterable[str]) -> dict[str, WorkCounts]:
@@ -129,6 +136,12 @@ def _counts(raw: dict[bytes, bytes], held: int, judged: RewardStats | None) -> W
     if judged is not None:
         values |= {"scored": judged.num_groups, "rejected": judged.num_rejected}
     return WorkCounts(**values, held=held)
+
+
+def _eval_counts(raw: dict[bytes, bytes]) -> EvalWorkCounts:
+    """The eval-task counters of a worker's (or the totals') hash."""
+    values = {counter.name.lower(): max(int(raw.get(counter.value.encode(), 0)), 0) for counter in EvalCounter}
+    return EvalWorkCounts(**values)
 
 
 def _pooled_judged(stats: Iterable[RewardStats]) -> RewardStats:

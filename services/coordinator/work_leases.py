@@ -22,6 +22,9 @@ check and its effects are one atomic step that no concurrent call can split:
              (another worker takes it); any other is dead-lettered with the worker's error and acked, counted
              `failed`. Either way the caller's allowance halves.
 
+Eval tasks (held-out evaluation by the workers) are leased, answered and given back through the same calls, by
+services/coordinator/eval_leases.py, on their own streams and counters: nothing below applies to them.
+
 Checks that need no Redis (decoding, task id, worker id, run id) are made first, in Python: a stream
 entry never changes, so reading the task before the script cannot race with anything; only who holds
 the lease can, and the script checks that. A task's dead letter carries the task cut to
@@ -41,6 +44,7 @@ import redis
 from redis.typing import EncodableT
 
 from services.coordinator import work_scripts
+from services.coordinator.eval_leases import EvalLeases
 from services.coordinator.lease_pacing import Full
 from services.coordinator.work_accounting import WorkBooks
 from services.coordinator.work_scripts import INITIAL_ALLOWANCE, MAX_LEASES_PER_TASK
@@ -105,6 +109,7 @@ class WorkLeases:
         self._give_back_script = client.register_script(work_scripts.GIVE_BACK)
         self._reconcile_script = client.register_script(work_scripts.RECONCILE)
         self._fold_script = client.register_script(work_scripts.FOLD)
+        self.evals = EvalLeases(client, keys, lease_ms=lease_ms)  # held-out evaluation's tasks
 
     @property
     def lease_s(self) -> float:
@@ -137,6 +142,14 @@ class WorkLeases:
                 letter = self._letter(entry_id, payload, f"undecodable task: {exc}", num_deliveries=1)
                 self._retire(entry_id, worker_id, 0, letter, WorkCounter.LEASED, -1, now_s)  # it never reached it
         return leased, full
+
+    def lease_evals(self, worker_id: str, policy_version: int, max_groups: int, now_s: float) -> list[LeasedTask]:
+        """Up to `max_groups` eval tasks of exactly `policy_version` (services/coordinator/eval_leases.py). Raises
+        LeaseRefusedError as lease() does."""
+        reply = self.evals.lease(worker_id, policy_version, max_groups, now_s)
+        if reply.state != "active":
+            raise LeaseRefusedError(reply.state)
+        return reply.tasks
 
     def _run_lease_script(self, worker_id: str, max_groups: int, now_s: float) -> Any:
         k = self.keys
@@ -238,10 +251,11 @@ class WorkLeases:
 
     # answering
     def submit(self, worker_id: str, groups: Sequence[SubmittedGroup]) -> SubmitResponse:
-        """Each group in turn: checked, then accepted or refused in one script call (see the module doc)."""
+        """Each group in turn: checked, then accepted or refused in one script call (see the module doc); eval
+        answers by services/coordinator/eval_leases.py."""
+        accepted, refused = self.evals.submit(worker_id, [group for group in groups if group.eval_version is not None])
+        groups = [group for group in groups if group.eval_version is None]
         tasks = self._read_tasks([group.lease_id for group in groups])
-        accepted: list[str] = []
-        refused: list[Refusal] = []
         for submitted in groups:
             checked = self._check(worker_id, submitted, tasks.get(submitted.lease_id))
             if isinstance(checked, RolloutGroup):
@@ -324,10 +338,18 @@ class WorkLeases:
         return tasks
 
     # failing
-    def fail(self, worker_id: str, lease_id: str, error: str, now_s: float) -> str | None:
+    def fail(
+        self, worker_id: str, lease_id: str, error: str, now_s: float, eval_version: int | None = None
+    ) -> str | None:
         """A task the worker cannot serve: given back (GIVEN_BACK) when the worker took it while still earning its
         allowance (it goes to a proven worker, counted `expired` for this one), else dead-lettered and acked,
-        counted `failed` (RETIRED); either way the worker's allowance halves. None: it does not hold the lease."""
+        counted `failed` (RETIRED); either way the worker's allowance halves. None: it does not hold the lease.
+        An eval lease (`eval_version`) is always given back, without penalty (eval_leases.py)."""
+        if eval_version is not None:
+            if not self.evals.give_back(worker_id, eval_version, lease_id):
+                return None
+            log.info("%s gave back eval task %s of version %d (%s)", worker_id, lease_id, eval_version, error[:200])
+            return GIVEN_BACK
         given_back = self._give_back_script(
             keys=[self.tasks, self.keys.work_speculative],
             args=[self.group, lease_id, worker_id, self.lease_ms, MAX_LEASES_PER_TASK],

@@ -336,3 +336,116 @@ end
 return 1
 """
 )
+
+# Eval tasks (services/coordinator/eval_leases.py): held-out evaluation by the workers. A version's eval tasks are
+# the pending entries of `eval_tasks:<version>` in the `rollout` group, leased only to a caller that names that
+# version. Their counters (shared/work_counts.py EvalCounter) go to the worker's and the run's hashes only: no
+# credential record, allowance, `held` or speculative set is touched, so the rollout accounting stays as it was.
+# An eval lease the caller gives back is claimed by EVAL_GIVEN_BACK (idle as if expired): the next caller at the
+# version takes it without counting an expiry against anyone.
+EVAL_GIVEN_BACK = ":given-back"  # a consumer name no worker id can have (ids are [A-Za-z0-9_-])
+
+# KEYS: eval stream, caller's worker hash, worker leases (zset), caller's counts, totals, work worker ids (set),
+#   the version's eval state (hash)
+# ARGV: group, caller id, now_s, lease ms, max tasks, max eval leases one worker holds of the version, operator
+#   key prefix, operator quarantine key prefix, the given-back consumer name, counts key prefix
+# Returns {state} when the caller may not lease (as LEASE), else {'active', entries}: eval leases handed back or
+# left past the lease time by others first (counted `eval_expired` for their holder), then new ones.
+LEASE_EVAL = """
+-- no open evaluation of the version (the common case): nothing to lease, and the training lease checks the caller
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[7]) == 0 then return {'active', {}} end
+local state = redis.call('HGET', KEYS[2], 'state')
+if not state then return {'unknown'} end
+local expiry = redis.call('ZSCORE', KEYS[3], ARGV[2])
+if (not expiry) or tonumber(expiry) <= tonumber(ARGV[3]) then return {'dead'} end
+if state ~= 'active' then return {state} end
+local credential = redis.call('HGET', KEYS[2], 'operator_id') or ''
+if credential ~= '' and (redis.call('SCARD', ARGV[8] .. credential) > 0
+    or (redis.call('HGET', ARGV[7] .. credential, 'quarantine_reason') or '') ~= '') then
+  return {'quarantined'}
+end
+local caller, lease_ms, wanted, max_held = ARGV[2], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local room = math.min(wanted, max_held - #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', max_held, caller))
+local entries = {}
+if room > 0 then
+  for _, p in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', lease_ms, '-', '+', room)) do
+    if p[2] ~= caller then
+      local claimed = redis.call('XCLAIM', KEYS[1], ARGV[1], caller, lease_ms, p[1])
+      if p[2] ~= ARGV[9] then
+        redis.call('HINCRBY', ARGV[10] .. p[2], 'eval_expired', 1)
+        redis.call('HINCRBY', KEYS[5], 'eval_expired', 1)
+      end
+      if claimed[1] then entries[#entries + 1] = claimed[1] end
+    end
+  end
+  local fresh = room - #entries
+  if fresh > 0 then
+    local read = redis.call('XREADGROUP', 'GROUP', ARGV[1], caller, 'COUNT', fresh, 'STREAMS', KEYS[1], '>')
+    if read then
+      for _, entry in ipairs(read[1][2]) do entries[#entries + 1] = entry end
+    end
+  end
+end
+if #entries > 0 then
+  redis.call('HINCRBY', KEYS[4], 'eval_leased', #entries)
+  redis.call('HINCRBY', KEYS[5], 'eval_leased', #entries)
+  redis.call('SADD', KEYS[6], caller)
+  redis.call('HSETNX', KEYS[7], 'first_leased_at_s', ARGV[3])
+end
+return {'active', entries}
+"""
+
+# KEYS: eval stream, eval_rollouts, caller's counts, totals, work worker ids (set), caller's worker record, the
+#   lease's answered marker
+# ARGV: group, caller id, lease id, refusal ('1': refuse, '' accept), payload (the group, or the dead letter of a
+#   refusal), the dead letter to write when the lease is not held, "<caller id>:<sha256 of the answer>", the
+#   marker's TTL (s), counts key prefix, credential key prefix, how many refusals of one credential are kept
+# As ANSWER, for an eval lease: an accepted group goes to `eval_rollouts` and its task is acked; a refusal's dead
+# letter goes to the caller's credential's refusals. Counted eval_accepted / eval_refused. Returns as ANSWER.
+ANSWER_EVAL = (
+    _LIB
+    + """
+local caller = ARGV[2]
+local credential = redis.call('HGET', KEYS[6], 'operator_id') or credential_of(ARGV[9], caller)
+local refusals = ARGV[10] .. credential .. ':refusals'
+redis.call('SADD', KEYS[5], caller)
+local held = false
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+  held = #pending > 0 and pending[1][2] == caller
+end
+if not held then
+  if redis.call('GET', KEYS[7]) == ARGV[7] then return {1, 'repeat'} end
+  redis.call('XADD', refusals, 'MAXLEN', '~', ARGV[11], '*', 'data', ARGV[6])
+  redis.call('HINCRBY', KEYS[3], 'eval_refused', 1)
+  redis.call('HINCRBY', KEYS[4], 'eval_refused', 1)
+  return {0, 'not-held'}
+end
+if ARGV[4] ~= '' then
+  redis.call('XADD', refusals, 'MAXLEN', '~', ARGV[11], '*', 'data', ARGV[5])
+  redis.call('HINCRBY', KEYS[3], 'eval_refused', 1)
+  redis.call('HINCRBY', KEYS[4], 'eval_refused', 1)
+  return {0, 'held'}
+end
+local id = redis.call('XADD', KEYS[2], '*', 'data', ARGV[5])
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+redis.call('SET', KEYS[7], ARGV[7], 'EX', ARGV[8])
+redis.call('HINCRBY', KEYS[3], 'eval_accepted', 1)
+redis.call('HINCRBY', KEYS[4], 'eval_accepted', 1)
+return {1, id}
+"""
+)
+
+# KEYS: eval stream, caller's counts, totals. ARGV: group, lease id, caller id, lease ms, the given-back consumer.
+# The caller hands an eval lease back (its version moved on, or its engine cannot serve the prompt): claimed by the
+# given-back consumer, idle as if expired, so the next caller at the version takes it; counted eval_given_back,
+# nothing else. Returns 1 given back, 0 not held by the caller.
+GIVE_BACK_EVAL = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if #pending == 0 or pending[1][2] ~= ARGV[3] then return 0 end
+redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[5], 0, ARGV[2], 'IDLE', ARGV[4])
+redis.call('HINCRBY', KEYS[2], 'eval_given_back', 1)
+redis.call('HINCRBY', KEYS[3], 'eval_given_back', 1)
+return 1
+"""

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from engines.torch_engine import TorchEngine
-from services.learner.evaluate import evaluate_greedy
+from services.learner.evaluate import describe_eval, evaluate_greedy
 from services.learner.lora import merged_state
 from shared.config import TaskConfig
 from shared.run_records import EvalRecord
@@ -174,21 +174,18 @@ class Evaluator:
         started_s = time.perf_counter()
         self.engine.load_state_dict(job.weights, job.policy_version)
         result = evaluate_greedy(self.engine, self.task, max_new_tokens=self.max_new_tokens, verifier=self.verifier)
-        record = EvalRecord(
+        record = result.record(
+            self.task,
             eval_step=job.policy_version,
-            eval_accuracy=result.accuracy,
-            eval_reward_mean=result.reward_mean,
-            num_eval_prompts=result.num_prompts,
-            num_verifier_failures=result.num_verifier_failures,
             eval_s=time.perf_counter() - started_s,
             eval_stall_s=job.stall_s,
             wall_s=self.wall_s(),
+            evaluated_by="learner",
         )
         log.info(
-            "eval at version %d: accuracy %.3f on %d held-out prompts (%.2fs in the eval thread, stalled training %.3fs)",
+            "eval at version %d: %s (%.2fs in the eval thread, stalled training %.3fs)",
             job.policy_version,
-            result.accuracy,
-            result.num_prompts,
+            describe_eval(record),
             record.eval_s,
             job.stall_s,
         )

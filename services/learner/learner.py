@@ -2,7 +2,8 @@
 
     resume_or_start          checkpoint -> model, optimizer, version t, counters; else the initial policy
     publish_weights          version t servable by the chunk server, then announced
-    evaluate                 held-out greedy accuracy at step 0, on the eval thread (evaluator.py)
+    evaluate                 held-out greedy accuracy at step 0: by the rollout workers (worker_eval.py), else on the
+                             eval thread (evaluator.py: no worker active, [learner] eval_on = "learner", multi-turn)
     until num_steps or max_wall_s (or SIGTERM):
         collect_batch        groups_per_step groups admitted at t (t - v <= S); drops counted, bad groups dead-lettered;
                              dynamic_sampling: flat groups (zero reward variance) skipped; each step's worth of
@@ -11,10 +12,13 @@
         train_step           num_minibatches x ppo_epochs optimizer updates on the batch: t -> t + 1
         publish_if_due       every publish_every steps
         record_step          metrics.jsonl line, totals, LearnerState in Redis
-        evaluate_if_due      every eval_every steps: hand a weight snapshot to the eval thread and go on;
-                             if the previous eval still runs, wait at most eval_max_stall_s, then skip
+        evaluate_if_due      every eval_every steps: request it from the workers (one step ahead), or hand a
+                             weight snapshot to the eval thread (if the previous one still runs, wait at most
+                             eval_max_stall_s, then skip); every step, take in the workers' finished evaluations
+                             (never waiting) and, for one past its deadline, evaluate on the eval thread instead
         checkpoint_if_due    every checkpoint_every steps; then ack the groups it covers
-    finish                   wait for the eval in flight, evaluate the final weights (waiting for it),
+    finish                   wait for the evals in flight (the workers' at most until their deadline), evaluate
+                             the final weights (waiting for it),
                              checkpoint, model_final, learner_summary.json, status done
 
 Ack discipline: a dropped or dead-lettered group is acked when decided; an admitted group stays
@@ -54,6 +58,7 @@ from services.learner.precision import set_config_dtype
 from services.learner.publish import publication_state
 from services.learner.settings import LearnerSettings
 from services.learner.trust_monitor import TrustMonitor
+from services.learner.worker_eval import WorkerEvals, add_to_totals
 from services.learner.zero_variance import ZeroVarianceAlarm
 from shared.bus import StreamBus
 from shared.config import RunConfig
@@ -160,6 +165,8 @@ class Learner:
             on_record=self.metrics.append,
             wall_s=self.wall_s,
         )
+        # held-out evaluation as eval tasks for the rollout workers; the evaluator above is its fallback
+        self.worker_evals = WorkerEvals(bus, run, self.task, deadline_s=run.broadcast.version_timeout_s)
 
     # lifecycle: the chunk server lives as long as the learner
     def __enter__(self) -> Learner:
@@ -348,30 +355,92 @@ class Learner:
         )
 
     def evaluate_if_due(self) -> None:
-        if self.version % self.config.schedule.eval_every == 0:
+        """Every eval_every steps, evaluate; a step before an eval point (or the last step), ask the workers
+        ahead, so that its eval tasks wait for them before the version does (worker_eval.py); every step, take
+        in the workers' finished evaluations, never waiting."""
+        schedule = self.config.schedule
+        if self.version % schedule.eval_every == 0:
             self.evaluate()
+        ahead = self.version + 1
+        if (ahead % schedule.eval_every == 0 or ahead == schedule.num_steps) and not self.worker_evals.is_open(ahead):
+            published = ahead % schedule.publish_every == 0 or ahead >= schedule.num_steps  # publish_if_due's rule
+            if self.worker_evals.route(published=published) is None:
+                self.worker_evals.request(ahead, reached=False)
+        self.worker_evals.reached(self.version)
+        self.add_worker_evals()
 
     def evaluate(self, *, wait: bool = False) -> None:
-        """Hand the current weights to the eval thread; its record reaches metrics.jsonl when it is done
-        and the totals at the next sync_totals. With `wait`, the previous eval and this one are waited
-        for however long they take (the final eval: "after" must be the final weights' accuracy)."""
+        """Evaluate the current weights: by the workers (one request; the record when their scores come), else on
+        the eval thread (evaluate_on_learner). With `wait`, this evaluation and those in flight are waited for
+        (the final eval: "after" must be the final weights' accuracy)."""
+        if not self.worker_evals.covers(self.version):
+            reason = self.worker_evals.route(published=self.publisher.published_version == self.version)
+            if reason is None:
+                self.worker_evals.request(self.version, reached=True)
+            else:
+                log.info("eval at version %d on the learner: %s", self.version, reason)
+                self.evaluate_on_learner(wait=wait)
+        self.worker_evals.reached(self.version)
+        if wait:
+            self.wait_for_evals()
+
+    def evaluate_on_learner(self, *, wait: bool = False) -> None:
+        """Hand the current weights to the eval thread; its record reaches metrics.jsonl when it is done and
+        the totals at the next sync_totals. With `wait`, the previous eval is waited for however long it takes."""
         max_wait_s = None if wait else self.config.learner.eval_max_stall_s
         handoff = self.evaluator.submit(self.policy.weights(), self.version, max_wait_s=max_wait_s)
         self.totals.eval_stall_s += handoff.stall_s
-        if not handoff.accepted:
+        if handoff.accepted:
+            self.worker_evals.last_learner_version = self.version
+        else:
             self.totals.num_evals_skipped += 1
             log.warning(
                 "eval at version %d skipped: the previous one still runs after %.1fs (eval_max_stall_s)",
                 self.version,
                 handoff.stall_s,
             )
-        if wait:
-            self.wait_for_evals()
 
-    def wait_for_evals(self) -> None:
-        """Block until no evaluation is in flight and its record is in the totals."""
+    def add_worker_evals(self) -> None:
+        """The workers' finished evaluations: into metrics.jsonl now, into the totals once the eval thread is idle
+        (its older record, synced later, would otherwise set the totals back); one past its deadline: the eval
+        thread evaluates the current weights instead."""
+        for record in self.worker_evals.take_finished(self.wall_s()):
+            self.metrics.append(record)
+        self.fall_back(self.worker_evals.take_overdue())
+        if self.worker_evals.unsynced and self.evaluator.wait_idle(0):
+            self.sync_totals()
+            for record in self.worker_evals.take_unsynced():
+                add_to_totals(self.totals, record)
+
+    def fall_back(self, overdue: list[int], *, wait: bool = False) -> None:
+        """The workers did not evaluate `overdue` in time: the eval thread evaluates the current weights (unless
+        they are evaluated already, or requested)."""
+        if not overdue:
+            return
+        covered = self.worker_evals.covers(self.version)
+        log.warning(
+            "the workers did not evaluate version(s) %s within %.0fs: %s",
+            overdue,
+            self.worker_evals.deadline_s,
+            f"version {self.version} is evaluated anyway" if covered else f"evaluating version {self.version} here",
+        )
+        if not covered:
+            self.evaluate_on_learner(wait=wait)
+
+    def wait_for_evals(self, *, workers: bool = True) -> None:
+        """Block until no evaluation is in flight and its record is in the totals: the eval thread's, and with
+        `workers` the workers' of versions up to the current one, each at most until its deadline (past it, the
+        eval thread evaluates the current weights, waited for too)."""
+        if workers:
+            self.worker_evals.reached(self.version)
+            records, overdue = self.worker_evals.wait(self.version, self.wall_s)
+            for record in records:
+                self.metrics.append(record)
+            self.fall_back(overdue, wait=True)
         self.evaluator.wait_idle()
         self.sync_totals()
+        for record in self.worker_evals.take_unsynced():
+            add_to_totals(self.totals, record)
 
     def checkpoint_if_due(self) -> None:
         if self.version % self.config.schedule.checkpoint_every == 0:
@@ -394,7 +463,8 @@ class Learner:
 
     def finish(self, stop_reason: str) -> LearnerSummary:
         finished = stop_reason != "signal"
-        self.wait_for_evals()  # also on a signal: the eval in flight lands in this checkpoint's totals
+        # also on a signal: the eval thread's in flight lands in this checkpoint's totals (not the workers': no wait)
+        self.wait_for_evals(workers=finished)
         if finished and self.totals.eval_step_last != self.version:
             self.evaluate(wait=True)
         if self.checkpointed_version != self.version or self.uncheckpointed_ids:
@@ -528,6 +598,8 @@ class Learner:
             last_step=self.last_diagnostics,
             num_groups_trained=self.totals.num_groups,
             num_dead_lettered=self.collector.num_dead_lettered,
+            num_stale_tokens_dropped=sum(self.collector.stale_token_lags.values()),
+            last_eval=self.totals.last_eval,
             num_restarts=self.totals.num_restarts,
             trust_by_worker=self.trust.trust_by_worker(),
             last_flat_groups=self.last_window,

@@ -1,7 +1,8 @@
 """The reward service: feeds prompts to the rollout workers and scores what comes back.
 
 Loop: trim what was consumed -> top up tasks -> receive rollouts -> verify the producer -> score ->
-publish scored -> ack. A rollout is acked only after its scored group is in Redis (and counted with it:
+publish scored -> ack -> the workers' held-out evaluations (services/reward/evaluation.py: eval tasks out,
+eval groups scored the same way, each version's scores to the learner; never on the training path). A rollout is acked only after its scored group is in Redis (and counted with it:
 RunKeys.reward_counts, as each task issued is, and its reward per worker: shared/worker_rewards.py); a rollout that cannot be scored is
 dead-lettered with the reason and the service keeps running; so is one not signed by the worker it
 names (services/reward/provenance.py). Scoring decodes the token ids the learner trains on (never the
@@ -20,6 +21,7 @@ import threading
 import redis
 
 from services.reward.decode import CompletionDecoder
+from services.reward.evaluation import WorkerEvaluations
 from services.reward.provenance import ForgedRolloutError, ProducerCheck
 from services.reward.scoring import UNSCORABLE_ERRORS, GroupScorer
 from services.reward.settings import RewardSettings
@@ -31,7 +33,7 @@ from shared.keys import GROUPS_SCORED, RunKeys
 from shared.messages import RolloutGroup
 from shared.retry import Backoff, is_redis_outage
 from shared.stream_trim import ConsumedTrimmer
-from shared.streams import ROLLOUTS, SCORED, TASKS
+from shared.streams import EVAL_REQUESTS, EVAL_ROLLOUTS, EVAL_SCORES, ROLLOUTS, SCORED, TASKS
 from shared.tasks import TaskAdapter, build_task
 from shared.tasks.environment import EnvironmentTask
 from shared.verifier_pool import VerifierPool
@@ -54,9 +56,23 @@ class RewardService:
             max_turns=self.task.max_turns if isinstance(self.task, EnvironmentTask) else None,
         )
         self.feed = TaskFeed(bus, self.keys, self.task, run, settings.reference_ttl_s)
-        # the data plane consumes `tasks` (through the work API's leases) and `rollouts`: it trims both
+        self.evals = WorkerEvaluations(
+            bus,
+            self.task,
+            run,
+            self.scorer,
+            self.producers,
+            reference_ttl_s=settings.reference_ttl_s,
+            consumer_name=settings.consumer_name,
+            claim_idle_ms=settings.claim_idle_ms,
+        )
+        # the data plane consumes `tasks` (through the work API's leases) and `rollouts`: it trims both, and the
+        # evaluation's streams (`eval_scores` too: only what the learner's group finished goes)
         self.trimmer = ConsumedTrimmer(
-            bus, (TASKS, ROLLOUTS), interval_s=settings.trim_interval_s, dead_letters_kept=settings.dead_letters_kept
+            bus,
+            (TASKS, ROLLOUTS, EVAL_REQUESTS, EVAL_ROLLOUTS, EVAL_SCORES),
+            interval_s=settings.trim_interval_s,
+            dead_letters_kept=settings.dead_letters_kept,
         )
         self.stop_event = threading.Event()
         self.num_scored = 0
@@ -86,6 +102,7 @@ class RewardService:
         self.trimmer.trim_if_due()
         self.num_tasks_published += self.feed.top_up()
         self.score_and_forward(self.receive_rollouts())
+        self.evals.serve_once()
 
     def create_groups(self) -> None:
         # All three groups are created here, before the first task exists, so nothing produced
@@ -93,6 +110,7 @@ class RewardService:
         self.bus.ensure_group(TASKS)
         self.bus.ensure_group(ROLLOUTS)
         self.bus.ensure_group(SCORED)
+        self.evals.start()  # the evaluation's groups, and the versions a previous instance left open
 
     def finish_own_pending(self) -> None:
         """After a restart: rollouts this consumer read but never acked are scored first."""

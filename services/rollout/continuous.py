@@ -9,6 +9,11 @@ One turn (`ContinuousRollouts.serve_once`), the table of contents:
     fill              lease tasks while the batch has room for all their samples; every sample of a
                       single-turn task is a row, every episode of a multi-turn task has its next model
                       turn as a row (services/rollout/continuous_tasks.py)
+    eval tasks        leased with the engine's version (services/rollout/eval_tasks.py): from then on no weights
+                      load and nothing is leased until the rows in flight have finished; then the eval tasks are
+                      decoded greedily in one engine call with those same weights, answered, and the loop goes on.
+                      (A separate greedy call beside rows in flight would be unsafe on vLLM, whose offline
+                      generate steps every request in its engine.)
     step              one decoding step: admit waiting rows, one token per row, the rows that finished; a
                       finished turn steps its environment and, if the episode goes on, queues the next turn
     submit            every task whose samples (or episodes) have all finished becomes a group (its oldest
@@ -26,8 +31,9 @@ from typing import TYPE_CHECKING
 
 from engines.interface import EngineError
 from services.rollout.continuous_tasks import ContinuousTasks
+from services.rollout.eval_tasks import split_evals
 from shared.rollout_mac import sign_rollout
-from shared.work_api import MAX_GROUPS_PER_LEASE
+from shared.work_api import MAX_GROUPS_PER_LEASE, LeasedTask
 
 if TYPE_CHECKING:
     from services.rollout.worker import Outcome, RolloutWorker
@@ -42,20 +48,25 @@ class ContinuousRollouts:
         self.worker = worker
         self.tasks = ContinuousTasks(worker.engine, max_rows, worker.episode_runner)
         self._lease_after_s = 0.0  # monotonic: no gate check or lease request before this while rows are in flight
+        self.pending_evals: list[LeasedTask] = []  # eval leases waiting for the rows in flight to finish
 
     def serve_once(self) -> None:
         """One turn of the continuous loop: the table of contents of the mode."""
-        self.worker.sync_weights()
-        if self.lease_due():
-            if self.worker.membership.on_standby or not self.worker.has_admissible_weights():
-                self._lease_after_s = time.monotonic() + self.worker.settings.worker_poll_s
-                if not self.tasks.in_flight:
-                    self.worker.pause()
-                    return
-            else:
-                self.fill()
+        if self.pending_evals and not self.tasks.in_flight:
+            self.serve_evals()
+        if not self.pending_evals:  # while eval leases wait, their version stays loaded and nothing is leased
+            self.worker.sync_weights()
+            if self.lease_due():
+                if self.worker.membership.on_standby or not self.worker.has_admissible_weights():
+                    self._lease_after_s = time.monotonic() + self.worker.settings.worker_poll_s
+                    if not self.tasks.in_flight:
+                        self.worker.pause()
+                        return
+                else:
+                    self.fill()
         if not self.tasks.in_flight:
-            self.worker.wait_for_tasks()
+            if not self.pending_evals:
+                self.worker.wait_for_tasks()
             return
         self.worker.generating = True
         if outcomes := self.step():
@@ -72,6 +83,8 @@ class ContinuousRollouts:
                 "stopping with %d tasks unfinished: their leases expire and go to other workers",
                 len(self.tasks.in_flight),
             )
+        if self.pending_evals and not self.tasks.in_flight:
+            self.serve_evals()
 
     # the turn's steps
     def lease_due(self) -> bool:
@@ -84,14 +97,19 @@ class ContinuousRollouts:
         an empty answer, the rows in flight decode for the worker's idle wait (`next_idle_wait_s`, doubling)
         before it asks again."""
         num_tasks = min(MAX_GROUPS_PER_LEASE, max(1, self.tasks.room // self.worker.run_config.grpo.group_size))
-        leased = self.worker.lease_tasks(max_tasks=num_tasks)
-        if not leased:
+        self.pending_evals, leased = split_evals(self.worker.lease_tasks(max_tasks=num_tasks))
+        if not leased and not self.pending_evals:
             self._lease_after_s = time.monotonic() + self.worker.next_idle_wait_s()
         for lease in leased:
             try:
                 self.tasks.admit(lease)
             except EngineError as exc:  # this task alone
                 self.worker.submit([(lease, exc)])
+
+    def serve_evals(self) -> None:
+        """The eval leases, decoded greedily with the weights they were leased for (eval_tasks.py)."""
+        evals, self.pending_evals = self.pending_evals, []
+        self.worker.serve_evals(evals)
 
     def step(self) -> list[Outcome]:
         """One decoding step; the groups of the tasks it completed, signed, and the tasks that failed."""

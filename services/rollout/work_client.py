@@ -59,24 +59,28 @@ class WorkClient:
         self.run_id = run_id
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, transport=transport, verify=verify)
 
-    def lease(self, max_groups: int) -> LeaseResponse:
-        """Up to `max_groups` tasks, maybe none (then back off before asking again)."""
-        body = LeaseRequest(max_groups=max_groups).model_dump(mode="json")
+    def lease(self, max_groups: int, *, policy_version: int | None = None, max_eval_groups: int = 0) -> LeaseResponse:
+        """Up to `max_groups` tasks, maybe none (then back off before asking again). With `policy_version` (the
+        engine's), first up to `max_eval_groups` eval tasks of exactly that version (TaskGroup.eval_version)."""
+        request = LeaseRequest(max_groups=max_groups, policy_version=policy_version, max_eval_groups=max_eval_groups)
+        body = request.model_dump(mode="json")
         return parse_body(self._send("POST", LEASE_PATH, json=body), 200, LeaseResponse, retry_refused_token=True)
 
-    def submit(self, groups: Sequence[tuple[str, RolloutGroup]]) -> SubmitResponse:
+    def submit(self, groups: Sequence[tuple[str, RolloutGroup]], *, eval_version: int | None = None) -> SubmitResponse:
         """Answer leases with (lease id, group); as many requests as the body limit needs, their answers merged.
-        A group over MAX_GROUP_BYTES is not sent: its task is reported failed, and it is listed as refused."""
+        A group over MAX_GROUP_BYTES is not sent: its task is reported failed, and it is listed as refused.
+        `eval_version`: these answer eval leases of that version (each names it)."""
         accepted: list[str] = []
         refused: list[Refusal] = []
         fitting: list[SubmittedGroup] = []
         for lease_id, group in groups:
             encoded = group.encode()
             if len(encoded) <= MAX_GROUP_BYTES:
-                fitting.append(SubmittedGroup(lease_id=lease_id, group=encoded))
+                fitting.append(SubmittedGroup(lease_id=lease_id, group=encoded, eval_version=eval_version))
                 continue
             reason = f"the group is {len(encoded)} bytes, over the work API's limit of {MAX_GROUP_BYTES}"
-            self.report_failure(lease_id, reason)  # the task cannot be answered by this worker: give it back
+            # the task cannot be answered by this worker: give it back
+            self.report_failure(lease_id, reason, eval_version=eval_version)
             refused.append(Refusal(lease_id=lease_id, reason=reason))
         for chunk in split_submissions(fitting):
             payload = WorkSubmission(run_id=self.run_id, groups=chunk).encode()
@@ -88,10 +92,12 @@ class WorkClient:
             refused += answer.refused
         return SubmitResponse(accepted=accepted, refused=refused)
 
-    def report_failure(self, lease_id: str, error: str) -> bool:
-        """Give back a task this worker cannot serve (dead-lettered, never reissued). False: the lease was
-        no longer ours (it expired and went to another worker)."""
-        body = TaskFailure(lease_id=lease_id, error=error[:MAX_ERROR_CHARS] or "error").model_dump(mode="json")
+    def report_failure(self, lease_id: str, error: str, *, eval_version: int | None = None) -> bool:
+        """Give back a task this worker cannot serve (dead-lettered, never reissued; an eval lease of
+        `eval_version` goes back to that version's other workers, without penalty). False: the lease was no
+        longer ours (it expired and went to another worker)."""
+        failure = TaskFailure(lease_id=lease_id, error=error[:MAX_ERROR_CHARS] or "error", eval_version=eval_version)
+        body = failure.model_dump(mode="json")
         response = self._send("POST", FAILURES_PATH, json=body)
         if response.status_code == 409:
             return False

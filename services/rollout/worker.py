@@ -2,8 +2,9 @@
 
 Main loop (`RolloutWorker.run`):
     start: chunk server -> register -> heartbeat thread -> weight announcements
-    loop:  sync weights -> gate on staleness -> lease tasks -> (pull mode: wait for the version the
-           tasks ask for) -> generate -> submit
+    loop:  sync weights -> gate on staleness -> lease tasks (eval tasks of the engine's version first) ->
+           eval tasks: decode greedily with these very weights, answer (services/rollout/eval_tasks.py) ->
+           (pull mode: wait for the version the tasks ask for) -> generate -> submit
     stop:  finish the current batch -> deregister -> stop the chunk server
 
 The worker holds no Redis credentials: it leases tasks and submits groups through the coordinator's work
@@ -27,6 +28,7 @@ from services.rollout.announcement_client import HttpAnnouncements
 from services.rollout.continuous import ContinuousRollouts
 from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError, WorkerExpiredError
 from services.rollout.episodes import EpisodeRunner, build_episode_group
+from services.rollout.eval_tasks import max_eval_groups, serve_evals, split_evals
 from services.rollout.membership import Membership, NotRegisteredError
 from services.rollout.prometheus import BatchOccupancy, SwapPauses
 from services.rollout.relay_sources import CoordinatorParents
@@ -66,9 +68,11 @@ class ThroughputMeter:
         self.window_s = window_s
         # (ended at, num_samples, generation_s, num_tokens)
         self._batches: deque[tuple[float, int, float, int]] = deque()
+        self.generation_s_total = 0.0  # every engine call's seconds since the start (shared/time_use.py)
 
     def record(self, num_samples: int, generation_s: float, num_tokens: int = 0) -> None:
         now_s = time.monotonic()
+        self.generation_s_total += generation_s
         self._batches.append((now_s, num_samples, generation_s, num_tokens))
         while self._batches and self._batches[0][0] < now_s - self.window_s:
             self._batches.popleft()
@@ -150,6 +154,8 @@ class RolloutWorker:
         self.swap_pauses = SwapPauses()  # every swap's rollout pause, for /metrics
         self.occupancy = BatchOccupancy()  # how full the engine's batch was, for /metrics
         self.gate_state = "closed"
+        self.gated_s_total = 0.0  # seconds held by the staleness gate (shared/time_use.py)
+        self.waiting_for_tasks_s_total = 0.0  # seconds waiting because a lease brought no task
         self.hold = WeightHold(run.rollout.hold_versions_max)  # an ablation's knob; off (0) otherwise
         self._episode_runner: EpisodeRunner | None = None
         self.continuous = (  # [rollout] batching = "continuous": services/rollout/continuous.py
@@ -188,6 +194,12 @@ class RolloutWorker:
         if not leased:
             self.wait_for_tasks()
             return
+        evals, leased = split_evals(leased)
+        if evals:  # before any weights load: the version they were leased for (eval_tasks.py)
+            self.serve_evals(evals)
+            if not leased:
+                return
+            self.sync_weights()
         self.wait_for_version(max(lease.task.min_policy_version for lease in leased))
         outcomes = self.generate_groups(leased)
         self.submit(outcomes)
@@ -287,21 +299,41 @@ class RolloutWorker:
         return False
 
     def pause(self) -> None:
+        """Standby, or the staleness gate closed: wait a poll interval (counted as gated time when gated)."""
         self.generating = False
+        started_s = time.monotonic()
         self.stopping.wait(self.settings.worker_poll_s)
+        if not self.membership.on_standby:
+            self.gated_s_total += time.monotonic() - started_s
 
     def lease_tasks(self, max_tasks: int | None = None) -> list[LeasedTask]:
         """Tasks leased to this worker by the coordinator (expired leases of others first); maybe none.
-        At most `max_tasks` (default: worker_max_groups_per_batch)."""
-        leased = self.work.lease(max_tasks or self.settings.worker_max_groups_per_batch).tasks
+        At most `max_tasks` (default: worker_max_groups_per_batch), and before them the eval tasks of the
+        engine's version (services/rollout/eval_tasks.py); with any of those, no weights are loaded here."""
+        version = self.engine.policy_version
+        reply = self.work.lease(
+            max_tasks or self.settings.worker_max_groups_per_batch,
+            policy_version=version if version >= 0 else None,
+            max_eval_groups=max_eval_groups(self.settings.worker_max_groups_per_batch, self.run_config.grpo.group_size),
+        )
+        leased = reply.tasks
         if leased:
             self.idle_wait_s = IDLE_WAIT_MIN_S
-            self.sync_weights()  # a version may have been announced while we waited for tasks
+            if not any(lease.task.eval_version is not None for lease in leased):
+                self.sync_weights()  # a version may have been announced while we waited for tasks
         return leased
+
+    def serve_evals(self, evals: list[LeasedTask]) -> None:
+        """Eval tasks: decoded greedily with the weights the engine holds, answered (eval_tasks.py)."""
+        registration = self.membership.registration  # the id and its key from the same registration
+        rollout_key = bytes.fromhex(registration.access.rollout_key_hex)
+        serve_evals(self.engine, self.work, evals, registration.worker_id, rollout_key)
 
     def wait_for_tasks(self) -> None:
         """No task now: wait before asking again."""
+        started_s = time.monotonic()
         self.stopping.wait(self.next_idle_wait_s())
+        self.waiting_for_tasks_s_total += time.monotonic() - started_s
 
     def next_idle_wait_s(self) -> float:
         """How long to wait before asking for tasks again after an empty answer: longer each time up to
@@ -348,6 +380,9 @@ class RolloutWorker:
             last_swap=self.weights.last_swap,
             tokens_per_s=self.throughput.tokens_per_s(),
             group_latency_s=self.throughput.mean_batch_s(),
+            generating_s_total=self.throughput.generation_s_total,
+            gated_s_total=self.gated_s_total,
+            waiting_for_tasks_s_total=self.waiting_for_tasks_s_total,
         )
 
     # helpers

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
+from collections import Counter
 from dataclasses import dataclass
 from typing import Self
 
@@ -66,3 +67,31 @@ class TaskAdapter(ABC):
     def sample_prompt(self) -> TaskPrompt:
         """A training prompt (never one of the held-out set)."""
         return self._rng.choice(self.train_set)
+
+    # What an evaluation learned (docs/evaluation.md): format apart from skill
+    def in_answer_form(self, completion: str) -> bool | None:
+        """Is `completion` an answer in the form the task asks for (right or wrong)? None: the task has no
+        form apart from its reward (an environment's episodes). Default: the completion, stripped, is all
+        characters of the task's alphabet and as long as the references (the toy tasks' "a digit")."""
+        answer = completion.strip()
+        lengths = {len(item.reference) for item in self.eval_set}
+        return bool(answer) and len(answer) in lengths and all(char in self.alphabet for char in answer)
+
+    def chance_baseline(self) -> ChanceBaseline | None:
+        """The held-out accuracy that the answer form alone earns, without the skill (None: the task defines
+        none). Default: the majority answer, always given (the share of held-out references equal to the
+        most common one)."""
+        return majority_answer_baseline([item.reference for item in self.eval_set])
+
+
+@dataclass(frozen=True)
+class ChanceBaseline:
+    accuracy: float  # expected held-out accuracy of the strategy
+    strategy: str  # what it does, for the report ("majority answer", "a random number from the question")
+
+
+def majority_answer_baseline(references: list[str]) -> ChanceBaseline | None:
+    if not references:
+        return None
+    ((_, count),) = Counter(references).most_common(1)
+    return ChanceBaseline(count / len(references), "the majority answer, always")

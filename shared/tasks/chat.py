@@ -34,3 +34,8 @@ def unique_by_prompt(prompts: list[TaskPrompt]) -> list[TaskPrompt]:
             seen.add(prompt.prompt)
             unique.append(prompt)
     return unique
+
+
+def user_turn(prompt: TaskPrompt) -> str:
+    """The problem as the user wrote it (a chat prompt's last turn; the raw prompt otherwise)."""
+    return prompt.messages[-1].content if prompt.messages else prompt.prompt

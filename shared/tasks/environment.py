@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from shared.tasks.base import TaskAdapter
+from shared.tasks.base import ChanceBaseline, TaskAdapter
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,13 @@ class EnvironmentTask(TaskAdapter):
     @abstractmethod
     def make_environment(self, state: str) -> Environment:
         """A fresh episode for `state` (a prompt's reference); deterministic given the state and the actions."""
+
+    def in_answer_form(self, completion: str) -> bool | None:
+        """None: an episode's actions are parsed leniently, so it has no form apart from its return."""
+        return None
+
+    def chance_baseline(self) -> ChanceBaseline | None:
+        return None
 
     def replay(self, state: str, actions: Sequence[str]) -> Replay:
         """Play `actions` in a fresh environment: the reward service's own reward for a worker's episode."""

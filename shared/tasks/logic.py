@@ -18,7 +18,7 @@ import json
 from typing import Any, Self
 
 from shared.config import TaskConfig
-from shared.tasks.base import TaskAdapter, TaskPrompt
+from shared.tasks.base import ChanceBaseline, TaskAdapter, TaskPrompt
 from shared.tasks.chat import PRINTABLE_ASCII, chat_prompt, unique_by_prompt
 from shared.tasks.math_gym import generate
 
@@ -67,6 +67,17 @@ class ReasoningGymPuzzleTask(TaskAdapter):
             self._scorer = reasoning_gym.create_dataset(self.dataset_name, seed=self.seed, size=1)
         reward = float(self._scorer.score_answer(answer, json.loads(reference)))
         return min(1.0, max(0.0, reward))
+
+    def in_answer_form(self, completion: str) -> bool | None:
+        """An answer inside <answer></answer> (the scorer reads nothing else)."""
+        from reasoning_gym.utils import extract_answer
+
+        answer = extract_answer(completion[-MAX_COMPLETION_CHARS:])
+        return answer is not None and bool(answer.strip())
+
+    def chance_baseline(self) -> ChanceBaseline | None:
+        """None: every puzzle has its own answer (a majority answer scores nothing)."""
+        return None
 
 
 class KnightsKnavesTask(ReasoningGymPuzzleTask):

@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
+
+from shared.tasks.base import ChanceBaseline, TaskPrompt
+from shared.tasks.chat import user_turn
 
 # Only the tail of a completion is searched: the answer comes last, and this keeps a long ramble from
 # costing the verifier (peers cap it alike).
@@ -22,6 +26,11 @@ BOXED = "\\boxed{"
 # A number as a model writes one: optional minus (not one between two operands: "5-3" ends in 3, not -3),
 # digits with optional thousands commas, an optional decimal part.
 NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?")
+
+# A candidate answer written in a question, scientific notation included ("1.5e3"): the chance baseline's guesses
+CANDIDATE = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?")
+# what may follow a reply's final number: closing punctuation, markup and space, no words
+TRAILER = re.compile(r"[\s.,;:!)\]}*$`'\"]*")
 
 logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns on every parse that the timeout is off
 
@@ -82,3 +91,38 @@ def parse_reference(reference: str) -> list[object]:
 
     gold = parse(f"${reference}$", parsing_timeout=None)
     return list(gold) if gold else list(parse(reference, parsing_timeout=None))
+
+
+def boxed_form(completion: str) -> bool:
+    """The completion gives a \\boxed{...} answer (right or wrong): the form `math_reward` reads."""
+    answer = last_boxed(completion[-MAX_COMPLETION_CHARS:])
+    return answer is not None and bool(answer.strip())
+
+
+def number_form(completion: str) -> bool:
+    """A boxed answer, or the reply ends with a number (punctuation after it at most): the form the
+    "number" answer format asks for ("End your reply with the final answer as a number")."""
+    tail = completion[-MAX_COMPLETION_CHARS:]
+    if boxed_form(tail):
+        return True
+    matches = list(NUMBER.finditer(tail))
+    return bool(matches) and TRAILER.fullmatch(tail[matches[-1].end() :]) is not None
+
+
+def question_numbers(question: str) -> list[str]:
+    """The distinct numbers written in a question, in order: the candidates a format-only guess copies."""
+    return list(dict.fromkeys(number.replace(",", "") for number in CANDIDATE.findall(question)))
+
+
+def copy_a_number_baseline(items: list[TaskPrompt], score: Callable[[str, str], float], wrap: str) -> ChanceBaseline:
+    """A guess that copies a number of the question, drawn uniformly from its distinct ones: its expected
+    held-out accuracy, each guess scored by the task's own verifier (`wrap`: the guess in the answer form,
+    e.g. "\\boxed{{{}}}"). A number_format question ("pick the largest of ...") has the right answer among
+    its candidates; a chain_sum one rarely does."""
+    expected = 0.0
+    for item in items:
+        candidates = question_numbers(user_turn(item))
+        if candidates:
+            hits = sum(1 for candidate in candidates if score(wrap.format(candidate), item.reference) == 1.0)
+            expected += hits / len(candidates)
+    return ChanceBaseline(expected / len(items) if items else 0.0, "a random number from the question")

@@ -18,7 +18,7 @@ from typing import Self
 from shared.config import TaskConfig
 from shared.tasks.base import TaskAdapter, TaskPrompt
 from shared.tasks.chat import PRINTABLE_ASCII, chat_prompt, unique_by_prompt
-from shared.tasks.math_answers import math_reward
+from shared.tasks.math_answers import boxed_form, math_reward
 from shared.tasks.math_gym import MATH_SYSTEM_PROMPT
 
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -62,6 +62,9 @@ class MathFileTask(TaskAdapter):
 
     def score(self, completion: str, reference: str) -> float:
         return math_reward(completion, reference)
+
+    def in_answer_form(self, completion: str) -> bool | None:
+        return boxed_form(completion)
 
 
 def read_columns(path: Path, question_column: str, answer_column: str) -> tuple[list[object], list[object]]:

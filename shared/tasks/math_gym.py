@@ -12,19 +12,36 @@ the default) or "number" (the last boxed answer, else the last number: small ins
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Literal, Self
 
 from shared.config import TaskConfig
-from shared.tasks.base import TaskAdapter, TaskPrompt
+from shared.tasks.base import ChanceBaseline, TaskAdapter, TaskPrompt, majority_answer_baseline
 from shared.tasks.chat import PRINTABLE_ASCII, chat_prompt, unique_by_prompt
-from shared.tasks.math_answers import math_reward, number_reward
+from shared.tasks.math_answers import (
+    boxed_form,
+    copy_a_number_baseline,
+    math_reward,
+    number_form,
+    number_reward,
+)
 
 MATH_SYSTEM_PROMPT = "Solve the problem. Put your final answer in \\boxed{}."
 NUMBER_SYSTEM_PROMPT = "Solve the problem. End your reply with the final answer as a number."
-# [task] answer_format -> (system prompt, verifier)
-ANSWER_FORMATS: dict[str, tuple[str, Callable[[str, str], float]]] = {
-    "boxed": (MATH_SYSTEM_PROMPT, math_reward),
-    "number": (NUMBER_SYSTEM_PROMPT, number_reward),
+
+
+@dataclass(frozen=True)
+class AnswerFormat:
+    system_prompt: str
+    verifier: Callable[[str, str], float]
+    in_form: Callable[[str], bool]  # the completion answers in this form (right or wrong)
+    guess: str  # a bare number written in this form, for the chance baseline
+
+
+# [task] answer_format -> how the prompt asks for the answer and how it is read
+ANSWER_FORMATS: dict[str, AnswerFormat] = {
+    "boxed": AnswerFormat(MATH_SYSTEM_PROMPT, math_reward, boxed_form, "\\boxed{{{}}}"),
+    "number": AnswerFormat(NUMBER_SYSTEM_PROMPT, number_reward, number_form, "{}"),
 }
 
 
@@ -47,7 +64,8 @@ class MathGymTask(TaskAdapter):
         self.datasets = datasets or ("basic_arithmetic", "chain_sum", "simple_equations")
         self.seed = seed
         self.dataset_options = {name: dict(options) for name, options in (dataset_options or {}).items()}
-        self.system_prompt, self.verifier = ANSWER_FORMATS[answer_format]
+        self.answer_format = ANSWER_FORMATS[answer_format]
+        self.system_prompt, self.verifier = self.answer_format.system_prompt, self.answer_format.verifier
         super().__init__(num_eval_prompts=num_eval_prompts, seed=seed)
 
     @classmethod
@@ -73,6 +91,17 @@ class MathGymTask(TaskAdapter):
 
     def score(self, completion: str, reference: str) -> float:
         return self.verifier(completion, reference)
+
+    def in_answer_form(self, completion: str) -> bool | None:
+        return self.answer_format.in_form(completion)
+
+    def chance_baseline(self) -> ChanceBaseline | None:
+        """The better of two format-only strategies: the majority answer, a number copied from the question."""
+        baselines = [
+            majority_answer_baseline([item.reference for item in self.eval_set]),
+            copy_a_number_baseline(self.eval_set, self.score, self.answer_format.guess),
+        ]
+        return max((b for b in baselines if b is not None), key=lambda baseline: baseline.accuracy)
 
 
 def generate(dataset_name: str, *, seed: int, size: int, **options: object) -> list[dict[str, object]]:

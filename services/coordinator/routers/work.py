@@ -2,10 +2,13 @@
 stream operations and their checks: services/coordinator/work_leases.py). Workers hold no Redis
 credentials; every call carries the worker's own bearer token (the admin token is no worker's: 403).
 
-    lease      an active worker takes up to `max_groups` tasks; it backs off when it gets none
+    lease      an active worker takes up to `max_groups` tasks; it backs off when it gets none. Naming its
+               engine's `policy_version`, it first gets up to `max_eval_groups` eval tasks of exactly that
+               version (held-out evaluation: services/coordinator/eval_leases.py)
     rollouts   it answers its leases: each group is accepted (on to `rollouts`, its task acked) or refused
                (dead-lettered with the reason, the lease left as it was)
-    failures   it gives back a task it cannot serve (engine error): dead-lettered and acked
+    failures   it gives back a task it cannot serve (engine error): dead-lettered and acked; an eval lease
+               is handed back to the version's other workers instead, without penalty
     accounting the admin reads the counters per worker and in total
 """
 
@@ -17,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from services.coordinator.body_limit import received_body
 from services.coordinator.deps import AdminCallerDep, CoordinatorDep, RegistryDep, WorkerCallerDep, WorkLeasesDep
 from services.coordinator.errors import error_docs
+from services.coordinator.lease_pacing import Full
 from services.coordinator.work_leases import LeaseRefusedError
 from services.coordinator.worker_registry import UnknownWorkerError, WorkerDeadError
 from shared.messages import MessageDecodeError
@@ -54,10 +58,19 @@ def lease_tasks(
     to others). Standby, draining and quarantined workers, and those of a quarantined credential, get none; a
     dead worker gets 410 (register again). A worker that got none because it, or its credential, held all it may
     gets its next calls answered empty for a while, until it answers or fails a lease
-    (services/coordinator/lease_pacing.py)."""
+    (services/coordinator/lease_pacing.py).
+
+    With `policy_version` (the version its engine holds), eval tasks of exactly that version come first, up to
+    `max_eval_groups` (a TaskGroup with `eval_version`: decode it greedily with that version, answer it naming
+    `eval_version`); they count apart from the training leases and their limits."""
     try:
-        tasks, full = work.lease_or_full(caller.worker_id, request.max_groups, registry.clock())
-        coordinator.lease_pacing.note(caller.worker_id, full)
+        now_s = registry.clock()
+        evals = []
+        if request.policy_version is not None and request.max_eval_groups > 0:
+            evals = work.lease_evals(caller.worker_id, request.policy_version, request.max_eval_groups, now_s)
+        tasks, full = work.lease_or_full(caller.worker_id, request.max_groups, now_s)
+        tasks = evals + tasks
+        coordinator.lease_pacing.note(caller.worker_id, Full.NOT if evals else full)
     except LeaseRefusedError as exc:
         if exc.state == "unknown":
             raise UnknownWorkerError(f"no worker {caller.worker_id} is registered") from exc
@@ -111,9 +124,11 @@ def report_failure(
 ) -> Response:
     """The caller cannot serve the task of this lease (an engine error): it is dead-lettered with `error`
     and acked, counted `failed` against the caller; a task it took while still earning its allowance goes
-    back to other workers instead. Either way its allowance halves. 409 when the caller does not hold the lease."""
+    back to other workers instead. Either way its allowance halves. An eval lease (`eval_version`) is handed
+    back to the version's other workers, without penalty. 409 when the caller does not hold the lease."""
     coordinator.lease_pacing.clear(caller.worker_id)
-    if work.fail(caller.worker_id, failure.lease_id, failure.error, registry.clock()) is None:
+    outcome = work.fail(caller.worker_id, failure.lease_id, failure.error, registry.clock(), failure.eval_version)
+    if outcome is None:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=f"lease {failure.lease_id} is not held by this worker")
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
