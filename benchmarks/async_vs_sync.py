@@ -49,8 +49,10 @@ import dataclasses
 import importlib.util
 import json
 import os
+import shlex
 import statistics
 import sys
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -69,6 +71,7 @@ from benchmarks.ablation.cells import (
 from shared.api import DashboardResponse
 from shared.config import RunConfig
 from shared.run_records import StepRecord
+from shared.time_use import TimeUse, decide
 from simulator.validation import measure_run, predict
 
 OUT_DIR = REPO_ROOT / "benchmarks" / "results" / "async_vs_sync"
@@ -219,7 +222,7 @@ def label(result: CellResult) -> str:
     return f"async S={cell['staleness_bound']}" + (f", eval on {eval_on}" if eval_on else "")
 
 
-def write_report(out_dir: Path, group_size: int, groups_per_step: int, task: str) -> str:
+def write_report(out_dir: Path, group_size: int, groups_per_step: int, task: str, command: str = "") -> str:
     results = load_results(out_dir)
     pull = [r for r in results if r.cell["mode"] == "pull"]
     async_runs = [r for r in results if r.cell["mode"] == "async"]
@@ -269,7 +272,16 @@ def write_report(out_dir: Path, group_size: int, groups_per_step: int, task: str
         "centralized_learner_samples_per_s": learner_rate,
         "placement": pull[0].cell.get("placement") or "none: every process on every core",
     }
-    (out_dir / "summary.json").write_text(json.dumps({"prices": prices, "rows": rows}, indent=1))
+    # the day the newest cell finished (a re-render of the same cells keeps it), and the command that ran them
+    newest_cell_s = max(path.stat().st_mtime for path in (out_dir / "cells").glob("*.json"))
+    summary = {
+        "date": time.strftime("%Y-%m-%d", time.gmtime(newest_cell_s)),
+        "command": command,
+        "task": task,
+        "prices": prices,
+        "rows": rows,
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     text = _table(rows, prices)
     (out_dir / "table.md").write_text(text)
     _plot(groups, usd_per_step, out_dir / "reward_vs_cost.png", task)
@@ -289,7 +301,12 @@ def _row(
     to_accuracy = [wall_s_to_accuracy(r, sync_accuracy) for r in group] if sync_accuracy is not None else []
     last_evals = [r.extra["evals"][-1] for r in group if r.extra.get("evals")]
     all_evals = [e for r in group for e in r.extra.get("evals", []) if e.get("eval_s") is not None]
-    verdicts = [r.extra["time_use"]["verdict"] for r in group if r.extra.get("time_use")]
+    # decided again from each run's last numbers by today's rule (shared/time_use.py), as its final status would
+    verdicts = [
+        decide(TimeUse(**r.extra["time_use"]), r.num_steps, synchronous=r.cell["mode"] == "pull")
+        for r in group
+        if r.extra.get("time_use")
+    ]
     usd = (
         statistics.fmean(r.cost_curve[-1][1] for r in group if r.cost_curve)
         if any(r.cost_curve for r in group)
@@ -446,7 +463,9 @@ def main() -> None:
     task = f"{raw.get('task', {}).get('name', 'demo')} on {raw.get('run_id', args.config)}"
     if not args.only_report:
         run_missing(todo, out, args.runs_dir, simulator_prediction)
-    print(write_report(out, grpo["group_size"], grpo["groups_per_step"], task))
+    argv = [arg for arg in sys.argv[1:] if arg != "--only-report"]
+    command = "python -m benchmarks.async_vs_sync " + " ".join(shlex.quote(arg) for arg in argv)
+    print(write_report(out, grpo["group_size"], grpo["groups_per_step"], task, command.strip()))
 
 
 def reexec_for_engine(engine: str, module: str = "benchmarks.async_vs_sync") -> None:

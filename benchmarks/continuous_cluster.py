@@ -184,13 +184,18 @@ class CellResult:
 
 
 def cells(
-    workloads: list[str], engine: str, modes: list[str], max_wall_s: float | None = None, placement: str = ""
+    workloads: list[str],
+    engine: str,
+    modes: list[str],
+    max_wall_s: float | None = None,
+    placement: str = "",
+    staleness_bounds: tuple[int, ...] = STALENESS_BOUNDS,
 ) -> list[Cell]:
     return [
         Cell(workload, engine, bound, mode, max_wall_s, placement)
         for workload in workloads
         if not (workload == "multi-turn" and engine == "vllm")
-        for bound in STALENESS_BOUNDS
+        for bound in staleness_bounds
         for mode in modes
     ]
 
@@ -437,6 +442,12 @@ def main() -> None:
         "--max-wall-s", type=float, default=None, help="every cell's training time (default: its run file's)"
     )
     parser.add_argument(
+        "--staleness",
+        type=lambda text: tuple(int(i) for i in text.split(",")),
+        default=STALENESS_BOUNDS,
+        help="S values (default: 1,2,4)",
+    )
+    parser.add_argument(
         "--placement", default="", help="cluster/placement.py's text, e.g. 'learner=0 workers=1' (docs/placement.md)"
     )
     parser.add_argument("--only-report", action="store_true")
@@ -447,7 +458,14 @@ def main() -> None:
         reexec_for_engine(args.engine, "benchmarks.continuous_cluster")
         start_runner_logging()
         run_missing(
-            cells(args.workloads.split(","), args.engine, args.modes.split(","), args.max_wall_s, args.placement),
+            cells(
+                args.workloads.split(","),
+                args.engine,
+                args.modes.split(","),
+                args.max_wall_s,
+                args.placement,
+                args.staleness,
+            ),
             args.out_dir,
             args.runs_dir,
         )

@@ -770,6 +770,102 @@ RESULTS: tuple[Result, ...] = (
         ),
     ),
     Result(
+        "continuous_cluster_placed/table.json",
+        "Continuous batching where generation is the bottleneck (placed)",
+        "`make bench-continuous-cluster`'s generation-bound workload (long-tail-1-worker: one worker against the "
+        "learner, up to 192 new tokens) with the learner on one core and the worker on the other (docs/placement.md): "
+        "batch and continuous side by side at S = 2, each cell the same wall time",
+        (),
+        command="python -m benchmarks.continuous_cluster --engine torch --workloads long-tail-1-worker "
+        "--modes batch,continuous --staleness 2 --placement 'learner=0 workers=1' "
+        "--out-dir benchmarks/results/continuous_cluster_placed",
+        docs="continuous_batching.md",
+        tables=(
+            Table(
+                "rows",
+                (
+                    F("S", "staleness_bound"),
+                    F("mode", "mode"),
+                    F("steps", "steps"),
+                    F("tokens/s per worker", "tokens_per_s_per_worker", "", 0),
+                    F("occupancy", "occupancy", "", 2),
+                    F("stale dropped", "stale_dropped_fraction", "", 3),
+                    F("learner busy", "learner_busy", "", 2),
+                    F("reward/step (same steps)", "reward_per_step_same_steps", "", 3),
+                ),
+            ),
+        ),
+    ),
+    Result(
+        "async_vs_sync_smollm2_placed/summary.json",
+        "Overlap with placement: SmolLM2, sync vs async, evaluation on the workers",
+        "`make bench-async` on configs/smollm2.toml with the learner on one core and the 2 torch-engine workers on "
+        "the other (docs/placement.md), one session: sync (pull) and async cells, the same async cell with the "
+        "learner evaluating itself, and the centralized baseline priced from the sync cells (learner $2.49/h, each "
+        "worker $0.35/h); held-out accuracy after the last step with its answer-form rate and chance baseline; "
+        "the overlap bound (T_gen + T_train) / max(T_gen, T_train) from each cell's own times and the share of it "
+        "reached; seconds per 200-prompt evaluation and who ran it; the run's verdict",
+        (F("task", "task"), F("placement", "prices/placement")),
+        docs="placement.md",
+        tables=(
+            Table(
+                "rows",
+                (
+                    F("run", "run"),
+                    F("seeds", "seeds"),
+                    F("learner busy", "busy_fraction", "", 2),
+                    F("simulated busy", "simulated_busy", "", 2),
+                    F("overlap bound", "overlap_bound", "x", 2),
+                    F("reached / bound", "share_of_bound", "", 2),
+                    F("steps/h", "steps_per_hour", "", 0),
+                    F("held-out", "eval_accuracy", "", 3),
+                    F("in answer form", "format_rate", "", 2),
+                    F("chance", "chance_accuracy", "", 3),
+                    F("wall to sync's accuracy", "wall_to_sync_accuracy_ratio", "x", 2),
+                    F("$ total", "usd_total", "", 4),
+                    F("$ per accuracy", "usd_per_accuracy", "", 4),
+                    F("s per eval", "eval_s_mean", "s", 1),
+                    F("eval by", "evaluated_by"),
+                    F("verdict", "verdict"),
+                    F("wall", "wall_s", "s", 0),
+                ),
+            ),
+        ),
+    ),
+    Result(
+        "async_vs_sync_placed/summary.json",
+        "Overlap with placement: the demo at S = 1, 2, 4",
+        "`make bench-async` on the demo (configs/demo.toml) with the learner on one core and the 3 workers on the "
+        "other (docs/placement.md), one session: sync (pull) and async at S = 1, 2, 4, and the centralized baseline "
+        "priced from the sync cell; the same columns as the SmolLM2 table",
+        (F("task", "task"), F("placement", "prices/placement")),
+        docs="placement.md",
+        tables=(
+            Table(
+                "rows",
+                (
+                    F("run", "run"),
+                    F("seeds", "seeds"),
+                    F("learner busy", "busy_fraction", "", 2),
+                    F("simulated busy", "simulated_busy", "", 2),
+                    F("overlap bound", "overlap_bound", "x", 2),
+                    F("reached / bound", "share_of_bound", "", 2),
+                    F("steps/h", "steps_per_hour", "", 0),
+                    F("held-out", "eval_accuracy", "", 3),
+                    F("in answer form", "format_rate", "", 2),
+                    F("chance", "chance_accuracy", "", 3),
+                    F("wall to sync's accuracy", "wall_to_sync_accuracy_ratio", "x", 2),
+                    F("$ total", "usd_total", "", 4),
+                    F("$ per accuracy", "usd_per_accuracy", "", 4),
+                    F("s per eval", "eval_s_mean", "s", 1),
+                    F("eval by", "evaluated_by"),
+                    F("verdict", "verdict"),
+                    F("wall", "wall_s", "s", 0),
+                ),
+            ),
+        ),
+    ),
+    Result(
         "gpu_check.json",
         "GPU check",
         "`make gpu-check` on a lent GPU: model build, learner step, FSDP2, engine, a short cluster run",

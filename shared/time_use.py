@@ -9,6 +9,10 @@ The verdict, in the order it is decided (thresholds below):
 - "too early": fewer than MIN_STEPS learner steps, or no worker time reported yet;
 - "learner-bound": the learner waited for rollouts under WAIT_FRACTION_BOUND of its time: it is the
   bottleneck, more workers would not help (a faster learner, or fewer samples a step, would);
+- "feed-bound" (asynchronous runs): the learner waited, and the workers waited for a task to lease
+  FEED_FRACTION_BOUND or more of their time: the data plane keeps too few tasks in flight ([data]
+  max_groups_in_flight; dynamic sampling discards most groups it issues), so more tasks in flight would help
+  (a synchronous run's workers wait for its learner by design: never this verdict);
 - "sync-bound": the learner waited, and either the workers spent GATED_FRACTION_BOUND or more of their time
   held by the staleness gate (their weights too old to be trained on) or T_bcast p95 is
   SYNC_TO_TRAIN_BOUND or more of a training step: weights reach the workers too late, so faster weight sync
@@ -27,16 +31,18 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Verdict = Literal["too early", "learner-bound", "sync-bound", "generation-bound"]
+Verdict = Literal["too early", "learner-bound", "feed-bound", "sync-bound", "generation-bound"]
 
 MIN_STEPS = 3
 WAIT_FRACTION_BOUND = 0.2  # the learner waited for data at least this share of its time: not learner-bound
 GATED_FRACTION_BOUND = 0.2  # the workers were held by the gate at least this share of their time: sync-bound
+FEED_FRACTION_BOUND = 0.2  # the workers waited for a task at least this share of their time: feed-bound
 SYNC_TO_TRAIN_BOUND = 0.5  # T_bcast p95 over T_train at least this: sync-bound
 
 VERDICT_ADVICE: dict[Verdict, str] = {
     "too early": "not enough steps to say",
     "learner-bound": "more workers would not help; a faster learner would",
+    "feed-bound": "workers ran out of tasks: more in flight ([data] max_groups_in_flight) would help",
     "sync-bound": "weights reach the workers too late: faster weight sync or a larger S would help",
     "generation-bound": "more workers would help",
 }
@@ -84,7 +90,9 @@ def time_use(
     weight_sync_s: Iterable[float],
     swap_pause_mean_s: float | None,
     stale_tokens_dropped: int,
+    synchronous: bool = False,
 ) -> TimeUse:
+    """`synchronous`: a pull-mode run (its workers wait for the learner by design: never feed-bound)."""
     listed = list(workers)
     generating_s = sum(w.generating_s for w in listed)
     gated_s = sum(w.gated_s for w in listed)
@@ -108,16 +116,19 @@ def time_use(
         verdict="too early",
         verdict_line="",
     )
-    verdict = decide(use, num_steps)
+    verdict = decide(use, num_steps, synchronous)
     return use.model_copy(update={"verdict": verdict, "verdict_line": explain(use, verdict)})
 
 
-def decide(use: TimeUse, num_steps: int) -> Verdict:
+def decide(use: TimeUse, num_steps: int, synchronous: bool = False) -> Verdict:
     """The module docstring's rule."""
     if num_steps < MIN_STEPS or use.learner_wait_fraction is None or use.workers_gated_fraction is None:
         return "too early"
     if use.learner_wait_fraction < WAIT_FRACTION_BOUND:
         return "learner-bound"
+    worker_s = use.workers_generating_s + use.workers_gated_s + use.workers_waiting_for_tasks_s
+    if not synchronous and use.workers_waiting_for_tasks_s >= FEED_FRACTION_BOUND * worker_s:
+        return "feed-bound"
     sync_to_train = (
         use.weight_sync_p95_s / use.learner_train_s_mean
         if use.weight_sync_p95_s is not None and use.learner_train_s_mean

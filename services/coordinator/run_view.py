@@ -107,6 +107,7 @@ def run_time_use(coordinator: Coordinator, learner: LearnerState | None, workers
         weight_sync_s=broadcast.seconds_by_version.values(),
         swap_pause_mean_s=broadcast.pause_mean_s,
         stale_tokens_dropped=learner.num_stale_tokens_dropped,
+        synchronous=coordinator.run.schedule.mode == "pull",
     )
 
 

@@ -3,7 +3,8 @@
 
 The worker names its engine's version when it leases (services/rollout/worker.py `lease_tasks`); the coordinator
 then hands it that version's eval tasks first (TaskGroup.eval_version; services/coordinator/eval_leases.py). Between
-that lease and their decoding no weights are loaded: batch mode decodes them before it syncs again, the
+that lease and their decoding no weights are loaded: batch mode decodes them (and the training tasks of the same
+lease) and leases once more at that version before it syncs again (a lease carries at most 64), the
 continuous loop holds its weights (and leases nothing) until its rows in flight have finished, then decodes them
 (services/rollout/continuous.py). Every eval task is decoded greedily, one sample, all of them in one engine call
 (one call per task after an EngineError, so a bad prompt fails alone), signed like any group and answered naming

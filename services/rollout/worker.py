@@ -154,6 +154,7 @@ class RolloutWorker:
         self.swap_pauses = SwapPauses()  # every swap's rollout pause, for /metrics
         self.occupancy = BatchOccupancy()  # how full the engine's batch was, for /metrics
         self.gate_state = "closed"
+        self.answered_evals = False  # the last turn answered eval tasks: lease again before loading weights
         self.gated_s_total = 0.0  # seconds held by the staleness gate (shared/time_use.py)
         self.waiting_for_tasks_s_total = 0.0  # seconds waiting because a lease brought no task
         self.hold = WeightHold(run.rollout.hold_versions_max)  # an ablation's knob; off (0) otherwise
@@ -185,7 +186,9 @@ class RolloutWorker:
 
     def serve_once(self) -> None:
         """One turn of the loop: the table of contents of the worker."""
-        self.sync_weights()
+        if not self.answered_evals:  # else ask once more at this version first: more of its eval tasks may wait
+            self.sync_weights()
+        self.answered_evals = False
         if self.membership.on_standby or not self.has_admissible_weights():  # standby: weights fresh, no tasks
             self.pause()
             return
@@ -197,9 +200,9 @@ class RolloutWorker:
         evals, leased = split_evals(leased)
         if evals:  # before any weights load: the version they were leased for (eval_tasks.py)
             self.serve_evals(evals)
+            self.answered_evals = True  # a lease carries at most 64: the rest of the version's may still wait
             if not leased:
                 return
-            self.sync_weights()
         self.wait_for_version(max(lease.task.min_policy_version for lease in leased))
         outcomes = self.generate_groups(leased)
         self.submit(outcomes)

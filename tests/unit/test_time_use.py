@@ -5,16 +5,25 @@ from __future__ import annotations
 from shared.time_use import WorkerTimeUse, percentile, time_use
 
 
-def use(*, wait_s: float, gated_s: float = 0.0, sync_s: tuple[float, ...] = (0.1,), steps: int = 10) -> str:
+def use(
+    *,
+    wait_s: float,
+    gated_s: float = 0.0,
+    sync_s: tuple[float, ...] = (0.1,),
+    steps: int = 10,
+    no_task_s: float = 5.0,
+    synchronous: bool = False,
+) -> str:
     result = time_use(
         learner_wall_s=100.0,
         learner_train_s=100.0 - wait_s,
         learner_wait_s=wait_s,
         num_steps=steps,
-        workers=[WorkerTimeUse(generating_s=80.0 - gated_s, gated_s=gated_s, waiting_for_tasks_s=20.0)],
+        workers=[WorkerTimeUse(generating_s=95.0 - gated_s, gated_s=gated_s, waiting_for_tasks_s=no_task_s)],
         weight_sync_s=sync_s,
         swap_pause_mean_s=0.01,
         stale_tokens_dropped=0,
+        synchronous=synchronous,
     )
     assert result.verdict_line.startswith(result.verdict)
     return result.verdict
@@ -32,6 +41,12 @@ def test_workers_held_by_the_gate_or_slow_weights_make_it_sync_bound() -> None:
     assert use(wait_s=40.0, gated_s=30.0) == "sync-bound"
     # T_train is 6 s a step here: a p95 T_bcast of 4 s is over half of it
     assert use(wait_s=40.0, sync_s=(0.1,) * 18 + (4.0, 4.0)) == "sync-bound"
+
+
+def test_workers_out_of_tasks_make_an_async_run_feed_bound_but_not_a_sync_one() -> None:
+    assert use(wait_s=40.0, no_task_s=30.0) == "feed-bound"
+    # a pull run's workers wait for its learner by design
+    assert use(wait_s=40.0, no_task_s=30.0, synchronous=True) == "generation-bound"
 
 
 def test_too_early_before_three_steps_or_any_worker_time() -> None:
