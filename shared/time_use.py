@@ -140,8 +140,7 @@ def decide(use: TimeUse, num_steps: int, synchronous: bool = False) -> Verdict:
 
 
 def explain(use: TimeUse, verdict: Verdict) -> str:
-    """ "generation-bound: the learner waited 41% of its time for rollouts; workers generated 88%, held by the
-    gate 3%; T_bcast p95 0.4 s vs T_train 2.1 s. More workers would help.\""""
+    """The verdict, its advice and the numbers behind it, in one line (docs/operations.md#where-the-time-goes)."""
     parts = [f"{verdict}: {VERDICT_ADVICE[verdict]}"]
     if use.learner_wait_fraction is not None:
         parts.append(f"the learner waited {use.learner_wait_fraction:.0%} of its time for rollouts")

@@ -82,8 +82,8 @@ def summarize_eval(
 
 
 def describe_eval(record: EvalRecord) -> str:
-    """One line: accuracy, then what it is made of ("accuracy 0.305 on 200 held-out prompts; 94% in the
-    answer form, 0.324 of those right; chance 0.219 (a random number from the question)")."""
+    """One line: accuracy, then what it is made of ("accuracy 0.425 on 200 held-out prompts; 100% in the
+    answer form, 0.427 of those right; chance 0.020 (the majority answer, always)")."""
     text = f"accuracy {record.eval_accuracy:.3f} on {record.num_eval_prompts} held-out prompts"
     if record.eval_format_rate is not None:
         text += f"; {record.eval_format_rate:.0%} in the answer form"
