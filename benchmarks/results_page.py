@@ -119,6 +119,28 @@ SMOLLM2_DELTA_VERSIONS = Table(
         F("rebuild s", "decode_s", "", 2),
     ),
 )
+# a row of benchmarks/async_vs_sync.py's summary.json (async_vs_sync_*_placed)
+ASYNC_VS_SYNC_COLUMNS = (
+    F("run", "run"),
+    F("seeds", "seeds"),
+    F("learner busy", "busy_fraction", "", 2),
+    F("simulated busy", "simulated_busy", "", 2),
+    F("overlap bound", "overlap_bound", "x", 2),
+    F("reached / bound", "share_of_bound", "", 2),
+    F("steps/h", "steps_per_hour", "", 0),
+    F("held-out", "eval_accuracy", "", 3),
+    F("in answer form", "format_rate", "", 2),
+    F("chance", "chance_accuracy", "", 3),
+    F("wall to sync's accuracy", "wall_to_sync_accuracy_ratio", "x", 2),
+    F("$ total", "usd_total", "", 4),
+    F("$ per accuracy", "usd_per_accuracy", "", 4),
+    F("s per eval", "eval_s_mean", "s", 1),
+    F("eval by", "evaluated_by"),
+    F("verdict", "verdict"),
+    F("wall", "wall_s", "s", 0),
+)
+
+
 # a cell of benchmarks/wan.py (wan.json, wan_smollm2.json): its broadcast, losses and what it learned
 WAN_CELL_FIGURES = (
     F("T_bcast p50", "t_bcast_p50_s", "s", 2),
@@ -807,30 +829,7 @@ RESULTS: tuple[Result, ...] = (
         "reached; seconds per 200-prompt evaluation and who ran it; the run's verdict",
         (F("task", "task"), F("placement", "prices/placement")),
         docs="placement.md",
-        tables=(
-            Table(
-                "rows",
-                (
-                    F("run", "run"),
-                    F("seeds", "seeds"),
-                    F("learner busy", "busy_fraction", "", 2),
-                    F("simulated busy", "simulated_busy", "", 2),
-                    F("overlap bound", "overlap_bound", "x", 2),
-                    F("reached / bound", "share_of_bound", "", 2),
-                    F("steps/h", "steps_per_hour", "", 0),
-                    F("held-out", "eval_accuracy", "", 3),
-                    F("in answer form", "format_rate", "", 2),
-                    F("chance", "chance_accuracy", "", 3),
-                    F("wall to sync's accuracy", "wall_to_sync_accuracy_ratio", "x", 2),
-                    F("$ total", "usd_total", "", 4),
-                    F("$ per accuracy", "usd_per_accuracy", "", 4),
-                    F("s per eval", "eval_s_mean", "s", 1),
-                    F("eval by", "evaluated_by"),
-                    F("verdict", "verdict"),
-                    F("wall", "wall_s", "s", 0),
-                ),
-            ),
-        ),
+        tables=(Table("rows", ASYNC_VS_SYNC_COLUMNS),),
     ),
     Result(
         "async_vs_sync_placed/summary.json",
@@ -840,30 +839,7 @@ RESULTS: tuple[Result, ...] = (
         "priced from the sync cell; the same columns as the SmolLM2 table",
         (F("task", "task"), F("placement", "prices/placement")),
         docs="placement.md",
-        tables=(
-            Table(
-                "rows",
-                (
-                    F("run", "run"),
-                    F("seeds", "seeds"),
-                    F("learner busy", "busy_fraction", "", 2),
-                    F("simulated busy", "simulated_busy", "", 2),
-                    F("overlap bound", "overlap_bound", "x", 2),
-                    F("reached / bound", "share_of_bound", "", 2),
-                    F("steps/h", "steps_per_hour", "", 0),
-                    F("held-out", "eval_accuracy", "", 3),
-                    F("in answer form", "format_rate", "", 2),
-                    F("chance", "chance_accuracy", "", 3),
-                    F("wall to sync's accuracy", "wall_to_sync_accuracy_ratio", "x", 2),
-                    F("$ total", "usd_total", "", 4),
-                    F("$ per accuracy", "usd_per_accuracy", "", 4),
-                    F("s per eval", "eval_s_mean", "s", 1),
-                    F("eval by", "evaluated_by"),
-                    F("verdict", "verdict"),
-                    F("wall", "wall_s", "s", 0),
-                ),
-            ),
-        ),
+        tables=(Table("rows", ASYNC_VS_SYNC_COLUMNS),),
     ),
     Result(
         "gpu_check.json",

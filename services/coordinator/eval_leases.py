@@ -33,6 +33,7 @@ import redis
 from redis.typing import EncodableT
 
 from services.coordinator import work_scripts
+from services.coordinator.answer_check import check_answer
 from services.coordinator.work_scripts import EVAL_GIVEN_BACK
 from shared.bus import PAYLOAD_FIELD, redis_text
 from shared.keys import RunKeys
@@ -139,20 +140,11 @@ class EvalLeases:
         self, worker_id: str, submitted: SubmittedGroup, version: int, task: TaskGroup | str | None
     ) -> RolloutGroup | str:
         """The group, if its content may answer the eval lease; else why not."""
-        try:
-            group = submitted.decode_group(task)  # within the task's limits: one sample of max_new_tokens
-        except MessageDecodeError as exc:
-            return f"malformed group: {str(exc)[:500]}"
-        if isinstance(task, str):
-            return task
-        if task is None:
-            return f"no eval task {submitted.lease_id} of version {version}"
-        if group.run_id != self.keys.run_id:
-            return f"group of run {group.run_id[:128]!r}, not {self.keys.run_id!r}"
-        if group.worker_id != worker_id:
-            return f"group claims worker {group.worker_id!r}, not the caller"
-        if group.task_id != task.task_id or group.task_name != task.task_name:
-            return f"group answers task {group.task_id!r}, the lease is task {task.task_id!r}"
+        group = check_answer(
+            self.keys.run_id, worker_id, submitted, task, f"no eval task {submitted.lease_id} of version {version}"
+        )
+        if isinstance(group, str):
+            return group
         if group.policy_version != version or group.newest_version != version:
             return f"an eval task of version {version} answered with version {group.policy_version}..{group.newest_version}"
         if group.num_samples != 1 or group.is_masked:

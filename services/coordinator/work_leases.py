@@ -44,6 +44,7 @@ import redis
 from redis.typing import EncodableT
 
 from services.coordinator import work_scripts
+from services.coordinator.answer_check import check_answer
 from services.coordinator.eval_leases import EvalLeases
 from services.coordinator.lease_pacing import Full
 from services.coordinator.work_accounting import WorkBooks
@@ -296,21 +297,9 @@ class WorkLeases:
 
     def _check(self, worker_id: str, submitted: SubmittedGroup, task: TaskGroup | str | None) -> RolloutGroup | str:
         """The group, if its content may answer the lease; else why not."""
-        try:
-            group = submitted.decode_group(task)  # within the task's limits (shared/rollout_limits.py)
-        except MessageDecodeError as exc:
-            return f"malformed group: {str(exc)[:500]}"
-        if isinstance(task, str):
-            return task
-        if task is None:
-            return f"no task {submitted.lease_id} on the tasks stream"
-        if group.run_id != self.keys.run_id:
-            return f"group of run {group.run_id[:128]!r}, not {self.keys.run_id!r}"
-        if group.worker_id != worker_id:
-            return f"group claims worker {group.worker_id!r}, not the caller"
-        if group.task_id != task.task_id or group.task_name != task.task_name:
-            return f"group answers task {group.task_id!r}, the lease is task {task.task_id!r}"
-        return group
+        return check_answer(
+            self.keys.run_id, worker_id, submitted, task, f"no task {submitted.lease_id} on the tasks stream"
+        )
 
     def _refusal_letter(self, worker_id: str, submitted: SubmittedGroup, reason: str = NOT_HELD) -> bytes:
         """What a refused answer leaves behind: the reason, the sha256 and size of what was sent, and its first
