@@ -63,9 +63,9 @@ from engines.torch_engine import TorchEngine
 from services.learner.batch import tensorize
 from services.learner.policy import Policy
 from services.learner.publish import publication_state, serialize_weights
-from services.learner.zero_variance import is_flat
 from shared.bus import StreamBus, connect
 from shared.config import RunConfig, load_run_config
+from shared.flat_groups import is_flat
 from shared.keys import RunKeys
 from shared.messages import ScoredGroup
 from shared.signing import Ed25519PrivateKey

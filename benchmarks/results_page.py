@@ -150,6 +150,10 @@ WAN_CELL_FIGURES = (
     F("tasks lost", "tasks_lost"),
     F("bytes/version", "bytes_per_version_mean"),
     F("held-out accuracy", "eval_accuracy_last", "", 3),
+    # none in a result written before benchmarks/wan.py recorded them
+    F("in answer form", "eval_format_rate_last", "", 2),
+    F("accuracy among formatted", "eval_formatted_accuracy_last", "", 3),
+    F("chance", "eval_chance_accuracy_last", "", 3),
 )
 RESULTS: tuple[Result, ...] = (
     Result(
@@ -773,7 +777,9 @@ RESULTS: tuple[Result, ...] = (
         "WAN testbed: SmolLM2 on loopback and on broadband",
         "`make bench-wan` with SmolLM2 cells: configs/smollm2.toml (deltas, no periodic full version), 2 workers on "
         "vLLM, 20 steps, the coordinator on https, on loopback and with every worker on `broadband`, one after "
-        "the other in one session; T_bcast against the learner's step time, held-out accuracy after step 20",
+        "the other in one session; T_bcast against the learner's step time, held-out accuracy after step 20 (its "
+        "answer-form rate, accuracy among formatted answers and chance baseline: none where the result predates "
+        "their recording; on this task the placed SmolLM2 runs below have them)",
         (F("session wall time", "wall_s", "s"),),
         docs="wan.md",
         tables=(
@@ -822,8 +828,8 @@ RESULTS: tuple[Result, ...] = (
         "async_vs_sync_smollm2_placed/summary.json",
         "Overlap with placement: SmolLM2, sync vs async, evaluation on the workers",
         "`make bench-async` on configs/smollm2.toml with the learner on one core and the 2 torch-engine workers on "
-        "the other (docs/placement.md), one session: sync (pull) and async cells, the same async cell with the "
-        "learner evaluating itself, and the centralized baseline priced from the sync cells (learner $2.49/h, each "
+        "the other (docs/placement.md), one session: sync (pull) and async S = 2 and 4, two seeds each, the workers "
+        "evaluating, and the centralized baseline priced from the sync cells (learner $2.49/h, each "
         "worker $0.35/h); held-out accuracy after the last step with its answer-form rate and chance baseline; "
         "the overlap bound (T_gen + T_train) / max(T_gen, T_train) from each cell's own times and the share of it "
         "reached; seconds per 200-prompt evaluation and who ran it; the run's verdict",

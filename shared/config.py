@@ -420,7 +420,8 @@ class DataConfig(Section):
     max_groups_in_flight: int = Field(
         0,
         ge=0,
-        description="tasks+rollouts+scored not yet read by the learner; 0 means groups_per_step * max(1, S - 1)",
+        description="tasks+rollouts+scored not yet read by the learner; 0 means groups_per_step * max(1, S - 1); "
+        "under [grpo] dynamic_sampling the feed divides it by the share of groups not flat (at most 8x)",
     )
 
 

@@ -222,6 +222,12 @@ class RunKeys:
         allowance; the task feed issues that many tasks beyond its window (services/reward/task_feed.py)."""
         return self.prefix + "work:speculative"
 
+    @property
+    def feed_window(self) -> str:
+        """reward -> coordinator: the groups the task feed keeps in flight now (services/reward/task_feed.py);
+        the coordinator splits it among credentials (services/coordinator/credential_record.py)."""
+        return self.prefix + "feed:window"
+
     # held-out evaluation by the workers (services/reward/evaluation.py; docs/evaluation.md#where-evaluation-runs)
     @property
     def evals_open(self) -> str:

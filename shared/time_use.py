@@ -11,12 +11,15 @@ The verdict, in the order it is decided (thresholds below):
   bottleneck, more workers would not help (a faster learner, or fewer samples a step, would);
 - "feed-bound" (asynchronous runs): the learner waited, and the workers waited for a task to lease
   FEED_FRACTION_BOUND or more of their time: the data plane keeps too few tasks in flight ([data]
-  max_groups_in_flight; dynamic sampling discards most groups it issues), so more tasks in flight would help
+  max_groups_in_flight; under dynamic sampling the feed already widens it by the share of flat groups), so
+  more tasks in flight would help
   (a synchronous run's workers wait for its learner by design: never this verdict);
 - "sync-bound": the learner waited, and either the workers spent GATED_FRACTION_BOUND or more of their time
-  held by the staleness gate (their weights too old to be trained on) or T_bcast p95 is
-  SYNC_TO_TRAIN_BOUND or more of a training step: weights reach the workers too late, so faster weight sync
-  (more relay seeds, deltas) or a larger staleness bound would help;
+  held by the staleness gate (their weights too old to be trained on) or, in a synchronous run (which
+  waits for every version), T_bcast p95 is SYNC_TO_TRAIN_BOUND or more of a training step: weights reach the
+  workers too late, so faster weight sync (more relay seeds, deltas) or a larger staleness bound would help.
+  An asynchronous run's late weights cost it only what the gate holds (a batch-mode worker loads a version
+  after its engine call: on a saturated core T_bcast is about one call, and that is no wait);
 - "generation-bound": the learner waited and the weights were on time: rollouts come too slowly, so more
   (or faster) workers would help.
 The workers' seconds are their own claims (heartbeats), summed over the workers listed: a diagnosis, never
@@ -134,7 +137,8 @@ def decide(use: TimeUse, num_steps: int, synchronous: bool = False) -> Verdict:
         if use.weight_sync_p95_s is not None and use.learner_train_s_mean
         else 0.0
     )
-    if use.workers_gated_fraction >= GATED_FRACTION_BOUND or sync_to_train >= SYNC_TO_TRAIN_BOUND:
+    # an async run waits for weights only through the gate; a pull run waits for every version's
+    if use.workers_gated_fraction >= GATED_FRACTION_BOUND or (synchronous and sync_to_train >= SYNC_TO_TRAIN_BOUND):
         return "sync-bound"
     return "generation-bound"
 

@@ -56,7 +56,8 @@ class _Rate:
 
 @dataclass
 class CredentialBooks:
-    """Per-credential records of one run. `window`: the groups kept in flight ([data] max_groups_in_flight)."""
+    """Per-credential records of one run. `window`: the groups kept in flight ([data] max_groups_in_flight)
+    until the task feed writes the window in force (RunKeys.feed_window: wider under dynamic sampling)."""
 
     redis: redis.Redis
     keys: RunKeys
@@ -119,9 +120,10 @@ class CredentialBooks:
         total = sum(rates.values())
         shares: dict[str, int] = {}
         if len(credentials) >= 2 and total > 0:
+            window = self.window_now()
             # at least an equal split: a new credential ramps up as fast as it earns, not as its rate's average does
-            floor = max(INITIAL_ALLOWANCE, math.ceil(self.window / len(credentials)))
-            shares = {c: max(floor, math.ceil(SHARE_SLACK * self.window * rate / total)) for c, rate in rates.items()}
+            floor = max(INITIAL_ALLOWANCE, math.ceil(window / len(credentials)))
+            shares = {c: max(floor, math.ceil(SHARE_SLACK * window * rate / total)) for c, rate in rates.items()}
         with self.redis.pipeline(transaction=False) as pipe:
             for credential_id in credentials:
                 key = self.keys.credential_work(credential_id)
@@ -131,6 +133,11 @@ class CredentialBooks:
                     pipe.hdel(key, "share")
             pipe.execute()
         return shares
+
+    def window_now(self) -> int:
+        """The task feed's window in force, else the run's."""
+        written = self.redis.get(self.keys.feed_window)
+        return int(written) if written is not None else self.window
 
     def flags(self, credential_ids: Iterable[str], median: float | None) -> dict[str, str]:
         """Issued credentials whose record since their last release departs from the fleet's `median` identity

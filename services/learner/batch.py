@@ -40,8 +40,9 @@ import numpy as np
 import torch
 
 from services.learner.grpo import group_advantages
-from services.learner.zero_variance import FlatGroupTally, is_flat
+from services.learner.zero_variance import FlatGroupTally
 from shared.bus import Delivery, StreamBus
+from shared.flat_groups import is_flat
 from shared.keys import DEAD_LETTERED, RunKeys
 from shared.messages import FlatGroups, RolloutGroup, ScoredGroup, unpack_float32, unpack_int32
 from shared.retry import call_with_retry

@@ -22,16 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from shared.config import GRPOConfig
+from shared.flat_groups import FLAT_TOLERANCE, is_flat
 from shared.messages import FlatGroups, ScoredGroup
 
-# Rewards this close count as equal: a group mean of identical floats can differ from them in the last bit.
-FLAT_TOLERANCE = 1e-6
 MAX_REWARD = 1.0  # the task contract: rewards in [0, 1] (shared/tasks/base.py)
-
-
-def is_flat(rewards: list[float]) -> bool:
-    """True when every sample of the group got the same reward (its advantages are all 0)."""
-    return max(rewards) - min(rewards) <= FLAT_TOLERANCE
 
 
 @dataclass

@@ -23,7 +23,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     from shared.keys import RunKeys
 
     settings, run = start_service("reward", RewardSettings)
-    log.info("task %s, %d groups in flight max", run.task.name, run.max_groups_in_flight)
+    log.info(
+        "task %s, %d groups in flight (before dynamic sampling's widening)", run.task.name, run.max_groups_in_flight
+    )
     keys = RunKeys(run.run_id)
     bus = StreamBus(connect(settings.redis_url), keys, service="reward")
     service = RewardService(run, settings, bus)

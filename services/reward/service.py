@@ -145,6 +145,7 @@ class RewardService:
             increments=worker_rewards.increments(self.keys, scored),  # per worker, for the accounting
         )
         self.num_scored += len(scored)
+        self.feed.observe(scored)
         self.forget_tasks(done)
 
     def forget_tasks(self, deliveries: list[Delivery[RolloutGroup]]) -> None:

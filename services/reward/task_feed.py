@@ -5,8 +5,14 @@ rollouts not finished by this service, scored groups the learner has not read ye
 `max_groups_in_flight` (default groups_per_step * max(1, S - 1), see RunConfig.max_groups_in_flight):
 enough to keep the learner's next batch in the making, never so much that groups wait long enough
 to go stale. A group the learner drops (stale, or flat under `[grpo] dynamic_sampling`) is read and
-acked at once, so it leaves the count when it is decided and the next top-up replaces it: skips cost
-generation, never a starved learner. Tasks leased by identities still earning their lease allowance
+acked at once, so it leaves the count when it is decided and the next top-up replaces it.
+
+Under dynamic sampling the window counts the groups the learner will train: it is divided by the share
+of the last KEPT_SHARE_STEPS steps' worth of scored groups that were not flat (`KeptShare`, at least
+MIN_KEPT_SHARE), so a run that skips 3 groups in 4 keeps 4x the window in flight and its workers do not
+run dry while the flat groups wait to be read. The groups it will train stay about the base window, so
+staleness is as without skips. The window in force is written to RunKeys.feed_window, where the
+coordinator splits it among credentials. Tasks leased by identities still earning their lease allowance
 (RunKeys.work_speculative, kept by the coordinator's work API: services/coordinator/work_scripts.py) are
 not counted: the window is what the proven fleet can work on, so leases that an unproven identity holds
 and may never answer (a Sybil's) are issued again beside it rather than out of it. (Not in pull mode, which
@@ -24,19 +30,25 @@ on the way (dead-lettered) leaves the request unmet with nothing in flight: once
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass
 
 from shared.bus import StreamBus
 from shared.config import RunConfig
+from shared.flat_groups import is_flat
 from shared.keys import TASKS_ISSUED, RunKeys
-from shared.messages import BatchRequest, EnvironmentSpec, TaskGroup
+from shared.messages import BatchRequest, EnvironmentSpec, ScoredGroup, TaskGroup
 from shared.streams import BATCH_REQUEST, ROLLOUTS, SCORED, TASKS
 from shared.tasks import TaskAdapter
 from shared.tasks.environment import EnvironmentTask
 
 REISSUE_AFTER_S = 2.0  # an unmet request with nothing in flight for this long lost groups on the way
+KEPT_SHARE_STEPS = 4  # the kept share is measured over this many steps' worth of the latest scored groups
+# the window grows at most 8x: a run that skips more has (nearly) nothing to learn from, and the learner warns
+MIN_KEPT_SHARE = 0.125
 
 
 def groups_in_flight(bus: StreamBus) -> int:
@@ -51,6 +63,20 @@ def groups_in_flight(bus: StreamBus) -> int:
 def speculative_leases(bus: StreamBus) -> int:
     """Tasks leased by identities still earning their allowance (the coordinator's work API keeps the set)."""
     return int(bus.redis.scard(bus.keys.work_speculative))
+
+
+class KeptShare:
+    """The share of the latest `num_groups` scored groups that were not flat (1.0 before the first)."""
+
+    def __init__(self, num_groups: int) -> None:
+        self._kept: deque[bool] = deque(maxlen=num_groups)
+
+    def observe(self, rewards: list[float]) -> None:
+        self._kept.append(not is_flat(rewards))
+
+    @property
+    def fraction(self) -> float:
+        return sum(self._kept) / len(self._kept) if self._kept else 1.0
 
 
 @dataclass
@@ -72,13 +98,31 @@ class TaskFeed:
         self.reference_ttl_s = reference_ttl_s
         self.reissue_after_s = REISSUE_AFTER_S
         self._issued = _Issued()
+        self.kept = KeptShare(KEPT_SHARE_STEPS * run.grpo.groups_per_step)
+        self._window_written: int | None = None
 
     def top_up(self) -> int:
         """Publish the tasks the pipeline lacks now; returns how many."""
         if self.run.schedule.mode == "pull":
             return self._answer_request()
-        num_missing = self.run.max_groups_in_flight - groups_in_flight(self.bus)
+        num_missing = self.window() - groups_in_flight(self.bus)
         return self.publish(num_missing, min_policy_version=0)
+
+    def observe(self, scored: list[ScoredGroup]) -> None:
+        """Scored groups tell the feed how many the learner will skip as flat."""
+        for group in scored:
+            self.kept.observe(group.rewards)
+
+    def window(self) -> int:
+        """The groups kept in flight now: max_groups_in_flight, over the kept share under dynamic sampling
+        (module doc); written to RunKeys.feed_window when it changes."""
+        window = self.run.max_groups_in_flight
+        if self.run.grpo.dynamic_sampling and self.run.schedule.mode != "pull":
+            window = math.ceil(window / max(self.kept.fraction, MIN_KEPT_SHARE))
+        if window != self._window_written:
+            self.bus.redis.set(self.keys.feed_window, window)
+            self._window_written = window
+        return window
 
     def publish(self, num_tasks: int, min_policy_version: int) -> int:
         for _ in range(max(0, num_tasks)):

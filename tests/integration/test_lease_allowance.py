@@ -270,6 +270,14 @@ def test_shares_follow_each_credentials_verified_throughput(
     assert books.set_shares([fast], now_s=1020.0) == {}  # alone: no share
     assert not redis_client.hexists(keys.credential_work(fast), "share")
 
+    redis_client.set(keys.feed_window, 128)  # the feed widened its window (dynamic sampling skips half)
+    for credential_id, num_groups in ((fast, 600), (slow, 200)):
+        redis_client.hset(keys.credential_work(credential_id), "scored", num_groups)
+    shares = books.set_shares([fast, slow], now_s=1030.0)
+    # from the window in force, not the run's 64: slow's rate restarts (it left), so fast has 1.5 x 128 and slow
+    # an equal split of 128
+    assert shares[fast] == 192 and shares[slow] == 64
+
 
 def test_leases_of_workers_still_earning_are_issued_again_beside_the_window(serve, bus: StreamBus) -> None:
     served, join = serve()

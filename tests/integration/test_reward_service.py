@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 
 from services.reward.service import RewardService
 from services.reward.settings import RewardSettings
+from services.reward.task_feed import KEPT_SHARE_STEPS, TaskFeed, groups_in_flight
 from shared import worker_rewards
 from shared.bus import StreamBus
 from shared.config import RunConfig
@@ -21,6 +22,7 @@ from shared.keys import RunKeys
 from shared.messages import RolloutGroup, TaskGroup, pack_int32
 from shared.rollout_mac import sign_rollout
 from shared.streams import ROLLOUTS, SCORED, TASKS
+from shared.tasks import build_task
 from tests.polling import CallCounter, wait_for
 from tests.rollouts import unsigned_rollout_for
 
@@ -101,6 +103,56 @@ def test_task_feed_holds_the_pipeline_at_groups_per_step_times_s_plus_one(servic
     assert task.num_samples == 4 and task.run_id == run.run_id
     turns.wait_for_more(2, "two more turns of the service's loop after a task was taken")
     assert bus.length(TASKS) == 6  # taken but not finished: still in flight, nothing added
+
+
+@pytest.mark.parametrize("dynamic_sampling", [True, False])
+def test_under_dynamic_sampling_the_feed_keeps_the_groups_the_learner_will_train_in_flight(
+    bus, keys, redis_server, model_dir: Path, tokenizer, run_id: str, dynamic_sampling: bool
+) -> None:
+    run = RunConfig.model_validate(
+        {
+            "run_id": run_id,
+            "grpo": {"group_size": 4, "groups_per_step": 3, "dynamic_sampling": dynamic_sampling},
+            "schedule": {"staleness_bound": 3},
+        }
+    )
+    issue_test_rollout_key(bus.redis, keys)
+    reward = RewardService(run, RewardSettings(redis_url=redis_server.url, model_dir=model_dir), bus)
+    thread = threading.Thread(target=reward.run_forever, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: bus.length(TASKS) >= 6, "the first window of tasks")
+        tasks = take_tasks(bus, keys, 6)
+        for n, task in enumerate(tasks):  # half flat (every sample wrong), half with a spread of rewards
+            texts = [wrong_answer(task)] * 4 if n % 2 else [right_answer(task)] + [wrong_answer(task)] * 3
+            bus.publish(ROLLOUTS, rollout_for(task, texts, tokenizer))
+        wait_for(lambda: bus.group_progress(SCORED)[0] == 6, "the six groups scored, none read by a learner")
+
+        expected_window = 12 if dynamic_sampling else 6  # 6 over the kept share 1/2, or the run's window
+        wait_for(lambda: groups_in_flight(bus) == expected_window, f"{expected_window} groups in flight")
+        assert int(bus.redis.get(keys.feed_window)) == expected_window
+        turns = CallCounter(reward, "serve_once")
+        turns.wait_for_more(2, "two more turns of the service's loop")
+        assert groups_in_flight(bus) == expected_window  # held there, not more
+    finally:
+        reward.stop_event.set()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+def test_the_feed_window_grows_at_most_by_the_floor_of_the_kept_share(bus, keys, run_id: str) -> None:
+    run = RunConfig.model_validate(
+        {"run_id": run_id, "grpo": {"groups_per_step": 3, "dynamic_sampling": True}, "schedule": {"staleness_bound": 3}}
+    )
+    feed = TaskFeed(bus, keys, build_task(run.task), run, reference_ttl_s=60)
+    assert feed.window() == 6  # nothing scored yet: the run's window
+    for _ in range(20):
+        feed.kept.observe([0.0, 0.0])
+    assert feed.window() == 48  # every group flat: 6 x 8, not unbounded
+    assert int(bus.redis.get(keys.feed_window)) == 48
+    for _ in range(KEPT_SHARE_STEPS * run.grpo.groups_per_step):  # the share follows the latest 12 groups only
+        feed.kept.observe([0.0, 1.0])
+    assert feed.window() == 6
 
 
 def test_rollouts_are_scored_by_the_verifier_and_acked(service, bus, keys, tokenizer) -> None:

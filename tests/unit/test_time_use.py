@@ -37,10 +37,13 @@ def test_a_learner_waiting_on_fresh_weights_is_generation_bound() -> None:
     assert use(wait_s=40.0) == "generation-bound"
 
 
-def test_workers_held_by_the_gate_or_slow_weights_make_it_sync_bound() -> None:
+def test_workers_held_by_the_gate_or_slow_weights_in_a_sync_run_make_it_sync_bound() -> None:
     assert use(wait_s=40.0, gated_s=30.0) == "sync-bound"
-    # T_train is 6 s a step here: a p95 T_bcast of 4 s is over half of it
-    assert use(wait_s=40.0, sync_s=(0.1,) * 18 + (4.0, 4.0)) == "sync-bound"
+    # T_train is 6 s a step here: a p95 T_bcast of 4 s is over half of it, and a pull run waits for it every step
+    slow_weights = (0.1,) * 18 + (4.0, 4.0)
+    assert use(wait_s=40.0, sync_s=slow_weights, synchronous=True) == "sync-bound"
+    # an async run waits for weights only when the gate holds its workers: slow weights alone cost it nothing
+    assert use(wait_s=40.0, sync_s=slow_weights) == "generation-bound"
 
 
 def test_workers_out_of_tasks_make_an_async_run_feed_bound_but_not_a_sync_one() -> None:

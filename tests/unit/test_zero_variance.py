@@ -8,8 +8,9 @@ import math
 
 import pytest
 
-from services.learner.zero_variance import FlatGroupTally, ZeroVarianceAlarm, is_flat
+from services.learner.zero_variance import FlatGroupTally, ZeroVarianceAlarm
 from shared.config import GRPOConfig
+from shared.flat_groups import is_flat
 from shared.messages import FlatGroups, RolloutGroup, ScoredGroup, pack_float32, pack_int32
 
 
