@@ -6,8 +6,10 @@
 #       --ca-file /ca.pem --token=<join token>     (the coordinator's run CA: make keys wrote it to tls/)
 # (add --gpus all and the -gpu tag for --engine vllm).
 #
-# Two stages: the builder has a C compiler (reasoning-gym needs pycosat, which ships no wheel) and builds
-# one virtual environment in /opt/venv; the runtime image gets that folder and the sources, no compiler.
+# Three stages: the builder has a C compiler (reasoning-gym needs pycosat, which ships no wheel) and builds the
+# dependencies' virtual environment in /opt/venv; the wheel stage builds the project's own wheel from its
+# sources; the runtime image gets that folder and installs the wheel into it, no compiler. The project is
+# installed, not editable: the services import it from site-packages, and /app holds only the run files.
 # Every version is pinned: the base image by its full tag, each Python package by docker/requirements-*.txt
 # (`make docker-lock` regenerates them), torch by its exact build.
 ARG BASE_IMAGE=python:3.11.14-slim-bookworm
@@ -29,24 +31,30 @@ RUN case "$VARIANT" in \
       gpu) pip install -r /tmp/requirements/requirements-gpu.txt ;; \
       *) echo "VARIANT must be cpu or gpu, not $VARIANT" >&2; exit 2 ;; \
     esac
-# the project itself, editable at /app (the CLI reads configs/ from the source folder), nothing else: every
-# dependency is in the locked set above. Installed against empty packages: the builder never sees the sources,
-# so a source change rebuilds only the runtime stage's COPY layers below, not this environment.
-WORKDIR /app
-COPY pyproject.toml ./
-RUN for package in shared services engines cluster simulator; do mkdir "$package" && touch "$package/__init__.py"; done \
-    && pip install --no-deps -e . && pip check
-
-FROM ${BASE_IMAGE}
-WORKDIR /app
-ENV PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 PATH=/opt/venv/bin:$PATH
-COPY --from=builder /opt/venv /opt/venv
+# the project itself: a pure-Python wheel of the packages pyproject.toml names (their data files included:
+# the coordinator's dashboard page), built apart so a source change rebuilds neither the environment above
+# nor the runtime's copy of it
+FROM ${BASE_IMAGE} AS wheel
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
 COPY pyproject.toml ./
 COPY shared ./shared
 COPY services ./services
 COPY engines ./engines
 COPY cluster ./cluster
 COPY simulator ./simulator
+RUN pip wheel --no-deps --wheel-dir /wheels .
+
+FROM ${BASE_IMAGE}
+WORKDIR /app
+ENV PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 PATH=/opt/venv/bin:$PATH
+COPY --from=builder /opt/venv /opt/venv
+# the wheel, installed (not editable) and nothing else: every dependency is in the locked set above
+COPY --from=wheel /wheels /tmp/wheels
+RUN pip install --no-cache-dir --disable-pip-version-check --no-deps /tmp/wheels/relay_rl-*.whl \
+    && rm -rf /tmp/wheels && pip check
+# the run files compose and the chart point at (/app/configs/demo.toml); the working folder's configs/ is the
+# services' default run file (configs/demo.toml)
 COPY configs ./configs
 # `relay-rl` (pyproject [project.scripts]) is on PATH: `docker run IMAGE relay-rl worker ...`
 CMD ["relay-rl", "--help"]

@@ -58,6 +58,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.ablation.cells import REPO_ROOT, dump_toml, start_runner_logging
 from benchmarks.async_vs_sync import reexec_for_engine
+from benchmarks.measured_cluster import run_cluster
 from benchmarks.result_file import write_result
 from cluster.placement import Placement
 from shared.bus import StreamBus
@@ -65,7 +66,7 @@ from shared.config import RunConfig, load_run_config
 from shared.messages import unpack_int32
 from shared.run_records import StepRecord
 from shared.streams import SCORED
-from simulator.validation import MeasuredRun, measure_run, predict, run_cluster
+from simulator.validation import MeasuredRun, measure_run, predict
 
 OUT_DIR = REPO_ROOT / "benchmarks" / "results" / "continuous_cluster"
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "continuous_cluster.json"

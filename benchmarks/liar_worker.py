@@ -5,8 +5,9 @@ benchmarks/liars.py.
     RL_FAULT_INJECT=<kind> [RL_FAULT_STALE_AFTER_VERSION=2] <the worker's RL_* settings> python -m benchmarks.liar_worker
 
 Kinds: garbage_logprobs, stale_weights, swapped_text (the engine lies), corrupt_chunks, forged_manifest (its
-chunk server lies). The fault suite (`make test-faults`) and `make bench-trust` start it through
-cluster/local.py (ClusterOptions.liars); `python -m services.rollout` cannot lie.
+chunk server lies). The fault suite (`make test-faults`) and `make bench-trust` start it through the local
+runner: `ClusterOptions(worker_entry_points=liar_entry_points({"worker-3": "stale_weights"}))`. The runner
+(cluster/) names no benchmark, and `python -m services.rollout` cannot lie.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from benchmarks.liars import DEFAULT_STALE_AFTER_VERSION, SERVING_FAULTS, FaultKind, LyingEngine, TamperingStore
+from cluster.processes import EntryPoint
 from shared.service_entry import parse_cli
 
 if TYPE_CHECKING:
@@ -27,10 +29,17 @@ if TYPE_CHECKING:
     from shared.config import RunConfig
     from shared.weight_channel import ChunkStore
 
-log = logging.getLogger("benchmarks.liar_worker")
+MODULE = "benchmarks.liar_worker"  # this entry point, as the runner starts it (python -m)
+log = logging.getLogger(MODULE)
 
 KIND_ENV = "RL_FAULT_INJECT"
 STALE_AFTER_ENV = "RL_FAULT_STALE_AFTER_VERSION"
+
+
+def liar_entry_points(liars: Mapping[str, str]) -> dict[str, EntryPoint]:
+    """ClusterOptions.worker_entry_points for `liars` (worker service name -> fault kind): each of those workers
+    runs this module with its lie in RL_FAULT_INJECT. ValueError for an unknown kind, before anything starts."""
+    return {name: EntryPoint(MODULE, {KIND_ENV: FaultKind(kind).value}) for name, kind in liars.items()}
 
 
 def lie_from_environment(environ: Mapping[str, str] = os.environ) -> tuple[FaultKind, int]:
@@ -59,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from services.rollout.__main__ import serve
     from services.rollout.settings import describe_environment
 
-    parse_cli("python -m benchmarks.liar_worker", __doc__, argv, epilog="environment:\n" + describe_environment())
+    parse_cli(f"python -m {MODULE}", __doc__, argv, epilog="environment:\n" + describe_environment())
     kind, stale_after_version = lie_from_environment()  # a wrong kind fails before anything starts
     return serve(partial(lying_parts, kind, stale_after_version))
 

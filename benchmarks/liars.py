@@ -1,6 +1,6 @@
 """Lying rollout workers, FOR TESTS AND MEASUREMENT ONLY (docs/trust.md): wrappers around an honest
-worker's engine and chunk store, started as `python -m benchmarks.liar_worker` (cluster/local.py:
-ClusterOptions.liars) by the fault suite (`make test-faults`) and `make bench-trust`.
+worker's engine and chunk store, started as `python -m benchmarks.liar_worker` (its `liar_entry_points`, given
+to the local runner) by the fault suite (`make test-faults`) and `make bench-trust`.
 
     garbage_logprobs   behaviour log-probs replaced by random numbers             LyingEngine
     stale_weights      stops loading weights after `stale_after_version` but      LyingEngine

@@ -17,8 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.measured_cluster import run_cluster
 from benchmarks.result_file import write_result
-from simulator.validation import measure_run, predict, run_cluster
+from simulator.validation import measure_run, predict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "simulator_validation.json"

@@ -5,7 +5,8 @@
 
 Each run is the demo (configs/demo.toml, max_wall_s included) as `make demo` runs it, through the same local
 cluster runner (cluster/local.py):
-- one run per liar kind: 3 honest workers + 1 liar (ClusterOptions.liars: benchmarks/liars.py);
+- one run per liar kind: 3 honest workers + 1 liar (benchmarks/liar_worker.py liar_entry_points: the lies of
+  benchmarks/liars.py);
 - `--honest-runs` runs of the demo's 3 honest workers only.
 The machine's two cores are shared by the learner, the reward service, the coordinator, Redis and every worker
 (and whatever else runs): the runs are CPU-contended by construction; `--busy-loops N` adds N spinning processes.
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.liar_worker import liar_entry_points
 from benchmarks.liars import DEFAULT_STALE_AFTER_VERSION, FaultKind
 from cluster.local import REPO_ROOT, ClusterOptions, LocalCluster
 from shared.config import load_run_config
@@ -60,7 +62,7 @@ def run_one(
             num_workers=num_workers,
             runs_dir=runs_dir,
             run_id=run_id,
-            liars=liars,
+            worker_entry_points=liar_entry_points(liars),
             model_dir=model_dir,
         )
     )

@@ -36,6 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks.measured_cluster import run_cluster
 from benchmarks.result_file import write_result
 from cluster.accounting import GroupAccounting
 from cluster.wan.calibrate import calibrate
@@ -44,7 +45,7 @@ from cluster.wan.profiles import LINKS_FILE, Fleet, load_fleet, read_profiles
 from shared.api import BroadcastTimesResponse
 from shared.config import load_run_config
 from shared.run_records import read_metrics
-from simulator.validation import measure_run, predict, run_cluster
+from simulator.validation import measure_run, predict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "wan.json"
@@ -108,6 +109,10 @@ def run_cell(
         "tasks_lost": accounting.num_unaccounted,
         "bytes_per_version_mean": round(statistics.fmean(published)) if published else None,
         "eval_accuracy_last": evals[-1].eval_accuracy if evals else None,
+        # what that accuracy is made of (docs/evaluation.md#what-an-evaluation-learned)
+        "eval_format_rate_last": evals[-1].eval_format_rate if evals else None,
+        "eval_formatted_accuracy_last": evals[-1].eval_formatted_accuracy if evals else None,
+        "eval_chance_accuracy_last": evals[-1].eval_chance_accuracy if evals else None,
         "eval_step_last": evals[-1].eval_step if evals else None,
         "wall_s": round(time.monotonic() - started_s, 1),
         "measured": measured,

@@ -12,7 +12,8 @@ so  tasks issued     = trained + dropped + dead-lettered (any stage) + pending (
 `num_unaccounted` checks (0: nothing lost). `unaccounted_by_stage` says at which stage a loss happened.
 
 Per worker (the work API's counters, shared/work_counts.py): leased = accepted + failed + expired + held,
-held being the worker's pending entries of `tasks` (a lease is one: services/coordinator/work_leases.py).
+held being the worker's pending entries of `tasks` (a lease is one: services/coordinator/work_leases.py). They
+are read as the coordinator reads them for GET /v1/work/accounting (shared/work_counts.py read_work_counts).
 
 Sources, each written by a trusted service only:
     tasks issued, groups scored       RunKeys.reward_counts (reward service, with the XADD)
@@ -38,11 +39,12 @@ from typing import Any, cast
 import redis
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.bus import StreamBus, connect
+from shared.api import WorkCounts
+from shared.bus import StreamBus, connect, redis_text
 from shared.keys import DEAD_LETTERED, GROUPS_SCORED, TASKS_ISSUED, RunKeys
 from shared.messages import MessageDecodeError
 from shared.streams import LEARNER_STATE, ROLLOUTS, SCORED, TASKS, Stream
-from shared.work_counts import WorkCounter
+from shared.work_counts import parse_counts, read_work_counts
 
 
 class StreamProgress(BaseModel):
@@ -60,24 +62,11 @@ class StreamProgress(BaseModel):
         return self.num_delivered - self.num_pending
 
 
-class WorkerAccounting(BaseModel):
-    """One worker's row, from the work API's counters (shared/work_counts.py) and its held leases."""
-
-    model_config = ConfigDict(extra="forbid")
+class WorkerAccounting(WorkCounts):
+    """One worker's row: its counts as GET /v1/work/accounting serves them (shared/api.py WorkCounts; `held`: its
+    pending entries of `tasks`), and its id."""
 
     worker_id: str
-    num_leased: int
-    num_returned: int
-    num_accepted: int
-    num_refused: int
-    num_expired: int
-    num_failed: int
-    num_held: int = Field(description="its pending entries of `tasks`: leases held, not answered")
-
-    @property
-    def num_unaccounted(self) -> int:
-        """leased - (accepted + failed + expired + held): 0 when every lease it took is accounted for."""
-        return self.num_leased - (self.num_accepted + self.num_failed + self.num_expired + self.num_held)
 
 
 class GroupAccounting(BaseModel):
@@ -140,7 +129,7 @@ class GroupAccounting(BaseModel):
     @property
     def num_unaccounted_workers(self) -> int:
         """Leases no worker row accounts for, plus held leases the rows and Redis disagree on."""
-        rows_held = sum(worker.num_held for worker in self.workers)
+        rows_held = sum(worker.held for worker in self.workers)
         return sum(abs(worker.num_unaccounted) for worker in self.workers) + abs(
             rows_held - self.num_held if self.workers else 0
         )
@@ -175,12 +164,13 @@ def groups_of(bus: StreamBus) -> GroupAccounting:
     keys = bus.keys
     problems: list[str] = []
     reward = _counts(bus, keys.reward_counts, problems)
-    work = _counts(bus, keys.work_totals, problems)
+    work = read_work_counts(bus.redis, keys)
+    problems += work.problems
     dead = _counts(bus, keys.dead_letter_counts, problems)
     decisions = _counts(bus, keys.learner_decisions, problems)
     streams = {stream.name: _progress(bus, stream) for stream in (TASKS, ROLLOUTS, SCORED)}
     tasks = streams[TASKS.name]
-    num_produced = work.get(WorkCounter.ACCEPTED.value, 0)
+    num_produced = work.totals.accepted
     return GroupAccounting(
         num_tasks_issued=reward.get(TASKS_ISSUED, 0),
         num_produced=num_produced,
@@ -195,29 +185,20 @@ def groups_of(bus: StreamBus) -> GroupAccounting:
         num_held=tasks.num_pending,
         num_pending_reward=streams[ROLLOUTS.name].num_unread + streams[ROLLOUTS.name].num_pending,
         num_pending_learner=streams[SCORED.name].num_unread + streams[SCORED.name].num_pending,
-        num_failed=work.get(WorkCounter.FAILED.value, 0),
-        num_expired=work.get(WorkCounter.EXPIRED.value, 0),
-        num_refused=work.get(WorkCounter.REFUSED.value, 0),
+        num_failed=work.totals.failed,
+        num_expired=work.totals.expired,
+        num_refused=work.totals.refused,
         streams=streams,
-        workers=_workers(bus, problems),
+        workers=[
+            WorkerAccounting(worker_id=worker_id, **counts.model_dump()) for worker_id, counts in work.workers.items()
+        ],
         problems=problems,
     )
 
 
-def _counts(bus: StreamBus, key: str, problems: list[str], text_fields: frozenset[str] = frozenset()) -> dict[str, int]:
-    """A counter hash; a field that is not an integer is left out and named in `problems` (`text_fields`: fields
-    that hold text by design, left out silently)."""
-    raw: dict[bytes, bytes] = bus.redis.hgetall(key)  # type: ignore[assignment]
-    counts: dict[str, int] = {}
-    for name, value in raw.items():
-        field = name.decode(errors="replace")
-        if field in text_fields:
-            continue
-        try:
-            counts[field] = int(value)
-        except ValueError:
-            problems.append(f"{key} field {field!r} is not a count: {value[:40]!r}")
-    return counts
+def _counts(bus: StreamBus, key: str, problems: list[str]) -> dict[str, int]:
+    """A counter hash; a field that is not a count is left out and named in `problems`."""
+    return parse_counts(cast(dict[bytes, bytes], bus.redis.hgetall(key)), key, problems)
 
 
 def _progress(bus: StreamBus, stream: Stream[Any]) -> StreamProgress:
@@ -228,7 +209,7 @@ def _progress(bus: StreamBus, stream: Stream[Any]) -> StreamProgress:
         groups = bus.redis.xinfo_groups(name)
     except redis.ResponseError:  # no such stream
         return StreamProgress(num_added=0, num_delivered=0, num_unread=0, num_pending=0)
-    info = next((g for g in groups if _text(g.get("name")) == stream.group), None)
+    info = next((g for g in groups if redis_text(g.get("name"), errors="replace") == stream.group), None)
     if info is None:  # nobody ever consumed it: everything is unread
         return StreamProgress(num_added=num_added, num_delivered=0, num_unread=num_added, num_pending=0)
     delivered = info.get("entries-read")
@@ -247,42 +228,6 @@ def _num_trained(bus: StreamBus, problems: list[str]) -> int:
         problems.append(f"the learner state is undecodable ({exc}): trained groups unknown, counted 0")
         return 0
     return state.num_groups_trained if state is not None else 0
-
-
-def _workers(bus: StreamBus, problems: list[str]) -> list[WorkerAccounting]:
-    keys = bus.keys
-    worker_ids = sorted(_text(worker_id) for worker_id in bus.redis.smembers(keys.work_worker_ids))
-    held = _held_by_consumer(bus)
-    rows = []
-    for worker_id in worker_ids:
-        # a worker's counters also name its join credential (services/coordinator/work_scripts.py)
-        counts = _counts(bus, keys.work_counts(worker_id), problems, text_fields=frozenset({"credential"}))
-        rows.append(
-            WorkerAccounting(
-                worker_id=worker_id,
-                num_leased=counts.get(WorkCounter.LEASED.value, 0),
-                num_returned=counts.get(WorkCounter.RETURNED.value, 0),
-                num_accepted=counts.get(WorkCounter.ACCEPTED.value, 0),
-                num_refused=counts.get(WorkCounter.REFUSED.value, 0),
-                num_expired=counts.get(WorkCounter.EXPIRED.value, 0),
-                num_failed=counts.get(WorkCounter.FAILED.value, 0),
-                num_held=held.get(worker_id, 0),
-            )
-        )
-    return rows
-
-
-def _held_by_consumer(bus: StreamBus) -> dict[str, int]:
-    """Pending entries of `tasks` per consumer (a consumer is a worker id: one lease each)."""
-    try:
-        summary = bus.redis.xpending(bus.keys.name_of(TASKS), cast(str, TASKS.group))
-    except redis.ResponseError:  # no stream or group yet
-        return {}
-    return {_text(consumer["name"]): int(consumer["pending"]) for consumer in summary.get("consumers") or []}
-
-
-def _text(value: object) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def main(argv: list[str] | None = None) -> None:

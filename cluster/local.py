@@ -44,7 +44,7 @@ from cluster.accounting import count_groups
 from cluster.model_cache import link_catalog_model
 from cluster.placement import Placement
 from cluster.ports import free_port
-from cluster.processes import ServiceProcess, start_service
+from cluster.processes import EntryPoint, ServiceProcess, start_service
 from cluster.redis_acl import OPERATOR, RedisUsers
 from cluster.redis_server import RedisServer
 from cluster.run_report import RunReport
@@ -79,8 +79,9 @@ class ClusterOptions:
     restart_max_delay_s: float = 30.0
     max_restarts: int = 5
     restart_window_s: float = 300.0
-    # worker service name -> fault kind (benchmarks/liars.py): lying workers, for tests and benchmarks only
-    liars: dict[str, str] = field(default_factory=dict)
+    # worker service name -> what it runs in place of services.rollout: tests and benchmarks pass their lying
+    # workers' entry point here (cluster/processes.py EntryPoint); the runner starts no liar of its own
+    worker_entry_points: dict[str, EntryPoint] = field(default_factory=dict)
     lora: bool = False  # --lora: the run file must enable [lora] (the demo's is configs/demo_lora.toml)
     # worker service name -> extra environment (e.g. RL_WORKER_BANDWIDTH_MBPS, to put it first in the relay plan)
     worker_env: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -351,11 +352,8 @@ class LocalCluster:
                 "RL_WORKER_BANDWIDTH_MBPS": str(self.testbed.profile(node).up_mbps),
                 **env,
             }
-        if name in self.options.liars:  # a lying worker (tests and benchmarks only): the liar's own entry point
-            env["RL_FAULT_INJECT"] = self.options.liars[name]
-            self.launch(name, "benchmarks.liar_worker", env)
-        else:
-            self.launch(name, "services.rollout", env)
+        entry_point = self.options.worker_entry_points.get(name, EntryPoint("services.rollout"))
+        self.launch(name, entry_point.module, {**env, **entry_point.env})
 
     # helpers
     def config_file(self) -> Path:

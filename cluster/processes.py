@@ -11,10 +11,20 @@ import signal
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared.signing import SIGNING_KEY_ENV
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """What a child runs: `python -m <module>`, with `env` added to the environment the runner gives it. A test or
+    a benchmark may give a worker another entry point than services.rollout (its lying workers, through
+    ClusterOptions.worker_entry_points), so the runner itself names no benchmark module."""
+
+    module: str
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Annotated, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from shared.config import ModelConfig
-from shared.messages import EvalRecord, FlatGroups, WeightsPublished, WorkerTrust
+from shared.messages import LearnerHeadline, LearnerState, WeightsPublished, WorkerTrust
 from shared.time_use import TimeUse
 
 # Bounds of what a client may send: far above any real value, far below what overflows the control
@@ -256,24 +256,13 @@ class StalenessResponse(Body):
     steps_remaining: int = Field(description="learner steps until it stops being admissible (negative: too old)")
 
 
-class LearnerInfo(Body):
-    status: str
-    learner_version: int
-    published_version: int
-    num_steps_target: int
-    num_dropped: dict[str, int]
-    last_reward_mean: float
-    busy_fraction: float
-    last_flat_groups: FlatGroups = Field(
-        default_factory=FlatGroups,
-        description="the last step's worth of groups decided: how many were flat (LearnerState)",
-    )
-    zero_variance_warning: str | None = Field(
-        None, description="the learner's warning while nearly every group has zero reward variance (LearnerState)"
-    )
-    last_eval: EvalRecord | None = Field(
-        None, description="the newest held-out evaluation: accuracy, answer-form rate, chance baseline (LearnerState)"
-    )
+class LearnerInfo(Body, LearnerHeadline):
+    """The learner in the status: its LearnerState's headline fields (shared/messages.py LearnerHeadline, declared
+    there once for both)."""
+
+    @classmethod
+    def of(cls, state: LearnerState) -> Self:
+        return cls(**{name: getattr(state, name) for name in LearnerHeadline.model_fields})
 
 
 class StatusResponse(Body):
@@ -518,8 +507,10 @@ class IssueOperatorRequest(RequestBody):
 
 
 class WorkCounts(Body):
-    """The work API's counters (shared/work_counts.py) of a worker or a credential, plus the leases held now (for
-    the closing identity). Served by the work accounting (shared/work_api.py) and the operator records."""
+    """The work API's counters of a worker or a credential (named by shared/work_counts.py WorkCounter and read by
+    its read_work_counts), plus the leases held now (for the closing identity) and what the reward service made of
+    the accepted groups. Served by the work accounting (shared/work_api.py) and the operator records; the rows of
+    the accounting CLI (cluster/accounting.py) are these too."""
 
     leased: int = Field(0, ge=0)
     returned: int = Field(0, ge=0)

@@ -474,6 +474,8 @@ def _stream_id(value: object) -> tuple[int, int]:
     return int(milliseconds), int(sequence or 0)
 
 
-def redis_text(value: object) -> str:
-    """A Redis reply value (bytes from a bytes-mode client, or already str) as text."""
-    return value.decode() if isinstance(value, bytes) else str(value)
+def redis_text(value: object, *, errors: str = "strict") -> str:
+    """A Redis reply value (bytes from a bytes-mode client, or already str) as text: the one bytes-to-text
+    helper. `errors` as bytes.decode's: "replace" where a value that is not UTF-8 must not stop the reader (the
+    accounting CLI, the relay and broadcast views, which parse what they read leniently)."""
+    return value.decode(errors=errors) if isinstance(value, bytes) else str(value)

@@ -534,19 +534,38 @@ class EvalRecord(BaseModel):
     wall_s: float = Field(description="run time when the evaluation finished")
 
 
-class LearnerState(Message):
-    """The learner's latest state, kept under one Redis key. Producer: learner. Consumers: coordinator,
-    the local cluster runner."""
+class LearnerHeadline(BaseModel):
+    """What the coordinator's status shows of the learner, declared once: LearnerState extends it, and the
+    status's LearnerInfo (shared/api.py) is these fields of the LearnerState it read (LearnerInfo.of). A field
+    added here is in both; one added to LearnerState alone stays out of the status."""
 
     status: LearnerStatus
     learner_version: int = Field(ge=0)
     published_version: int = Field(ge=-1)
-    staleness_bound: int = Field(ge=0)
     num_steps_target: int = Field(ge=0)
     num_dropped: dict[str, int] = Field(default_factory=dict)
     last_reward_mean: float = 0.0
-    last_train_s: float = 0.0
     busy_fraction: float = 0.0
+    last_flat_groups: FlatGroups = Field(
+        default_factory=FlatGroups,
+        description="the last groups_per_step groups the learner decided (a step's worth; with dynamic sampling "
+        "also while a batch does not fill): how many had zero reward variance",
+    )
+    zero_variance_warning: str | None = Field(
+        None,
+        max_length=2048,
+        description="while the share of flat groups has stayed at or above [grpo] zero_variance_warn_fraction for "
+        "zero_variance_warn_steps steps: the learner's warning, naming the likely cause (the run cannot learn)",
+    )
+    last_eval: EvalRecord | None = Field(None, description="the newest held-out evaluation (format and chance too)")
+
+
+class LearnerState(Message, LearnerHeadline):
+    """The learner's latest state, kept under one Redis key: LearnerHeadline's fields (what the coordinator's
+    status shows) and the rest below. Producer: learner. Consumers: coordinator, the local cluster runner."""
+
+    staleness_bound: int = Field(ge=0)
+    last_train_s: float = 0.0
     updated_at_s: float = Field(default_factory=time.time)
     # cumulative over the run (capacity model inputs: the coordinator differences them over a window)
     num_steps_done: int = Field(0, ge=0, description="optimizer steps taken in this run")
@@ -562,7 +581,6 @@ class LearnerState(Message):
     )
     num_groups_trained: int = Field(0, ge=0, description="groups trained on in this run (each counted once)")
     num_dead_lettered: int = Field(0, ge=0, description="groups the learner dead-lettered in this run")
-    last_eval: EvalRecord | None = Field(None, description="the newest held-out evaluation (format and chance too)")
     num_stale_tokens_dropped: int = Field(
         0, ge=0, description="completion tokens not trained because they were too old (dropped groups, masked tokens)"
     )
@@ -577,17 +595,6 @@ class LearnerState(Message):
     )
     trust_by_worker: dict[str, WorkerTrust] = Field(
         default_factory=dict, description="every worker whose groups the learner trained on: its trust (docs/trust.md)"
-    )
-    last_flat_groups: FlatGroups = Field(
-        default_factory=FlatGroups,
-        description="the last groups_per_step groups the learner decided (a step's worth; with dynamic sampling "
-        "also while a batch does not fill): how many had zero reward variance",
-    )
-    zero_variance_warning: str | None = Field(
-        None,
-        max_length=2048,
-        description="while the share of flat groups has stayed at or above [grpo] zero_variance_warn_fraction for "
-        "zero_variance_warn_steps steps: the learner's warning, naming the likely cause (the run cannot learn)",
     )
 
 

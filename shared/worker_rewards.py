@@ -20,7 +20,9 @@ while groups are (every worker leases from the same task feed).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+
+import redis
 
 from shared.keys import RunKeys
 from shared.messages import ScoredGroup
@@ -54,6 +56,16 @@ def increments(keys: RunKeys, scored: Sequence[ScoredGroup]) -> list[Increment]:
 def rejected_tally(keys: RunKeys, worker_id: str) -> tuple[str, str]:
     """The (hash key, field) a dead-lettered group of `worker_id` is counted in (StreamBus.dead_letter's tally)."""
     return keys.worker_rewards(worker_id), NUM_REJECTED
+
+
+def read(client: redis.Redis, keys: RunKeys, worker_ids: Iterable[str]) -> dict[str, RewardStats]:
+    """What the reward service recorded for each worker (none: zeros), in one round trip."""
+    worker_ids = list(worker_ids)
+    with client.pipeline(transaction=False) as pipe:
+        for worker_id in worker_ids:
+            pipe.hgetall(keys.worker_rewards(worker_id))
+        raws = pipe.execute()
+    return {worker_id: parse(raw) for worker_id, raw in zip(worker_ids, raws, strict=True)}
 
 
 def parse(raw: Mapping[bytes, bytes]) -> RewardStats:

@@ -33,8 +33,8 @@ is the run's own, at its own occupancy); without decode steps it falls back on t
 Batch runs are predicted exactly as before: their a + b * groups fit already holds each call's longest
 sample, so their length factors are measured but not used.
 
-The API (a cluster benchmark calls these three, in either mode):
-    steps, polls, pipeline, run = run_cluster(name, config, num_workers, overrides, runs_dir)
+The API, in either mode, on a run's records as data (the simulator starts no cluster: a benchmark runs one with
+benchmarks/measured_cluster.py `run_cluster`, which returns steps, polls, pipeline and run):
     measured = measure_run(run, steps, polls, warmup_steps, pipeline)   # pipeline = measure_pipeline(bus)
     row = predict(run, measured, reward_poll_s=0.05, max_groups_per_batch=16)
 `predict` takes the mode from `run.rollout.batching` (max_groups_per_batch is batch mode's cap; a continuous
@@ -44,25 +44,17 @@ utilization, their relative errors, and the simulated stale drops and staleness.
 
 from __future__ import annotations
 
-import re
 import statistics
-import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-import httpx
-
-from cluster.local import ClusterOptions, LocalCluster
 from shared.api import DashboardResponse, WorkerState
-from shared.bus import StreamBus, connect
+from shared.bus import StreamBus
 from shared.capacity import CapacityInputs, assess
-from shared.config import RunConfig, load_run_config
-from shared.keys import RunKeys
+from shared.config import RunConfig
 from shared.messages import ScoredGroup, unpack_int32
-from shared.run_records import StepRecord, read_metrics
+from shared.run_records import StepRecord
 from shared.streams import SCORED, TASKS
 from simulator.engine import SimConfig, simulate
 from simulator.fleet import WorkerSpec
@@ -307,81 +299,3 @@ def engine_model(run: RunConfig, measured: MeasuredRun) -> EngineModel:
         call_overhead_s = measured.loop_s + measured.engine_fixed_s
         return EngineModel(measured.engine_samples_per_s, call_overhead_s, (), "a + b * groups")
     return EngineModel(measured.worker_samples_per_s, measured.loop_s, (), "average samples/s")
-
-
-def run_cluster(
-    name: str,
-    config: Path,
-    num_workers: int,
-    overrides: dict[str, int],
-    runs_dir: Path,
-    worker_env: dict[str, dict[str, str]] | None = None,
-    worker_scrapes: list[tuple[float, str, str]] | None = None,
-    on_streams: Callable[[StreamBus], None] | None = None,
-    options: dict[str, Any] | None = None,
-) -> tuple[list[StepRecord], list[DashboardResponse], dict[str, Any], RunConfig]:
-    """One real local cluster run; returns its step records, the dashboard polls, its data-plane latencies
-    (`measure_pipeline`) and its run config. `worker_env`: extra environment by worker name (worker-0...).
-    `worker_scrapes`, if given, gets (unix time, worker name, its /metrics text) for every worker at every
-    poll (once a second). `on_streams`, if given, reads the run's streams when it has ended, before its
-    Redis stops. `options`: more ClusterOptions fields (e.g. `wan`, `tls`: benchmarks/wan.py)."""
-    base = load_run_config(config)
-    config_path = runs_dir / f"{name}.toml"
-    text = config.read_text()
-    for key, value in overrides.items():  # a top-level key of a section: `key = old` -> `key = new`
-        text = re.sub(rf"^{key} = .*$", f"{key} = {value}", text, count=1, flags=re.MULTILINE)
-    config_path.write_text(text)
-    cluster = LocalCluster(
-        ClusterOptions(
-            config_path=config_path,
-            num_workers=num_workers,
-            runs_dir=runs_dir,
-            run_id=f"{base.run_id}-{name}",
-            worker_env=worker_env or {},
-            **(options or {}),
-        )
-    )
-    polls: list[DashboardResponse] = []
-    stop = threading.Event()
-
-    def poll() -> None:
-        while not stop.wait(1.0):
-            if not cluster.coordinator_url:
-                continue
-            try:
-                response = httpx.get(
-                    cluster.coordinator_url + "/v1/dashboard", timeout=5.0, verify=cluster.coordinator_verify()
-                )
-                polls.append(DashboardResponse.model_validate_json(response.raise_for_status().content))
-            except (httpx.HTTPError, ValueError):  # ValueError: pydantic's ValidationError
-                pass
-            if worker_scrapes is not None:
-                scrape_workers(cluster, worker_scrapes)
-
-    poller = threading.Thread(target=poll, daemon=True)
-    poller.start()
-    try:
-        cluster.start()
-        cluster.wait_until_done()
-        assert cluster.redis is not None
-        bus = StreamBus(connect(cluster.redis_url_for("operator")), RunKeys(cluster.run.run_id), service="validation")
-        pipeline = measure_pipeline(bus)
-        if on_streams is not None:
-            on_streams(bus)
-        bus.redis.close()
-    finally:
-        stop.set()
-        poller.join(timeout=10)
-        cluster.stop()
-    steps, _ = read_metrics(cluster.run_dir / "metrics.jsonl")
-    return steps, polls, pipeline, cluster.run
-
-
-def scrape_workers(cluster: LocalCluster, out: list[tuple[float, str, str]]) -> None:
-    """Every rollout worker's /metrics text now (a worker restarting or gone is skipped)."""
-    for name, url in list(cluster.metrics_urls.items()):
-        if name.startswith("worker"):
-            try:
-                out.append((time.time(), name, httpx.get(url, timeout=5.0).raise_for_status().text))
-            except httpx.HTTPError:
-                pass

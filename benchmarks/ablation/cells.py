@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.measured_cluster import run_cluster
 from cluster.local import raise_keyboard_interrupt
 from cluster.placement import Placement
 from cluster.report import write_report
@@ -32,7 +33,6 @@ from cluster.run_report import EvalPoint, RunReport
 from shared.api import DashboardResponse
 from shared.config import RunConfig, load_run_config
 from shared.run_records import EvalRecord, StepRecord, read_metrics
-from simulator.validation import run_cluster
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REWARD_TARGET = 0.8  # "steps to reach 0.8 reward": the first step whose trailing mean reaches it

@@ -69,6 +69,7 @@ from shared.api import (
     WorkerInfo,
     WorkerState,
 )
+from shared.bus import redis_text
 from shared.keys import RunKeys
 
 MIN_MEASURED_BYTES = 4 << 20  # below this a download is all latency: no throughput measurement
@@ -133,7 +134,7 @@ class BroadcastTimes:
         pending = sorted(
             v
             for raw in self.redis.zrange(self.keys.broadcast_pending, 0, -1)
-            if (v := bounded_int(_text(raw), "broadcast.pending", 0, MAX_VERSION)) is not None
+            if (v := bounded_int(redis_text(raw, errors="replace"), "broadcast.pending", 0, MAX_VERSION)) is not None
         )
         if not pending:
             return {}
@@ -144,7 +145,7 @@ class BroadcastTimes:
             self.redis.hgetall(self.keys.broadcast_published), "broadcast.published", 0.0, MAX_UNIX_TIME_S
         )
         last_swap = {
-            _text(worker_id): swap
+            redis_text(worker_id, errors="replace"): swap
             for worker_id, value in self.redis.hgetall(self.keys.broadcast_last_swap).items()
             if (swap := _parse_last_swap(value)) is not None
         }
@@ -179,7 +180,7 @@ class BroadcastTimes:
     def swap_splits(self, version: int) -> dict[str, SwapSplit]:
         """What each worker reported beside its swap of `version` (a bad stored one dropped and counted)."""
         return {
-            _text(worker_id): split
+            redis_text(worker_id, errors="replace"): split
             for worker_id, value in self.redis.hgetall(self.keys.broadcast_swap_splits(version)).items()
             if (split := _parse_swap_split(value)) is not None
         }
@@ -206,7 +207,7 @@ class BroadcastTimes:
         have none."""
         out: dict[int, BroadcastSplits] = {}
         for raw_version, value in self.redis.hgetall(self.keys.broadcast_splits).items():
-            version = bounded_int(_text(raw_version), "broadcast.splits", 0, MAX_VERSION)
+            version = bounded_int(redis_text(raw_version, errors="replace"), "broadcast.splits", 0, MAX_VERSION)
             if version is not None and version in times:
                 split = _parse_splits(value, times[version])
                 if split is not None:
@@ -318,13 +319,9 @@ def _clamp(seconds: float, high: float) -> float:
     return round(min(max(0.0, seconds), max(0.0, high)), 4)
 
 
-def _text(value: object) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
 def _parse_last_swap(value: bytes | str) -> tuple[int, float] | None:
     """A worker's "<version>:<swapped_at_s>", None (counted) when it is not that."""
-    version_text, _, swapped_text = _text(value).partition(":")
+    version_text, _, swapped_text = redis_text(value, errors="replace").partition(":")
     version = bounded_int(version_text, "broadcast.last_swap", 0, MAX_VERSION)
     swapped_at_s = bounded_float(swapped_text, "broadcast.last_swap", 0.0, MAX_UNIX_TIME_S)
     return None if version is None or swapped_at_s is None else (version, swapped_at_s)
@@ -350,7 +347,7 @@ def _parse_optional(parts: list[str], bounds: list[tuple[float, float]], source:
 def _parse_swap_split(value: bytes | str) -> SwapSplit | None:
     """A worker's "<ready_at_s>:<pause_s>" for one version."""
     bounds = [(0.0, MAX_UNIX_TIME_S), (0.0, MAX_DURATION_S)]
-    values = _parse_optional(_text(value).split(":"), bounds, "broadcast.swap_splits")
+    values = _parse_optional(redis_text(value, errors="replace").split(":"), bounds, "broadcast.swap_splits")
     return None if values is None else SwapSplit(*values)
 
 
@@ -365,7 +362,7 @@ def _format_splits(measured: VersionBroadcast) -> str:
 def _parse_splits(value: bytes | str, seconds: float) -> BroadcastSplits | None:
     """A version's "<publish_s>:<ready_s>:<pause_mean_s>:<pause_max_s>:<num_paused>" as recorded, with
     its T_bcast `seconds` (the transfer is the rest of it)."""
-    values = _parse_optional(_text(value).split(":"), SPLIT_BOUNDS, "broadcast.splits")
+    values = _parse_optional(redis_text(value, errors="replace").split(":"), SPLIT_BOUNDS, "broadcast.splits")
     if values is None:
         return None
     publish_s, ready_s, pause_mean_s, pause_max_s, num_paused = values

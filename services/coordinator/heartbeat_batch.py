@@ -42,7 +42,7 @@ from services.coordinator.broadcast_times import MIN_MEASURED_BYTES, SWAPS_TTL_S
 from services.coordinator.liveness_lua import MARK_DEAD_LUA
 from services.coordinator.redis_script import ScriptConnection
 from shared.api import WeightSwapReport
-from shared.bus import PAYLOAD_FIELD
+from shared.bus import PAYLOAD_FIELD, redis_text
 from shared.keys import RunKeys
 from shared.streams import WEIGHTS
 
@@ -244,7 +244,7 @@ def parse_outcomes(flat: Sequence[Any]) -> list[HeartbeatOutcome]:
     outcomes = []
     for i in range(0, len(flat), 3):
         swap = int(flat[i + 2])
-        state = flat[i + 1].decode() if isinstance(flat[i + 1], bytes) else flat[i + 1]
+        state = redis_text(flat[i + 1])
         outcomes.append(HeartbeatOutcome(int(flat[i]), state, swap == 1, SWAP_IGNORED_REASONS.get(swap)))
     return outcomes
 

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shared.api import MAX_COUNT, MAX_DURATION_S, MAX_RATE_PER_S, MAX_TOTAL_S, MAX_UNIX_TIME_S, MAX_VERSION
+from shared.bus import redis_text
 from shared.messages import LearnerState
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def bounded_hash(
     versions (0..MAX_VERSION) too."""
     out: dict[str, float] = {}
     for name, value in raw.items():
-        text = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+        text = redis_text(name, errors="replace")
         if int_keys and bounded_int(text, source, 0, MAX_VERSION) is None:
             continue
         number = bounded_float(value, source, low, high)

@@ -28,6 +28,7 @@ from shared.api import (
     WorkerInfo,
     WorkerState,
 )
+from shared.bus import redis_text
 from shared.messages import MessageDecodeError
 from shared.streams import WEIGHTS
 from shared.weight_channel import (
@@ -151,18 +152,16 @@ def read_deliveries(coordinator: Coordinator, alive_ids: set[str]) -> dict[str, 
     """By parent URL: what the alive children's latest reports and the recorded misses say of it
     (shared/weight_channel/relay_plan.py `deliveries`); a bad stored entry is dropped and counted."""
     relay = RelayKeys.of(coordinator.keys)
-    observations = [
-        o
-        for child_id, value in coordinator.redis.hgetall(relay.observed).items()
-        if (o := parse_observation(_text(child_id), _text(value))) is not None and o.child_id in alive_ids
-    ]
+    stored = coordinator.redis.hgetall(relay.observed).items()
+    parsed = (parse_observation(redis_text(c, errors="replace"), redis_text(v, errors="replace")) for c, v in stored)
+    observations = [o for o in parsed if o is not None and o.child_id in alive_ids]
     misses: dict[str, tuple[int, int]] = {}
     for url, value in coordinator.redis.hgetall(relay.misses).items():
-        version_text, _, count_text = _text(value).partition(" ")
+        version_text, _, count_text = redis_text(value, errors="replace").partition(" ")
         version = bounded_int(version_text, "relay.misses", 0, MAX_VERSION)
         count = bounded_int(count_text, "relay.misses", 1, MAX_VERSION)
         if version is not None and count is not None:
-            misses[_text(url)] = (version, count)
+            misses[redis_text(url, errors="replace")] = (version, count)
     return deliveries(observations, misses)
 
 
@@ -189,10 +188,6 @@ def read_current_version(coordinator: Coordinator) -> int | None:
         log.warning("newest weights announcement is unusable: %s", exc)
         return None
     return None if announcement is None else announcement.policy_version
-
-
-def _text(value: object) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def read_learner_url(coordinator: Coordinator) -> str:

@@ -53,7 +53,7 @@ def status_response(coordinator: Coordinator) -> StatusResponse:
     return StatusResponse(
         run_id=coordinator.run.run_id,
         staleness_bound=learner.staleness_bound,
-        learner=None if learner.state is None else learner_info(learner.state),
+        learner=None if learner.state is None else LearnerInfo.of(learner.state),
         stream_depths={**stream_depths(coordinator.bus), "dead": num_dead_letters},
         num_dead_letters=num_dead_letters,
         workers=listed,
@@ -72,7 +72,7 @@ def dashboard_response(control: ControlPlane) -> DashboardResponse:
     return DashboardResponse(
         run_id=coordinator.run.run_id,
         staleness_bound=learner.staleness_bound if learner is not None else coordinator.run.schedule.staleness_bound,
-        learner=learner_info(learner) if learner is not None else None,
+        learner=LearnerInfo.of(learner) if learner is not None else None,
         workers=snapshot.workers,
         staleness_histogram=dict(learner.staleness_histogram) if learner is not None else {},
         stream_depths={**bus_depths, "dead": coordinator.bus.length(DEAD)},
@@ -114,18 +114,3 @@ def run_time_use(coordinator: Coordinator, learner: LearnerState | None, workers
 def stream_depths(bus: StreamBus) -> dict[str, int]:
     """Per stream: entries its consumer group has not finished (never delivered plus pending)."""
     return {stream.name: bus.backlog(stream) for stream in GROUPED_STREAMS}
-
-
-def learner_info(state: LearnerState) -> LearnerInfo:
-    return LearnerInfo(
-        status=state.status,
-        learner_version=state.learner_version,
-        published_version=state.published_version,
-        num_steps_target=state.num_steps_target,
-        num_dropped=dict(state.num_dropped),
-        last_reward_mean=state.last_reward_mean,
-        busy_fraction=state.busy_fraction,
-        last_flat_groups=state.last_flat_groups,
-        zero_variance_warning=state.zero_variance_warning,
-        last_eval=state.last_eval,
-    )

@@ -25,6 +25,7 @@ import statistics
 from collections.abc import Iterable
 
 from shared.work_api import RewardStats, WorkCounts
+from shared.work_counts import COUNTERS, JUDGED
 
 MIN_DECIDED_LEASES = 20
 COMPLETION_FLOOR = 0.5
@@ -72,10 +73,7 @@ def since_release(counts: WorkCounts, baseline: WorkCounts | None) -> WorkCounts
     if baseline is None:
         return counts
     return counts.model_copy(
-        update={
-            name: max(0, getattr(counts, name) - getattr(baseline, name))
-            for name in ("leased", "returned", "accepted", "refused", "expired", "failed", "scored", "rejected")
-        }
+        update={name: max(0, getattr(counts, name) - getattr(baseline, name)) for name in (*COUNTERS, *JUDGED)}
     )
 
 

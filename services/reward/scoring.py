@@ -22,6 +22,7 @@ from collections import Counter
 import redis
 
 from services.reward.decode import CompletionDecoder, InvalidTokensError
+from shared.bus import redis_text
 from shared.keys import RunKeys
 from shared.messages import RolloutGroup, ScoredGroup
 from shared.verifier_pool import VerifierFailedError, VerifierPool
@@ -69,7 +70,7 @@ class GroupScorer:
                 f"group {group.group_id} is for task {group.task_name!r}, this run scores {self.task_name!r}"
             )
         reference, prompt = (
-            as_text(value)
+            None if value is None else redis_text(value)
             for value in redis_client.mget([keys.task_reference(group.task_id), keys.task_prompt(group.task_id)])
         )
         if reference is None:
@@ -132,7 +133,3 @@ def rejection_reason(exc: Exception) -> str:
     if isinstance(exc, VerifierFailedError):
         return f"verifier_{exc.kind}"
     return "invalid_tokens" if isinstance(exc, InvalidTokensError) else "unscorable"
-
-
-def as_text(value: bytes | str | None) -> str | None:
-    return value.decode() if isinstance(value, bytes) else value

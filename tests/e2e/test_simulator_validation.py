@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator.validation import measure_run, predict, run_cluster
+from benchmarks.measured_cluster import run_cluster
+from simulator.validation import measure_run, predict
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # a real cluster run: ~40-60 s
 

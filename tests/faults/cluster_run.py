@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from benchmarks.liar_worker import liar_entry_points
 from cluster.accounting import GroupAccounting
 from cluster.local import ClusterOptions, LocalCluster
 from cluster.redis_acl import OPERATOR
@@ -91,7 +92,7 @@ def run_with_fault(
             model_dir=model_dir,
             progress_interval_s=0.5,
             restart_base_delay_s=0.5,
-            liars=liars or {},
+            worker_entry_points=liar_entry_points(liars or {}),
             worker_env=worker_env or {},
             wan=wan,
             tls=tls,

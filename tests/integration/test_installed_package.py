@@ -43,6 +43,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory, repo_root: Path) -> Path
         timeout=300,
     )
     assert not (target / "configs").exists() and (target / "cluster" / "cli.py").exists()
+    # package data ([tool.setuptools.package-data]): the page the coordinator serves, from the wheel as in the image
+    assert (target / "services" / "coordinator" / "static" / "dashboard.html").is_file()
     return target
 
 

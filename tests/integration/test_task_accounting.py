@@ -80,8 +80,8 @@ def test_every_task_is_accounted_for_in_total_and_per_worker_while_streams_are_t
     assert accounting.num_refused == 1 and accounting.num_expired == 2
     assert accounting.num_held == 3 and accounting.num_unleased > 0
     workers = {row.worker_id: row for row in accounting.workers}
-    assert workers["w-slow"].num_expired == 2 and workers["w-slow"].num_held == 0
-    assert workers["w-1"].num_held == 3
+    assert workers["w-slow"].expired == 2 and workers["w-slow"].held == 0
+    assert workers["w-1"].held == 3
     # and the streams were trimmed meanwhile: the counts did not come from their lengths
     for stream in (TASKS, ROLLOUTS, SCORED):
         assert reward.length(stream) < accounting.streams[stream.name].num_added / 2, stream.name

@@ -1,26 +1,54 @@
-"""The layering, frozen: a new import that crosses a line fails here, naming the file and the import.
+"""The layering, frozen for every top-level package: a new import that crosses a line fails here, naming the file
+and the import. Each package may import itself and the project packages its row names (LAYERS), no other:
 
+shared/        the contracts between processes: imports no other package (no service, engine, runner,
+               simulator or benchmark)
+engines/       imports shared/ only
 services/<x>   imports shared/ and engines/ only: never another service, the runner (cluster/) or benchmarks
-shared/        the contracts between processes: imports no service, engine, runner, simulator or benchmark
-engines/       imports shared/ only (of the project)
-liars          the trust tests' lying workers live in benchmarks/ (liars.py, liar_worker.py): no service,
-               contract or engine imports them or reads their RL_FAULT_* switches, so a production worker
-               cannot be made to lie
+simulator/     imports shared/ only: no runner, service, engine or benchmark. It models runs and is validated
+               on a real run's records, taken as data (simulator/validation.py); the benchmarks that run the
+               cluster for it do so themselves (benchmarks/measured_cluster.py)
+cluster/       the runner and the relay-rl command: imports shared/ only. It starts the services as processes
+               by module name (`python -m services.<x>`), never imports one; it names a benchmark module only in
+               its catalog (cluster/bench_catalog.py, what `relay-rl bench` runs) and never a liar: a test or a
+               benchmark hands it the liar's entry point (ClusterOptions.worker_entry_points,
+               benchmarks/liar_worker.py liar_entry_points)
+deploy/        the chart's scripts: cluster/ and shared/
+benchmarks/    every package but tests/ and deploy/: it measures them all; only tests/ imports it
+tests/         every package but deploy/ (its scripts run as files)
+liars          the trust tests' lying workers live in benchmarks/ (liars.py, liar_worker.py, lying_parents.py): no
+               service, contract, engine, runner or simulator module imports them, names them or reads their
+               RL_FAULT_* switches, so a production worker cannot be made to lie
 vLLM           imported by the vLLM engine alone: engines/vllm_engine.py, its continuous batch
                (engines/vllm_continuous.py) and the sampler hook it installs into vLLM's own worker
                (engines/vllm_keyed_sampler.py); benchmarks/gpu.py also times bare
                vLLM as its baseline
+A new top-level folder of Python files fails here until it has a row.
 """
 
 from __future__ import annotations
 
 import ast
+import fnmatch
 import importlib
+import re
 from pathlib import Path
 
 import pytest
 
+# the code: the packages the vLLM and weight-channel rules scan
 PROJECT_PACKAGES = ("shared", "services", "engines", "cluster", "simulator", "benchmarks")
+# package -> the other project packages it may import (module docstring)
+LAYERS: dict[str, set[str]] = {
+    "shared": set(),
+    "engines": {"shared"},
+    "services": {"shared", "engines"},
+    "simulator": {"shared"},
+    "cluster": {"shared"},
+    "deploy": {"shared", "cluster"},
+    "benchmarks": {"shared", "engines", "services", "simulator", "cluster"},
+    "tests": {"shared", "engines", "services", "simulator", "cluster", "benchmarks"},
+}
 VLLM_IMPORTERS = {
     "engines/vllm_engine.py",
     "engines/vllm_continuous.py",
@@ -29,13 +57,16 @@ VLLM_IMPORTERS = {
 }
 WEIGHT_CHANNEL = "shared.weight_channel"
 CHUNK_PROTOCOL = {f"{WEIGHT_CHANNEL}.protocol", f"{WEIGHT_CHANNEL}.server", f"{WEIGHT_CHANNEL}.client"}
-PRODUCTION_PACKAGES = ("services", "shared", "engines")
+PRODUCTION_PACKAGES = ("services", "shared", "engines", "cluster", "simulator")
 LIAR_MODULES = {"benchmarks.liars", "benchmarks.liar_worker", "benchmarks.lying_parents"}
+LIAR_NAME = re.compile(r"\b(?:" + "|".join(re.escape(module) for module in sorted(LIAR_MODULES)) + r")\b")
+BENCHMARK_MODULE = re.compile(r"\bbenchmarks(?:\.\w+)+")
+BENCH_CATALOG = "cluster/bench_catalog.py"  # the one runner module that names benchmarks: `relay-rl bench NAME`
 
 
 def _imports(path: Path) -> list[str]:
     """Absolute module names `path` imports (relative imports stay inside their package)."""
-    names = []
+    names: list[str] = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             names.extend(alias.name for alias in node.names)
@@ -46,7 +77,7 @@ def _imports(path: Path) -> list[str]:
 
 def _imported_names(path: Path) -> list[tuple[str, str]]:
     """(module, name) for every `from module import name` (absolute) in `path`; (module, "") for `import module`."""
-    found = []
+    found: list[tuple[str, str]] = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             found.extend((alias.name, "") for alias in node.names)
@@ -63,7 +94,7 @@ def _crossings(repo_root: Path, package: str, allowed: set[str]) -> list[str]:
         own = relative.parts[1] if package == "services" and len(relative.parts) > 2 else None
         for name in _imports(path):
             top, *rest = name.split(".")
-            if top not in PROJECT_PACKAGES or top in allowed:
+            if top not in LAYERS or top in allowed:
                 continue
             if top == package and (own is None or (rest and rest[0] == own)):
                 continue
@@ -71,23 +102,59 @@ def _crossings(repo_root: Path, package: str, allowed: set[str]) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize(
-    ("package", "allowed"),
-    [("services", {"shared", "engines"}), ("shared", set()), ("engines", {"shared"})],
-    ids=["services", "shared", "engines"],
-)
-def test_each_layer_imports_only_what_is_below_it(repo_root: Path, package: str, allowed: set[str]) -> None:
-    assert _crossings(repo_root, package, allowed) == []
+def _top_level_folders(repo_root: Path) -> set[str]:
+    """The tree's top-level folders that hold Python files (not hidden, not what .gitignore keeps out: build/)."""
+    ignored = [
+        line.strip().strip("/")
+        for line in (repo_root / ".gitignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    return {
+        entry.name
+        for entry in repo_root.iterdir()
+        if entry.is_dir()
+        and not entry.name.startswith(".")
+        and not any(fnmatch.fnmatch(entry.name, pattern) for pattern in ignored)
+        and next(entry.rglob("*.py"), None) is not None
+    }
+
+
+def test_every_top_level_package_has_a_layer(repo_root: Path) -> None:
+    assert _top_level_folders(repo_root) == set(LAYERS)
+    assert set(PROJECT_PACKAGES) <= set(LAYERS)
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_each_layer_imports_only_what_is_below_it(repo_root: Path, package: str) -> None:
+    assert _crossings(repo_root, package, LAYERS[package]) == []
+
+
+def _benchmark_names(repo_root: Path) -> list[str]:
+    """`file: name` for every benchmark module a runner file (cluster/) names, its catalog aside."""
+    found: list[str] = []
+    for path in sorted((repo_root / "cluster").rglob("*.py")):
+        relative = path.relative_to(repo_root).as_posix()
+        if relative != BENCH_CATALOG:
+            found.extend(f"{relative}: {name}" for name in BENCHMARK_MODULE.findall(path.read_text()))
+    return found
+
+
+def test_the_runner_names_no_benchmark_but_in_its_catalog(repo_root: Path) -> None:
+    """Liars are started by a benchmark or a test through ClusterOptions.worker_entry_points, not by the runner."""
+    assert _benchmark_names(repo_root) == []
 
 
 def _liar_uses(repo_root: Path) -> list[str]:
-    """`file: what` for every production file that imports a liar module or names a fault switch."""
+    """`file: what` for every production file that imports a liar module, names one or names a fault switch."""
     found: list[str] = []
     for package in PRODUCTION_PACKAGES:
         for path in sorted((repo_root / package).rglob("*.py")):
             relative = path.relative_to(repo_root).as_posix()
-            found.extend(f"{relative}: import {name}" for name in _imports(path) if name in LIAR_MODULES)
-            if "RL_FAULT_" in path.read_text():
+            imported = [name for name in _imports(path) if name in LIAR_MODULES]
+            found.extend(f"{relative}: import {name}" for name in imported)
+            text = path.read_text()
+            found.extend(f"{relative}: {name}" for name in LIAR_NAME.findall(text) if name not in imported)
+            if "RL_FAULT_" in text:
                 found.append(f"{relative}: RL_FAULT_")
     return found
 
@@ -173,16 +240,46 @@ def test_the_checker_sees_a_crossing(tmp_path: Path) -> None:
     ]
 
 
+def test_the_checker_sees_the_simulator_import_a_runner(tmp_path: Path) -> None:
+    """The rule can fail: the simulator starting a cluster itself is reported."""
+    (tmp_path / "simulator").mkdir()
+    (tmp_path / "simulator" / "validation.py").write_text(
+        "from cluster.local import LocalCluster\nfrom shared.config import RunConfig\n"
+    )
+    assert _crossings(tmp_path, "simulator", LAYERS["simulator"]) == ["simulator/validation.py: import cluster.local"]
+
+
+def test_the_checker_sees_a_new_top_level_package(tmp_path: Path) -> None:
+    """The rule can fail: a folder of Python files with no row; an ignored build/ and a folder of data are not one."""
+    (tmp_path / ".gitignore").write_text("build/\n")
+    for folder in ("shared", "tools", "build/lib/shared", "configs"):
+        (tmp_path / folder).mkdir(parents=True)
+    for path in ("shared/bus.py", "tools/sweep.py", "build/lib/shared/bus.py", "configs/demo.toml"):
+        (tmp_path / path).write_text("")
+    assert _top_level_folders(tmp_path) == {"shared", "tools"}
+
+
 def test_the_checker_sees_a_liar_in_production(tmp_path: Path) -> None:
-    """The rule can fail: a worker importing the lying engine, a contract naming the fault switch."""
+    """The rule can fail: a worker importing the lying engine, a contract naming the fault switch, the runner
+    starting the liar's module by name."""
     for package in PRODUCTION_PACKAGES:
         (tmp_path / package).mkdir()
     (tmp_path / "services" / "worker.py").write_text("from benchmarks.liars import LyingEngine\n")
     (tmp_path / "shared" / "env.py").write_text('KIND = "RL_FAULT_INJECT"\n')
+    (tmp_path / "cluster" / "local.py").write_text('launch(name, "benchmarks.liar_worker", env)\n')
     assert _liar_uses(tmp_path) == [
         "services/worker.py: import benchmarks.liars",
         "shared/env.py: RL_FAULT_",
+        "cluster/local.py: benchmarks.liar_worker",
     ]
+
+
+def test_the_checker_sees_the_runner_name_a_benchmark(tmp_path: Path) -> None:
+    """The rule can fail: a runner module naming a benchmark module; the catalog may, and a path is not a name."""
+    (tmp_path / "cluster").mkdir()
+    (tmp_path / "cluster" / "local.py").write_text('module = "benchmarks.trust"  # see benchmarks/results/\n')
+    (tmp_path / BENCH_CATALOG).write_text('TRUST = "benchmarks.trust"\n')
+    assert _benchmark_names(tmp_path) == ["cluster/local.py: benchmarks.trust"]
 
 
 def test_the_checker_sees_a_weight_channel_misuse(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.liar_worker import lie_from_environment
+from benchmarks.liar_worker import MODULE, liar_entry_points, lie_from_environment
 from benchmarks.liars import FaultKind, LyingEngine, TamperingStore
 from engines.interface import InferenceEngine, Sample
 from shared.tokenization import PromptInput
@@ -97,6 +97,17 @@ def test_the_liar_entry_reads_its_kind_from_the_environment() -> None:
         FaultKind.STALE_WEIGHTS,
         4,
     )
+
+
+def test_a_benchmark_starts_its_liars_through_the_runner_by_their_entry_point() -> None:
+    """The runner (cluster/) names no benchmark: it runs the entry point the test or benchmark gives it."""
+    entry_points = liar_entry_points({"worker-3": FaultKind.STALE_WEIGHTS, "worker-0": "corrupt_chunks"})
+    assert {name: (point.module, point.env) for name, point in entry_points.items()} == {
+        "worker-3": (MODULE, {"RL_FAULT_INJECT": "stale_weights"}),
+        "worker-0": (MODULE, {"RL_FAULT_INJECT": "corrupt_chunks"}),
+    }
+    with pytest.raises(ValueError):  # a typo fails before any process starts
+        liar_entry_points({"worker-3": "stale_weight"})
 
 
 def test_a_lying_engine_lies_in_its_continuous_batch_too(tiny_policy_dir: Path) -> None:

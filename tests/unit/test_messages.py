@@ -2,8 +2,11 @@ import msgpack
 import numpy as np
 import pytest
 
+from shared.api import LearnerInfo
 from shared.messages import (
     DeadLetter,
+    FlatGroups,
+    LearnerHeadline,
     LearnerState,
     MessageDecodeError,
     RolloutGroup,
@@ -12,6 +15,10 @@ from shared.messages import (
     WeightsPublished,
     pack_float32,
     pack_int32,
+)
+
+LEARNER_STATE = LearnerState(
+    run_id="r", status="training", learner_version=3, published_version=3, staleness_bound=2, num_steps_target=10
 )
 
 
@@ -72,14 +79,7 @@ def test_scored_group_round_trips_with_its_arrays() -> None:
             payload=b"\x00",
             num_deliveries=1,
         ),
-        LearnerState(
-            run_id="r",
-            status="training",
-            learner_version=3,
-            published_version=3,
-            staleness_bound=2,
-            num_steps_target=10,
-        ),
+        LEARNER_STATE,
     ],
 )
 def test_every_message_type_round_trips(message) -> None:
@@ -234,3 +234,13 @@ def test_version_changes_say_which_version_sampled_each_token() -> None:
 def test_version_changes_that_contradict_the_group_are_refused(changes: list[int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make_rollout(version_changes=pack_int32(changes))
+
+
+def test_the_status_shows_the_learner_states_headline_fields_as_they_are() -> None:
+    flat = FlatGroups(num_groups=8, num_flat_at_zero=8)
+    shown = {"num_dropped": {"stale": 4}, "busy_fraction": 0.5, "last_flat_groups": flat, "zero_variance_warning": "x"}
+    state = LEARNER_STATE.model_copy(update={**shown, "num_steps_done": 3})  # and one field the status leaves out
+    info = LearnerInfo.of(state)
+    assert info.model_dump() == state.model_dump(include=set(LearnerHeadline.model_fields))
+    assert set(LearnerInfo.model_fields) == set(LearnerHeadline.model_fields) < set(LearnerState.model_fields)
+    assert LearnerInfo.model_validate_json(info.model_dump_json()) == info  # as a client reads GET /v1/status
