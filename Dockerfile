@@ -33,9 +33,9 @@ RUN case "$VARIANT" in \
     esac
 # the project itself: a pure-Python wheel of the packages pyproject.toml names (their data files included:
 # the coordinator's dashboard page), built apart so a source change rebuilds neither the environment above
-# nor the runtime's copy of it
-FROM ${BASE_IMAGE} AS wheel
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# nor the runtime's copy of it. It starts from the builder for its pip and setuptools (the locked set has
+# them; a base image need not have pip), and builds offline with them (no build isolation)
+FROM builder AS wheel
 WORKDIR /src
 COPY pyproject.toml ./
 COPY shared ./shared
@@ -43,7 +43,7 @@ COPY services ./services
 COPY engines ./engines
 COPY cluster ./cluster
 COPY simulator ./simulator
-RUN pip wheel --no-deps --wheel-dir /wheels .
+RUN pip wheel --no-deps --no-build-isolation --wheel-dir /wheels .
 
 FROM ${BASE_IMAGE}
 WORKDIR /app

@@ -37,7 +37,7 @@ from engines.continuous import (
     record_change,
 )
 from engines.interface import Sample
-from shared.keyed_sampling import keyed_choice
+from engines.keyed_tensors import keyed_choice
 
 if TYPE_CHECKING:
     from engines.torch_engine import TorchEngine

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from engines.interface import InferenceEngine, Sample
+from engines.keyed_tensors import keyed_choice
 from engines.prompts import check_prompt_ids, check_sampling_args, encode_checked_observation, encode_checked_prompts
-from shared.keyed_sampling import keyed_choice
 from shared.tokenization import PromptInput, check_model_folder, eos_token_ids, model_fingerprint, pad_token_id
 from shared.weight_channel import Buffer, LoraAdapter, check_adapter_fits, check_state_fits, parse_blob
 

@@ -44,7 +44,8 @@ from typing import Any
 
 import torch
 
-from shared.keyed_sampling import MASK32, keyed_choice
+from engines.keyed_tensors import keyed_choice
+from shared.keyed_sampling import MASK32
 
 KEYED_SEED_ARG = "keyed_sampling_seed"  # SamplingParams.extra_args key: the request's keyed-sampling seed
 KEYED_LOGPROBS_MODE = "processed_logprobs"  # the mode whose log-probs are the sampling distribution's

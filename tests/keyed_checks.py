@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from engines.interface import InferenceEngine, Sample
-from shared.keyed_sampling import choice_gaps
+from engines.keyed_tensors import choice_gaps
 from tests.hf_folders import CHAT_TEMPLATE, ENDOFTEXT, IM_END, build_folder
 
 GAP_TOLERANCE = 1e-3  # probability mass: fp32 engines vs an fp32 reference differ by ~1e-6 per CDF entry

@@ -41,10 +41,11 @@ from shared.api import CredentialRecord, WorkerInfo
 from shared.bus import redis_text
 from shared.keys import RunKeys
 from shared.work_api import WorkCounts
+from shared.work_counts import COUNTERS, JUDGED
 
 SHARE_SLACK = 1.5
 RATE_TIME_CONSTANT_S = 10.0  # the verified rate is an exponential average over about this long
-RECORD_FIELDS = ("leased", "returned", "accepted", "refused", "expired", "failed", "scored", "rejected")
+RECORD_FIELDS = (*COUNTERS, *JUDGED)  # a credential's record: the work counters of its identities, and their judged
 
 
 @dataclass

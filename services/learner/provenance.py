@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
+from engines.keyed_tensors import choice_gaps
 from services.learner.grpo import check_plain_lm_head
 from shared.config import TrustConfig
-from shared.keyed_sampling import choice_gaps
 
 CHUNK_TOKENS = 512  # completion positions whose (n, V) float32 logits exist at once
 

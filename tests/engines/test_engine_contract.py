@@ -319,7 +319,7 @@ def reference_distributions(folder: Folder, sample: Sample, temperature: float) 
 
 
 def test_keyed_sampling_picks_what_the_seed_says_and_repeats(engine: InferenceEngine, folder: Folder) -> None:
-    from shared.keyed_sampling import choice_gaps
+    from engines.keyed_tensors import choice_gaps
 
     blob = folder.blob(folder.perturbed(base_state(folder), noise_scale=0.3, seed=5))
     engine.load_weights(blob, policy_version=5)

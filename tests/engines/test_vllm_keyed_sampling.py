@@ -22,8 +22,9 @@ import pytest
 import torch
 
 from engines.interface import InferenceEngine, Sample
+from engines.keyed_tensors import keyed_uniform
 from engines.vllm_keyed_sampler import KEYED_SEED_ARG
-from shared.keyed_sampling import keyed_uniform, task_seed
+from shared.keyed_sampling import task_seed
 from tests import keyed_checks
 from tests.keyed_checks import GAP_TOLERANCE, build_cpu_engine, build_keyed_folder, load_reference, reference_logprobs
 from tests.vllm_required import require_vllm

@@ -8,7 +8,8 @@
 - an `RL_*` name is one the code knows: a string (not a comment) of the code or the tests, or a settings class's
   variable (its env prefix and field name, or its alias);
 and the layout map in docs/guide.md lists every module of services/, shared/ and engines/ and every top-level folder,
-and nothing that is not in the tree. A finding names the doc, its line and the missing thing; each test lists all of
+and nothing that is not in the tree. The newcomer's path (NEWCOMER_DOCS) states no dated result: a measured figure
+lives once, on docs/results.md, with its command and date. A finding names the doc, its line and the missing thing; each test lists all of
 its findings at once.
 """
 
@@ -38,6 +39,9 @@ ENV_READERS = (*CODE_PACKAGES, "tests")
 # The modules the layout map must list, one by one.
 MAPPED_MODULES = ("services/**/*.py", "shared/**/*.py", "engines/*.py")
 LAYOUT_HEADING = "## Layout"
+# The pages a newcomer reads first: they say what the code does and link to docs/results.md for figures.
+NEWCOMER_DOCS = ("README.md", "docs/guide.md", "docs/design.md", "docs/architecture.md")
+DATE = re.compile(r"(?<!\d)\d{4}-\d{2}-\d{2}(?!\d)")  # 2026-11-24: the date of a run
 
 INLINE_CODE = re.compile(r"(`+)((?:(?!\n\s*\n)[^`])+?)\1")  # not across a blank line
 LINK_TARGET = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -342,6 +346,15 @@ def layout_findings(guide: Path) -> list[str]:
     return found
 
 
+def dated_lines(doc: Path) -> list[str]:
+    """Each date (YYYY-MM-DD) the doc states, anywhere on a line: in prose, code, a table or a link's anchor."""
+    return [
+        f"{doc.relative_to(REPO)}:{number}: a dated result `{date}` (figures live on docs/results.md)"
+        for number, line in enumerate(doc.read_text().splitlines(), start=1)
+        for date in DATE.findall(line)
+    ]
+
+
 def test_every_path_a_doc_names_is_in_the_tree() -> None:
     findings = [finding for doc in docs() for finding in missing_paths(doc)]
     assert not findings, "\n".join(findings)
@@ -364,4 +377,9 @@ def test_every_environment_name_a_doc_names_is_read_by_the_code() -> None:
 
 def test_the_layout_map_is_the_tree() -> None:
     findings = layout_findings(REPO / "docs" / "guide.md")
+    assert not findings, "\n".join(findings)
+
+
+def test_the_newcomers_path_states_no_dated_result() -> None:
+    findings = [finding for name in NEWCOMER_DOCS for finding in dated_lines(REPO / name)]
     assert not findings, "\n".join(findings)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from shared.keyed_sampling import MAX_SEED, choice_gaps, keyed_choice, keyed_uniform, sample_seeds, task_seed
+from engines.keyed_tensors import choice_gaps, keyed_choice, keyed_uniform
+from shared.keyed_sampling import MAX_SEED, sample_seeds, task_seed
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
 
