@@ -117,7 +117,7 @@ class TaskFeed:
         """The groups kept in flight now: max_groups_in_flight, over the kept share under dynamic sampling
         (module doc); written to RunKeys.feed_window when it changes."""
         window = self.run.max_groups_in_flight
-        if self.run.grpo.dynamic_sampling and self.run.schedule.mode != "pull":
+        if self.run.grpo.dynamic_sampling:
             window = math.ceil(window / max(self.kept.fraction, MIN_KEPT_SHARE))
         if window != self._window_written:
             self.bus.redis.set(self.keys.feed_window, window)

@@ -22,7 +22,7 @@ import importlib
 import io
 import re
 import tokenize
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -355,23 +355,27 @@ def dated_lines(doc: Path) -> list[str]:
     ]
 
 
+def findings_in_every_doc(check: Callable[[Path], list[str]]) -> list[str]:
+    return [finding for doc in docs() for finding in check(doc)]
+
+
 def test_every_path_a_doc_names_is_in_the_tree() -> None:
-    findings = [finding for doc in docs() for finding in missing_paths(doc)]
+    findings = findings_in_every_doc(missing_paths)
     assert not findings, "\n".join(findings)
 
 
 def test_every_module_a_doc_names_is_in_the_tree() -> None:
-    findings = [finding for doc in docs() for finding in missing_modules(doc)]
+    findings = findings_in_every_doc(missing_modules)
     assert not findings, "\n".join(findings)
 
 
 def test_every_run_file_setting_a_doc_names_is_a_field() -> None:
-    findings = [finding for doc in docs() for finding in missing_settings(doc)]
+    findings = findings_in_every_doc(missing_settings)
     assert not findings, "\n".join(findings)
 
 
 def test_every_environment_name_a_doc_names_is_read_by_the_code() -> None:
-    findings = [finding for doc in docs() for finding in unknown_env_names(doc)]
+    findings = findings_in_every_doc(unknown_env_names)
     assert not findings, "\n".join(findings)
 
 
