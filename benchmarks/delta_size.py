@@ -378,7 +378,6 @@ def local_publisher(run: RunConfig, dtype: torch.dtype) -> Iterator[WeightPublis
             signing_key=Ed25519PrivateKey.generate(),
             chunk_size_bytes=run.broadcast.chunk_size_bytes,
             full_every=run.broadcast.full_every,
-            delta_zstd_level=run.broadcast.delta_zstd_level,
             dtype=dtype,
         )
         try:

@@ -83,6 +83,7 @@ def measure(kind: str, model_dir: Path, num_threads: int) -> dict:
     from safetensors.torch import load_file
     from safetensors.torch import save as safetensors_save
 
+    from engines.interface import Sampling
     from engines.select import build_engine
     from shared.config import RolloutConfig
 
@@ -101,11 +102,11 @@ def measure(kind: str, model_dir: Path, num_threads: int) -> dict:
         engine.load_weights(blob, policy_version=version)
         swap_s.append(time.perf_counter() - t0)
 
-    engine.generate(prompts[:2], 2, 4, 1.0)  # warm-up
+    engine.generate(prompts[:2], Sampling(2, 4, 1.0))  # warm-up
     runs = []
     for _ in range(NUM_GENERATE_RUNS):
         t0 = time.perf_counter()
-        groups = engine.generate(prompts, NUM_SAMPLES, max_new_tokens, 1.0)
+        groups = engine.generate(prompts, Sampling(NUM_SAMPLES, max_new_tokens, 1.0))
         elapsed = time.perf_counter() - t0
         num_tokens = sum(s.num_tokens for g in groups for s in g)
         runs.append({"wall_s": elapsed, "num_tokens": num_tokens, "tokens_per_s": num_tokens / elapsed})

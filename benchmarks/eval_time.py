@@ -151,10 +151,11 @@ def committed_median_s(path: Path, args: argparse.Namespace) -> float | None:
 
 def compare_tokens(model, tokenizer, task, engine, max_new_tokens: int) -> bool:  # type: ignore[no-untyped-def]
     """Whether the engine's greedy tokens are transformers' own greedy `generate` on the same weights, per prompt."""
+    from engines.interface import Sampling
     from shared.tokenization import encode_prompt
 
     engine.load_state_dict(model.state_dict(), policy_version=0)
-    ours = engine.generate([item.input for item in task.eval_set], 1, max_new_tokens, temperature=1.0, greedy=True)
+    ours = engine.generate([item.input for item in task.eval_set], Sampling(1, max_new_tokens, 1.0, greedy=True))
     for item, (sample,) in zip(task.eval_set, ours, strict=True):
         prompt = torch.tensor([encode_prompt(tokenizer, item.input)])
         with torch.no_grad():

@@ -135,6 +135,8 @@ def generation_phase(args: argparse.Namespace) -> dict:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from engines.interface import Sampling
+
     engine, prompts = vllm_engine_and_prompts(args)
     token_prompts = [TokensPrompt(prompt_token_ids=ids) for ids in engine.encode_prompts(prompts)]
     eos_ids = sorted(engine.eos_token_ids)
@@ -143,7 +145,9 @@ def generation_phase(args: argparse.Namespace) -> dict:
     def engine_round() -> int:
         num_tokens = 0
         for start in range(0, len(prompts), TASKS_PER_CALL):
-            groups = engine.generate(prompts[start : start + TASKS_PER_CALL], GROUP_SIZE, args.max_new_tokens, 1.0)
+            groups = engine.generate(
+                prompts[start : start + TASKS_PER_CALL], Sampling(GROUP_SIZE, args.max_new_tokens, 1.0)
+            )
             num_tokens += sum(sample.num_tokens for group in groups for sample in group)
         return num_tokens
 
@@ -178,6 +182,8 @@ def swap_phase(args: argparse.Namespace) -> dict:
     import torch
     from safetensors.torch import load_file, save
 
+    from engines.interface import Sampling
+
     engine, prompts = vllm_engine_and_prompts(args)
     state = load_file(str(args.model_dir / "model.safetensors"))
     swap_s = []
@@ -187,7 +193,7 @@ def swap_phase(args: argparse.Namespace) -> dict:
         started_s = time.perf_counter()
         engine.load_weights(blob, version)
         swap_s.append(time.perf_counter() - started_s)
-        engine.generate(prompts[:1], 1, 4, 1.0, greedy=True)  # it serves with the new weights
+        engine.generate(prompts[:1], Sampling(1, 4, 1.0, greedy=True))  # it serves with the new weights
     return {
         "blob_bytes": len(blob),
         "swap_s": [round(s, 3) for s in swap_s],

@@ -299,11 +299,13 @@ def engine_part(model_dir: Path, sizes: Sizes) -> dict[str, Any]:
 
 
 def sampling_rate(engine: Any, prompts: list[str], sizes: Sizes) -> dict[str, Any]:
+    from engines.interface import Sampling
+
     rates, lengths = [], []
     for round_index in range(sizes.engine_rounds + 1):  # round 0 warms up
         synchronize()
         started_s = time.perf_counter()
-        groups = engine.generate(prompts, sizes.engine_samples, sizes.engine_new_tokens, 1.0)
+        groups = engine.generate(prompts, Sampling(sizes.engine_samples, sizes.engine_new_tokens, 1.0))
         synchronize()
         num_tokens = sum(sample.num_tokens for group in groups for sample in group)
         if round_index:

@@ -66,9 +66,9 @@ def lying_parts(
 
 def main(argv: Sequence[str] | None = None) -> int:
     from services.rollout.__main__ import serve
-    from services.rollout.settings import describe_environment
+    from services.rollout.settings import RolloutSettings
 
-    parse_cli(f"python -m {MODULE}", __doc__, argv, epilog="environment:\n" + describe_environment())
+    parse_cli(f"python -m {MODULE}", __doc__, argv, settings=RolloutSettings)
     kind, stale_after_version = lie_from_environment()  # a wrong kind fails before anything starts
     return serve(partial(lying_parts, kind, stale_after_version))
 

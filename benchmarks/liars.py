@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from engines.continuous import ContinuousBatch, FinishedSample, SampleRequest, StepStats, VersionChange
-from engines.interface import InferenceEngine, Sample
+from engines.interface import InferenceEngine, Sample, Sampling
 from shared.signing import Ed25519PrivateKey, Ed25519PublicKey
 from shared.tokenization import PromptInput
 from shared.weight_channel import Buffer, ChunkStore, LoraAdapter, Manifest
@@ -102,28 +102,18 @@ class LyingEngine(InferenceEngine):
     def generate(
         self,
         prompts: Sequence[str | PromptInput],
-        num_samples: int,
-        max_new_tokens: int,
-        temperature: float,
-        greedy: bool = False,
+        sampling: Sampling,
         sampling_seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:
-        samples = self.inner.generate(prompts, num_samples, max_new_tokens, temperature, greedy, sampling_seeds)
-        return [self.lie_about(group) for group in samples]
+        return [self.lie_about(group) for group in self.inner.generate(prompts, sampling, sampling_seeds)]
 
     def generate_from_ids(
         self,
         prompt_ids: Sequence[Sequence[int]],
-        num_samples: int,
-        max_new_tokens: int,
-        temperature: float,
-        greedy: bool = False,
+        sampling: Sampling,
         sampling_seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:
-        samples = self.inner.generate_from_ids(
-            prompt_ids, num_samples, max_new_tokens, temperature, greedy, sampling_seeds
-        )
-        return [self.lie_about(group) for group in samples]
+        return [self.lie_about(group) for group in self.inner.generate_from_ids(prompt_ids, sampling, sampling_seeds)]
 
     def encode_prompts(self, prompts: Sequence[str | PromptInput], max_new_tokens: int = 0) -> list[list[int]]:
         return self.inner.encode_prompts(prompts, max_new_tokens)

@@ -85,6 +85,7 @@ def blobs(model_dir: Path, seed: int, rank: int = 0) -> tuple[bytes, bytes]:
 
 def measure(kind: str, model_dir: Path) -> dict[str, object]:
     """One engine on one model, in this process (a subprocess of main)."""
+    from engines.interface import Sampling
     from engines.select import build_engine
     from services.learner.lora import adapter_spec
     from shared.config import RolloutConfig
@@ -106,12 +107,12 @@ def measure(kind: str, model_dir: Path) -> dict[str, object]:
         t0 = time.perf_counter()
         load()
         loaded_s = time.perf_counter() - t0
-        engine.generate(prompts[:1], 1, 1, 1.0)
+        engine.generate(prompts[:1], Sampling(1, 1, 1.0))
         return loaded_s, time.perf_counter() - t0
 
     def tokens_per_s() -> float:
         t0 = time.perf_counter()
-        groups = engine.generate(prompts, NUM_SAMPLES, max_new_tokens, 1.0)
+        groups = engine.generate(prompts, Sampling(NUM_SAMPLES, max_new_tokens, 1.0))
         return sum(s.num_tokens for g in groups for s in g) / (time.perf_counter() - t0)
 
     engine.load_adapter(versions[0][0], spec, 0)  # warm-up (the torch engine keeps its base copy here)

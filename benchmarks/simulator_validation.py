@@ -34,7 +34,7 @@ RUNS = [
     ("slow-2-workers-S2", SLOW, 2, {}),
 ]
 WARMUP_STEPS = 10
-REWARD_POLL_S = 0.05  # the reward service's read block (RL_ROLLOUTS_BLOCK_MS default)
+REWARD_POLL_S = 0.05  # the reward service's read block (services/reward/service.py ROLLOUTS_BLOCK_MS)
 
 
 def main() -> None:

@@ -203,6 +203,7 @@ def follow_newcomer(cluster: LocalCluster, client: httpx.Client, until_s: float)
 
     from cluster.redis_acl import OPERATOR
     from shared.keys import RunKeys
+    from shared.work_counts import read_work_counts
 
     cluster.start_worker(NEWCOMER)
     joined_s = time.monotonic()
@@ -218,13 +219,13 @@ def follow_newcomer(cluster: LocalCluster, client: httpx.Client, until_s: float)
             if worker_id is None:
                 worker_id = next((w for w, n in worker_names(client).items() if n == name), None)
             else:
-                raw = store.hmget(keys.work_counts(worker_id), ["leased", "allowance"])
-                now_leased = int(raw[0] or 0)
+                now_leased = read_work_counts(store, keys, [worker_id], held=False).workers[worker_id].leased
+                stored_allowance = store.hget(keys.work_counts(worker_id), "allowance")  # lease pacing, not a count
                 at_s = round(time.monotonic() - joined_s, 2)
                 if now_leased > leased:
                     grants.append([at_s, now_leased - leased])
                     leased = now_leased
-                allowance = float(raw[1]) if raw[1] is not None else None
+                allowance = float(stored_allowance) if stored_allowance is not None else None
                 if not allowance_at or allowance_at[-1][1] != allowance:
                     allowance_at.append([at_s, allowance])
             time.sleep(0.1)

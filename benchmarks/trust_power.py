@@ -37,7 +37,7 @@ from benchmarks.sample_rows import sample_rows
 from cluster.local import REPO_ROOT
 from services.learner.batch import TrainBatch
 from services.learner.grpo import token_logprobs
-from services.learner.numerics import NumericsReference
+from services.learner.numerics import NUMERICS_WINDOW_STEPS, NumericsReference
 from services.learner.policy import Policy
 from services.learner.trust import TrustTracker, group_abs_diffs
 from shared.config import RunConfig, load_run_config
@@ -52,6 +52,7 @@ WEIGHT_DELTAS = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1)
 def sample_batch(model_dir: Path, run: RunConfig, num_groups: int, seed: int) -> tuple[TrainBatch, list[int]]:
     """num_groups groups of run.grpo.group_size samples from the bf16 torch engine on the run's prompts,
     as a TrainBatch (behaviour log-probs: the honest engine's) and the group sizes."""
+    from engines.interface import Sampling
     from engines.torch_engine import TorchEngine
 
     task = build_task(run.task)
@@ -59,7 +60,7 @@ def sample_batch(model_dir: Path, run: RunConfig, num_groups: int, seed: int) ->
     engine = TorchEngine(model_dir, dtype=torch.bfloat16)  # the published (bf16) weights, as a worker holds them
     torch.manual_seed(seed)
     groups = engine.generate(
-        [p.input for p in prompts], run.grpo.group_size, run.grpo.max_new_tokens, run.grpo.temperature
+        [p.input for p in prompts], Sampling(run.grpo.group_size, run.grpo.max_new_tokens, run.grpo.temperature)
     )
     rows = sample_rows(groups, engine.pad_token_id)
     num_rows = rows.input_ids.shape[0]
@@ -130,7 +131,7 @@ def main() -> None:
     with torch.no_grad(), policy.precision.compute():
         learner = worker_logprobs(policy.model, batch)  # pi as the learner computes it (lag 0: pi_v)
     numerics = NumericsReference(run.trust, seed=0)
-    for _ in range(run.trust.numerics_window_steps):
+    for _ in range(NUMERICS_WINDOW_STEPS):
         numerics.measure(policy.model, batch)
     tolerance = numerics.tolerance_nats
     honest_engine = copy.deepcopy(policy.model).to(torch.bfloat16).eval()

@@ -32,15 +32,15 @@ import shutil
 import subprocess
 import sys
 import time
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.ablation.cells import dump_toml, start_runner_logging
+from benchmarks.ablation.cells import start_runner_logging
 from benchmarks.vs_trl_records import CELL_NAMES, CellName, CellRecord, EvalPoint, StepPoint, cell_path, save_record
 from benchmarks.vs_trl_summary import write_summary
 from shared.config import load_run_config
+from shared.run_file import dump_run_file, read_run_file
 from shared.run_records import EvalRecord, StepRecord, read_metrics
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -195,19 +195,20 @@ def model_folder(model: dict[str, Any], model_dir: Path | None) -> Path | None:
     init = model.get("init")
     if init is None or init == "tiny-random":
         return None
+    from cluster.tool_settings import tool_settings
     from shared.model_catalog import cache_root, cached_folder, is_complete
 
-    folder = cached_folder(init, cache_root())
+    folder = cached_folder(init, cache_root(tool_settings("benchmarks.vs_trl").model_cache))
     if not is_complete(folder):
         raise SystemExit(f"{folder} is not there yet: run `relay-rl model get {init}` or pass --model-dir")
     return folder
 
 
 def write_run_file(options: Options, cell: str, seed: int) -> Path:
-    raw = cell_run_file(tomllib.loads(options.config.read_text()), cell, seed, options)
+    raw = cell_run_file(read_run_file(options.config), cell, seed, options)
     path = CELL_FILES_DIR / options.tag / f"{cell}_seed{seed}.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dump_toml(raw))
+    path.write_text(dump_run_file(raw))
     load_run_config(path)  # a bad cell fails here, before any process starts
     return path
 

@@ -48,6 +48,7 @@ from cluster.ports import free_port
 from cluster.redis_server import RedisServer
 from shared.keys import RunKeys
 from shared.messages import RolloutGroup, TaskGroup
+from shared.run_file import read_run_file
 from shared.streams import ROLLOUTS, TASKS
 from shared.work_api import LEASE_PATH, MSGPACK_CONTENT_TYPE, ROLLOUTS_PATH, SubmittedGroup, WorkSubmission
 
@@ -343,9 +344,8 @@ def learner_groups_per_s() -> float | None:
     demo = REPO_ROOT / "configs" / "demo.toml"
     if not summary.exists():
         return None
-    import tomllib
 
-    groups_per_step = tomllib.loads(demo.read_text())["grpo"]["groups_per_step"]
+    groups_per_step = read_run_file(demo)["grpo"]["groups_per_step"]
     rows = {row["run"]: row for row in json.loads(summary.read_text())["rows"]}
     return rows["async S=2"]["steps_per_hour"] / 3600.0 * groups_per_step
 

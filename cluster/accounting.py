@@ -236,13 +236,14 @@ def main(argv: list[str] | None = None) -> None:
     exits 1 when a group is unaccounted for."""
     import argparse
     import json
-    import os
     import sys
+
+    from cluster.tool_settings import tool_settings
 
     parser = argparse.ArgumentParser(prog="python -m cluster.accounting", description=main.__doc__)
     parser.add_argument("--run-id", required=True)
     args = parser.parse_args(argv)
-    redis_url = os.environ.get("RL_REDIS_URL")
+    redis_url = tool_settings("python -m cluster.accounting").redis_url
     if not redis_url:
         raise SystemExit("set RL_REDIS_URL (an operator's Redis URL)")
     accounting = count_groups(redis_url, args.run_id)

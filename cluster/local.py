@@ -55,6 +55,7 @@ from cluster.wan.testbed import CORE, HOST_ADDRESS, Testbed, worker_node
 from shared.api import StatusResponse, WorkerState
 from shared.config import RunConfig, load_run_config, resolve_model_dir
 from shared.model_catalog import TINY_RANDOM
+from shared.run_file import dump_run_file, read_run_file
 from shared.run_records import LearnerSummary
 from shared.signing import PUBLIC_KEY_ENV, SIGNING_KEY_ENV, KeyPair, generate_key_pair
 from shared.tls import INSECURE_HTTP_ENV, CoordinatorTrust, Verify, is_loopback_host
@@ -357,11 +358,11 @@ class LocalCluster:
 
     # helpers
     def config_file(self) -> Path:
-        """The run file every service reads: the options' file with this run's id."""
+        """The run file every service reads: the options' file, its `extends` resolved (the copy sits in the run's
+        folder, away from its base)."""
         path = self.run_dir / "run.toml"
         if not path.exists():
-            text = self.options.config_path.read_text()
-            path.write_text(text)
+            path.write_text(dump_run_file(read_run_file(self.options.config_path)))
         return path
 
     def common_env(self) -> dict[str, str]:
@@ -547,9 +548,41 @@ def raise_keyboard_interrupt(signum: int, frame: object) -> None:
 
 
 def main() -> None:
+    parser = build_parser()
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per status poll otherwise
+    from cluster.report import write_report
+
+    try:
+        cluster = LocalCluster(options_from_args(args))
+    except ValueError as exc:  # a run file that does not fit the flags: one line, no traceback
+        parser.error(str(exc))
+    # Explicit handlers: a runner started in the background inherits SIGINT ignored, and `kill <pid>`
+    # (SIGTERM) must stop the cluster like Ctrl-C does.
+    signal.signal(signal.SIGINT, raise_keyboard_interrupt)
+    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
+    started_s = time.monotonic()
+    final_status, failure = run_to_the_end(cluster)
+    report = write_report(cluster.run_dir, cluster.run, final_status, wall_s=time.monotonic() - started_s)
+    if failure is not None:
+        sys.exit(f"cluster failed: {failure}")
+    print(f"report: {cluster.run_dir / 'report.json'}")
+    print_summary(report)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m cluster.local", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    add_run_arguments(parser)
+    add_supervision_arguments(parser)
+    add_layout_arguments(parser)
+    return parser
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """What runs: the run file, the model and the number of workers."""
     parser.add_argument(
         "--config",
         type=Path,
@@ -569,6 +602,10 @@ def main() -> None:
         default=None,
         help="local HF causal-LM folder to train (overrides [model] path); default: the run file's [model]",
     )
+
+
+def add_supervision_arguments(parser: argparse.ArgumentParser) -> None:
+    """How crashed services are restarted (cluster/supervisor.py)."""
     defaults = ClusterOptions(config_path=Path())
     parser.add_argument(
         "--restart-base-delay-s",
@@ -586,6 +623,11 @@ def main() -> None:
         help="restarts of one service within --restart-window-s before the runner gives up on it",
     )
     parser.add_argument("--restart-window-s", type=float, default=defaults.restart_window_s)
+
+
+def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the processes are laid out and reached: the learner's processes, the emulated WAN, core
+    placement, TLS."""
     parser.add_argument(
         "--learner-procs",
         type=int,
@@ -621,56 +663,36 @@ def main() -> None:
         help="with --tls, another name or address the certificate covers (repeatable; 127.0.0.1, localhost and the "
         "services' address always are)",
     )
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per status poll otherwise
-    from cluster.report import write_report
 
-    try:
-        cluster = LocalCluster(
-            ClusterOptions(
-                config_path=args.config or REPO_ROOT / "configs" / ("demo_lora.toml" if args.lora else "demo.toml"),
-                lora=args.lora,
-                num_workers=args.workers,
-                run_id=args.run_id,
-                model_dir=args.model_dir,
-                restart_base_delay_s=args.restart_base_delay_s,
-                restart_max_delay_s=args.restart_max_delay_s,
-                max_restarts=args.max_restarts,
-                restart_window_s=args.restart_window_s,
-                learner_procs=args.learner_procs,
-                placement=Placement.parse(args.placement, args.workers) if args.placement else None,
-                wan=load_fleet(args.wan, args.wan_links) if args.wan else None,
-                tls=args.tls or args.wan is not None,  # across a network, credentials cross only TLS
-                tls_hosts=tuple(args.tls_host),
-            )
-        )
-    except ValueError as exc:  # a run file that does not fit the flags: one line, no traceback
-        parser.error(str(exc))
-    # Explicit handlers: a runner started in the background inherits SIGINT ignored, and `kill <pid>`
-    # (SIGTERM) must stop the cluster like Ctrl-C does.
-    signal.signal(signal.SIGINT, raise_keyboard_interrupt)
-    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
-    started_s = time.monotonic()
+
+def options_from_args(args: argparse.Namespace) -> ClusterOptions:
+    """The runner's options from its command line (ValueError: a placement or fleet that does not parse)."""
+    return ClusterOptions(
+        config_path=args.config or REPO_ROOT / "configs" / ("demo_lora.toml" if args.lora else "demo.toml"),
+        lora=args.lora,
+        num_workers=args.workers,
+        run_id=args.run_id,
+        model_dir=args.model_dir,
+        restart_base_delay_s=args.restart_base_delay_s,
+        restart_max_delay_s=args.restart_max_delay_s,
+        max_restarts=args.max_restarts,
+        restart_window_s=args.restart_window_s,
+        learner_procs=args.learner_procs,
+        placement=Placement.parse(args.placement, args.workers) if args.placement else None,
+        wan=load_fleet(args.wan, args.wan_links) if args.wan else None,
+        tls=args.tls or args.wan is not None,  # across a network, credentials cross only TLS
+        tls_hosts=tuple(args.tls_host),
+    )
+
+
+def run_to_the_end(cluster: LocalCluster) -> tuple[StatusResponse | None, Exception | None]:
+    """Start the cluster, show its progress until the learner is done or Ctrl-C / SIGTERM, then stop every
+    child whatever happened. Returns the last status seen and the failure that ended the run (None: none)."""
     final_status: StatusResponse | None = None
     failure: Exception | None = None
     try:
         cluster.start()
-        print(
-            f"run {cluster.run.run_id}: dashboard/API at {cluster.coordinator_url}/docs, logs in {cluster.run_dir}/logs",
-            flush=True,
-        )
-        print(
-            f"dashboard: {cluster.coordinator_url}/dashboard | add a worker from another terminal: make worker"
-            f" (python -m cluster.join --name my-worker --price 0.5) | drain it: make drain WORKER=my-worker",
-            flush=True,
-        )
-        print(
-            "prometheus: "
-            + " ".join(f"{name}={url}" for name, url in cluster.metrics_urls.items())
-            + f" coordinator={cluster.coordinator_url}/metrics",
-            flush=True,
-        )
+        print_where_to_look(cluster)
         learner_warnings = LearnerWarnings()
 
         def on_progress(status: StatusResponse) -> None:
@@ -688,11 +710,26 @@ def main() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         cluster.stop()
-    report = write_report(cluster.run_dir, cluster.run, final_status, wall_s=time.monotonic() - started_s)
-    if failure is not None:
-        sys.exit(f"cluster failed: {failure}")
-    print(f"report: {cluster.run_dir / 'report.json'}")
-    print_summary(report)
+    return final_status, failure
+
+
+def print_where_to_look(cluster: LocalCluster) -> None:
+    """The started cluster's addresses: its dashboard and API, logs, how to add or drain a worker, metrics."""
+    print(
+        f"run {cluster.run.run_id}: dashboard/API at {cluster.coordinator_url}/docs, logs in {cluster.run_dir}/logs",
+        flush=True,
+    )
+    print(
+        f"dashboard: {cluster.coordinator_url}/dashboard | add a worker from another terminal: make worker"
+        f" (python -m cluster.join --name my-worker --price 0.5) | drain it: make drain WORKER=my-worker",
+        flush=True,
+    )
+    print(
+        "prometheus: "
+        + " ".join(f"{name}={url}" for name, url in cluster.metrics_urls.items())
+        + f" coordinator={cluster.coordinator_url}/metrics",
+        flush=True,
+    )
 
 
 def print_summary(report: RunReport) -> None:

@@ -36,6 +36,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cluster.tool_settings import tool_settings
 from shared.model_catalog import (
     CACHE_ENV,
     CATALOG,
@@ -82,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    root = cache_root(args.cache_dir)
+    root = cache_root(args.cache_dir or tool_settings("relay-rl model").model_cache)
     if args.model_command == "list":
         print(list_text(root))
         return

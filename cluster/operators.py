@@ -30,10 +30,11 @@ Only the standard library is imported at module level: `relay-rl operators --hel
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from cluster.tool_settings import tool_settings
 
 if TYPE_CHECKING:
     import httpx
@@ -50,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser, default_run_dir: Path) -> Non
     common = argparse.ArgumentParser(add_help=False)  # each action takes them, after its own arguments too
     common.add_argument(
         "--coordinator",
-        default=os.environ.get(COORDINATOR_ENV),
+        default=tool_settings("relay-rl operators").coordinator_url,
         help=f"the coordinator's base URL (default ${COORDINATOR_ENV}, else the one in <run dir>/cluster.env)",
     )
     common.add_argument(
@@ -187,7 +188,7 @@ def coordinator_and_admin_token(explicit_url: str | None, run_dir: Path) -> tupl
     coordinator is verified ($RL_COORDINATOR_CA_FILE / _CERT_SHA256 / $RL_INSECURE_HTTP, else cluster.env's)."""
     from cluster.join import cluster_trust, read_cluster_env
 
-    url, admin_token = explicit_url, os.environ.get(ADMIN_TOKEN_ENV)
+    url, admin_token = explicit_url, tool_settings("relay-rl operators").admin_token_value()
     cluster: dict[str, str] = {}
     if not url or not admin_token:
         try:

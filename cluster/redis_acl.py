@@ -91,12 +91,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run-id", required=True, help="the run whose keys (rl:<run_id>:*) the services may touch")
     parser.add_argument("--out", type=Path, required=True, help="the ACL file to write (mode 0600)")
     args = parser.parse_args(argv)
+    from cluster.tool_settings import tool_settings
+
     names = REDIS_USERS
-    variables = {name: f"RL_REDIS_PASSWORD_{name.upper()}" for name in names}
-    missing = [variable for variable in variables.values() if not os.environ.get(variable)]
+    environment = tool_settings("python -m cluster.redis_acl")
+    passwords = {name: environment.redis_password(name) for name in names}
+    missing = [f"RL_REDIS_PASSWORD_{name.upper()}" for name, password in passwords.items() if not password]
     if missing:
         raise SystemExit(f"set {', '.join(missing)}")
-    users = RedisUsers(args.run_id, passwords={name: os.environ[variable] for name, variable in variables.items()})
+    users = RedisUsers(args.run_id, passwords={name: password for name, password in passwords.items() if password})
     if users.write_acl_file(args.out):
         print(f"wrote {args.out}: users {', '.join(names)}; the default user is off")
     else:

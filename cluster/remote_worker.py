@@ -50,12 +50,12 @@ from cluster.join import (
     read_cluster_env,
 )
 from cluster.model_cache import link_catalog_model
+from cluster.tool_settings import tool_settings
 from cluster.worker_process import add_identity_arguments, exec_rollout_worker, identity_environment
 from shared.tls import (
     CA_FILE_ENV,
     CERT_SHA256_ENV,
     INSECURE_HTTP_ENV,
-    TRUE_WORDS,
     CoordinatorTrust,
     Verify,
     is_verification_failure,
@@ -90,40 +90,41 @@ class JoinError(Exception):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    environment = tool_settings("relay-rl worker")
     parser.add_argument(
         "--coordinator",
-        default=os.environ.get(COORDINATOR_ENV),
+        default=environment.coordinator_url,
         help=f"the coordinator's base URL, reachable from here (default ${COORDINATOR_ENV})",
     )
     parser.add_argument(
         "--token",
-        default=os.environ.get(JOIN_TOKEN_ENV),
+        default=environment.join_token_value(),
         help=f"a join credential the cluster's admin issued (relay-rl operators issue), or a shared join token "
         f"(default ${JOIN_TOKEN_ENV}; write --token=VALUE if it begins with -)",
     )
     parser.add_argument(
         "--ca-file",
         type=Path,
-        default=os.environ.get(CA_FILE_ENV) or None,
+        default=environment.coordinator_ca_file,
         help=f"the run's CA certificate (ca.pem of relay-rl keys): the https coordinator's certificate must chain to "
         f"it (default ${CA_FILE_ENV}; neither this nor --cert-sha256: the system's CAs)",
     )
     parser.add_argument(
         "--cert-sha256",
-        default=os.environ.get(CERT_SHA256_ENV) or None,
+        default=environment.coordinator_cert_sha256,
         help=f"pin the coordinator's certificate by its SHA-256 (hex; the coordinator logs it at start) instead of a "
         f"CA (default ${CERT_SHA256_ENV})",
     )
     parser.add_argument(
         "--insecure",
         action="store_true",
-        default=os.environ.get(INSECURE_HTTP_ENV, "").strip().lower() in TRUE_WORDS,
+        default=environment.insecure_http,
         help=f"allow a plain http:// coordinator that is not on loopback: the join token and the worker's tokens "
         f"cross the network in clear text (test beds only; default ${INSECURE_HTTP_ENV})",
     )
     parser.add_argument(
         "--public-key",
-        default=os.environ.get(PUBLIC_KEY_ENV),
+        default=environment.weights_public_key,
         help="pin the learner's Ed25519 public key (hex): refuse a coordinator that hands out another one "
         f"(default ${PUBLIC_KEY_ENV}; unset: trust the coordinator's on first use)",
     )

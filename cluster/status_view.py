@@ -8,11 +8,12 @@ $RL_COORDINATOR_CA_FILE or $RL_COORDINATOR_CERT_SHA256, else cluster.env's, else
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from cluster.tool_settings import tool_settings
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -25,7 +26,7 @@ STATUS_TIMEOUT_S = 10.0
 def add_arguments(parser: argparse.ArgumentParser, default_run_dir: Path) -> None:
     parser.add_argument(
         "--coordinator",
-        default=os.environ.get("RL_COORDINATOR_URL"),
+        default=tool_settings("relay-rl status").coordinator_url,
         help="the coordinator's base URL (default $RL_COORDINATOR_URL, else the one in <run dir>/cluster.env)",
     )
     parser.add_argument(

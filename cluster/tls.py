@@ -67,34 +67,65 @@ def make_run_certificates(
     if valid_days < 1:
         raise ValueError(f"valid_days must be at least 1, got {valid_days}")
     now = datetime.datetime.now(datetime.UTC)
-    not_before, not_after = now - CLOCK_SKEW, now + datetime.timedelta(days=valid_days)
+    validity = _Validity(not_before=now - CLOCK_SKEW, not_after=now + datetime.timedelta(days=valid_days))
+    ca_key = ec.generate_private_key(ec.SECP256R1())  # signs the server certificate, then is dropped
+    ca_cert = _ca_certificate(ca_key, validity)
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    server_cert = _server_certificate(server_key, names, ca_key, ca_cert, validity)
 
-    ca_key = ec.generate_private_key(ec.SECP256R1())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    key_pem = server_key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    _write((out_dir / KEY_FILE).resolve(), key_pem, 0o600, overwrite)
+    _write((out_dir / CERT_FILE).resolve(), server_cert.public_bytes(serialization.Encoding.PEM), 0o644, overwrite)
+    _write((out_dir / CA_FILE).resolve(), ca_cert.public_bytes(serialization.Encoding.PEM), 0o644, overwrite)
+    return read_run_certificates(out_dir)
+
+
+@dataclass(frozen=True)
+class _Validity:
+    """When a run's certificates are valid (both share it)."""
+
+    not_before: datetime.datetime
+    not_after: datetime.datetime
+
+
+def _ca_certificate(ca_key: ec.EllipticCurvePrivateKey, validity: _Validity) -> x509.Certificate:
+    """The run CA's self-signed certificate: it may sign server certificates only (path length 0)."""
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"relay-rl run CA {os.urandom(4).hex()}")])
-    ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
-    ca_cert = (
+    return (
         x509.CertificateBuilder()
         .subject_name(ca_name)
         .issuer_name(ca_name)
         .public_key(ca_key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
+        .not_valid_before(validity.not_before)
+        .not_valid_after(validity.not_after)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(_key_usage(digital_signature=False, key_cert_sign=True), critical=True)
-        .add_extension(ca_ski, critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
 
-    server_key = ec.generate_private_key(ec.SECP256R1())
-    server_cert = (
+
+def _server_certificate(
+    server_key: ec.EllipticCurvePrivateKey,
+    names: list[str],
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_cert: x509.Certificate,
+    validity: _Validity,
+) -> x509.Certificate:
+    """The coordinator's certificate for `names` (the first its common name), signed by the run CA."""
+    ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
+    return (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0][:64])]))
-        .issuer_name(ca_name)
+        .issuer_name(ca_cert.subject)
         .public_key(server_key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
+        .not_valid_before(validity.not_before)
+        .not_valid_after(validity.not_after)
         .add_extension(x509.SubjectAlternativeName([_general_name(name) for name in names]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(_key_usage(digital_signature=True, key_cert_sign=False), critical=True)
@@ -103,21 +134,6 @@ def make_run_certificates(
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = TlsFiles(
-        ca_file=(out_dir / CA_FILE).resolve(),
-        cert_file=(out_dir / CERT_FILE).resolve(),
-        key_file=(out_dir / KEY_FILE).resolve(),
-        cert_sha256="",
-    )
-    key_pem = server_key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    _write(files.key_file, key_pem, 0o600, overwrite)
-    _write(files.cert_file, server_cert.public_bytes(serialization.Encoding.PEM), 0o644, overwrite)
-    _write(files.ca_file, ca_cert.public_bytes(serialization.Encoding.PEM), 0o644, overwrite)
-    return read_run_certificates(out_dir)
 
 
 def read_run_certificates(out_dir: Path) -> TlsFiles:

@@ -22,8 +22,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engines.interface import Sample
-from engines.prompts import check_prompt_ids, check_sampling_args
+from engines.interface import Sample, Sampling
+from engines.prompts import check_prompt_ids
 
 
 @dataclass(frozen=True)
@@ -45,13 +45,17 @@ def record_change(versions: list[VersionChange], token_index: int, policy_versio
 
 @dataclass(frozen=True)
 class SampleRequest:
-    """One sample to draw: one row of the engine's batch."""
+    """One sample to draw: one row of the engine's batch. Raises ValueError unless `sampling` is one drawn
+    sample (num_samples 1, not greedy: a continuous batch samples every row)."""
 
     request_id: int  # the caller's key: each FinishedSample names it
     prompt_ids: tuple[int, ...]  # the context to continue (already encoded and checked)
-    max_new_tokens: int
-    temperature: float
+    sampling: Sampling
     seed: int | None = None  # keyed sampling's seed for this sample (shared/keyed_sampling.py); None: random
+
+    def __post_init__(self) -> None:
+        if self.sampling.num_samples != 1 or self.sampling.greedy:
+            raise ValueError(f"a row is one drawn sample (num_samples 1, not greedy), not {self.sampling}")
 
 
 @dataclass(frozen=True)
@@ -102,8 +106,7 @@ class ContinuousBatch(ABC):
         """Queue rows; they enter the batch at the next step with room. Raises ValueError for a bad request
         (the batch is unchanged)."""
         for request in requests:  # every request checked before any is queued
-            check_sampling_args(1, request.max_new_tokens, request.temperature)
-            check_prompt_ids([request.prompt_ids], request.max_new_tokens, self.max_positions)
+            check_prompt_ids([request.prompt_ids], request.sampling.max_new_tokens, self.max_positions)
         self.waiting.extend(requests)
 
     @abstractmethod

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engines.continuous import SampleRequest
-from engines.interface import InferenceEngine, Sample
+from engines.interface import InferenceEngine, Sample, Sampling
 from shared.messages import FinishReason
 from shared.tasks.environment import Environment
 from shared.tokenization import PromptInput
@@ -99,19 +99,19 @@ def start_episode(
 def run_episodes(
     engine: InferenceEngine,
     episodes: Sequence[Episode],
-    *,
-    max_new_tokens: int,
-    temperature: float,
-    greedy: bool = False,
+    sampling: Sampling,
     sampling_seeds: Sequence[int] | None = None,
 ) -> int:
     """Play every episode to its end, one engine call per turn for all that are still going. Returns the
-    decoding steps the calls took (each call's longest turn), for the worker's batch occupancy.
+    decoding steps the calls took (each call's longest turn), for the worker's batch occupancy. `sampling`:
+    each turn's, one sample of its context (num_samples 1, else ValueError).
 
     `sampling_seeds` (one per episode; None, the workers' choice: the engine's own random sampling): keyed
     sampling, every turn of episode i drawn with seed sampling_seeds[i], its positions counted from the turn's
     first token (as a continuous batch's row counts them). The learner does not check episodes' keyed sampling
     (services/learner/provenance.py), so workers do not key them; tests do, to compare the two ways of playing."""
+    if sampling.num_samples != 1:
+        raise ValueError(f"an episode's turn is one sample of its context, not {sampling.num_samples}")
     if sampling_seeds is not None and len(sampling_seeds) != len(episodes):
         raise ValueError(f"{len(sampling_seeds)} sampling seeds for {len(episodes)} episodes")
     active = [index for index, episode in enumerate(episodes) if not episode.done]
@@ -119,24 +119,20 @@ def run_episodes(
     while active:
         samples = engine.generate_from_ids(
             [episodes[index].context for index in active],
-            1,
-            max_new_tokens,
-            temperature,
-            greedy,
+            sampling,
             None if sampling_seeds is None else [sampling_seeds[index] for index in active],
         )
         num_steps += max(sample.num_tokens for (sample,) in samples)
         for index, (sample,) in zip(active, samples, strict=True):
-            episodes[index].take_turn(sample, engine, max_new_tokens)
+            episodes[index].take_turn(sample, engine, sampling.max_new_tokens)
         active = [index for index in active if not episodes[index].done]
     return num_steps
 
 
-def next_turn(
-    episode: Episode, request_id: int, max_new_tokens: int, temperature: float, seed: int | None = None
-) -> SampleRequest:
+def next_turn(episode: Episode, request_id: int, sampling: Sampling, seed: int | None = None) -> SampleRequest:
     """The episode's next model turn as one row of a continuous batch: the context so far (the prompt, the
-    model's turns and the observations) is the row's prompt, as `run_episodes` gives it to the engine."""
+    model's turns and the observations) is the row's prompt, as `run_episodes` gives it to the engine.
+    `sampling`: the turn's (one sample)."""
     if episode.done:
         raise ValueError("the episode has ended: it has no next turn")
-    return SampleRequest(request_id, tuple(episode.context), max_new_tokens, temperature, seed)
+    return SampleRequest(request_id, tuple(episode.context), sampling, seed)

@@ -7,6 +7,9 @@ learner's evaluator (services/learner/evaluator.py) builds a TorchEngine itself:
 learner's process.
 This module imports neither torch nor vllm.
 
+How to sample is one argument, `Sampling` (vLLM's frozen SamplingParams is the model): every engine call, the
+episode runner and a continuous batch's rows take it, checked once when it is built.
+
 Behaviour logprobs are defined exactly as the learner recomputes them: the log-softmax of
 `logits / temperature` at the sampled token (also for greedy decoding), so the importance ratio of
 a fresh on-policy sample is 1.
@@ -16,11 +19,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shared.messages import FinishReason  # "stop": ended with EOS; "length": hit max_new_tokens
+from shared.messages import FinishReason, TaskGroup
 from shared.tokenization import PromptInput
 from shared.weight_channel import Buffer, LoraAdapter, WeightsLoadError
 
@@ -42,6 +45,38 @@ class PromptTooLongError(EngineError, ValueError):
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """How the completions of a call are sampled, the same for each of its prompts; raises ValueError unless
+    num_samples >= 1, max_new_tokens >= 1 and temperature > 0.
+
+    Keyed sampling's seeds are not part of it: they are one per prompt (sample j of prompt i drawn with seed
+    sampling_seeds[i] + j), derived from each task's id, so they change with the prompts a call batches, while
+    one Sampling serves every call of a kind of task (the worker batches the tasks that share one). They go
+    beside the prompts: `sampling_seeds` of `generate`, `SampleRequest.seed` of a continuous batch's row."""
+
+    num_samples: int  # completions per prompt
+    max_new_tokens: int  # completion length cap, EOS included
+    temperature: float  # softmax(logits / temperature): what is sampled, and the behaviour log-probs
+    greedy: bool = False  # argmax at every step (evaluation); log-probs still use `temperature`
+
+    def __post_init__(self) -> None:
+        if self.num_samples < 1 or self.max_new_tokens < 1 or self.temperature <= 0:
+            raise ValueError(
+                "need num_samples >= 1, max_new_tokens >= 1, temperature > 0; "
+                f"got {self.num_samples}, {self.max_new_tokens}, {self.temperature}"
+            )
+
+    @classmethod
+    def of_task(cls, task: TaskGroup) -> Sampling:
+        """The task's group: its num_samples completions, each up to max_new_tokens, at its temperature."""
+        return cls(task.num_samples, task.max_new_tokens, task.temperature)
+
+    def one_sample(self) -> Sampling:
+        """The same, for one sample: an episode's turn, a continuous batch's row."""
+        return replace(self, num_samples=1)
+
+
+@dataclass(frozen=True)
 class Sample:
     """One completion of one prompt."""
 
@@ -49,7 +84,7 @@ class Sample:
     token_ids: list[int]  # completion tokens, EOS included when sampled
     logprobs: list[float]  # one per completion token: log p(token) under softmax(logits / temperature)
     text: str  # decoded completion, EOS excluded
-    finish_reason: FinishReason
+    finish_reason: FinishReason  # "stop": ended with EOS; "length": hit max_new_tokens
 
     @property
     def num_tokens(self) -> int:
@@ -79,13 +114,10 @@ class InferenceEngine(ABC):
     def generate(
         self,
         prompts: Sequence[str | PromptInput],
-        num_samples: int,
-        max_new_tokens: int,
-        temperature: float,
-        greedy: bool = False,
+        sampling: Sampling,
         sampling_seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:
-        """`num_samples` completions of each prompt: result[i][j] is sample j of prompts[i].
+        """`sampling.num_samples` completions of each prompt: result[i][j] is sample j of prompts[i].
 
         `sampling_seeds` (one per prompt): keyed sampling (shared/keyed_sampling.py), sample j of prompt i
         drawn with seed sampling_seeds[i] + j, so anyone with the weights can check how each token was
@@ -94,32 +126,19 @@ class InferenceEngine(ABC):
         A prompt is encoded by shared.tokenization.encode_prompt (the learner's evaluation uses the
         same rule): chat messages go through the tokenizer's chat template when it has one.
 
-        `greedy=True` takes the argmax at every step (evaluation); logprobs still use `temperature`.
+        `sampling.greedy` takes the argmax at every step (evaluation); logprobs still use its temperature.
         Raises an EngineError subclass when a prompt cannot be served (the whole call fails: callers
         isolate a bad prompt by retrying one prompt per call). Every engine: encode_prompts, then
         generate_from_ids."""
-        from engines.prompts import check_sampling_args  # engines.prompts imports this module
-
-        check_sampling_args(num_samples, max_new_tokens, temperature)
         if not prompts:
             return []
-        return self.generate_from_ids(
-            self.encode_prompts(prompts, max_new_tokens),
-            num_samples,
-            max_new_tokens,
-            temperature,
-            greedy,
-            sampling_seeds,
-        )
+        return self.generate_from_ids(self.encode_prompts(prompts, sampling.max_new_tokens), sampling, sampling_seeds)
 
     @abstractmethod
     def generate_from_ids(
         self,
         prompt_ids: Sequence[Sequence[int]],
-        num_samples: int,
-        max_new_tokens: int,
-        temperature: float,
-        greedy: bool = False,
+        sampling: Sampling,
         sampling_seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:
         """`generate` from prompts already encoded: a multi-turn episode continues its context (the prompt,

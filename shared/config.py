@@ -7,7 +7,6 @@ runs and how it reaches the others. Secrets (`RL_ADMIN_TOKEN`, the learner's `RL
 from __future__ import annotations
 
 import logging
-import tomllib
 from pathlib import Path
 from typing import Literal
 
@@ -15,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.model_catalog import INIT_NAMES, TINY_RANDOM
+from shared.run_file import read_run_file
 from shared.staleness import AdmissionRule
 
 log = logging.getLogger(__name__)
@@ -181,19 +181,6 @@ class GRPOConfig(Section):
         "advantage, no gradient; dropped as `zero_variance`) and collects until groups_per_step groups with a "
         "reward spread are in the batch. Costs the skipped groups' generation (groups_per_trained_group)",
     )
-    zero_variance_warn_fraction: float = Field(
-        0.9,
-        gt=0,
-        le=1,
-        description="the learner warns when this share (or more) of each step's groups had zero reward variance "
-        "for zero_variance_warn_steps steps in a row: such a run cannot learn (docs/operations.md)",
-    )
-    zero_variance_warn_steps: int = Field(
-        5, ge=1, description="consecutive steps at or above zero_variance_warn_fraction before the first warning"
-    )
-    zero_variance_warn_every_steps: int = Field(
-        50, ge=1, description="while the share stays that high, the warning is repeated at most this often (steps)"
-    )
 
     @model_validator(mode="after")
     def _minibatches_hold_whole_groups(self) -> GRPOConfig:
@@ -331,7 +318,6 @@ class BroadcastConfig(Section):
     full_every: int = Field(
         10, ge=1, description="K: every K-th published version is a full snapshot (1: never a delta)"
     )
-    delta_zstd_level: int = Field(3, ge=1, le=22, description="zstd level of delta payloads")
 
     @model_validator(mode="after")
     def _stall_outlasts_chunk_wait(self) -> BroadcastConfig:
@@ -508,15 +494,6 @@ class WorkConfig(Section):
         description="ended leases (answered, failed or expired) a flagged worker needs before it is quarantined: three "
         "default batches, so an honest worker that lost its first batch to a slow start (ratio 0.67) is not",
     )
-    reward_flag_standard_errors: float = Field(
-        5.0,
-        gt=0,
-        description="a worker's mean group reward is flagged (a signal, never acted on) when it departs from the rest of "
-        "the fleet's by more than this many standard errors",
-    )
-    reward_flag_min_groups: int = Field(
-        50, ge=2, description="scored groups a worker (and the rest of the fleet) needs before its reward is compared"
-    )
 
 
 class ActivationConfig(Section):
@@ -569,7 +546,7 @@ class TrustConfig(Section):
         0.01,
         gt=0,
         description="the floor of the exact checks' tolerance: a group recomputed at its claimed version (lag 0, or "
-        "an audit) fails when its mean |log mu - log pi| exceeds max(this, numerics_factor x the measured bf16 "
+        "an audit) fails when its mean |log mu - log pi| exceeds max(this, 3 x the measured bf16 "
         "reference); float32 engines on both sides differ by ~1e-6 (docs/trust.md)",
     )
     numerics_rows: int = Field(
@@ -580,15 +557,6 @@ class TrustConfig(Section):
         "how far honest engines' numerics spread on this policy (services/learner/numerics.py); "
         "0: the tolerance is audit_tolerance_nats alone",
     )
-    numerics_factor: float = Field(
-        3.0,
-        ge=1,
-        description="the exact checks' tolerance is this many times the measured bf16 reference (honest bf16 "
-        "engines against a bf16-compute learner were measured at 1.2-1.5x it)",
-    )
-    numerics_window_steps: int = Field(
-        16, ge=1, le=10_000, description="steps whose references the tolerance takes the median of"
-    )
     audit_fraction: float = Field(
         0.25,
         ge=0,
@@ -598,11 +566,6 @@ class TrustConfig(Section):
     )
     audit_keep_versions: int = Field(
         3, ge=0, description="recent versions whose weights the learner keeps in memory for audits (0: no audits)"
-    )
-    suspicious_weight: float = Field(1.0, gt=0, description="score added by a group outside the band")
-    audit_failure_weight: float = Field(5.0, gt=0, description="score added by a failed exact comparison")
-    honest_decay: float = Field(
-        0.25, ge=0, description="score removed by a group inside the band (CUSUM drift; floor 0)"
     )
     quarantine_score: float = Field(10.0, gt=0, description="a worker at or past this score is quarantined")
     provenance: bool = Field(
@@ -617,17 +580,32 @@ class TrustConfig(Section):
         description="probability mass: a token whose keyed uniform lies further than this outside its CDF interval "
         "at the claimed version is a violation (honest bf16 engines: see docs/trust.md#sampling-provenance)",
     )
-    provenance_max_violation_fraction: float = Field(
-        0.1,
-        ge=0,
-        lt=1,
-        description="a sample fails provenance when more than this fraction of its tokens are violations; a group "
-        "fails when one of its samples does",
-    )
-    provenance_min_violations: int = Field(
-        3, ge=1, description="... and at least this many (a near-tie or two in a short sample is not enough)"
-    )
 
+
+# The settings no shipped run file (configs/) or benchmark changes, each with why it is a setting and not a constant
+# (tests/unit/test_config.py keeps this list exact: a new setting nothing changes needs its line here).
+KEPT_AT_DEFAULT: dict[str, str] = {
+    "task.question_column": "a user's own math file names its columns",
+    "task.answer_column": "a user's own math file names its columns",
+    "grpo.normalize_advantage_by_std": "Dr. GRPO's variant (no std division) is a known algorithm choice",
+    "learner.eval_max_stall_s": "how long training may wait for the learner's own evaluation: model size decides",
+    "broadcast.relay_fanout": "the relay tree's shape: wide where workers' uplinks are fast, chains where slow",
+    "broadcast.probe_inbound": "off where the coordinator sits outside the network its workers share",
+    "activation.margin": "spare capacity bought against the fleet's churn: the operator's price of risk",
+    "activation.hysteresis": "how much churn in the active set an operator accepts for a closer fit",
+    "activation.min_dwell_s": "how long a provider bills at least once a worker starts",
+    "activation.assumed_samples_per_s": "a never-measured worker's speed depends on the model and hardware",
+    "activation.activate_free_workers": "off where free workers still cost (power, a shared cluster's quota)",
+    "activation.max_billing_gap_s": "the longest coordinator outage billed: the operator's contract decides",
+    "activation.verified_work_window_s": "a provider's billing granularity; derived from the lease time when 0",
+    "trust.band_nats": "the honest band depends on the model and engines (docs/trust.md measures it per run)",
+    "trust.audit_tolerance_nats": "the floor of the exact check: float32 fleets can tighten it",
+    "trust.numerics_rows": "the learner's cost of measuring its numerics (0: none, the floor alone)",
+    "trust.provenance": "off for engines without keyed sampling (a user's own engine)",
+    "work.quarantine_incomplete": "off for a fleet whose workers are trusted but unreliable (preemptible machines)",
+    "work.quarantine_min_ended_leases": "how much evidence a quarantine needs: the batch size of the fleet decides",
+    "lora.dropout": "peft's adapter dropout, for users reproducing a LoRA recipe that sets it",
+}
 
 MIN_VERIFIED_WORK_WINDOW_S = 60.0  # the billing window's derived default is never shorter
 
@@ -706,9 +684,9 @@ def resolve_model_dir(env_model_dir: Path | None, model: ModelConfig, run_dir: P
 
 
 def load_run_config(path: str | Path, **overrides: object) -> RunConfig:
-    """Read a run TOML file. `overrides` replace top-level keys (e.g. run_id=...). Errors name the field."""
-    with open(path, "rb") as f:
-        raw = tomllib.load(f)
+    """Read a run TOML file (its `extends` resolved: shared/run_file.py). `overrides` replace top-level keys
+    (e.g. run_id=...). Errors name the field."""
+    raw = read_run_file(path)
     raw.update(overrides)
     try:
         return RunConfig.model_validate(raw)

@@ -554,8 +554,8 @@ class LearnerHeadline(BaseModel):
     zero_variance_warning: str | None = Field(
         None,
         max_length=2048,
-        description="while the share of flat groups has stayed at or above [grpo] zero_variance_warn_fraction for "
-        "zero_variance_warn_steps steps: the learner's warning, naming the likely cause (the run cannot learn)",
+        description="while 90% or more of each step's groups have been flat for 5 steps in a row "
+        "(services/learner/zero_variance.py): the learner's warning, naming the likely cause (the run cannot learn)",
     )
     last_eval: EvalRecord | None = Field(None, description="the newest held-out evaluation (format and chance too)")
 

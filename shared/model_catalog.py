@@ -13,7 +13,6 @@ leaves a `.NAME.partial-*` folder that nothing mistakes for the model.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,11 +85,9 @@ def lookup(name: str) -> CatalogModel:
 
 
 def cache_root(cache_dir: Path | None = None) -> Path:
-    """Where catalog models are cached: `cache_dir`, else $RL_MODEL_CACHE, else ~/.cache/relay-rl/models."""
-    if cache_dir is not None:
-        return cache_dir.expanduser()
-    from_env = os.environ.get(CACHE_ENV)
-    return Path(from_env).expanduser() if from_env else DEFAULT_CACHE_ROOT
+    """Where catalog models are cached: `cache_dir` (a tool's --cache-dir, else $RL_MODEL_CACHE: the caller's
+    settings, cluster/tool_settings.py), else ~/.cache/relay-rl/models."""
+    return DEFAULT_CACHE_ROOT if cache_dir is None else cache_dir.expanduser()
 
 
 def cached_folder(name: str, root: Path) -> Path:

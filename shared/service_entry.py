@@ -1,9 +1,10 @@
 """How every service starts: the same steps in the same order for the four `python -m services.<name>`.
 
-    parse_cli(prog, __doc__, argv)
-        --help answers here, before anything heavy is imported
     from services.<name>.settings import Settings
         the caller's import: pydantic-settings, no torch
+    parse_cli(prog, __doc__, argv, settings=Settings)
+        --help answers here, before anything heavy is imported, and lists the RL_* variables
+        Settings reads (environment_help: the one way environment help is written)
     settings, run = start_service("<name>", Settings)
         settings from RL_* (a clear exit, not a traceback, when one is missing or wrong), logging,
         the run file, and the resolved settings and run config logged once
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
+    from pydantic_settings import BaseSettings
 
     from shared.config import ProcessSettings, RunConfig
 
@@ -34,13 +36,52 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def parse_cli(
-    prog: str, description: str | None, argv: Sequence[str] | None = None, *, epilog: str | None = None
+    prog: str,
+    description: str | None,
+    argv: Sequence[str] | None = None,
+    *,
+    settings: type[BaseSettings],
 ) -> argparse.Namespace:
-    """The services take no arguments (they read RL_* variables); this gives them `--help`."""
+    """The services take no arguments (they read RL_* variables); this gives them `--help`, which lists the
+    variables `settings` reads (environment_help)."""
     parser = argparse.ArgumentParser(
-        prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog,
+        description=description,
+        epilog="environment:\n" + environment_help(settings),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     return parser.parse_args(argv)
+
+
+def environment_variable(settings: type[BaseSettings], name: str) -> str:
+    """The environment variable a settings field is read from: its alias, else the class's prefix + its name."""
+    alias = settings.model_fields[name].validation_alias
+    if isinstance(alias, str):
+        return alias
+    return f"{settings.model_config.get('env_prefix', '')}{name}".upper()
+
+
+def environment_help(settings: type[BaseSettings]) -> str:
+    """One entry per variable `settings` reads, from the fields themselves: the name, the description, and
+    the default ("required" where there is none; a secret's default is never shown)."""
+    import textwrap
+
+    lines = []
+    for name, field in settings.model_fields.items():
+        if field.is_required():
+            default = "required"
+        elif field.default is None:
+            default = "default: unset"
+        else:
+            default = f"default {field.default}"
+        text = f"{field.description or ''} ({default})"
+        lines += textwrap.wrap(
+            text,
+            width=116,
+            initial_indent=f"  {environment_variable(settings, name):<34}",
+            subsequent_indent=" " * 36,
+        )
+    return "\n".join(lines)
 
 
 def start_service(name: str, settings_type: type[S]) -> tuple[S, RunConfig]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import re
 import sys
 from collections.abc import Sequence
@@ -30,6 +29,8 @@ from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 SIGNING_KEY_ENV = "RL_SIGNING_KEY"  # the learner's private key
 PUBLIC_KEY_ENV = "RL_WEIGHTS_PUBLIC_KEY"  # every other component's public key
@@ -107,6 +108,14 @@ def _raw_key(text: str, variable: str) -> bytes:
     return bytes.fromhex(text)
 
 
+class SigningKeyEnvironment(BaseSettings):
+    """`python -m shared.signing public`'s one setting: the learner's RL_SIGNING_KEY, and nothing else of its own."""
+
+    model_config = SettingsConfigDict(env_prefix="RL_", extra="ignore", env_ignore_empty=True)
+
+    signing_key: SecretStr | None = None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m shared.signing", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -118,9 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "generate":
         sys.stdout.write(generate_key_pair().env_lines())
         return 0
-    text = os.environ.get(SIGNING_KEY_ENV)
-    if not text:
+    secret = SigningKeyEnvironment().signing_key
+    if secret is None:
         sys.exit(f"{SIGNING_KEY_ENV} is not set")
+    text = secret.get_secret_value()
     try:
         public = load_signing_key(text).public_key()
     except ValueError as exc:

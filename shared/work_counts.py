@@ -134,6 +134,12 @@ def parse_counts(
     return counts
 
 
+def release_baseline(raw: Mapping[bytes, bytes], key: str) -> WorkCounts | None:
+    """A stored release baseline (a worker's or a credential's): its counters and what the reward service had
+    judged when an admin released it; None: never released."""
+    return WorkCounts(**parse_counts(raw, key, names=(*COUNTERS, *JUDGED))) if raw else None
+
+
 def _work_counts(
     raw: Mapping[bytes, bytes], key: str, problems: list[str], held: int, judged: Iterable[RewardStats]
 ) -> WorkCounts:

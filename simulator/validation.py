@@ -207,46 +207,13 @@ def predict(
 ) -> dict:
     """The simulator's and the capacity model's utilization for the measured inputs, in the run's batching
     mode (`run.rollout.batching`; `max_groups_per_batch` is batch mode's cap)."""
-    scoring_s = measured.scoring_s
     engine = engine_model(run, measured)
     workers = [WorkerSpec(name, "cpu", 0.0, mu, 1000.0, 0.0, float("inf")) for name, mu in engine.rates.items()]
-    config = SimConfig(
-        group_size=run.grpo.group_size,
-        groups_per_step=run.grpo.groups_per_step,
-        num_steps=max(50, measured.num_steps),
-        train_s=measured.train_s,
-        staleness_bound=run.schedule.staleness_bound,
-        publish_every=run.schedule.publish_every,
-        step_overhead_s=measured.step_overhead_s,
-        batch_read_s=measured.read_s,
-        max_groups_in_flight=run.max_groups_in_flight,
-        max_groups_per_batch=max_groups_per_batch,
-        call_overhead_s=engine.call_overhead_s,
-        scoring_s=scoring_s,
-        reward_poll_s=reward_poll_s,
-        trickle_tasks=True,
-        fixed_broadcast_s=measured.broadcast_s,
-        seed=seed,
-        batching=run.rollout.batching,
-        length_factors=engine.length_factors,
-        continuous_max_rows=run.rollout.continuous_max_rows if run.rollout.batching == "continuous" else 0,
-        admission=run.schedule.admission,
+    config = simulation_config(
+        run, measured, engine, reward_poll_s=reward_poll_s, max_groups_per_batch=max_groups_per_batch, seed=seed
     )
     result = simulate(config, workers)
-    analytic = assess(
-        CapacityInputs(
-            samples_per_step=run.grpo.group_size * run.grpo.groups_per_step,
-            train_s=measured.train_s,
-            staleness_bound=run.schedule.staleness_bound,
-            publish_every=run.schedule.publish_every,
-            step_overhead_s=measured.step_overhead_s + measured.read_s,
-            broadcast_s=measured.broadcast_s,
-            # continuous: the dashboard's latency is one decoding step's; a group lasts lease to last row
-            group_latency_s=measured.group_generation_s if engine.continuous else measured.group_latency_s,
-            queue_delay_s=scoring_s + reward_poll_s / 2,
-            worker_samples_per_s=tuple(measured.worker_samples_per_s.values()),
-        )
-    )
+    analytic = assess(capacity_inputs(run, measured, engine, reward_poll_s=reward_poll_s))
     simulated = result.utilization
     return {
         "measured": asdict(measured),
@@ -269,6 +236,58 @@ def predict(
             "engine": engine.description,
         },
     }
+
+
+def simulation_config(
+    run: RunConfig,
+    measured: MeasuredRun,
+    engine: EngineModel,
+    *,
+    reward_poll_s: float,
+    max_groups_per_batch: int,
+    seed: int = 0,
+) -> SimConfig:
+    """The simulator's inputs: the run file's G, B, S, k, M and batch cap, and the measured costs."""
+    return SimConfig(
+        group_size=run.grpo.group_size,
+        groups_per_step=run.grpo.groups_per_step,
+        num_steps=max(50, measured.num_steps),
+        train_s=measured.train_s,
+        staleness_bound=run.schedule.staleness_bound,
+        publish_every=run.schedule.publish_every,
+        step_overhead_s=measured.step_overhead_s,
+        batch_read_s=measured.read_s,
+        max_groups_in_flight=run.max_groups_in_flight,
+        max_groups_per_batch=max_groups_per_batch,
+        call_overhead_s=engine.call_overhead_s,
+        scoring_s=measured.scoring_s,
+        reward_poll_s=reward_poll_s,
+        trickle_tasks=True,
+        fixed_broadcast_s=measured.broadcast_s,
+        seed=seed,
+        batching=run.rollout.batching,
+        length_factors=engine.length_factors,
+        continuous_max_rows=run.rollout.continuous_max_rows if run.rollout.batching == "continuous" else 0,
+        admission=run.schedule.admission,
+    )
+
+
+def capacity_inputs(
+    run: RunConfig, measured: MeasuredRun, engine: EngineModel, *, reward_poll_s: float
+) -> CapacityInputs:
+    """The analytic capacity model's inputs (shared.capacity), from the same measurements."""
+    return CapacityInputs(
+        samples_per_step=run.grpo.group_size * run.grpo.groups_per_step,
+        train_s=measured.train_s,
+        staleness_bound=run.schedule.staleness_bound,
+        publish_every=run.schedule.publish_every,
+        step_overhead_s=measured.step_overhead_s + measured.read_s,
+        broadcast_s=measured.broadcast_s,
+        # continuous: the dashboard's latency is one decoding step's; a group lasts lease to last row
+        group_latency_s=measured.group_generation_s if engine.continuous else measured.group_latency_s,
+        queue_delay_s=measured.scoring_s + reward_poll_s / 2,
+        worker_samples_per_s=tuple(measured.worker_samples_per_s.values()),
+    )
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from cluster.tls import TlsFiles
 from services.coordinator.announcements import Announcements
 from services.coordinator.app import create_app
 from services.coordinator.redis_access import RedisAccess
+from services.coordinator.uvicorn_server import CoordinatorServer
 from services.rollout.settings import RolloutSettings
 from shared import worker_rewards
 from shared.api import JOIN_TOKEN_HEADER, OPERATORS_PATH, ClusterBootstrap, IssuedOperator, RegisterWorkerResponse
@@ -92,7 +93,13 @@ def served_coordinator(
         app.state.control.clock = control_clock
     verify: ssl.SSLContext | bool = True if tls is None else ssl.create_default_context(cafile=str(tls.ca_file))
     with (
-        serve(app if front is None else front(app), port, tls=tls, host=host) as url,
+        serve(
+            app if front is None else front(app),
+            port,
+            tls=tls,
+            host=host,
+            server_class=lambda config: CoordinatorServer(config, app),
+        ) as url,
         httpx.Client(base_url=url, timeout=10, headers=JOIN_HEADERS, verify=verify) as client,
     ):
         yield ServedCoordinator(url=url, client=client, app=app)

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F  # noqa: N812 (the conventional name)
 
+from engines.interface import Sampling
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -39,16 +41,14 @@ class Completion:
 def generate(
     model: torch.nn.Module,
     prompts: list[list[int]],
+    sampling: Sampling,
     *,
-    num_samples: int,
-    max_new_tokens: int,
-    temperature: float,
     eos_token_ids: Collection[int],
-    greedy: bool = False,
     generator: torch.Generator | None = None,
 ) -> list[list[Completion]]:
-    """`num_samples` completions of each prompt (token ids); returned per prompt, in order. A row stops
+    """`sampling.num_samples` completions of each prompt (token ids); returned per prompt, in order. A row stops
     at any of `eos_token_ids` (shared.tokenization.eos_token_ids: the workers' set)."""
+    num_samples = sampling.num_samples
     was_training = model.training
     model.eval()
     # the learner's run-file device (CPU or CUDA); a parameter-free stand-in model runs on the CPU
@@ -60,7 +60,7 @@ def generate(
     for indices in by_length.values():
         prefix = torch.tensor([prompts[i] for i in indices], dtype=torch.long, device=device)
         prefix = prefix.repeat_interleave(num_samples, dim=0)
-        completions = _decode_rows(model, prefix, max_new_tokens, temperature, eos_token_ids, greedy, generator)
+        completions = _decode_rows(model, prefix, sampling, eos_token_ids, generator)
         for position, index in enumerate(indices):
             results[index] = completions[position * num_samples : (position + 1) * num_samples]
     model.train(was_training)
@@ -70,10 +70,8 @@ def generate(
 def _decode_rows(
     model: torch.nn.Module,
     prefix: torch.Tensor,
-    max_new_tokens: int,
-    temperature: float,
+    sampling: Sampling,
     eos_token_ids: Collection[int],
-    greedy: bool,
     generator: torch.Generator | None,
 ) -> list[Completion]:
     num_rows = prefix.shape[0]
@@ -81,10 +79,10 @@ def _decode_rows(
     tokens = prefix  # (rows, prompt_len + generated)
     new_tokens, new_logprobs = [], []
     finished = torch.zeros(num_rows, dtype=torch.bool, device=prefix.device)
-    for _ in range(max_new_tokens):
-        logits = model(input_ids=tokens).logits[:, -1].float() / temperature  # (rows, V)
+    for _ in range(sampling.max_new_tokens):
+        logits = model(input_ids=tokens).logits[:, -1].float() / sampling.temperature  # (rows, V)
         logprobs = F.log_softmax(logits, dim=-1)
-        if greedy:
+        if sampling.greedy:
             next_token = logprobs.argmax(dim=-1)
         else:
             next_token = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)

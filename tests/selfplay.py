@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engines.interface import Sampling
 from shared.messages import RolloutGroup, ScoredGroup, pack_float32, pack_int32
 from shared.tasks import TaskAdapter, TaskPrompt
 from tests.sampling import generate
@@ -28,23 +29,13 @@ def sample_scored_groups(
     *,
     run_id: str,
     policy_version: int,
-    group_size: int,
-    max_new_tokens: int,
-    temperature: float,
+    sampling: Sampling,
     worker_id: str = "selfplay",
     generator: torch.Generator | None = None,
 ) -> list[ScoredGroup]:
-    """One GRPO group of `group_size` samples per prompt, sampled by `model` (as `policy_version`)."""
+    """One GRPO group of `sampling.num_samples` samples per prompt, sampled by `model` (as `policy_version`)."""
     prompt_ids = [tokenizer(item.prompt, add_special_tokens=False)["input_ids"] for item in prompts]
-    samples = generate(
-        model,
-        prompt_ids,
-        num_samples=group_size,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        eos_token_ids={tokenizer.eos_token_id},
-        generator=generator,
-    )
+    samples = generate(model, prompt_ids, sampling, eos_token_ids={tokenizer.eos_token_id}, generator=generator)
     groups = []
     for item, ids, completions in zip(prompts, prompt_ids, samples, strict=True):
         texts = [completion.text(tokenizer) for completion in completions]
@@ -56,7 +47,7 @@ def sample_scored_groups(
             prompt=item.prompt,
             worker_id=worker_id,
             policy_version=policy_version,
-            temperature=temperature,
+            temperature=sampling.temperature,
             prompt_token_ids=pack_int32(ids),
             completion_token_ids=pack_int32([t for c in completions for t in c.token_ids]),
             completion_lengths=pack_int32([len(c.token_ids) for c in completions]),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -17,16 +17,21 @@ from tests.polling import wait_for
 
 @contextlib.contextmanager
 def serve(
-    app: ASGIApp, port: int | None = None, *, tls: TlsFiles | None = None, host: str = "127.0.0.1"
+    app: ASGIApp,
+    port: int | None = None,
+    *,
+    tls: TlsFiles | None = None,
+    host: str = "127.0.0.1",
+    server_class: Callable[[uvicorn.Config], uvicorn.Server] = uvicorn.Server,
 ) -> Iterator[str]:
     """Run `app` under uvicorn in a thread (on `host`:`port`, default a free port of loopback); yields its base URL
-    (https with `tls`: a run's certificate and key, cluster/tls.py); stops it (lifespan included) on exit."""
+    (https with `tls`: a run's certificate and key, cluster/tls.py); stops it (lifespan included) on exit.
+    `server_class`: the server to run (the coordinator's answers its long polls when it stops)."""
     port = free_port() if port is None else port
     certificate: dict[str, Any] = (
         {} if tls is None else {"ssl_certfile": str(tls.cert_file), "ssl_keyfile": str(tls.key_file)}
     )
-    # long polls (GET /v1/weights/latest) are cut after 1 s at stop: a worker retries them
-    server = uvicorn.Server(
+    server = server_class(
         uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=1, **certificate)
     )
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)

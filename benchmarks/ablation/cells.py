@@ -19,7 +19,6 @@ import shutil
 import signal
 import statistics
 import time
-import tomllib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from cluster.report import write_report
 from cluster.run_report import EvalPoint, RunReport
 from shared.api import DashboardResponse
 from shared.config import RunConfig, load_run_config
+from shared.run_file import dump_run_file, read_run_file
 from shared.run_records import EvalRecord, StepRecord, read_metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ class Cell:
         return max(self.staleness_bound - 1, 0) if self.hold_versions_max is None else self.hold_versions_max
 
     def run_file(self, base: Path | None = None) -> dict[str, Any]:
-        raw = tomllib.loads((base or REPO_ROOT / self.base_config).read_text())
+        raw = read_run_file(base or REPO_ROOT / self.base_config)
         raw["run_id"] = self.run_id_prefix
         if self.learner_price_per_hour is not None:
             raw.setdefault("activation", {})["learner_price_per_hour"] = self.learner_price_per_hour
@@ -140,7 +140,7 @@ def run_cell(cell: Cell, runs_dir: Path, analyse: CellAnalysis | None = None) ->
     adds its own figures (benchmarks/async_vs_sync.py: the simulator's prediction) to the result's extra."""
     runs_dir.mkdir(parents=True, exist_ok=True)
     run_file = runs_dir / f"{cell.key}.source.toml"
-    run_file.write_text(dump_toml(cell.run_file()))
+    run_file.write_text(dump_run_file(cell.run_file()))
     load_run_config(run_file)  # a bad cell fails here, before any process starts
     price = {"RL_WORKER_PRICE_PER_HOUR": str(cell.worker_price_per_hour)}
     worker_env = {f"worker-{index}": price for index in range(cell.num_workers)}
@@ -223,29 +223,6 @@ def save(result: CellResult, out_dir: Path) -> Path:
 
 def load_results(out_dir: Path) -> list[CellResult]:
     return [CellResult(**json.loads(path.read_text())) for path in sorted((out_dir / "cells").glob("*.json"))]
-
-
-def dump_toml(raw: dict[str, Any]) -> str:
-    """A run file's dict as TOML: top-level scalars, then one table per section (scalars, lists, inline tables)."""
-    lines = [f"{key} = {_toml_value(value)}" for key, value in raw.items() if not isinstance(value, dict)]
-    for section, values in raw.items():
-        if isinstance(values, dict):
-            lines += ["", f"[{section}]", *(f"{key} = {_toml_value(value)}" for key, value in values.items())]
-    return "\n".join(lines) + "\n"
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
-    if isinstance(value, dict):  # a table inside a section (e.g. [task] reasoning_gym_config): inline
-        return "{ " + ", ".join(f"{json.dumps(str(key))} = {_toml_value(item)}" for key, item in value.items()) + " }"
-    raise TypeError(f"cannot write {value!r} as TOML")
 
 
 def start_runner_logging() -> None:

@@ -5,13 +5,17 @@ Heavy imports (fastapi, uvicorn, redis) happen after argument parsing, so `--hel
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from shared.service_entry import parse_cli, start_service
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
     from services.coordinator.operators import OperatorCredentials
     from services.coordinator.settings import CoordinatorSettings
     from shared.api import ClusterBootstrap
@@ -25,56 +29,26 @@ DESCRIPTION = (
     "Prometheus metrics (/metrics) and a live dashboard (/dashboard). "
     "Stateless: everything lives in Redis, so it can be restarted at any time. API docs at /docs."
 )
-ENVIRONMENT_HELP = """\
-environment:
-  RL_ADMIN_TOKEN        required secret: bearer token of admin calls (at least 16 characters)
-  RL_JOIN_TOKEN         secret: the shared join token workers send to register (header X-RL-Join-Token;
-                        >= 16 chars), one credential for every holder: the local demo's
-  RL_OPERATOR_TOKENS    secret: comma-separated join credentials op-<12 hex>.<16+ chars> made outside (relay-rl
-                        keys --compose, deploy/make_secrets.py); each is made sure to exist at start, as if
-                        issued (POST /v1/operators). One of RL_JOIN_TOKEN and RL_OPERATOR_TOKENS is required;
-                        without RL_JOIN_TOKEN only issued and provisioned credentials register
-  RL_OPEN_REGISTRATION  true: no join token, anyone may register (dev only; default false)
-  RL_COORDINATOR_HOST   interface to bind (default 127.0.0.1)
-  RL_COORDINATOR_PORT   TCP port (default 8000)
-  RL_REDIS_URL          Redis holding the run's streams and state (default redis://127.0.0.1:6379/0)
-  RL_WEIGHTS_PUBLIC_KEY the learner's public key: set, GET /v1/cluster/bootstrap hands workers it and the
-                        run file (`relay-rl worker --coordinator URL --token JOIN_TOKEN`); workers need
-                        no Redis: they work through the coordinator's work API (/v1/work)
-  RL_ROLLOUT_KEY_RETENTION_S  how long a departed worker's rollout-signing key is kept (default 86400)
-  RL_COORDINATOR_MAX_CONNECTIONS    connections or requests at once; past it new requests get 503 (default 10000)
-  RL_COORDINATOR_REQUEST_TIMEOUT_S  a whole request must arrive within this of connecting or of the previous
-                                    response, or the connection is closed (default 30)
-  RL_COORDINATOR_KEEP_ALIVE_S       an idle keep-alive connection is closed after this (default 5)
-  RL_TLS_CERT_FILE      the server certificate (PEM); with RL_TLS_KEY_FILE the API is served over https only
-  RL_TLS_KEY_FILE       its private key (PEM). Unset: plain http, for loopback (workers refuse plain http to any
-                        other host unless told --insecure). relay-rl keys --tls-host NAME makes a run CA, a
-                        certificate and its key (docs/operations.md)
-  RL_RUN_CONFIG         the run TOML file (default configs/demo.toml): lease_s, staleness bound, ...
-  RL_RUN_ID             overrides run_id of the run file
-  RL_LOG_LEVEL          logging level (default INFO)
-"""
 GIL_SWITCH_INTERVAL_S = 0.0005
 GC_THRESHOLDS = (10_000, 20, 20)  # CPython's default is (700, 10, 10)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parse_cli("python -m services.coordinator", DESCRIPTION, argv, epilog=ENVIRONMENT_HELP)
-
-    import gc
-    import sys
-
-    import uvicorn
-
-    from services.coordinator.app import create_app
-    from services.coordinator.http_limits import uvicorn_limits
     from services.coordinator.settings import CoordinatorSettings
-    from shared.bus import connect
+
+    parse_cli("python -m services.coordinator", DESCRIPTION, argv, settings=CoordinatorSettings)
 
     # uvicorn handles SIGTERM / SIGINT itself (graceful shutdown), so no on_stop_signal here
     settings, run = start_service("coordinator", CoordinatorSettings)
+    serve(build_app(settings, run), settings)
+
+
+def build_app(settings: CoordinatorSettings, run: RunConfig) -> FastAPI:
+    """The app over the run's Redis, once the credentials of RL_OPERATOR_TOKENS exist there."""
+    from services.coordinator.app import create_app
     from services.coordinator.operators import OperatorCredentials
     from services.coordinator.redis_access import RedisAccess
+    from shared.bus import connect
     from shared.keys import RunKeys
 
     redis_client = connect(settings.redis_url)
@@ -84,8 +58,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     except ValueError as exc:  # an id issued with another secret: say which, no traceback
         sys.exit(f"coordinator: {exc}")
-    access = RedisAccess(redis_client, RunKeys(run.run_id), rollout_key_retention_s=settings.rollout_key_retention_s)
-    app = create_app(
+    access = RedisAccess(redis_client, RunKeys(run.run_id))
+    return create_app(
         run,
         redis_client,
         settings.admin_token.get_secret_value(),
@@ -94,6 +68,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         access=access,
         bootstrap=cluster_bootstrap(settings, run),
     )
+
+
+def tune_interpreter() -> None:
+    """The GIL's switch interval and the garbage collector, set for a loop that answers thousands of requests/s."""
+    import gc
+
     # The control pass runs in a thread next to the event loop. With the default 5 ms switch interval,
     # every time the loop waits on a socket the pass keeps the GIL for up to 5 ms before the loop gets it
     # back: at 1000 heartbeats/s that alone queued heartbeats for hundreds of ms (benchmarks/load_heartbeat.py).
@@ -104,29 +84,44 @@ def main(argv: Sequence[str] | None = None) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+def serve(app: FastAPI, settings: CoordinatorSettings) -> None:
+    """Serve `app` with uvicorn until SIGTERM / SIGINT, within the connection limits, over TLS when configured;
+    a stop answers the open long polls first (services/coordinator/uvicorn_server.py)."""
+    import uvicorn
+    from uvicorn.main import STARTUP_FAILURE
+
+    from services.coordinator.http_limits import uvicorn_limits
+    from services.coordinator.uvicorn_server import CoordinatorServer
+
+    tune_interpreter()  # after the heavy imports: the collector never walks what they made (frozen)
     limits = uvicorn_limits(
         max_connections=settings.max_connections,
         request_timeout_s=settings.request_timeout_s,
         keep_alive_s=settings.keep_alive_s,
     )
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
         proxy_headers=False,
-        # open long polls (GET /v1/weights/latest: up to 10 s) are cut after 1 s at stop; workers retry them
+        # requests still open at a stop get 1 s; long polls (GET /v1/weights/latest) are answered at once
         timeout_graceful_shutdown=1,
         **limits,
         **tls_options(settings),
     )
+    server = CoordinatorServer(config, app)
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn raises the SIGINT it caught again once it has stopped
+        server.run()
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)  # what uvicorn.run does: the port was taken, or the lifespan failed
 
 
 def tls_options(settings: CoordinatorSettings) -> dict[str, Any]:
     """uvicorn's certificate and key when RL_TLS_CERT_FILE / RL_TLS_KEY_FILE are set (https only), else none
     (http); logs which, with the certificate's SHA-256 (what a worker may pin: RL_COORDINATOR_CERT_SHA256)."""
-    import sys
-
     from shared.tls import pem_certificate_sha256
 
     if settings.tls_cert_file is None or settings.tls_key_file is None:
@@ -137,7 +132,7 @@ def tls_options(settings: CoordinatorSettings) -> dict[str, Any]:
             sys.exit(f"coordinator: {name}={path} is not a file")
     try:
         sha256 = pem_certificate_sha256(settings.tls_cert_file)
-    except ValueError as exc:
+    except ValueError as exc:  # an id issued with another secret: say which, no traceback
         sys.exit(f"coordinator: RL_TLS_CERT_FILE: {exc}")
     log.info(
         "serving https on %s:%d, certificate %s (sha256 %s)",
@@ -164,16 +159,18 @@ def provision_operator_tokens(join_tokens: Sequence[str], credentials: OperatorC
 
 
 def cluster_bootstrap(settings: CoordinatorSettings, run: RunConfig) -> ClusterBootstrap | None:
-    """What GET /v1/cluster/bootstrap hands a joining worker: the run file as read at start, the run id,
-    the public key; None (and a warning) without RL_WEIGHTS_PUBLIC_KEY."""
+    """What GET /v1/cluster/bootstrap hands a joining worker: the run file as read at start (its `extends`
+    resolved: one self-contained file), the run id, the public key; None (and a warning) without
+    RL_WEIGHTS_PUBLIC_KEY."""
     from shared.api import ClusterBootstrap
+    from shared.run_file import dump_run_file, read_run_file
 
     if settings.weights_public_key is None:
         log.warning("RL_WEIGHTS_PUBLIC_KEY is not set: GET /v1/cluster/bootstrap answers 404 (no `relay-rl worker`)")
         return None
     return ClusterBootstrap(
         run_id=run.run_id,
-        run_config_toml=settings.run_config.read_text(),
+        run_config_toml=dump_run_file(read_run_file(settings.run_config)),
         weights_public_key=settings.weights_public_key,
         model=run.model,
     )

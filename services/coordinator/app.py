@@ -8,7 +8,8 @@ import contextlib
 import functools
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import redis
@@ -169,19 +170,58 @@ def create_app(
     register). `open_registration`: anyone may register (dev and tests only: RL_OPEN_REGISTRATION); None: open
     when there is no shared token (tests). `access`: the
     workers' rollout-signing keys (services/coordinator/redis_access.py; default retention).
-    `bootstrap`: what GET /v1/cluster/bootstrap hands a joining worker (None: 404 there)."""
+    `bootstrap`: what GET /v1/cluster/bootstrap hands a joining worker (None: 404 there).
+
+    The app's parts, in order: its state (the Coordinator every endpoint asks for, the control loop, the
+    reachability probes), the background tasks its lifespan runs, the routers, the middleware around them."""
+    coordinator = build_coordinator(
+        run,
+        redis_client,
+        admin_token,
+        join_token,
+        open_registration=open_registration,
+        access=access,
+        bootstrap=bootstrap,
+    )
+    control_plane = ControlPlane(coordinator)
+    probes = InboundProbes(coordinator.registry, relay_workers_of(control_plane), enabled=run.broadcast.probe_inbound)
+    app = CoordinatorAPI(
+        title="relay-rl coordinator",
+        summary="Worker membership and leases, the staleness gate, and run status (control plane).",
+        version="1",
+        lifespan=background_tasks(coordinator, control_plane, probes),
+        # metrics are ours (/metrics); FastAPI's OpenTelemetry hooks cost every heartbeat ~5% of its CPU
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+    )
+    app.state.coordinator = coordinator
+    app.state.control = control_plane
+    app.state.reachability = probes
+    include_routers(app)
+    install_middleware(app, control_plane, redis_client)
+    return app
+
+
+def build_coordinator(
+    run: RunConfig,
+    redis_client: redis.Redis,
+    admin_token: str,
+    join_token: str | None,
+    *,
+    open_registration: bool | None,
+    access: RedisAccess | None,
+    bootstrap: ClusterBootstrap | None,
+) -> Coordinator:
+    """The app's state: what every endpoint asks for (services/coordinator/deps.py), over `redis_client`."""
     if not admin_token:
         raise ValueError("admin_token must not be empty")
     if join_token is not None and not join_token:
         raise ValueError("join_token must not be empty (None: no shared token)")
     keys = RunKeys(run.run_id)
-    access = access or RedisAccess(redis_client, keys)
-    registry = WorkerRegistry(redis_client, keys, lease_s=run.coordinator.lease_s)
-    coordinator = Coordinator(
+    return Coordinator(
         run=run,
         keys=keys,
         redis=redis_client,
-        registry=registry,
+        registry=WorkerRegistry(redis_client, keys, lease_s=run.coordinator.lease_s),
         bus=StreamBus(redis_client, keys, service="coordinator"),
         admin_token_sha256=token_sha256(admin_token),
         join_token_sha256=None if join_token is None else token_sha256(join_token),
@@ -190,16 +230,34 @@ def create_app(
         budgets=Budgets(redis_client, keys, run.credentials),
         submission_penalties=SubmissionPenalties(),
         lease_pacing=LeasePacing(lease_s=run.rollout.claim_idle_ms / 1000),
-        access=access,
+        access=access or RedisAccess(redis_client, keys),
         work=WorkLeases(
             redis_client, keys, lease_ms=run.rollout.claim_idle_ms, config=run.work, credentials=run.credentials
         ),
         bootstrap=bootstrap,
     )
 
+
+def relay_workers_of(control_plane: ControlPlane) -> Callable[[], list[WorkerInfo]]:
+    """What the reachability probes probe: the relay plan's workers with a chunk server, as of the control loop's
+    last pass."""
+
+    def relay_workers() -> list[WorkerInfo]:
+        snapshot = control_plane.snapshot
+        return [] if snapshot is None else [w for w in snapshot.workers if w.state in RELAY_STATES and w.endpoint_url]
+
+    return relay_workers
+
+
+def background_tasks(
+    coordinator: Coordinator, control_plane: ControlPlane, probes: InboundProbes
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the lease sweeper, the control loop and the reachability probes run while it serves;
+    at its end they are cancelled and the heartbeat fast path is closed."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        sweep_interval_s = min(MAX_SWEEP_INTERVAL_S, run.coordinator.lease_s / 4)
+        sweep_interval_s = min(MAX_SWEEP_INTERVAL_S, coordinator.run.coordinator.lease_s / 4)
         sweeper = asyncio.create_task(sweep_leases(coordinator.registry, sweep_interval_s), name="lease-sweeper")
         planner = asyncio.create_task(control_plane.run_forever(), name="control-loop")  # activation, ledger, history
         prober = asyncio.create_task(probes.run_forever(), name="reachability-probes")  # reachability.py
@@ -211,24 +269,12 @@ def create_app(
         if isinstance(app, CoordinatorAPI) and app.heartbeat_fast_path is not None:
             await app.heartbeat_fast_path.close()
 
-    app = CoordinatorAPI(
-        title="relay-rl coordinator",
-        summary="Worker membership and leases, the staleness gate, and run status (control plane).",
-        version="1",
-        lifespan=lifespan,
-        # metrics are ours (/metrics); FastAPI's OpenTelemetry hooks cost every heartbeat ~5% of its CPU
-        telemetry={"tracing": False, "metrics": False, "logs": False},
-    )
-    app.state.coordinator = coordinator
-    control_plane = app.state.control = ControlPlane(coordinator)
+    return lifespan
 
-    def relay_workers() -> list[WorkerInfo]:
-        """The relay plan's workers with a chunk server, as of the control loop's last pass."""
-        snapshot = control_plane.snapshot
-        return [] if snapshot is None else [w for w in snapshot.workers if w.state in RELAY_STATES and w.endpoint_url]
 
-    probes = app.state.reachability = InboundProbes(registry, relay_workers, enabled=run.broadcast.probe_inbound)
-    routers = (
+def include_routers(app: FastAPI) -> None:
+    """The HTTP layer: one router per resource (routers/), and the app's own liveness check."""
+    for router in (
         workers.router,
         work.router,
         cluster.router,
@@ -236,21 +282,23 @@ def create_app(
         status.router,
         broadcast.router,
         control.router,
-    )
-    for router in routers:
+    ):
         app.include_router(router)
     app.include_router(weights.router)  # its lifespan runs the announcement watcher (weights_feed.py)
     app.include_router(operators.router)  # join credentials: services/coordinator/operators.py
-    install_metrics(app, control_plane)
-    app.heartbeat_fast_path = HeartbeatFastPath(app.serve_with_fastapi, sync_client=redis_client, state=app.state)
-    install_error_handlers(app)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, bool]:
         """Liveness for compose healthchecks: the process serves HTTP."""
         return {"ok": True}
 
-    return app
+
+def install_middleware(app: CoordinatorAPI, control_plane: ControlPlane, redis_client: redis.Redis) -> None:
+    """What surrounds the routers: the collector of GET /metrics, the heartbeat fast path in front of them, and
+    the mapping of failures to HTTP statuses."""
+    install_metrics(app, control_plane)
+    app.heartbeat_fast_path = HeartbeatFastPath(app.serve_with_fastapi, sync_client=redis_client, state=app.state)
+    install_error_handlers(app)
 
 
 async def sweep_leases(registry: WorkerRegistry, interval_s: float) -> None:

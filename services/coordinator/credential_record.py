@@ -41,7 +41,7 @@ from shared.api import CredentialRecord, WorkerInfo
 from shared.bus import redis_text
 from shared.keys import RunKeys
 from shared.work_api import WorkCounts
-from shared.work_counts import COUNTERS, JUDGED
+from shared.work_counts import COUNTERS, JUDGED, parse_counts, release_baseline
 
 SHARE_SLACK = 1.5
 RATE_TIME_CONSTANT_S = 10.0  # the verified rate is an exponential average over about this long
@@ -77,7 +77,10 @@ class CredentialBooks:
                 pipe.hgetall(self.keys.credential_work(credential_id))
             raws = pipe.execute()
         initial = INITIAL_ALLOWANCE if self.work.config.earn_leases else self.work.credentials.max_leases
-        return {credential_id: _record(raw, initial) for credential_id, raw in zip(ids, raws, strict=True)}
+        return {
+            credential_id: _record(raw, self.keys.credential_work(credential_id), initial)
+            for credential_id, raw in zip(ids, raws, strict=True)
+        }
 
     def counts_since_release(self, credential_ids: Iterable[str]) -> dict[str, WorkCounts]:
         """Each credential's record as work counts, over the leases ended since an admin last released it."""
@@ -88,7 +91,9 @@ class CredentialBooks:
                 pipe.hgetall(self.keys.credential_release_baseline(credential_id))
             baselines = pipe.execute()
         return {
-            credential_id: since_release(records[credential_id], _baseline(raw))
+            credential_id: since_release(
+                records[credential_id], release_baseline(raw, self.keys.credential_release_baseline(credential_id))
+            )
             for credential_id, raw in zip(ids, baselines, strict=True)
         }
 
@@ -161,27 +166,18 @@ class CredentialBooks:
         rate.scored, rate.at_s = scored, now_s
 
 
-def _number(raw: dict[bytes, bytes], name: str, default: float = 0.0) -> float:
-    value = raw.get(name.encode())
+def _record(raw: dict[bytes, bytes], key: str, initial_allowance: int) -> CredentialRecord:
+    """A credential's stored record: its counts (one that is not a count reads as 0), the allowance it earned
+    (`initial_allowance` until it earned any) and its share, when the control loop set one."""
+    counts = parse_counts(raw, key, names=(*RECORD_FIELDS, "held", "share"))
+    share = counts.pop("share", 0) if b"share" in raw else None
+    return CredentialRecord(**counts, allowance=_allowance(raw.get(b"allowance"), initial_allowance), share=share)
+
+
+def _allowance(value: bytes | None, initial_allowance: int) -> float:
+    """The stored allowance (a number >= 0, not necessarily whole); `initial_allowance` when none or not a number."""
     try:
-        number = float(redis_text(value)) if value is not None else default
+        allowance = float(redis_text(value)) if value is not None else initial_allowance
     except ValueError:
-        return default
-    return number if math.isfinite(number) else default
-
-
-def _record(raw: dict[bytes, bytes], initial_allowance: int) -> CredentialRecord:
-    counts = {name: max(0, int(_number(raw, name))) for name in RECORD_FIELDS}
-    share = raw.get(b"share")
-    return CredentialRecord(
-        **counts,
-        held=max(0, int(_number(raw, "held"))),
-        allowance=max(0.0, _number(raw, "allowance", initial_allowance)),
-        share=None if share is None else int(_number(raw, "share")),
-    )
-
-
-def _baseline(raw: dict[bytes, bytes]) -> WorkCounts | None:
-    if not raw:
-        return None
-    return WorkCounts(**{name: max(0, int(_number(raw, name))) for name in RECORD_FIELDS})
+        allowance = initial_allowance
+    return max(0.0, allowance if math.isfinite(allowance) else initial_allowance)

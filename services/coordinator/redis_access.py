@@ -29,7 +29,6 @@ class RedisAccess:
 
     redis: redis.Redis
     keys: RunKeys
-    rollout_key_retention_s: int = DEFAULT_ROLLOUT_KEY_RETENTION_S
 
     def grant(self, worker_id: str) -> WorkerAccess:
         """A worker re-registering under the same id keeps its rollout key (its groups in flight still verify)."""
@@ -40,11 +39,10 @@ class RedisAccess:
         return WorkerAccess(rollout_key_hex=rollout_key.hex())
 
     def revoke(self, worker_id: str) -> None:
-        revoke_worker_access(self.redis, self.keys, worker_id, retention_s=self.rollout_key_retention_s)
+        revoke_worker_access(self.redis, self.keys, worker_id)
 
 
-def revoke_worker_access(
-    client: redis.Redis, keys: RunKeys, worker_id: str, *, retention_s: int = DEFAULT_ROLLOUT_KEY_RETENTION_S
-) -> None:
-    """Let the worker's rollout key expire after `retention_s`. Idempotent. The quarantine path calls this."""
-    client.expire(keys.rollout_key(worker_id), retention_s)
+def revoke_worker_access(client: redis.Redis, keys: RunKeys, worker_id: str) -> None:
+    """Let the worker's rollout key expire after DEFAULT_ROLLOUT_KEY_RETENTION_S. Idempotent. The quarantine path
+    calls this."""
+    client.expire(keys.rollout_key(worker_id), DEFAULT_ROLLOUT_KEY_RETENTION_S)

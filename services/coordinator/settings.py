@@ -55,12 +55,6 @@ class CoordinatorSettings(ServiceSettings):
         description="the learner's Ed25519 public key, handed to workers at GET /v1/cluster/bootstrap "
         "(None: no bootstrap; workers need RL_WEIGHTS_PUBLIC_KEY and the run file of their own)",
     )
-    rollout_key_retention_s: int = Field(
-        86_400,
-        ge=1,
-        validation_alias="RL_ROLLOUT_KEY_RETENTION_S",
-        description="how long a departed worker's rollout-signing key is kept (its groups in flight still verify)",
-    )
     # connection limits (services/coordinator/http_limits.py)
     max_connections: int = Field(
         10_000,

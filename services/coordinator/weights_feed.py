@@ -32,7 +32,7 @@ from shared.streams import WEIGHTS
 
 log = logging.getLogger(__name__)
 
-BLOCK_MS = 500  # the watcher's XREAD BLOCK (below redis-py's socket timeout); also how long stop() may take
+BLOCK_MS = 100  # the watcher's XREAD BLOCK: how long stop() may take (a new entry ends the block at once; idle, 10 reads a second)
 NUM_SCANNED = 16  # entries looked at for the newest decodable one (garbage on top never hides it)
 
 
@@ -55,6 +55,7 @@ class WeightsFeed:
         self.num_waiting = 0  # long polls waiting now (event loop only)
         self._newest: Announcement | None = None  # written and read on the event loop only
         self._loaded = False  # the stream was read at least once
+        self._closing = False  # the server is stopping: no long poll waits (event loop only)
         self._changed = asyncio.Event()  # set (and replaced) on every change
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = threading.Event()
@@ -73,6 +74,12 @@ class WeightsFeed:
                     await self._changed.wait()
         except TimeoutError:
             log.warning("weights announcements not read within %.0fs of start; retrying", load_timeout_s)
+
+    def release_waiters(self) -> None:
+        """On the event loop, when the server starts to stop: every waiting long poll ends now with what it has
+        (a 204 when nothing is news), and later ones do not wait, so open polls do not hold the stop."""
+        self._closing = True
+        self._wake_waiters()
 
     async def stop(self) -> None:
         self._stopping.set()
@@ -94,7 +101,7 @@ class WeightsFeed:
                 if newest is not None and is_news(newest.message, after_version, after_sha256):
                     return newest
                 remaining_s = deadline_s - asyncio.get_running_loop().time()
-                if remaining_s <= 0:
+                if remaining_s <= 0 or self._closing:
                     break
                 try:
                     async with asyncio.timeout(remaining_s):
@@ -111,6 +118,10 @@ class WeightsFeed:
         """On the event loop: note the newest announcement (None: none yet) and wake every waiter."""
         self._newest = newest if newest is not None else self._newest
         self._loaded = True
+        self._wake_waiters()
+
+    def _wake_waiters(self) -> None:
+        """On the event loop: every waiter looks again (each waits on the event current when it looked)."""
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 

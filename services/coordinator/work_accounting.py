@@ -23,7 +23,7 @@ from shared import worker_rewards
 from shared.config import WorkConfig
 from shared.keys import RunKeys
 from shared.work_api import RewardStats, WorkAccounting, WorkCounts
-from shared.work_counts import COUNTERS, JUDGED, parse_counts, read_work_counts
+from shared.work_counts import read_work_counts, release_baseline
 
 
 class WorkBooks:
@@ -44,11 +44,7 @@ class WorkBooks:
             totals=tally.totals,
             flagged=completion_outliers(self._since_release(tally.workers)),
             rewards={worker_id: stats for worker_id, stats in tally.rewards.items() if stats.num_groups},
-            reward_flagged=reward_outliers(
-                tally.rewards,
-                num_standard_errors=self.config.reward_flag_standard_errors,
-                min_groups=self.config.reward_flag_min_groups,
-            ),
+            reward_flagged=reward_outliers(tally.rewards),
             eval_workers={worker_id: evals for worker_id, evals in tally.eval_workers.items() if evals.leased},
             eval_totals=tally.eval_totals,
         )
@@ -79,12 +75,6 @@ class WorkBooks:
                 pipe.hgetall(self.keys.work_release_baseline(worker_id))
             baselines = pipe.execute()
         return {
-            worker_id: since_release(counts, _baseline(raw, self.keys.work_release_baseline(worker_id)))
+            worker_id: since_release(counts, release_baseline(raw, self.keys.work_release_baseline(worker_id)))
             for (worker_id, counts), raw in zip(workers.items(), baselines, strict=True)
         }
-
-
-def _baseline(raw: dict[bytes, bytes], key: str) -> WorkCounts | None:
-    """A release baseline: the counters and what the reward service had judged, when an admin released the worker
-    (None: never released)."""
-    return WorkCounts(**parse_counts(raw, key, names=(*COUNTERS, *JUDGED))) if raw else None

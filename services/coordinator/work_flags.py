@@ -29,6 +29,8 @@ from shared.work_counts import COUNTERS, JUDGED
 
 MIN_DECIDED_LEASES = 20
 COMPLETION_FLOOR = 0.5
+REWARD_FLAG_STANDARD_ERRORS = 5.0  # a worker whose mean group reward departs from the rest by more is flagged
+REWARD_FLAG_MIN_GROUPS = 50  # scored groups a worker (and the rest of the fleet) needs before it is compared
 
 
 def completion_outliers(workers: dict[str, WorkCounts]) -> dict[str, str]:
@@ -77,7 +79,12 @@ def since_release(counts: WorkCounts, baseline: WorkCounts | None) -> WorkCounts
     )
 
 
-def reward_outliers(rewards: dict[str, RewardStats], *, num_standard_errors: float, min_groups: int) -> dict[str, str]:
+def reward_outliers(
+    rewards: dict[str, RewardStats],
+    *,
+    num_standard_errors: float = REWARD_FLAG_STANDARD_ERRORS,
+    min_groups: int = REWARD_FLAG_MIN_GROUPS,
+) -> dict[str, str]:
     """Worker id -> why its mean group reward departs from the rest of the fleet's (module docstring). The rest
     are pooled from their sums. The most extreme worker past the bound is flagged and left out of the others'
     comparisons, then the next, so one outlier does not drag honest workers past the bound with it. A worker

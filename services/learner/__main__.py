@@ -1,10 +1,7 @@
 """python -m services.learner: the GRPO learner (consumes `scored`, publishes policy versions).
 
-Environment: RL_REDIS_URL, RL_RUN_CONFIG, RL_RUN_ID, RL_RUN_DIR, RL_MODEL_DIR (default
-the run file's [model] path, else <run_dir>/model, built there only with [model] init = "tiny-random"),
-RL_SIGNING_KEY (required: the Ed25519 private key, `python -m shared.signing generate`), RL_LEARNER_HOST, RL_LEARNER_PORT,
-RL_LEARNER_PUBLIC_URL, RL_SCORED_BLOCK_MS, RL_TORCH_NUM_THREADS, RL_LOG_LEVEL, RL_METRICS_PORT, RL_METRICS_HOST
-(Prometheus /metrics; 0: off).
+Reads the RL_* environment variables `--help` lists (services/learner/settings.py); RL_SIGNING_KEY is
+required (`python -m shared.signing generate`).
 
 Writes into RL_RUN_DIR: metrics.jsonl, checkpoints/latest.pt, learner_summary.json, model_final/.
 SIGTERM / SIGINT: finish the step in progress, checkpoint, stop the chunk server, exit 0.
@@ -31,8 +28,9 @@ COLLECTIVE_SLACK_S = 600.0  # a follower's collective timeout beyond the run's w
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parse_cli("python -m services.learner", __doc__, argv)
     from services.learner.settings import LearnerSettings
+
+    parse_cli("python -m services.learner", __doc__, argv, settings=LearnerSettings)
 
     settings, run = start_service("learner", LearnerSettings)
 

@@ -391,59 +391,80 @@ def tensorize(
     """Lay the groups' samples out as rows of one right-padded batch, with per-sample advantages. Tokens
     sampled by a version older than `oldest_trained_version` are masked out of the loss (per_token
     admission, shared/staleness.py); None trains every model token."""
-    rows: list[np.ndarray] = []
-    starts: list[int] = []  # index of the first completion token in each row
-    behaviour: list[np.ndarray] = []
-    model_masks: list[np.ndarray] = []  # per row: (completion length,) bool, True at the model's tokens
-    fresh_masks: list[np.ndarray] = []  # per row: True at the model's tokens new enough to train
-    advantages: list[torch.Tensor] = []
-    temperatures: list[float] = []
-    rewards: list[float] = []
-    for group in groups:
-        rollout = group.rollout
-        prompt = rollout.prompt_tokens()
-        masks = rollout.sample_masks()
-        fresh = masks
-        if oldest_trained_version is not None and rollout.policy_version < oldest_trained_version:
-            new_enough = rollout.token_versions() >= oldest_trained_version
-            ends = np.cumsum([len(mask) for mask in masks])
-            fresh = [mask & part for mask, part in zip(masks, np.split(new_enough, ends[:-1]), strict=True)]
+    rows = [row for group in groups for row in sample_rows(group.rollout, oldest_trained_version)]
+    padded = pad_rows(rows, pad_token_id)
+    advantages = [
+        group_advantages(torch.tensor(group.rewards, dtype=torch.float32), normalize_advantage_by_std)
+        for group in groups
+    ]
+    return TrainBatch(
+        input_ids=padded.input_ids,
+        attention_mask=padded.attention_mask,
+        completion_mask=padded.completion_mask,
+        behaviour_logprobs=padded.behaviour_logprobs,
+        advantages=torch.cat(advantages)[:, None],
+        temperatures=torch.tensor([row.temperature for row in rows], dtype=torch.float32),
+        rewards=torch.tensor([reward for group in groups for reward in group.rewards], dtype=torch.float32),
+        trained_mask=None if oldest_trained_version is None else padded.trained_mask,
+    )
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    """One sample as a row of the batch, before padding."""
+
+    token_ids: np.ndarray  # (P + C,) the prompt, then the completion
+    start: int  # P: index of the first completion token
+    behaviour_logprobs: np.ndarray  # (C,) float, the worker's logprob of each completion token
+    model_mask: np.ndarray  # (C,) bool, True at the model's tokens (multi-turn: not the observations)
+    fresh_mask: np.ndarray  # (C,) bool, True at the model's tokens new enough to train
+    temperature: float
+
+
+def sample_rows(rollout: RolloutGroup, oldest_trained_version: int | None) -> list[SampleRow]:
+    """A group's samples as rows, in sample order; tokens of versions older than `oldest_trained_version` are not
+    fresh (None: every model token is)."""
+    prompt = rollout.prompt_tokens()
+    masks = rollout.sample_masks()
+    fresh = masks
+    if oldest_trained_version is not None and rollout.policy_version < oldest_trained_version:
+        new_enough = rollout.token_versions() >= oldest_trained_version
+        ends = np.cumsum([len(mask) for mask in masks])
+        fresh = [mask & part for mask, part in zip(masks, np.split(new_enough, ends[:-1]), strict=True)]
+    return [
+        SampleRow(np.concatenate([prompt, tokens]), len(prompt), logprobs, model_mask, fresh_mask, rollout.temperature)
         for tokens, logprobs, model_mask, fresh_mask in zip(
             rollout.sample_tokens(), rollout.sample_logprobs(), masks, fresh, strict=True
-        ):
-            rows.append(np.concatenate([prompt, tokens]))
-            starts.append(len(prompt))
-            behaviour.append(logprobs)
-            model_masks.append(model_mask)
-            fresh_masks.append(fresh_mask)
-            temperatures.append(rollout.temperature)
-        group_rewards = torch.tensor(group.rewards, dtype=torch.float32)
-        advantages.append(group_advantages(group_rewards, normalize_advantage_by_std))
-        rewards.extend(group.rewards)
+        )
+    ]
 
-    num_rows, max_len = len(rows), max(len(row) for row in rows)
+
+@dataclass(frozen=True)
+class PaddedRows:
+    """The rows right-padded to the longest, T: TrainBatch's token-level tensors."""
+
+    input_ids: torch.Tensor  # (B, T) long
+    attention_mask: torch.Tensor  # (B, T) long
+    completion_mask: torch.Tensor  # (B, T - 1) bool
+    trained_mask: torch.Tensor  # (B, T - 1) bool
+    behaviour_logprobs: torch.Tensor  # (B, T - 1) float
+
+
+def pad_rows(rows: list[SampleRow], pad_token_id: int) -> PaddedRows:
+    """The rows, right-padded with `pad_token_id`, their completion values at the targets that predict them."""
+    num_rows, max_len = len(rows), max(len(row.token_ids) for row in rows)
     input_ids = torch.full((num_rows, max_len), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((num_rows, max_len), dtype=torch.long)
     completion_mask = torch.zeros((num_rows, max_len - 1), dtype=torch.bool)
     trained_mask = torch.zeros((num_rows, max_len - 1), dtype=torch.bool)
     behaviour_logprobs = torch.zeros((num_rows, max_len - 1), dtype=torch.float32)
-    for i, (row, start, logprobs, model_mask, fresh_mask) in enumerate(
-        zip(rows, starts, behaviour, model_masks, fresh_masks, strict=True)
-    ):
-        input_ids[i, : len(row)] = torch.from_numpy(row.astype(np.int64))
-        attention_mask[i, : len(row)] = 1
-        # Target position j - 1 holds token j, so completion tokens [start, len) sit at [start - 1, len - 1);
+    for i, row in enumerate(rows):
+        start, end = row.start, len(row.token_ids)
+        input_ids[i, :end] = torch.from_numpy(row.token_ids.astype(np.int64))
+        attention_mask[i, :end] = 1
+        # Target position j - 1 holds token j, so completion tokens [start, end) sit at [start - 1, end - 1);
         # of those, only the model's own tokens are trained (observations stay False).
-        completion_mask[i, start - 1 : len(row) - 1] = torch.from_numpy(model_mask)
-        trained_mask[i, start - 1 : len(row) - 1] = torch.from_numpy(fresh_mask)
-        behaviour_logprobs[i, start - 1 : len(row) - 1] = torch.from_numpy(logprobs.astype(np.float32))
-    return TrainBatch(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        completion_mask=completion_mask,
-        behaviour_logprobs=behaviour_logprobs,
-        advantages=torch.cat(advantages)[:, None],
-        temperatures=torch.tensor(temperatures, dtype=torch.float32),
-        rewards=torch.tensor(rewards, dtype=torch.float32),
-        trained_mask=None if oldest_trained_version is None else trained_mask,
-    )
+        completion_mask[i, start - 1 : end - 1] = torch.from_numpy(row.model_mask)
+        trained_mask[i, start - 1 : end - 1] = torch.from_numpy(row.fresh_mask)
+        behaviour_logprobs[i, start - 1 : end - 1] = torch.from_numpy(row.behaviour_logprobs.astype(np.float32))
+    return PaddedRows(input_ids, attention_mask, completion_mask, trained_mask, behaviour_logprobs)

@@ -45,6 +45,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import torch
 import torch.distributed as dist
+from pydantic import Field
+from pydantic_settings import BaseSettings
 
 from services.learner.batch import TrainBatch
 
@@ -160,16 +162,23 @@ class RankGroup:
         return cast(Command, message[0])
 
 
+class TorchrunEnvironment(BaseSettings):
+    """What torchrun tells each process it starts (its own names, no RL_ prefix); one process without it."""
+
+    world_size: int = Field(1, ge=1, description="WORLD_SIZE: processes in the group")
+    local_rank: int = Field(0, ge=0, description="LOCAL_RANK: this process's index on its node (its GPU)")
+
+
 def init_ranks(device_setting: str, timeout_s: float = 1800.0) -> RankGroup:
     """Join torchrun's process group when WORLD_SIZE > 1 (else one process): nccl on cuda:LOCAL_RANK
     when the run file's learner.device is cuda (or auto on a GPU machine), gloo on CPU. `timeout_s`:
     how long a collective may wait (a follower waits in one while rank 0 collects a batch)."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size == 1:
+    launcher = TorchrunEnvironment()
+    if launcher.world_size == 1:
         return RankGroup()
     from torch.distributed.device_mesh import init_device_mesh
 
-    local_rank = int(os.environ["LOCAL_RANK"])
+    world_size, local_rank = launcher.world_size, launcher.local_rank
     exit_with_launcher()
     cuda = device_setting == "cuda" or (device_setting == "auto" and torch.cuda.is_available())
     if cuda:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engines.episodes import run_episodes, start_episode
-from engines.interface import InferenceEngine
+from engines.interface import InferenceEngine, Sampling
 from shared.run_records import EvalRecord
 from shared.tasks import TaskAdapter
 from shared.tasks.base import ChanceBaseline
@@ -117,11 +117,7 @@ def evaluate_greedy(
     if isinstance(task, EnvironmentTask):
         return evaluate_greedy_episodes(engine, task, max_new_tokens=max_new_tokens)
     samples = engine.generate(
-        [item.input for item in task.eval_set],
-        num_samples=1,
-        max_new_tokens=max_new_tokens,
-        temperature=1.0,
-        greedy=True,
+        [item.input for item in task.eval_set], Sampling(1, max_new_tokens, temperature=1.0, greedy=True)
     )
     rewards, num_failures = [], 0
     for item, (sample,) in zip(task.eval_set, samples, strict=True):
@@ -143,6 +139,6 @@ def evaluate_greedy_episodes(engine: InferenceEngine, task: EnvironmentTask, *, 
         start_episode(engine, item.input, task.make_environment(item.reference), task.max_turns, max_new_tokens)
         for item in task.eval_set
     ]
-    run_episodes(engine, episodes, max_new_tokens=max_new_tokens, temperature=1.0, greedy=True)
+    run_episodes(engine, episodes, Sampling(1, max_new_tokens, temperature=1.0, greedy=True))
     rewards = [episode.reward for episode in episodes]
     return summarize_eval(task, ["" for _ in episodes], rewards)  # an episode has no answer form

@@ -46,14 +46,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.learner import lora, trainer
-from services.learner.batch import BatchCollector, CollectedBatch, TrainBatch, lag_counts, tensorize, token_lags
+from services.learner.batch import CollectedBatch, TrainBatch, lag_counts, tensorize, token_lags
 from services.learner.checkpoint import capture, checkpoint_path, load_checkpoint, restore_rng, save_checkpoint
 from services.learner.distributed import RankGroup
-from services.learner.evaluator import Evaluator
 from services.learner.metrics import MetricsLog, write_summary
 from services.learner.mismatch import engine_mismatch
 from services.learner.model_init import build_initial_policy
-from services.learner.policy import Policy
+from services.learner.parts import build_collector, build_evaluator, build_weight_channel, load_policy
 from services.learner.precision import set_config_dtype
 from services.learner.publish import publication_state
 from services.learner.settings import LearnerSettings
@@ -69,7 +68,6 @@ from shared.run_records import LearnerSummary, RunTotals, StepRecord, read_metri
 from shared.streams import BATCH_REQUEST, LEARNER_STATE, SCORED
 from shared.tasks import build_task
 from shared.tokenization import check_model_folder, model_fingerprint, pad_token_id
-from shared.weight_channel import ChunkServer, ChunkStore, WeightPublisher
 
 log = logging.getLogger(__name__)
 
@@ -96,14 +94,15 @@ class Learner:
         self.run_dir = settings.run_dir
         self.task = build_task(run.task)
 
+        # the policy: its folder checked (the demo's tiny model built there), loaded on every rank
         self.model_dir = self.ensure_initial_policy()
-        ranks = ranks or RankGroup()
-        ranks.send_path(self.model_dir)  # the other ranks load it once it exists
-        self.policy = Policy(self.model_dir, run, ranks)
+        self.policy = load_policy(self.model_dir, run, ranks or RankGroup())
         self.tokenizer = self.policy.tokenizer
         # One pad id with the workers (shared.tokenization): a tokenizer without a pad token pads with EOS.
         # (Evaluation stops where sampling does: it decodes with the workers' engine, see evaluator.py.)
         self.pad_token_id = pad_token_id(self.tokenizer)
+
+        # the run's progress: version t, the totals, and what the last step left for LearnerState
         self.version = 0
         self.totals = RunTotals()
         self.uncheckpointed_ids: list[str] = []  # admitted groups trained on since the last checkpoint
@@ -118,53 +117,16 @@ class Learner:
         self.stop_requested = threading.Event()
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
 
-        self.collector = BatchCollector(
-            bus,
-            self.keys,
-            staleness_bound=run.schedule.staleness_bound,
-            groups_per_step=run.grpo.groups_per_step,
-            vocab_size=self.policy.config.vocab_size,
-            max_positions=self.policy.config.max_position_embeddings,
-            scored_block_ms=settings.scored_block_ms,
-            dynamic_sampling=run.grpo.dynamic_sampling,
-            trim_interval_s=settings.trim_interval_s,
-            admission=run.schedule.admission,
-        )
-        # the versions it serves live in files under the run folder (page cache), not in the learner's memory
-        self.store = ChunkStore(keep_versions=run.broadcast.keep_versions, spill_dir=self.run_dir / "published")
-        self.server = ChunkServer(
-            self.store, settings.learner_host, settings.learner_port, wait_s=run.broadcast.chunk_wait_s
-        )
-        self.publisher = WeightPublisher(
-            bus,
-            self.keys,
-            self.store,
-            public_url=settings.resolved_public_url(self.server.port),
-            signing_key=settings.private_key(),
-            chunk_size_bytes=run.broadcast.chunk_size_bytes,
-            full_every=run.broadcast.full_every if run.broadcast.delta else 1,
-            delta_zstd_level=run.broadcast.delta_zstd_level,
-            journal_path=self.run_dir / "broadcast.jsonl",
-            model_fingerprint=model_fingerprint(self.model_dir),
-            lora=lora.adapter_spec(run.lora, self.model_dir) if run.lora.enabled else None,
-            dtype=self.policy.precision.publish_dtype,
-        )
+        # the parts (parts.py): groups in, versions out, evaluations
+        self.collector = build_collector(run, settings, bus, self.keys, self.policy)
+        channel = build_weight_channel(run, settings, bus, self.keys, self.model_dir, self.policy)
+        self.store, self.server, self.publisher = channel.store, channel.server, channel.publisher
         self._started_s = time.monotonic()
         self._wall_offset_s = 0.0  # run time before this process (restored from the checkpoint)
         self.trust = TrustMonitor(
             run.trust, self.policy.weights(), bus, self.run_dir / "trust.jsonl", compute=self.policy.precision.compute
         )
-        self.evaluator = Evaluator.for_model_folder(  # the workers' engine, on the learner's device, published dtype
-            self.model_dir,
-            self.policy.precision.device,
-            self.policy.precision.publish_dtype,
-            self.task,
-            task_config=run.task,
-            verifier_timeout_s=run.reward.verifier_timeout_s,
-            max_new_tokens=run.grpo.max_new_tokens,
-            on_record=self.metrics.append,
-            wall_s=self.wall_s,
-        )
+        self.evaluator = build_evaluator(run, self.model_dir, self.policy, self.task, self.metrics, self.wall_s)
         # held-out evaluation as eval tasks for the rollout workers; the evaluator above is its fallback
         self.worker_evals = WorkerEvals(bus, run, self.task, deadline_s=run.broadcast.version_timeout_s)
 

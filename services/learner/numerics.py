@@ -18,7 +18,7 @@ That is one bf16 engine's rounding of this very policy on tokens it sampled. Any
 a small multiple of it (fp32/fp32: ~0; a bf16 engine against a float32 learner: ~1x; against a
 mixed-precision learner's bf16 compute, two independent roundings: ~1-1.5x). The exact checks' tolerance is
 
-    max(audit_tolerance_nats, numerics_factor * median of the last numerics_window_steps references)
+    max(audit_tolerance_nats, NUMERICS_FACTOR * median of the last NUMERICS_WINDOW_STEPS references)
 
 A worker cannot widen it for itself: the learner computes both sides of the reference from the published
 policy, on rows chosen at random across every worker's groups, and takes a median over steps.
@@ -37,13 +37,16 @@ from services.learner.batch import TrainBatch
 from services.learner.grpo import token_logprobs
 from shared.config import TrustConfig
 
+NUMERICS_FACTOR = 3.0  # honest bf16 engines against a bf16-compute learner were measured at 1.2-1.5x the reference
+NUMERICS_WINDOW_STEPS = 16  # steps whose references the tolerance takes the median of
+
 
 class NumericsReference:
     """The running bf16-rounding reference of the policy and the exact checks' tolerance derived from it."""
 
     def __init__(self, config: TrustConfig, seed: int | None = None) -> None:
         self.config = config
-        self.references_nats: deque[float] = deque(maxlen=config.numerics_window_steps)
+        self.references_nats: deque[float] = deque(maxlen=NUMERICS_WINDOW_STEPS)
         self._rng = random.Random(seed)  # None: from the OS, so no worker can know which rows are measured
         self._bf16_copy: torch.nn.Module | None = None  # the policy in bf16, refreshed per measurement
         self._float32_copy: torch.nn.Module | None = None  # for a policy whose own weights are not float32
@@ -53,7 +56,7 @@ class NumericsReference:
         """The tolerance of an exact comparison (mean |log mu - log pi_v| over a group's tokens)."""
         if not self.references_nats:
             return self.config.audit_tolerance_nats
-        measured = self.config.numerics_factor * statistics.median(self.references_nats)
+        measured = NUMERICS_FACTOR * statistics.median(self.references_nats)
         return max(self.config.audit_tolerance_nats, measured)
 
     def measure(self, model: torch.nn.Module, tensors: TrainBatch) -> float | None:

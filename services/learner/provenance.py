@@ -8,8 +8,8 @@ which also yields the log-probs of the exact comparison (audit.py), so provenanc
 
 An honest engine's u lies in its token's interval, or within the two sides' CDF difference of its edge
 (bf16 engines against a float32 audit). A token is a *violation* when its gap exceeds
-`provenance_tolerance` (probability mass); a sample fails when more than `provenance_max_violation_fraction`
-of its tokens, and at least `provenance_min_violations` of them, are violations; a group fails when
+`provenance_tolerance` (probability mass); a sample fails when more than `MAX_VIOLATION_FRACTION`
+of its tokens, and at least MIN_VIOLATIONS of them, are violations; a group fails when
 any of its samples does (a worker substituting one sample of eight is caught by that sample). Replayed tokens, tokens
 sampled with other weights (far enough from the claimed ones to move a CDF edge past the tolerance) and
 samples cherry-picked with other seeds leave their intervals at about the rate 1 - p(token) per position.
@@ -29,6 +29,8 @@ from services.learner.grpo import check_plain_lm_head
 from shared.config import TrustConfig
 
 CHUNK_TOKENS = 512  # completion positions whose (n, V) float32 logits exist at once
+MAX_VIOLATION_FRACTION = 0.1  # a sample fails when more than this share of its tokens are violations ...
+MIN_VIOLATIONS = 3  # ... and at least this many (a near-tie or two in a short sample is not enough)
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,8 @@ def group_provenance(gaps: torch.Tensor, completion_mask: torch.Tensor, config: 
     violations = (gaps > config.provenance_tolerance) & mask  # (g, T - 1)
     tokens_per_sample = mask.sum(dim=1)  # (g,)
     violations_per_sample = violations.sum(dim=1)  # (g,)
-    samples_failed = (violations_per_sample >= config.provenance_min_violations) & (
-        violations_per_sample > config.provenance_max_violation_fraction * tokens_per_sample
+    samples_failed = (violations_per_sample >= MIN_VIOLATIONS) & (
+        violations_per_sample > MAX_VIOLATION_FRACTION * tokens_per_sample
     )
     num_tokens = int(tokens_per_sample.sum())
     return ProvenanceCheck(

@@ -17,22 +17,22 @@ class LearnerSettings(ServiceSettings):
 
     model_dir: Path | None = Field(
         None,
-        description="RL_MODEL_DIR: the initial HF policy folder; default [model] path, else <run_dir>/model (built there with [model] init)",
+        description="the initial HF policy folder; default [model] path, else <run_dir>/model (built there with [model] init)",
     )
     signing_key: SecretStr = Field(
-        description="RL_SIGNING_KEY: the Ed25519 private key that signs weight manifests, hex of 32 bytes "
+        description="the Ed25519 private key that signs weight manifests, hex of 32 bytes "
         "(`python -m shared.signing generate`); only the learner holds it (required, no default)"
     )
-    learner_host: str = Field("127.0.0.1", description="RL_LEARNER_HOST: interface the chunk server binds")
-    learner_port: int = Field(8100, ge=0, le=65535, description="RL_LEARNER_PORT: chunk server port (0: any free port)")
+    learner_host: str = Field("127.0.0.1", description="interface the chunk server binds")
+    learner_port: int = Field(8100, ge=0, le=65535, description="chunk server port (0: any free port)")
     learner_public_url: str | None = Field(
-        None, description="RL_LEARNER_PUBLIC_URL: how workers reach the chunk server; default http://<host>:<port>"
+        None, description="how workers reach the chunk server; default http://<host>:<port>"
     )
-    scored_block_ms: int = Field(500, ge=1, le=5000, description="RL_SCORED_BLOCK_MS: XREADGROUP BLOCK on `scored`")
+    scored_block_ms: int = Field(500, ge=1, le=5000, description="XREADGROUP BLOCK on `scored`")
     trim_interval_s: float = Field(
-        TRIM_INTERVAL_S, gt=0, description="RL_TRIM_INTERVAL_S: how often the consumed entries of `scored` are trimmed"
+        TRIM_INTERVAL_S, gt=0, description="how often the consumed entries of `scored` are trimmed"
     )
-    torch_num_threads: int = Field(1, ge=1, description="RL_TORCH_NUM_THREADS: intra-op threads of the learner")
+    torch_num_threads: int = Field(1, ge=1, description="intra-op threads of the learner")
 
     @field_validator("signing_key")
     @classmethod

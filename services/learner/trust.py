@@ -9,11 +9,11 @@ weights older than claimed, or token ids that are not what was sampled leave it.
 When the learner holds the claimed version's weights the comparison can be exact: at lag 0 pi_prox *is*
 version v, and for a sample of older groups a spot audit (audit.py) recomputes pi_v. An honest worker
 matches to engine precision (a tolerance measured on the policy itself, numerics.py); a worker sampling
-with other weights does not, and that costs it `audit_failure_weight`.
+with other weights does not, and that costs it AUDIT_FAILURE_WEIGHT.
 
-The score is a one-sided CUSUM over groups: + audit_failure_weight for a failed exact comparison,
-+ suspicious_weight for an unchecked group outside its band (a group that passed an exact comparison is
-honest whatever its statistic), - honest_decay otherwise (floored at 0). At
+The score is a one-sided CUSUM over groups: + AUDIT_FAILURE_WEIGHT for a failed exact comparison,
++ SUSPICIOUS_WEIGHT for an unchecked group outside its band (a group that passed an exact comparison is
+honest whatever its statistic), - HONEST_DECAY otherwise (floored at 0). At
 `quarantine_score` the worker is suspect, and stays so until an admin releases it (the coordinator counts
 releases in the QUARANTINE key; a new release resets the score).
 """
@@ -27,6 +27,10 @@ import torch
 from services.learner.batch import AdmittedGroup, TrainBatch
 from shared.config import TrustConfig
 from shared.messages import QuarantinedWorkers, WorkerTrust
+
+AUDIT_FAILURE_WEIGHT = 5.0  # score added by a failed exact comparison: two make a suspect
+SUSPICIOUS_WEIGHT = 1.0  # score added by an unchecked group outside its band
+HONEST_DECAY = 0.25  # score removed by any other group (the CUSUM's drift; floor 0)
 
 
 @dataclass(frozen=True)
@@ -170,8 +174,8 @@ class TrustTracker:
         worker.num_provenance_checks += provenance_failed is not None
         worker.num_provenance_failures += bool(provenance_failed)
         worker.last_statistic_nats = abs_diff_nats
-        step = suspicious * self.config.suspicious_weight + audit_failed * self.config.audit_failure_weight
-        worker.score = worker.score + step if step else max(0.0, worker.score - self.config.honest_decay)
+        step = suspicious * SUSPICIOUS_WEIGHT + audit_failed * AUDIT_FAILURE_WEIGHT
+        worker.score = worker.score + step if step else max(0.0, worker.score - HONEST_DECAY)
         # sticky: a suspect stays one until released, however honest its later groups look
         worker.suspect = worker.suspect or worker.score >= self.config.quarantine_score
         return Verdict(suspicious=suspicious, audit_failed=audit_failed, score=worker.score)

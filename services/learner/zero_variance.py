@@ -26,6 +26,9 @@ from shared.flat_groups import FLAT_TOLERANCE, is_flat
 from shared.messages import FlatGroups, ScoredGroup
 
 MAX_REWARD = 1.0  # the task contract: rewards in [0, 1] (shared/tasks/base.py)
+WARN_FRACTION = 0.9  # a step counts when this share (or more) of its groups were flat
+WARN_STEPS = 5  # such steps in a row before the first warning: a run cannot learn while it lasts
+WARN_EVERY_STEPS = 50  # while it lasts, at most one warning per this many steps
 
 
 @dataclass
@@ -72,9 +75,9 @@ class ZeroVarianceAlarm:
     @classmethod
     def from_config(cls, grpo: GRPOConfig) -> ZeroVarianceAlarm:
         return cls(
-            warn_fraction=grpo.zero_variance_warn_fraction,
-            warn_steps=grpo.zero_variance_warn_steps,
-            warn_every_steps=grpo.zero_variance_warn_every_steps,
+            warn_fraction=WARN_FRACTION,
+            warn_steps=WARN_STEPS,
+            warn_every_steps=WARN_EVERY_STEPS,
             max_new_tokens=grpo.max_new_tokens,
         )
 

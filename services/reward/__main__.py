@@ -1,9 +1,6 @@
 """python -m services.reward: the data plane (prompts out, scored groups in). Needs no torch.
 
-Environment: RL_REDIS_URL, RL_RUN_CONFIG, RL_RUN_ID, RL_CONSUMER_NAME, RL_ROLLOUTS_BLOCK_MS,
-RL_CLAIM_IDLE_MS, RL_REFERENCE_TTL_S, RL_TRIM_INTERVAL_S, RL_DEAD_LETTERS_KEPT, RL_MODEL_DIR (the policy
-folder: its tokenizer.json decodes the token ids), RL_LOG_LEVEL, RL_METRICS_PORT (Prometheus /metrics; 0: off), RL_METRICS_HOST (its bind address, default 127.0.0.1).
-"""
+Reads the RL_* environment variables `--help` lists (services/reward/settings.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +13,10 @@ log = logging.getLogger("services.reward")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parse_cli("python -m services.reward", __doc__, argv)
-    from services.reward.service import RewardService
     from services.reward.settings import RewardSettings
+
+    parse_cli("python -m services.reward", __doc__, argv, settings=RewardSettings)
+    from services.reward.service import RewardService
     from shared.bus import StreamBus, connect
     from shared.keys import RunKeys
 

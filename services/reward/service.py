@@ -32,13 +32,16 @@ from shared.config import RunConfig
 from shared.keys import GROUPS_SCORED, RunKeys
 from shared.messages import RolloutGroup
 from shared.retry import Backoff, is_redis_outage
-from shared.stream_trim import ConsumedTrimmer
+from shared.stream_trim import DEAD_LETTERS_KEPT, ConsumedTrimmer
 from shared.streams import EVAL_REQUESTS, EVAL_ROLLOUTS, EVAL_SCORES, ROLLOUTS, SCORED, TASKS
 from shared.tasks import TaskAdapter, build_task
 from shared.tasks.environment import EnvironmentTask
 from shared.verifier_pool import VerifierPool
 
 log = logging.getLogger(__name__)
+
+ROLLOUTS_BLOCK_MS = 50  # the read block on `rollouts`: short, because the task feed is topped up between reads
+REFERENCE_TTL_S = 3600  # how long a task's reference (and prompt) is kept for scoring its rollouts
 
 
 class RewardService:
@@ -55,14 +58,14 @@ class RewardService:
             VerifierPool(run.task, run.reward.verifier_timeout_s),
             max_turns=self.task.max_turns if isinstance(self.task, EnvironmentTask) else None,
         )
-        self.feed = TaskFeed(bus, self.keys, self.task, run, settings.reference_ttl_s)
+        self.feed = TaskFeed(bus, self.keys, self.task, run, REFERENCE_TTL_S)
         self.evals = WorkerEvaluations(
             bus,
             self.task,
             run,
             self.scorer,
             self.producers,
-            reference_ttl_s=settings.reference_ttl_s,
+            reference_ttl_s=REFERENCE_TTL_S,
             consumer_name=settings.consumer_name,
             claim_idle_ms=settings.claim_idle_ms,
         )
@@ -72,7 +75,7 @@ class RewardService:
             bus,
             (TASKS, ROLLOUTS, EVAL_REQUESTS, EVAL_ROLLOUTS, EVAL_SCORES),
             interval_s=settings.trim_interval_s,
-            dead_letters_kept=settings.dead_letters_kept,
+            dead_letters_kept=DEAD_LETTERS_KEPT,
         )
         self.stop_event = threading.Event()
         self.num_scored = 0
@@ -122,7 +125,7 @@ class RewardService:
         )
         if claimed:
             return claimed
-        return self.bus.read(ROLLOUTS, self.settings.consumer_name, count=32, block_ms=self.settings.rollouts_block_ms)
+        return self.bus.read(ROLLOUTS, self.settings.consumer_name, count=32, block_ms=ROLLOUTS_BLOCK_MS)
 
     def score_and_forward(self, deliveries: list[Delivery[RolloutGroup]]) -> None:
         """Scored groups go to `scored` and their rollouts are acked in one transaction."""
@@ -150,7 +153,7 @@ class RewardService:
 
     def forget_tasks(self, deliveries: list[Delivery[RolloutGroup]]) -> None:
         """Delete the references of tasks whose group is scored: the work API accepts one group per task,
-        so nothing will ask for them again. Without this each one stays in Redis for RL_REFERENCE_TTL_S
+        so nothing will ask for them again. Without this each one stays in Redis for REFERENCE_TTL_S
         (at 640 tasks/s, an hour of them is ~2.3 million keys); the TTL covers the rest (a dead-lettered
         group's task, a crash between the ack and this)."""
         if deliveries:

@@ -46,9 +46,9 @@ WorkerParts = Callable[
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from services.rollout.settings import describe_environment
+    from services.rollout.settings import RolloutSettings
 
-    parse_cli("python -m services.rollout", __doc__, argv, epilog="environment:\n" + describe_environment())
+    parse_cli("python -m services.rollout", __doc__, argv, settings=RolloutSettings)
     return serve()
 
 

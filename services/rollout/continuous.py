@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from engines.interface import EngineError
 from services.rollout.continuous_tasks import ContinuousTasks
@@ -36,17 +36,63 @@ from shared.rollout_mac import sign_rollout
 from shared.work_api import MAX_GROUPS_PER_LEASE, LeasedTask
 
 if TYPE_CHECKING:
-    from services.rollout.worker import Outcome, RolloutWorker
+    from services.rollout.batch_generation import Outcome
+    from shared.api import RegisterWorkerResponse
 
 log = logging.getLogger(__name__)
 
 FINISH_TIMEOUT_S = 60.0  # stopping: how long the rows in flight may take to finish before they are dropped
 
 
+class WorkerLoop(Protocol):
+    """What the continuous loop asks of the worker that runs it (services/rollout/worker.py RolloutWorker): the
+    worker's own steps, the ones batch mode takes too, and where each decoding step's numbers go."""
+
+    generating: bool  # the heartbeat's: samples are being decoded
+
+    @property
+    def registration(self) -> RegisterWorkerResponse:
+        """The current registration: the worker id groups are built with and the key that signs them."""
+
+    def sync_weights(self) -> None:
+        """Load the newest verified version, if one is ready (between two decoding steps)."""
+
+    def may_lease(self) -> bool:
+        """False on standby or while the staleness gate is closed."""
+
+    def pause(self) -> None:
+        """Standby or a closed gate with nothing in flight: wait a poll interval."""
+
+    def lease_tasks(self, max_tasks: int | None = None) -> list[LeasedTask]:
+        """Tasks leased from the coordinator, the engine's version's eval tasks first; maybe none."""
+
+    def next_idle_wait_s(self) -> float:
+        """How long to wait after an empty lease (doubling up to a maximum)."""
+
+    def wait_for_tasks(self) -> None:
+        """Nothing in flight and no task: wait before asking again."""
+
+    def serve_evals(self, evals: list[LeasedTask]) -> None:
+        """Decode eval tasks greedily with the weights the engine holds, and answer them."""
+
+    def submit(self, outcomes: list[Outcome]) -> None:
+        """Hand groups to the coordinator; give back the tasks the engine could not serve."""
+
+    def record_generation(self, num_samples: int, generation_s: float, num_tokens: int, num_places: int) -> None:
+        """One decoding step's throughput and occupancy."""
+
+    def extend_swap_pause(self, extra_s: float) -> None:
+        """The last swap's pause went on: the rows in flight were recomputed with the new weights."""
+
+
 class ContinuousRollouts:
-    def __init__(self, worker: RolloutWorker, max_rows: int) -> None:
+    def __init__(self, worker: WorkerLoop, tasks: ContinuousTasks, *, group_size: int, poll_s: float) -> None:
+        """`tasks`: the batch's tasks on the worker's engine; `group_size`: samples per task (the run's), to
+        lease as many tasks as the free rows hold; `poll_s`: the wait before asking again after a closed gate."""
         self.worker = worker
-        self.tasks = ContinuousTasks(worker.engine, max_rows, worker.episode_runner)
+        self.tasks = tasks
+        self.group_size = group_size
+        self.poll_s = poll_s
         self._lease_after_s = 0.0  # monotonic: no gate check or lease request before this while rows are in flight
         self.pending_evals: list[LeasedTask] = []  # eval leases waiting for the rows in flight to finish
 
@@ -57,8 +103,8 @@ class ContinuousRollouts:
         if not self.pending_evals:  # while eval leases wait, their version stays loaded and nothing is leased
             self.worker.sync_weights()
             if self.lease_due():
-                if self.worker.membership.on_standby or not self.worker.has_admissible_weights():
-                    self._lease_after_s = time.monotonic() + self.worker.settings.worker_poll_s
+                if not self.worker.may_lease():
+                    self._lease_after_s = time.monotonic() + self.poll_s
                     if not self.tasks.in_flight:
                         self.worker.pause()
                         return
@@ -96,7 +142,7 @@ class ContinuousRollouts:
         """Lease tasks while every sample of them fits in the batch's free rows; queue their first rows. After
         an empty answer, the rows in flight decode for the worker's idle wait (`next_idle_wait_s`, doubling)
         before it asks again."""
-        num_tasks = min(MAX_GROUPS_PER_LEASE, max(1, self.tasks.room // self.worker.run_config.grpo.group_size))
+        num_tasks = min(MAX_GROUPS_PER_LEASE, max(1, self.tasks.room // self.group_size))
         self.pending_evals, leased = split_evals(self.worker.lease_tasks(max_tasks=num_tasks))
         if not leased and not self.pending_evals:
             self._lease_after_s = time.monotonic() + self.worker.next_idle_wait_s()
@@ -118,12 +164,12 @@ class ContinuousRollouts:
         step_s = time.perf_counter() - started_s
         stats = self.tasks.batch.last_step
         if stats is not None and stats.recompute_s > 0:  # the swap's pause: its load, then this recompute
-            self.worker.swap_pauses.extend_last(stats.recompute_s)
-        self.worker.throughput.record(stepped.num_samples_done, step_s, stepped.num_rows)
-        self.worker.occupancy.observe(stepped.num_rows, self.tasks.batch.max_rows)
+            self.worker.extend_swap_pause(stats.recompute_s)
+        # a step decodes one token per row, on the batch's max_rows places
+        self.worker.record_generation(stepped.num_samples_done, step_s, stepped.num_rows, self.tasks.batch.max_rows)
         outcomes: list[Outcome] = list(stepped.failed)
         if stepped.completed:
-            registration = self.worker.membership.registration  # the id and its key from the same registration
+            registration = self.worker.registration  # the id and its key from the same registration
             rollout_key = bytes.fromhex(registration.access.rollout_key_hex)
             outcomes += [
                 (task.lease, sign_rollout(task.group(registration.worker_id), rollout_key))

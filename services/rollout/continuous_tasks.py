@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from engines.continuous import ContinuousBatch, FinishedSample, SampleRequest, VersionChange
 from engines.episodes import Episode, next_turn
-from engines.interface import EngineError, InferenceEngine
+from engines.interface import EngineError, InferenceEngine, Sampling
 from services.rollout.episodes import EpisodeRunner, build_episode_group
 from services.rollout.rollout_groups import build_rollout_group
 from shared.keyed_sampling import task_seed
@@ -60,11 +60,9 @@ class SamplesInFlight:
         task = self.lease.task
         (prompt_ids,) = engine.encode_prompts([PromptInput.of_task(task)], task.max_new_tokens)
         seed = task_seed(task.task_id)
+        row = Sampling.of_task(task).one_sample()
         return [
-            SampleRequest(
-                request_id(self.number, j), tuple(prompt_ids), task.max_new_tokens, task.temperature, seed + j
-            )
-            for j in range(task.num_samples)
+            SampleRequest(request_id(self.number, j), tuple(prompt_ids), row, seed + j) for j in range(task.num_samples)
         ]
 
     def take(self, index: int, finished: FinishedSample) -> SampleRequest | None:
@@ -106,11 +104,9 @@ class EpisodesInFlight:
         return [self.turn(j) for j, episode in enumerate(self.episodes) if not episode.done]
 
     def turn(self, index: int) -> SampleRequest:
-        task = self.lease.task
         seed = None if self.seed is None else self.seed + index
-        return next_turn(
-            self.episodes[index], request_id(self.number, index), task.max_new_tokens, task.temperature, seed
-        )
+        turn = Sampling.of_task(self.lease.task).one_sample()
+        return next_turn(self.episodes[index], request_id(self.number, index), turn, seed)
 
     def take(self, index: int, finished: FinishedSample) -> SampleRequest | None:
         """Episode `index`'s turn finished: append it, step the environment; its next turn if it goes on.

@@ -12,7 +12,7 @@ is, `env_rewards` carries the worker's episode returns (the reward service repla
 from __future__ import annotations
 
 from engines.episodes import Episode, run_episodes, start_episode
-from engines.interface import InferenceEngine
+from engines.interface import InferenceEngine, Sampling
 from services.rollout.rollout_groups import build_rollout_group
 from shared.config import TaskConfig
 from shared.messages import RolloutGroup, TaskGroup, pack_mask
@@ -45,15 +45,13 @@ class EpisodeRunner:
         ]
 
     def play(self, tasks: list[TaskGroup]) -> list[list[Episode]]:
-        """result[i][j] is episode j of tasks[i]; every task must share max_new_tokens and temperature. The
-        decoding steps the engine took are left in `last_num_steps`."""
+        """result[i][j] is episode j of tasks[i]; every task must share max_new_tokens and temperature (each
+        episode's turns are sampled with the first task's). The decoding steps the engine took are left in
+        `last_num_steps`."""
         groups = [self.start(task) for task in tasks]
         first = tasks[0]
         self.last_num_steps = run_episodes(
-            self.engine,
-            [episode for group in groups for episode in group],
-            max_new_tokens=first.max_new_tokens,
-            temperature=first.temperature,
+            self.engine, [episode for group in groups for episode in group], Sampling.of_task(first).one_sample()
         )
         return groups
 

@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from engines.interface import EngineError, InferenceEngine
+from engines.interface import EngineError, InferenceEngine, Sampling
 from services.rollout.rollout_groups import build_rollout_group
 from services.rollout.work_client import WorkClient
 from shared.messages import RolloutGroup
@@ -79,10 +79,8 @@ def decode_greedily(
     try:
         samples = engine.generate(
             [PromptInput.of_task(lease.task) for lease in leased],
-            1,
-            first.max_new_tokens,
-            first.temperature,  # log-probs at the run's temperature, as the learner's own evaluation takes them
-            greedy=True,
+            # log-probs at the run's temperature, as the learner's own evaluation takes them
+            Sampling(1, first.max_new_tokens, first.temperature, greedy=True),
         )
     except EngineError as exc:
         if len(leased) == 1:

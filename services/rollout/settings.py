@@ -79,12 +79,3 @@ class RolloutSettings(ProcessSettings):
     def resolved_public_url(self, bound_url: str) -> str:
         """The chunk-server URL advertised at registration: RL_WORKER_PUBLIC_URL, else the bound one."""
         return (self.worker_public_url or bound_url).rstrip("/")
-
-
-def describe_environment() -> str:
-    """One line per setting, for `--help` (no torch import needed)."""
-    lines = []
-    for name, field in RolloutSettings.model_fields.items():
-        default = "required" if field.is_required() else f"default {field.default!r}"
-        lines.append(f"  RL_{name.upper():<30} {field.description} ({default})")
-    return "\n".join(lines)

@@ -21,29 +21,27 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict, deque
 
 from engines.interface import EngineError, InferenceEngine
 from services.rollout.announcement_client import HttpAnnouncements
+from services.rollout.batch_generation import BatchGenerator, Outcome
 from services.rollout.continuous import ContinuousRollouts
+from services.rollout.continuous_tasks import ContinuousTasks
 from services.rollout.coordinator_client import CoordinatorClient, CoordinatorUnavailableError, WorkerExpiredError
-from services.rollout.episodes import EpisodeRunner, build_episode_group
 from services.rollout.eval_tasks import max_eval_groups, serve_evals, split_evals
 from services.rollout.membership import Membership, NotRegisteredError
 from services.rollout.prometheus import BatchOccupancy, SwapPauses
 from services.rollout.relay_sources import CoordinatorParents
-from services.rollout.rollout_groups import build_rollout_group
 from services.rollout.settings import RolloutSettings
+from services.rollout.throughput import ThroughputMeter
 from services.rollout.weight_hold import WeightHold
 from services.rollout.weights_sync import WeightsSync
 from services.rollout.work_client import WorkClient
 from shared.api import HeartbeatRequest, RegisterWorkerRequest, RegisterWorkerResponse
 from shared.config import RunConfig
-from shared.keyed_sampling import task_seed
 from shared.messages import RolloutGroup
 from shared.retry import Backoff
-from shared.rollout_mac import sign_rollout
-from shared.tokenization import PromptInput
+from shared.tls import Verify
 from shared.weight_channel import ChunkServer, ChunkStore, WeightFollower, base_fingerprint
 from shared.work_api import LeasedTask
 
@@ -56,41 +54,6 @@ IDLE_WAIT_MAX_S = 0.5
 # a coordinator outage: retry with backoff up to this (its leases expire and are reissued meanwhile)
 COORDINATOR_MAX_BACKOFF_S = 2.0
 
-# What happened to one task: its group, or the engine error that made it undeliverable.
-Outcome = tuple[LeasedTask, RolloutGroup | EngineError]
-
-
-class ThroughputMeter:
-    """Samples (and tokens) per second of generation time over the last `window_s` seconds (capacity,
-    not idle time), and the mean latency of one engine call (L_gen of the capacity model)."""
-
-    def __init__(self, window_s: float = 30.0) -> None:
-        self.window_s = window_s
-        # (ended at, num_samples, generation_s, num_tokens)
-        self._batches: deque[tuple[float, int, float, int]] = deque()
-        self.generation_s_total = 0.0  # every engine call's seconds since the start (shared/time_use.py)
-
-    def record(self, num_samples: int, generation_s: float, num_tokens: int = 0) -> None:
-        now_s = time.monotonic()
-        self.generation_s_total += generation_s
-        self._batches.append((now_s, num_samples, generation_s, num_tokens))
-        while self._batches and self._batches[0][0] < now_s - self.window_s:
-            self._batches.popleft()
-
-    def samples_per_s(self) -> float:
-        batches = list(self._batches)
-        busy_s = sum(batch[2] for batch in batches)
-        return sum(batch[1] for batch in batches) / busy_s if busy_s > 0 else 0.0
-
-    def tokens_per_s(self) -> float:
-        batches = list(self._batches)
-        busy_s = sum(batch[2] for batch in batches)
-        return sum(batch[3] for batch in batches) / busy_s if busy_s > 0 else 0.0
-
-    def mean_batch_s(self) -> float:
-        batches = list(self._batches)
-        return sum(batch[2] for batch in batches) / len(batches) if batches else 0.0
-
 
 class RolloutWorker:
     def __init__(
@@ -101,26 +64,47 @@ class RolloutWorker:
         stopping: threading.Event | None = None,
         store: ChunkStore | None = None,
     ) -> None:
-        """`store`: the chunk store the worker holds and relays weights from (default: a ChunkStore that
-        holds only manifests the learner signed; the trust tests pass a lying one, benchmarks/liars.py)."""
+        """Built from named parts (below): the chunk store and its server, the weights it follows, its clients of
+        the coordinator, the loop's counters and meters, what generates a batch, and in continuous mode the
+        continuous loop. `store`: the
+        chunk store the worker holds and relays weights from (default: `honest_chunk_store`; the trust tests pass
+        a lying one, benchmarks/liars.py)."""
         self.run_config = run
         self.settings = settings
         self.engine = engine
         self.run_id = run.run_id
         self.stopping = stopping or threading.Event()  # set by stop() or the process's signal handler
-        if store is None:  # holds (and relays) only manifests the learner signed
-            store = ChunkStore(
-                keep_versions=run.broadcast.keep_versions,
-                trusted_key=settings.public_key(),
-                spill_dir=engine.weights_dir,
-            )
-        self.store = store
+        self.store = store if store is not None else honest_chunk_store(run, settings, engine)
         self.chunk_server = ChunkServer(
             self.store, host=settings.worker_host, port=settings.worker_port, wait_s=run.broadcast.chunk_wait_s
         )
         verify = settings.coordinator_verify()  # the run CA or the pin: checked before any token is sent
-        self.weights = WeightsSync(
-            HttpAnnouncements(settings.coordinator_url, self.token, verify=verify),  # long polls the coordinator
+        self.weights = self._weights_sync(verify)
+        self.coordinator = CoordinatorClient(settings.coordinator_url, verify=verify)
+        self.work = WorkClient(settings.coordinator_url, self.token, run.run_id, verify=verify)
+        self.membership = Membership(
+            CoordinatorClient(settings.coordinator_url, join_token=settings.join_token_value(), verify=verify),
+            self._registration_request(),
+            self.report,
+            self.stopping,
+        )
+        self._init_loop_state()
+        self.generation = BatchGenerator(
+            engine,
+            run.task,
+            settings.worker_max_groups_per_batch,
+            lambda: self.membership.registration,
+            self.record_generation,
+        )
+        self.continuous = self._continuous_rollouts()  # None: batch mode
+
+    # construction: the parts __init__ names
+    def _weights_sync(self, verify: Verify) -> WeightsSync:
+        """Follows the learner's announcements (a long poll of the coordinator) and fetches each version through
+        the relay into the chunk store, verified (services/rollout/weights_sync.py)."""
+        run, settings = self.run_config, self.settings
+        return WeightsSync(
+            HttpAnnouncements(settings.coordinator_url, self.token, verify=verify),
             WeightFollower(
                 self.store,
                 settings.public_key(),
@@ -132,19 +116,16 @@ class RolloutWorker:
                 stall_timeout_s=run.broadcast.stall_timeout_s,
                 chunk_wait_s=run.broadcast.chunk_wait_s,
                 version_timeout_s=run.broadcast.version_timeout_s,
-                model_fingerprint=engine.model_fingerprint,
+                model_fingerprint=self.engine.model_fingerprint,
                 # a LoRA run: adapters apply only onto the learner's base (hashing the base's files once)
-                base_fingerprint=base_fingerprint(engine.model_dir) if run.lora.enabled and engine.model_dir else "",
+                base_fingerprint=(
+                    base_fingerprint(self.engine.model_dir) if run.lora.enabled and self.engine.model_dir else ""
+                ),
             ),
         )
-        self.coordinator = CoordinatorClient(settings.coordinator_url, verify=verify)
-        self.work = WorkClient(settings.coordinator_url, self.token, run.run_id, verify=verify)
-        self.membership = Membership(
-            CoordinatorClient(settings.coordinator_url, join_token=settings.join_token_value(), verify=verify),
-            self._registration_request(),
-            self.report,
-            self.stopping,
-        )
+
+    def _init_loop_state(self) -> None:
+        """The loop's counters (the heartbeat's), meters (/metrics) and flags, as at start."""
         self.num_groups_done = 0  # groups the coordinator accepted
         self.num_samples_done = 0
         self.num_dead_lettered = 0  # tasks given back (engine errors) and groups refused
@@ -157,10 +138,19 @@ class RolloutWorker:
         self.answered_evals = False  # the last turn answered eval tasks: lease again before loading weights
         self.gated_s_total = 0.0  # seconds held by the staleness gate (shared/time_use.py)
         self.waiting_for_tasks_s_total = 0.0  # seconds waiting because a lease brought no task
-        self.hold = WeightHold(run.rollout.hold_versions_max)  # an ablation's knob; off (0) otherwise
-        self._episode_runner: EpisodeRunner | None = None
-        self.continuous = (  # [rollout] batching = "continuous": services/rollout/continuous.py
-            ContinuousRollouts(self, run.rollout.continuous_max_rows) if run.rollout.batching == "continuous" else None
+        self.hold = WeightHold(self.run_config.rollout.hold_versions_max)  # an ablation's knob; off (0) otherwise
+
+    def _continuous_rollouts(self) -> ContinuousRollouts | None:
+        """[rollout] batching = "continuous": the loop that keeps the engine's batch full
+        (services/rollout/continuous.py), talking to this worker as its WorkerLoop; None in batch mode."""
+        rollout = self.run_config.rollout
+        if rollout.batching != "continuous":
+            return None
+        return ContinuousRollouts(
+            self,
+            ContinuousTasks(self.engine, rollout.continuous_max_rows, self.generation.episode_runner),
+            group_size=self.run_config.grpo.group_size,
+            poll_s=self.settings.worker_poll_s,
         )
 
     def run(self) -> None:
@@ -189,7 +179,7 @@ class RolloutWorker:
         if not self.answered_evals:  # else ask once more at this version first: more of its eval tasks may wait
             self.sync_weights()
         self.answered_evals = False
-        if self.membership.on_standby or not self.has_admissible_weights():  # standby: weights fresh, no tasks
+        if not self.may_lease():  # standby: weights fresh, no tasks
             self.pause()
             return
         leased = self.lease_tasks()
@@ -204,7 +194,7 @@ class RolloutWorker:
             if not leased:
                 return
         self.wait_for_version(max(lease.task.min_policy_version for lease in leased))
-        outcomes = self.generate_groups(leased)
+        outcomes = self.generation.generate(leased)  # services/rollout/batch_generation.py
         self.submit(outcomes)
 
     def stop(self) -> None:
@@ -279,6 +269,10 @@ class RolloutWorker:
     def newest_announced_version(self) -> int | None:
         return self.weights.newest_announced_version()
 
+    def may_lease(self) -> bool:
+        """Not on standby, and the staleness gate open (`has_admissible_weights`; not asked on standby)."""
+        return not self.membership.on_standby and self.has_admissible_weights()
+
     def has_admissible_weights(self) -> bool:
         """False before the first verified weights, and while the coordinator says groups sampled with
         our version could no longer be trained on (no wasted work; wait for newer weights)."""
@@ -328,7 +322,7 @@ class RolloutWorker:
 
     def serve_evals(self, evals: list[LeasedTask]) -> None:
         """Eval tasks: decoded greedily with the weights the engine holds, answered (eval_tasks.py)."""
-        registration = self.membership.registration  # the id and its key from the same registration
+        registration = self.registration  # the id and its key from the same registration
         rollout_key = bytes.fromhex(registration.access.rollout_key_hex)
         serve_evals(self.engine, self.work, evals, registration.worker_id, rollout_key)
 
@@ -345,18 +339,6 @@ class RolloutWorker:
         self.idle_wait_s = min(self.idle_wait_s * 2, IDLE_WAIT_MAX_S)
         return wait_s
 
-    def generate_groups(self, leased: list[LeasedTask]) -> list[Outcome]:
-        """Sample every task; tasks sharing sampling parameters go through the engine in one call."""
-        batches: dict[tuple[int, int, float, bool], list[LeasedTask]] = defaultdict(list)
-        for lease in leased:
-            task = lease.task
-            is_episode = task.environment is not None  # multi-turn: played by services/rollout/episodes.py
-            batches[(task.num_samples, task.max_new_tokens, task.temperature, is_episode)].append(lease)
-        outcomes: list[Outcome] = []
-        for batch in batches.values():
-            outcomes.extend(self._generate_batch(batch))
-        return outcomes
-
     def submit(self, outcomes: list[Outcome]) -> None:
         """The batch's groups go to the coordinator, which puts each on `rollouts` and acks its task in one
         step; the tasks the engine could not serve are given back (dead-lettered)."""
@@ -371,6 +353,21 @@ class RolloutWorker:
             if isinstance(result, EngineError):
                 self.work.report_failure(lease.lease_id, f"{type(result).__name__}: {result}")
                 self.num_dead_lettered += 1
+
+    def record_generation(self, num_samples: int, generation_s: float, num_tokens: int, num_places: int) -> None:
+        """One engine call, or one decoding step in continuous mode: its throughput, and how full its batch was
+        (`num_tokens` decoded on `num_places` row places x steps)."""
+        self.throughput.record(num_samples, generation_s, num_tokens)
+        self.occupancy.observe(num_tokens, num_places)
+
+    def extend_swap_pause(self, extra_s: float) -> None:
+        """Continuous mode: the last swap's pause went on while the rows in flight were recomputed."""
+        self.swap_pauses.extend_last(extra_s)
+
+    @property
+    def registration(self) -> RegisterWorkerResponse:
+        """The current registration: the worker id groups are built with and the key that signs them."""
+        return self.membership.registration
 
     def report(self) -> HeartbeatRequest:
         """What the heartbeat thread tells the coordinator."""
@@ -389,73 +386,6 @@ class RolloutWorker:
         )
 
     # helpers
-    def _generate_batch(self, batch: list[LeasedTask]) -> list[Outcome]:
-        """One engine call for the batch (one per turn for episodes); if it fails, one call per task so a
-        bad task fails alone."""
-        policy_version = self.engine.policy_version
-        try:
-            if batch[0].task.environment is None:
-                built, registration = self._sample_groups(batch, policy_version)
-            else:
-                built, registration = self._play_episodes(batch, policy_version)
-        except EngineError as exc:
-            if len(batch) == 1:
-                return [(batch[0], exc)]
-            return [outcome for lease in batch for outcome in self._generate_batch([lease])]
-        rollout_key = bytes.fromhex(registration.access.rollout_key_hex)
-        return [(lease, sign_rollout(group, rollout_key)) for lease, group in zip(batch, built, strict=True)]
-
-    def _sample_groups(
-        self, batch: list[LeasedTask], policy_version: int
-    ) -> tuple[list[RolloutGroup], RegisterWorkerResponse]:
-        """Single-turn tasks: every sample of every task in one engine call."""
-        first = batch[0].task
-        started_s = time.perf_counter()
-        groups = self.engine.generate(
-            [PromptInput.of_task(lease.task) for lease in batch],
-            first.num_samples,
-            first.max_new_tokens,
-            first.temperature,
-            # keyed sampling: each task's seeds come from its id, so the learner can check how tokens were chosen
-            sampling_seeds=[task_seed(lease.task.task_id) for lease in batch],
-        )
-        generation_s = time.perf_counter() - started_s
-        num_tokens = sum(s.num_tokens for samples in groups for s in samples)
-        self.throughput.record(sum(len(samples) for samples in groups), generation_s, num_tokens)
-        capacity_rows = self.settings.worker_max_groups_per_batch * first.num_samples
-        self.occupancy.observe(num_tokens, capacity_rows * max(s.num_tokens for samples in groups for s in samples))
-        registration = self.membership.registration  # the id and its key from the same registration
-        built = [
-            build_rollout_group(lease.task, samples, registration.worker_id, policy_version, generation_s)
-            for lease, samples in zip(batch, groups, strict=True)
-        ]
-        return built, registration
-
-    def _play_episodes(
-        self, batch: list[LeasedTask], policy_version: int
-    ) -> tuple[list[RolloutGroup], RegisterWorkerResponse]:
-        """Multi-turn tasks: every episode of every task played together (services/rollout/episodes.py)."""
-        started_s = time.perf_counter()
-        runner = self.episode_runner()
-        episodes = runner.play([lease.task for lease in batch])
-        generation_s = time.perf_counter() - started_s
-        num_tokens = sum(sum(episode.mask) for group in episodes for episode in group)  # the model's tokens
-        self.throughput.record(sum(len(group) for group in episodes), generation_s, num_tokens)
-        capacity_rows = self.settings.worker_max_groups_per_batch * batch[0].task.num_samples
-        self.occupancy.observe(num_tokens, capacity_rows * runner.last_num_steps)
-        registration = self.membership.registration
-        built = [
-            build_episode_group(lease.task, group, registration.worker_id, policy_version, generation_s)
-            for lease, group in zip(batch, episodes, strict=True)
-        ]
-        return built, registration
-
-    def episode_runner(self) -> EpisodeRunner:
-        """Plays multi-turn tasks; built on the first one (it builds the run's task adapter)."""
-        if self._episode_runner is None:
-            self._episode_runner = EpisodeRunner(self.engine, self.run_config.task)
-        return self._episode_runner
-
     def _registration_request(self) -> RegisterWorkerRequest:
         return RegisterWorkerRequest(
             name=self.settings.worker_name,
@@ -471,6 +401,14 @@ class RolloutWorker:
         if state != self.gate_state:
             log.info("staleness gate %s: %s", state, why)
             self.gate_state = state
+
+
+def honest_chunk_store(run: RunConfig, settings: RolloutSettings, engine: InferenceEngine) -> ChunkStore:
+    """The chunk store a worker holds and relays weights from: it holds only manifests the learner signed, and
+    writes full versions into the engine's weights folder where it has one (vLLM loads from files)."""
+    return ChunkStore(
+        keep_versions=run.broadcast.keep_versions, trusted_key=settings.public_key(), spill_dir=engine.weights_dir
+    )
 
 
 def build_engine(settings: RolloutSettings, run: RunConfig) -> InferenceEngine:

@@ -67,6 +67,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+DELTA_ZSTD_LEVEL = 3  # zstd level of delta payloads (zstd's own default)
+
 
 @dataclass(frozen=True)
 class PublishedVersion:
@@ -95,7 +97,6 @@ class WeightPublisher:
         signing_key: Ed25519PrivateKey,  # the learner's private key: only this process can sign weights
         chunk_size_bytes: int,
         full_every: int = 1,
-        delta_zstd_level: int = 3,
         journal_path: Path | None = None,
         model_fingerprint: str = "",  # shared.tokenization.model_fingerprint of the policy folder; signed into manifests
         hash_algorithm: HashAlgorithm = DEFAULT_HASH_ALGORITHM,
@@ -113,7 +114,6 @@ class WeightPublisher:
         self.lora = lora
         self.dtype = dtype
         self.full_every = 1 if lora is not None else full_every  # 1: every version full (no deltas)
-        self.delta_zstd_level = delta_zstd_level
         self.journal_path = journal_path
         self.model_fingerprint = model_fingerprint
         self.hash_algorithm: HashAlgorithm = hash_algorithm
@@ -199,7 +199,7 @@ class WeightPublisher:
         if self._previous is None or self._num_since_full + 1 >= self.full_every:
             return None
         base, base_blob = self._previous
-        codec, delta = encode_smallest(base_blob, blob, level=self.delta_zstd_level)  # the smallest codec wins
+        codec, delta = encode_smallest(base_blob, blob, level=DELTA_ZSTD_LEVEL)  # the smallest codec wins
         if len(delta) >= full.total_size_bytes:
             return None
         manifest, _ = build_delta_manifest(delta, full=full, base=base, codec=codec, signing_key=self.signing_key)

@@ -327,42 +327,9 @@ class RelayFetcher:
                 guard.resume()
                 if time.monotonic() >= deadline_s:
                     return f"too slow: its deadline passed at chunk {stream.next_index}"
-                index = stream.next_index
-                try:
-                    with in_local_store(manifest):
-                        region = self.store.receive_region(manifest, index)
-                except ValueError:  # held already (repaired meanwhile): read past it
-                    stream.next_chunk()
-                    continue
-                with in_local_store(manifest):  # each piece is reported to the store: forwarded at once
-                    vouched = stream.read_chunk_into(
-                        region, guard.watching(partial(self.store.note_received, manifest, index))
-                    )
-                result.bytes_by_source[source] += len(region)
-                guard.chunk_done(len(region))
-                if not vouched:  # the holder forwarded them before its own check, which they then failed
-                    with in_local_store(manifest):
-                        self.store.reject_chunk(manifest, index)
-                    result.rejected_by_source[source] += 1
-                    log.info(
-                        "version %s chunk %d: %s passed on bad bytes; refetching", manifest.artifact, index, source
-                    )
-                    others = [url for url in sources if url != source]  # it repairs it too: ask it first
-                    self._repair(manifest, index, [source, *others], result, deadlines)
-                    if result.rejected_by_source[source] >= MAX_REJECTED_PER_SOURCE:
-                        return f"passed on {result.rejected_by_source[source]} chunks it could not verify"
-                    continue
-                try:
-                    with in_local_store(manifest):  # verified in its place; a corrupt chunk stays missing
-                        self.store.commit_chunk(manifest, index)
-                except ChunkVerificationError as exc:
-                    result.corrupt_by_source[source] += 1
-                    log.warning(
-                        "version %s chunk %d from %s is corrupt (%s); repairing", manifest.artifact, index, source, exc
-                    )
-                    self._repair(manifest, index, [url for url in sources if url != source], result, deadlines)
-                    if result.corrupt_by_source[source] >= MAX_CORRUPT_PER_SOURCE:
-                        return f"sent {result.corrupt_by_source[source]} corrupt chunks"
+                reason = self._take_chunk(stream, guard, source, sources, result, deadlines)
+                if reason is not None:
+                    return reason
         except SourceTooSlowError as exc:
             return f"too slow: {exc}"
         except FetchError as exc:
@@ -371,6 +338,50 @@ class RelayFetcher:
             self.store.set_source(manifest, "")
             guard.stop()
             stream.close()
+        return None
+
+    def _take_chunk(
+        self,
+        stream: ChunkStream,
+        guard: StreamGuard,
+        source: str,
+        sources: list[str],
+        result: ArtifactFetch,
+        deadlines: Deadlines,
+    ) -> str | None:
+        """The stream's next chunk into the store: read into its place, then verified, or repaired from
+        another source (skipped when it is held already). None to carry on with the stream; otherwise why
+        `source` must not be used again for this fetch."""
+        manifest, index = result.manifest, stream.next_index
+        try:
+            with in_local_store(manifest):
+                region = self.store.receive_region(manifest, index)
+        except ValueError:  # held already (repaired meanwhile): read past it
+            stream.next_chunk()
+            return None
+        with in_local_store(manifest):  # each piece is reported to the store: forwarded at once
+            vouched = stream.read_chunk_into(region, guard.watching(partial(self.store.note_received, manifest, index)))
+        result.bytes_by_source[source] += len(region)
+        guard.chunk_done(len(region))
+        if not vouched:  # the holder forwarded them before its own check, which they then failed
+            with in_local_store(manifest):
+                self.store.reject_chunk(manifest, index)
+            result.rejected_by_source[source] += 1
+            log.info("version %s chunk %d: %s passed on bad bytes; refetching", manifest.artifact, index, source)
+            others = [url for url in sources if url != source]  # it repairs it too: ask it first
+            self._repair(manifest, index, [source, *others], result, deadlines)
+            if result.rejected_by_source[source] >= MAX_REJECTED_PER_SOURCE:
+                return f"passed on {result.rejected_by_source[source]} chunks it could not verify"
+            return None
+        try:
+            with in_local_store(manifest):  # verified in its place; a corrupt chunk stays missing
+                self.store.commit_chunk(manifest, index)
+        except ChunkVerificationError as exc:
+            result.corrupt_by_source[source] += 1
+            log.warning("version %s chunk %d from %s is corrupt (%s); repairing", manifest.artifact, index, source, exc)
+            self._repair(manifest, index, [url for url in sources if url != source], result, deadlines)
+            if result.corrupt_by_source[source] >= MAX_CORRUPT_PER_SOURCE:
+                return f"sent {result.corrupt_by_source[source]} corrupt chunks"
         return None
 
     def _repair(

@@ -33,6 +33,7 @@ import logging
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs
 
@@ -80,8 +81,8 @@ class ChunkServer:
             )
         self.store = store
         self.wait_s = wait_s
-        handler = _make_handler(store, wait_s, request_timeout_s, send_timeout_s)
-        self._httpd = _BoundedHTTPServer((host, port), handler, max_connections)
+        serving = _Serving(store, wait_s, request_timeout_s, send_timeout_s)
+        self._httpd = _BoundedHTTPServer((host, port), serving, max_connections)
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, name="chunk-server", daemon=True
         )  # the poll interval bounds how long stop() takes
@@ -126,13 +127,15 @@ _AT_CAPACITY = (
 
 class _BoundedHTTPServer(ThreadingHTTPServer):
     """A thread per connection, at most `max_connections` of them: one more is answered 503 from the
-    accepting thread (without blocking it: the answer fits an empty send buffer) and closed."""
+    accepting thread (without blocking it: the answer fits an empty send buffer) and closed. Each
+    connection's handler (_ChunkHandler) serves `serving`'s store under its bounds."""
 
     daemon_threads = True
     request_queue_size = 128  # the listen backlog: socketserver's 5 drops a burst of children connecting
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_connections: int) -> None:
-        super().__init__(address, handler)
+    def __init__(self, address: tuple[str, int], serving: _Serving, max_connections: int) -> None:
+        super().__init__(address, _ChunkHandler)
+        self.serving = serving
         self.max_connections = max_connections
         self.num_connections = 0
         self.num_refused = 0
@@ -226,149 +229,176 @@ def _parse_number(text: str, what: str) -> int:
     return int(text)
 
 
-def _make_handler(
-    store: ChunkStore, wait_s: float, request_timeout_s: float, send_timeout_s: float
-) -> type[BaseHTTPRequestHandler]:
-    class ChunkHandler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+@dataclass(frozen=True)
+class _Serving:
+    """What every request on a ChunkServer needs: its store and its bounds (module docstring, "Limits")."""
 
-        def setup(self) -> None:
-            super().setup()
-            self._reader = _DeadlineReader(self.connection)
-            self.rfile = io.BufferedReader(self._reader)
-            self.wfile = _PacedWriter(self.connection, send_timeout_s)
+    store: ChunkStore
+    wait_s: float  # how long a request waits for progress on a chunk (or for a manifest) before giving up
+    request_timeout_s: float
+    send_timeout_s: float
 
-        def handle_one_request(self) -> None:
-            # the next request head must be complete within request_timeout_s (idle keep-alive included);
-            # a TimeoutError here or while sending closes the connection (BaseHTTPRequestHandler's policy)
-            self._reader.deadline_s = time.monotonic() + request_timeout_s
-            super().handle_one_request()
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            path, _, query_string = self.path.partition("?")
-            query = {name: values[-1] for name, values in parse_qs(query_string).items()}
-            try:
-                self._route(path, query)
-            except _BadRequestError as exc:  # policy: a malformed request is answered 400, the server goes on
-                self._send(400, f"bad request: {exc}".encode(), "text/plain")
-            except (BrokenPipeError, ConnectionResetError):
-                self.close_connection = True  # the client went away (a child switched holders)
+class _ChunkHandler(BaseHTTPRequestHandler):
+    """One connection to a ChunkServer: its requests, one after another (keep-alive). The store and the
+    bounds come from the server that accepted it (`_BoundedHTTPServer.serving`)."""
 
-        def _route(self, path: str, query: dict[str, str]) -> None:
-            if path == HEALTH_PATH:
-                return self._send(200, HEALTH_BODY, "text/plain")
-            if path == LATEST_PATH:
-                version = store.latest_complete_version()
-                manifest = store.manifest(version) if version is not None else None
-                return self._send_manifest(manifest, "no complete version held")
-            if match := MANIFEST_ROUTE.match(path):
-                version, payload = _parse_number(match[1], "version"), as_payload(match[2] or "full")
-                return self._send_manifest(store.manifest(version, payload), f"version {version}/{payload} not held")
-            if match := CHUNK_ROUTE.match(path):
-                version, payload = _parse_number(match[1], "version"), as_payload(match[2] or "full")
-                index = _parse_number(match[3], "chunk index")
-                return self._send_chunk(version, payload, index, query.get("manifest"))
-            if match := STREAM_ROUTE.match(path):
-                return self._send_stream(_parse_number(match[1], "version"), as_payload(match[2]), query)
-            return self._send(404, f"no route {path}".encode(), "text/plain")
+    protocol_version = "HTTP/1.1"
+    server: _BoundedHTTPServer
 
-        def _send_manifest(self, manifest: Manifest | None, missing: str) -> None:
-            if manifest is None:
-                return self._send(404, missing.encode(), "text/plain")
-            return self._send(200, manifest.to_json(), "application/json")
+    def setup(self) -> None:
+        super().setup()
+        self.serving = self.server.serving
+        self.store = self.serving.store
+        self._reader = _DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self._reader)
+        self.wfile = _PacedWriter(self.connection, self.serving.send_timeout_s)
 
-        def _send_chunk(self, version: int, payload: Payload, index: int, manifest_sha256: str | None) -> None:
-            try:
-                chunk = store.get_chunk(version, index, wait_s=wait_s, payload=payload, manifest_sha256=manifest_sha256)
-            except ManifestMismatchError as exc:
-                return self._send(409, str(exc).encode(), "text/plain")
-            except KeyError as exc:
-                return self._send(404, str(exc).encode(), "text/plain")
-            if chunk is None:
-                return self._send(
-                    504,
-                    f"chunk {index} of version {version}/{payload} still missing: no progress here for {wait_s}s".encode(),
-                    "text/plain",
-                )
-            return self._send(200, chunk, "application/octet-stream")
+    def handle_one_request(self) -> None:
+        # the next request head must be complete within request_timeout_s (idle keep-alive included);
+        # a TimeoutError here or while sending closes the connection (BaseHTTPRequestHandler's policy)
+        self._reader.deadline_s = time.monotonic() + self.serving.request_timeout_s
+        super().handle_one_request()
 
-        def _send_stream(self, version: int, payload: Payload, query: dict[str, str]) -> None:
-            """Chunks `from`.. of the artifact, each followed by its verdict byte (STREAM_VERIFIED or
-            STREAM_REJECTED), each forwarded as its bytes arrive here. The length is known up front (the
-            manifest), so an artifact that stops making progress here ends the body short."""
-            manifest_sha256 = query.get("manifest")
-            try:
-                first = _parse_number(query.get("from", "0"), "from")
-                wait_manifest_s = min(wait_s, float(query.get("wait_manifest_s", wait_s)))
-                manifest = store.wait_for_manifest(version, payload, manifest_sha256, wait_manifest_s)
-            except ValueError as exc:
-                return self._send(400, f"bad query: {exc}".encode(), "text/plain")
-            except ManifestMismatchError as exc:
-                return self._send(409, str(exc).encode(), "text/plain")
-            if manifest is None:
-                return self._send(
-                    404, f"version {version}/{payload} not held after {wait_manifest_s}s".encode(), "text/plain"
-                )
-            if not 0 <= first <= manifest.num_chunks:
-                return self._send(400, f"from={first} outside 0..{manifest.num_chunks}".encode(), "text/plain")
-            # a verdict byte or a piece must leave at once, not wait for an ACK (Nagle) at every hop
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            num_chunks = manifest.num_chunks - first
-            self.send_response(200)
-            self.send_header("Content-Type", "application/octet-stream")
-            body_bytes = manifest.total_size_bytes - first * manifest.chunk_size_bytes + num_chunks
-            self.send_header("Content-Length", str(body_bytes))
-            self.end_headers()
-            sha256 = manifest.sha256()
-            requester_url = query.get("holder", "")  # the asking worker's own chunk server (relay cycles)
-            for index in range(first, manifest.num_chunks):
-                try:
-                    verified = self._forward_chunk(manifest, sha256, index, requester_url)
-                except KeyError as exc:  # evicted or replaced mid-stream
-                    verified, why = None, str(exc)
-                else:
-                    why = (
-                        f"this holder's copy comes from {requester_url}, the one asking (a relay cycle)"
-                        if requester_url and store.source_of(manifest) == requester_url.rstrip("/")
-                        else f"no progress here for {wait_s}s"
-                    )
-                if verified is None:
-                    log.warning("stream of %s ends at chunk %d: %s", manifest.artifact, index, why)
-                    self.close_connection = True
-                    return None
-                self.wfile.write(STREAM_VERIFIED if verified else STREAM_REJECTED)
-            return None
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        path, _, query_string = self.path.partition("?")
+        query = {name: values[-1] for name, values in parse_qs(query_string).items()}
+        try:
+            self._route(path, query)
+        except _BadRequestError as exc:  # policy: a malformed request is answered 400, the server goes on
+            self._send(400, f"bad request: {exc}".encode(), "text/plain")
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client went away (a child switched holders)
 
-        def _forward_chunk(self, manifest: Manifest, sha256: str, index: int, requester_url: str = "") -> bool | None:
-            """Send chunk `index`: whole if it is held, else cut-through as its bytes arrive. Returns
-            whether what was sent is the chunk verified here (the verdict), None when this holder's copy
-            stalled, or comes from `requester_url` itself (the stream must end)."""
-            held = store.get_chunk(
-                manifest.policy_version, index, wait_s=0.0, payload=manifest.payload, manifest_sha256=sha256
+    def _route(self, path: str, query: dict[str, str]) -> None:
+        store = self.store
+        if path == HEALTH_PATH:
+            return self._send(200, HEALTH_BODY, "text/plain")
+        if path == LATEST_PATH:
+            version = store.latest_complete_version()
+            manifest = store.manifest(version) if version is not None else None
+            return self._send_manifest(manifest, "no complete version held")
+        if match := MANIFEST_ROUTE.match(path):
+            version, payload = _parse_number(match[1], "version"), as_payload(match[2] or "full")
+            return self._send_manifest(store.manifest(version, payload), f"version {version}/{payload} not held")
+        if match := CHUNK_ROUTE.match(path):
+            version, payload = _parse_number(match[1], "version"), as_payload(match[2] or "full")
+            index = _parse_number(match[3], "chunk index")
+            return self._send_chunk(version, payload, index, query.get("manifest"))
+        if match := STREAM_ROUTE.match(path):
+            return self._send_stream(_parse_number(match[1], "version"), as_payload(match[2]), query)
+        return self._send(404, f"no route {path}".encode(), "text/plain")
+
+    def _send_manifest(self, manifest: Manifest | None, missing: str) -> None:
+        if manifest is None:
+            return self._send(404, missing.encode(), "text/plain")
+        return self._send(200, manifest.to_json(), "application/json")
+
+    def _send_chunk(self, version: int, payload: Payload, index: int, manifest_sha256: str | None) -> None:
+        wait_s = self.serving.wait_s
+        try:
+            chunk = self.store.get_chunk(
+                version, index, wait_s=wait_s, payload=payload, manifest_sha256=manifest_sha256
             )
-            if held is not None:
-                self.wfile.write(held)
-                return True
-            length, offset, attempts = manifest.chunk_length(index), 0, set()
-            while offset < length:
-                received = store.wait_received(manifest, index, offset, wait_s, requester_url)
-                if received is None:
-                    return None
-                if received.held and offset == 0:  # verified before a byte left: the held path
-                    return self._forward_chunk(manifest, sha256, index, requester_url)
-                attempts.add(received.attempt)
-                self.wfile.write(received.data)
-                offset += len(received.data)
-            return store.wait_verdict(manifest, index, attempts, wait_s)
+        except ManifestMismatchError as exc:
+            return self._send(409, str(exc).encode(), "text/plain")
+        except KeyError as exc:
+            return self._send(404, str(exc).encode(), "text/plain")
+        if chunk is None:
+            return self._send(
+                504,
+                f"chunk {index} of version {version}/{payload} still missing: no progress here for {wait_s}s".encode(),
+                "text/plain",
+            )
+        return self._send(200, chunk, "application/octet-stream")
 
-        def _send(self, status: int, body: bytes | memoryview, content_type: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def _send_stream(self, version: int, payload: Payload, query: dict[str, str]) -> None:
+        """Chunks `from`.. of the artifact, each followed by its verdict byte (STREAM_VERIFIED or
+        STREAM_REJECTED), each forwarded as its bytes arrive here. The length is known up front (the
+        manifest), so an artifact that stops making progress here ends the body short."""
+        opened = self._open_stream(version, payload, query)
+        if opened is None:
+            return None
+        manifest, first = opened
+        sha256 = manifest.sha256()
+        requester_url = query.get("holder", "")  # the asking worker's own chunk server (relay cycles)
+        for index in range(first, manifest.num_chunks):
+            try:
+                verified = self._forward_chunk(manifest, sha256, index, requester_url)
+            except KeyError as exc:  # evicted or replaced mid-stream
+                verified, why = None, str(exc)
+            else:
+                why = (
+                    f"this holder's copy comes from {requester_url}, the one asking (a relay cycle)"
+                    if requester_url and self.store.source_of(manifest) == requester_url.rstrip("/")
+                    else f"no progress here for {self.serving.wait_s}s"
+                )
+            if verified is None:
+                log.warning("stream of %s ends at chunk %d: %s", manifest.artifact, index, why)
+                self.close_connection = True
+                return None
+            self.wfile.write(STREAM_VERIFIED if verified else STREAM_REJECTED)
+        return None
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (stdlib signature)
-            log.debug("chunk-server: " + format, *args)
+    def _open_stream(self, version: int, payload: Payload, query: dict[str, str]) -> tuple[Manifest, int] | None:
+        """The stream's manifest (waited for, up to `wait_manifest_s`) and first chunk, with the response
+        head sent; None once a 4xx has answered the request instead."""
+        wait_s = self.serving.wait_s
+        try:
+            first = _parse_number(query.get("from", "0"), "from")
+            wait_manifest_s = min(wait_s, float(query.get("wait_manifest_s", wait_s)))
+            manifest = self.store.wait_for_manifest(version, payload, query.get("manifest"), wait_manifest_s)
+        except ValueError as exc:
+            self._send(400, f"bad query: {exc}".encode(), "text/plain")
+            return None
+        except ManifestMismatchError as exc:
+            self._send(409, str(exc).encode(), "text/plain")
+            return None
+        if manifest is None:
+            self._send(404, f"version {version}/{payload} not held after {wait_manifest_s}s".encode(), "text/plain")
+            return None
+        if not 0 <= first <= manifest.num_chunks:
+            self._send(400, f"from={first} outside 0..{manifest.num_chunks}".encode(), "text/plain")
+            return None
+        # a verdict byte or a piece must leave at once, not wait for an ACK (Nagle) at every hop
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        num_chunks = manifest.num_chunks - first
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        body_bytes = manifest.total_size_bytes - first * manifest.chunk_size_bytes + num_chunks
+        self.send_header("Content-Length", str(body_bytes))
+        self.end_headers()
+        return manifest, first
 
-    return ChunkHandler
+    def _forward_chunk(self, manifest: Manifest, sha256: str, index: int, requester_url: str = "") -> bool | None:
+        """Send chunk `index`: whole if it is held, else cut-through as its bytes arrive. Returns
+        whether what was sent is the chunk verified here (the verdict), None when this holder's copy
+        stalled, or comes from `requester_url` itself (the stream must end)."""
+        store, wait_s = self.store, self.serving.wait_s
+        held = store.get_chunk(
+            manifest.policy_version, index, wait_s=0.0, payload=manifest.payload, manifest_sha256=sha256
+        )
+        if held is not None:
+            self.wfile.write(held)
+            return True
+        length, offset, attempts = manifest.chunk_length(index), 0, set()
+        while offset < length:
+            received = store.wait_received(manifest, index, offset, wait_s, requester_url)
+            if received is None:
+                return None
+            if received.held and offset == 0:  # verified before a byte left: the held path
+                return self._forward_chunk(manifest, sha256, index, requester_url)
+            attempts.add(received.attempt)
+            self.wfile.write(received.data)
+            offset += len(received.data)
+        return store.wait_verdict(manifest, index, attempts, wait_s)
+
+    def _send(self, status: int, body: bytes | memoryview, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (stdlib signature)
+        log.debug("chunk-server: " + format, *args)

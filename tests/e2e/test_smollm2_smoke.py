@@ -4,26 +4,25 @@ own environment), 2 learner steps. The long runs are benchmarks (docs/smollm2.md
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import pytest
 
-from benchmarks.ablation.cells import dump_toml
 from cluster.local import ClusterOptions
+from shared.run_file import dump_run_file, read_run_file
 from tests.cluster_runs import run_to_completion
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_the_smollm2_run_file_trains_two_steps_on_the_pretrained_base(tmp_path: Path, repo_root: Path) -> None:
-    raw = tomllib.loads((repo_root / "configs" / "smollm2.toml").read_text())
+    raw = read_run_file(repo_root / "configs" / "smollm2.toml")
     raw["task"]["num_eval_prompts"] = 8
     raw["schedule"].update(num_steps=2, eval_every=1000, checkpoint_every=1000, max_wall_s=900)
     raw["rollout"]["engine"] = "torch"
     raw["grpo"]["dynamic_sampling"] = False  # two steps must not wait on groups with a reward spread
     config = tmp_path / "smollm2_smoke.toml"
-    config.write_text(dump_toml(raw))
+    config.write_text(dump_run_file(raw))
 
     cluster, report = run_to_completion(
         ClusterOptions(config_path=config, num_workers=2, runs_dir=tmp_path, progress_interval_s=5.0)

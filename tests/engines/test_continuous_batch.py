@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import save as safetensors_save
 
 from engines.continuous import ContinuousBatch, FinishedSample, SampleRequest, VersionChange
-from engines.interface import InferenceEngine, Sample
+from engines.interface import InferenceEngine, Sample, Sampling
 from tests.hf_folders import build_char_folder
 from tests.keyed_checks import build_cpu_engine, load_reference
 from tests.vllm_required import require_vllm
@@ -80,8 +80,7 @@ def requests_of(engine: InferenceEngine, max_new_tokens: int = MAX_NEW_TOKENS) -
         SampleRequest(
             request_id=p * NUM_SAMPLES + j,
             prompt_ids=tuple(ids),
-            max_new_tokens=max_new_tokens,
-            temperature=TEMPERATURE,
+            sampling=Sampling(1, max_new_tokens, TEMPERATURE),
             seed=SEED + 100 * p + j,
         )
         for p, ids in enumerate(prompt_ids)
@@ -110,9 +109,7 @@ def test_rows_admitted_as_others_finish_sample_what_one_batch_generate_samples(
         each.load_weights(blob_of(weights["old"]), policy_version=0)
     expected = torch_engine.generate(
         PROMPTS,
-        NUM_SAMPLES,
-        MAX_NEW_TOKENS,
-        TEMPERATURE,
+        Sampling(NUM_SAMPLES, MAX_NEW_TOKENS, TEMPERATURE),
         sampling_seeds=[SEED + 100 * p for p in range(len(PROMPTS))],
     )
     batch = engine.continuous_batch(max_rows=5)
@@ -148,9 +145,7 @@ def test_weights_loaded_between_steps_reach_the_running_rows_at_a_recorded_token
 ) -> None:
     engine.load_weights(blob_of(weights["old"]), policy_version=3)
     batch = engine.continuous_batch(max_rows=4)
-    batch.add(
-        [SampleRequest(i, (5, 6, 7), max_new_tokens=30, temperature=TEMPERATURE, seed=SEED + i) for i in range(4)]
-    )
+    batch.add([SampleRequest(i, (5, 6, 7), Sampling(1, 30, TEMPERATURE), seed=SEED + i) for i in range(4)])
     finished: dict[int, FinishedSample] = {}
     for _ in range(4):
         finished.update((done.request_id, done) for done in batch.step())
@@ -187,9 +182,7 @@ def test_only_a_load_with_rows_in_flight_reports_a_recompute(
     any row runs (a worker's first weights) recomputes nothing, whatever its first step costs."""
     batch = engine.continuous_batch(max_rows=4)
     engine.load_weights(blob_of(weights["old"]), policy_version=5)  # nothing in flight
-    batch.add(
-        [SampleRequest(i, (5, 6, 7), max_new_tokens=30, temperature=TEMPERATURE, seed=SEED + i) for i in range(4)]
-    )
+    batch.add([SampleRequest(i, (5, 6, 7), Sampling(1, 30, TEMPERATURE), seed=SEED + i) for i in range(4)])
     batch.step()
     assert batch.last_step is not None
     assert (batch.last_step.num_admitted, batch.last_step.recompute_s) == (4, 0.0)
@@ -214,7 +207,7 @@ def test_abort_drops_running_and_waiting_rows_and_a_bad_request_queues_nothing(e
     finished, _ = run_to_end(batch)
     assert sorted(finished) == [requests[1].request_id, requests[2].request_id]
 
-    too_long = SampleRequest(50, requests[0].prompt_ids, max_new_tokens=10_000, temperature=1.0)
+    too_long = SampleRequest(50, requests[0].prompt_ids, Sampling(1, 10_000, 1.0))
     with pytest.raises(ValueError):
         batch.add([requests[0], too_long])
     assert (batch.num_running, batch.num_waiting) == (0, 0)

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import save as safetensors_save
 
 from engines.episodes import Episode, run_episodes
-from engines.interface import InferenceEngine, UnencodablePromptError
+from engines.interface import InferenceEngine, Sampling, UnencodablePromptError
 from services.reward.decode import CompletionDecoder
 from services.reward.scoring import GroupScorer
 from services.rollout.continuous_tasks import ContinuousTasks, EpisodesInFlight, SamplesInFlight, TaskInFlight
@@ -157,8 +157,7 @@ def test_episodes_played_turn_by_turn_as_rows_are_the_episodes_batch_mode_plays(
     run_episodes(
         engine,
         [episode for group in batch_played for episode in group],
-        max_new_tokens=MAX_NEW_TOKENS,
-        temperature=TEMPERATURE,
+        Sampling(1, MAX_NEW_TOKENS, TEMPERATURE),
         sampling_seeds=[seed + j for seed, task in zip(seeds, tasks, strict=True) for j in range(task.num_samples)],
     )
 

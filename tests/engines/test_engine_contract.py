@@ -29,7 +29,14 @@ import torch
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
-from engines.interface import InferenceEngine, PromptTooLongError, Sample, UnencodablePromptError, WeightsLoadError
+from engines.interface import (
+    InferenceEngine,
+    PromptTooLongError,
+    Sample,
+    Sampling,
+    UnencodablePromptError,
+    WeightsLoadError,
+)
 from shared.messages import ChatMessage
 from shared.tokenization import PromptInput, encode_prompt, eos_token_ids
 from tests.hf_folders import CHAT_TEMPLATE, ENDOFTEXT, IM_END, build_char_folder, build_folder
@@ -181,7 +188,7 @@ def assert_logprobs_match_reference(folder: Folder, groups: list[list[Sample]], 
 def test_samples_carry_prompt_ids_tokens_logprobs_and_finish_reasons(engine: InferenceEngine, folder: Folder) -> None:
     tokenizer = tokenizer_of(folder)
     eos = eos_token_ids(folder.path, tokenizer)
-    groups = engine.generate(PROMPTS * 4, num_samples=4, max_new_tokens=8, temperature=1.0)
+    groups = engine.generate(PROMPTS * 4, Sampling(4, 8, 1.0))
 
     assert len(groups) == len(PROMPTS) * 4
     for prompt, group in zip(PROMPTS * 4, groups, strict=True):
@@ -212,7 +219,7 @@ def test_logprobs_match_transformers_after_a_full_update_and_one_building_on_it(
         blob = folder.blob(state)
         engine.load_weights(blob, policy_version=policy_version)
         folder.load_reference(blob)
-        groups = engine.generate(PROMPTS, num_samples=4, max_new_tokens=6, temperature=0.7)
+        groups = engine.generate(PROMPTS, Sampling(4, 6, 0.7))
 
         assert engine.policy_version == policy_version
         assert_logprobs_match_reference(folder, groups, temperature=0.7)
@@ -224,7 +231,7 @@ def test_greedy_decoding_matches_transformers_greedy(engine: InferenceEngine, fo
     folder.load_reference(blob)
     eos = eos_token_ids(folder.path, tokenizer_of(folder))
 
-    groups = engine.generate(PROMPTS, num_samples=2, max_new_tokens=6, temperature=1.0, greedy=True)
+    groups = engine.generate(PROMPTS, Sampling(2, 6, 1.0, greedy=True))
 
     for group in groups:
         expected = transformers_greedy(folder, group[0].prompt_token_ids, 6, eos)
@@ -241,10 +248,10 @@ def test_a_prompt_sampled_before_and_after_an_update_gets_the_new_weights(
         assert len(encode_prompt(tokenizer, prompt)) > 128  # a full KV block: vLLM caches it by prefix
     old, new = (folder.blob(folder.perturbed(base_state(folder), noise_scale=0.5, seed=s)) for s in (4, 5))
     engine.load_weights(old, policy_version=4)
-    before = engine.generate([prompt], 2, 4, 1.0, greedy=True)
+    before = engine.generate([prompt], Sampling(2, 4, 1.0, greedy=True))
 
     engine.load_weights(new, policy_version=5)
-    after = engine.generate([prompt], 2, 4, 1.0, greedy=True)
+    after = engine.generate([prompt], Sampling(2, 4, 1.0, greedy=True))
 
     folder.load_reference(new)
     assert_logprobs_match_reference(folder, after, temperature=1.0)
@@ -254,7 +261,7 @@ def test_a_prompt_sampled_before_and_after_an_update_gets_the_new_weights(
 def test_a_blob_that_does_not_fit_is_refused_and_the_old_weights_stay(engine: InferenceEngine, folder: Folder) -> None:
     state = folder.perturbed(base_state(folder), noise_scale=0.2, seed=6)
     engine.load_weights(folder.blob(state), policy_version=6)
-    before = engine.generate(PROMPTS, 1, 4, 1.0, greedy=True)
+    before = engine.generate(PROMPTS, Sampling(1, 4, 1.0, greedy=True))
     kept = {k: v for k, v in state.items() if k != TIED_OUTPUT_KEY}
     first = next(iter(kept))
     bad_blobs = {
@@ -273,7 +280,7 @@ def test_a_blob_that_does_not_fit_is_refused_and_the_old_weights_stay(engine: In
             engine.load_weights(blob, policy_version=7)
         assert engine.policy_version == 6, reason
 
-    after = engine.generate(PROMPTS, 1, 4, 1.0, greedy=True)
+    after = engine.generate(PROMPTS, Sampling(1, 4, 1.0, greedy=True))
     assert [g[0].token_ids for g in after] == [g[0].token_ids for g in before]
     for was, now in zip(before, after, strict=True):
         torch.testing.assert_close(torch.tensor(now[0].logprobs), torch.tensor(was[0].logprobs), atol=1e-6, rtol=0)
@@ -281,10 +288,10 @@ def test_a_blob_that_does_not_fit_is_refused_and_the_old_weights_stay(engine: In
 
 def test_prompts_the_model_cannot_take_are_refused(engine: InferenceEngine, folder: Folder) -> None:
     with pytest.raises(PromptTooLongError):
-        engine.generate(["3+4="], 1, 1000, 1.0)
+        engine.generate(["3+4="], Sampling(1, 1000, 1.0))
     if folder.path.name.startswith("char-qwen2"):  # byte-level BPE represents every character
         with pytest.raises(UnencodablePromptError):
-            engine.generate(["3+4=", "é+1="], 2, 2, 1.0)
+            engine.generate(["3+4=", "é+1="], Sampling(2, 2, 1.0))
 
 
 def test_a_context_continued_from_token_ids_gets_the_learners_logprobs(engine: InferenceEngine, folder: Folder) -> None:
@@ -293,20 +300,20 @@ def test_a_context_continued_from_token_ids_gets_the_learners_logprobs(engine: I
     engine.load_weights(blob, policy_version=4)
     folder.load_reference(blob)
     prompt_ids = engine.encode_prompts(PROMPTS[:2], 4)
-    first_turns = engine.generate(PROMPTS[:2], num_samples=1, max_new_tokens=4, temperature=1.0, greedy=True)
-    assert engine.generate_from_ids(prompt_ids, 1, 4, 1.0, greedy=True) == first_turns
+    first_turns = engine.generate(PROMPTS[:2], Sampling(1, 4, 1.0, greedy=True))
+    assert engine.generate_from_ids(prompt_ids, Sampling(1, 4, 1.0, greedy=True)) == first_turns
 
     observation = engine.encode_observation("1+2=")
     assert observation == tokenizer_of(folder)("1+2=", add_special_tokens=False)["input_ids"]
     assert engine.encode_observation("") == []
     contexts = [ids + sample.token_ids + observation for ids, (sample,) in zip(prompt_ids, first_turns, strict=True)]
-    second_turns = engine.generate_from_ids(contexts, num_samples=3, max_new_tokens=5, temperature=0.7)
+    second_turns = engine.generate_from_ids(contexts, Sampling(3, 5, 0.7))
 
     for context, group in zip(contexts, second_turns, strict=True):
         assert all(sample.prompt_token_ids == context for sample in group)
     assert_logprobs_match_reference(folder, second_turns, temperature=0.7)
     with pytest.raises(PromptTooLongError):
-        engine.generate_from_ids(contexts, 1, 1000, 1.0)
+        engine.generate_from_ids(contexts, Sampling(1, 1000, 1.0))
 
 
 def reference_distributions(folder: Folder, sample: Sample, temperature: float) -> torch.Tensor:
@@ -326,11 +333,9 @@ def test_keyed_sampling_picks_what_the_seed_says_and_repeats(engine: InferenceEn
     folder.load_reference(blob)
     seeds = [1_000 + 97 * i for i in range(len(PROMPTS))]
 
-    groups = engine.generate(PROMPTS, num_samples=4, max_new_tokens=8, temperature=0.7, sampling_seeds=seeds)
-    again = engine.generate(PROMPTS, num_samples=4, max_new_tokens=8, temperature=0.7, sampling_seeds=seeds)
-    other = engine.generate(
-        PROMPTS, num_samples=4, max_new_tokens=8, temperature=0.7, sampling_seeds=[s + 50 for s in seeds]
-    )
+    groups = engine.generate(PROMPTS, Sampling(4, 8, 0.7), sampling_seeds=seeds)
+    again = engine.generate(PROMPTS, Sampling(4, 8, 0.7), sampling_seeds=seeds)
+    other = engine.generate(PROMPTS, Sampling(4, 8, 0.7), sampling_seeds=[s + 50 for s in seeds])
 
     assert [[s.token_ids for s in g] for g in again] == [[s.token_ids for s in g] for g in groups]
     assert [[s.token_ids for s in g] for g in other] != [[s.token_ids for s in g] for g in groups]

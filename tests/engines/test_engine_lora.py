@@ -23,7 +23,7 @@ import pytest
 import torch
 from safetensors.torch import save as safetensors_save
 
-from engines.interface import InferenceEngine, WeightsLoadError
+from engines.interface import InferenceEngine, Sampling, WeightsLoadError
 from services.learner.lora import adapter_spec, adapter_state
 from shared.config import LoraConfig
 from shared.weight_channel import LoraAdapter
@@ -81,7 +81,7 @@ def case(
 
 
 def assert_engine_samples_the_learners_policy(engine: InferenceEngine, model: Any) -> None:
-    groups = engine.generate(PROMPTS, num_samples=3, max_new_tokens=6, temperature=0.7)
+    groups = engine.generate(PROMPTS, Sampling(3, 6, 0.7))
     for group in groups:
         for sample in group:
             expected = learner_logprobs(model, sample, 0.7)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from engines.interface import InferenceEngine
+from engines.interface import InferenceEngine, Sampling
 from shared.keyed_sampling import task_seed
 from tests.keyed_checks import GAP_TOLERANCE, build_cpu_engine, build_keyed_folder, gaps_of, load_reference
 from tests.vllm_required import require_vllm
@@ -54,7 +54,7 @@ def test_preempted_requests_keep_their_keyed_tokens(
     prompts = [" ".join(["hello what is the answer"] * 12) + f" {i}" for i in range(4)]  # 65 tokens each
     seeds = [task_seed(f"preempted-{i}") for i in range(len(prompts))]
 
-    groups = tight_engine.generate(prompts, 4, 120, TEMPERATURE, sampling_seeds=seeds)
+    groups = tight_engine.generate(prompts, Sampling(4, 120, TEMPERATURE), sampling_seeds=seeds)
 
     assert num_preemptions > 0
     reference = load_reference(folder)

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from engines.interface import InferenceEngine, Sample
+from engines.interface import InferenceEngine, Sample, Sampling
 from engines.keyed_tensors import keyed_uniform
 from engines.vllm_keyed_sampler import KEYED_SEED_ARG
 from shared.keyed_sampling import task_seed
@@ -36,6 +36,7 @@ PROMPTS = ["3+4=", "12+345=", "hello what is", "The quick brown"]
 SEEDS = [task_seed(f"task-{i}") for i in range(len(PROMPTS))]
 NUM_SAMPLES = 4
 MAX_NEW_TOKENS = 24
+SAMPLING = Sampling(NUM_SAMPLES, MAX_NEW_TOKENS, TEMPERATURE)
 ATOL = 1e-4  # log-probs, as tests/engines/test_engine_contract.py
 
 
@@ -71,7 +72,7 @@ def tokens_of(groups: list[list[Sample]]) -> list[list[list[int]]]:
 
 
 def test_every_token_is_keyed_samplings_pick_under_the_reference(vllm_engine: InferenceEngine, reference: Any) -> None:
-    groups = vllm_engine.generate(PROMPTS, NUM_SAMPLES, MAX_NEW_TOKENS, TEMPERATURE, sampling_seeds=SEEDS)
+    groups = vllm_engine.generate(PROMPTS, SAMPLING, sampling_seeds=SEEDS)
 
     gaps = torch.cat(
         [
@@ -89,13 +90,11 @@ def test_every_token_is_keyed_samplings_pick_under_the_reference(vllm_engine: In
 
 
 def test_the_same_seeds_give_the_same_completions_and_other_seeds_others(vllm_engine: InferenceEngine) -> None:
-    first = vllm_engine.generate(PROMPTS, NUM_SAMPLES, MAX_NEW_TOKENS, TEMPERATURE, sampling_seeds=SEEDS)
-    again = vllm_engine.generate(PROMPTS, NUM_SAMPLES, MAX_NEW_TOKENS, TEMPERATURE, sampling_seeds=SEEDS)
-    other = vllm_engine.generate(
-        PROMPTS, NUM_SAMPLES, MAX_NEW_TOKENS, TEMPERATURE, sampling_seeds=[s + 1000 for s in SEEDS]
-    )
+    first = vllm_engine.generate(PROMPTS, SAMPLING, sampling_seeds=SEEDS)
+    again = vllm_engine.generate(PROMPTS, SAMPLING, sampling_seeds=SEEDS)
+    other = vllm_engine.generate(PROMPTS, SAMPLING, sampling_seeds=[s + 1000 for s in SEEDS])
     # sample j of seed s is sample 0 of seed s + j, whatever else is in the batch
-    shifted = vllm_engine.generate(PROMPTS[:1], 1, MAX_NEW_TOKENS, TEMPERATURE, sampling_seeds=[SEEDS[0] + 2])
+    shifted = vllm_engine.generate(PROMPTS[:1], Sampling(1, MAX_NEW_TOKENS, TEMPERATURE), sampling_seeds=[SEEDS[0] + 2])
 
     assert tokens_of(again) == tokens_of(first)
     assert [[s.logprobs for s in g] for g in again] == [[s.logprobs for s in g] for g in first]
@@ -112,8 +111,8 @@ def test_vllm_picks_the_torch_engines_tokens(
 ) -> None:
     """The same keyed choice on two engines' fp32 numbers: equal, but where u falls within the engines'
     difference (~1e-6) of a CDF entry; there the completions part, and the reference shows why."""
-    vllm_groups = vllm_engine.generate(PROMPTS, NUM_SAMPLES, MAX_NEW_TOKENS, TEMPERATURE, sampling_seeds=SEEDS)
-    torch_groups = torch_engine.generate(PROMPTS, NUM_SAMPLES, MAX_NEW_TOKENS, TEMPERATURE, sampling_seeds=SEEDS)
+    vllm_groups = vllm_engine.generate(PROMPTS, SAMPLING, sampling_seeds=SEEDS)
+    torch_groups = torch_engine.generate(PROMPTS, SAMPLING, sampling_seeds=SEEDS)
 
     num_same = 0
     for seed, vllm_group, torch_group in zip(SEEDS, vllm_groups, torch_groups, strict=True):
@@ -135,7 +134,7 @@ def distance_to_an_edge(reference: Any, sample: Sample, seed: int, position: int
 
 def test_behaviour_logprobs_are_the_processed_logprobs(vllm_engine: InferenceEngine, reference: Any) -> None:
     for temperature in (TEMPERATURE, 1.3):
-        groups = vllm_engine.generate(PROMPTS, NUM_SAMPLES, MAX_NEW_TOKENS, temperature, sampling_seeds=SEEDS)
+        groups = vllm_engine.generate(PROMPTS, Sampling(NUM_SAMPLES, MAX_NEW_TOKENS, temperature), sampling_seeds=SEEDS)
         for group in groups:
             for sample in group:
                 logprobs = reference_logprobs(reference, sample, temperature)
@@ -181,7 +180,7 @@ def test_a_prefill_split_across_steps_keeps_its_keyed_tokens(vllm_engine: Infere
     prompts = [" ".join(["hello what is the answer"] * 12) + f" {i}" for i in range(80)]  # 65 tokens each
     seeds = [task_seed(f"long-{i}") for i in range(len(prompts))]
 
-    groups = vllm_engine.generate(prompts, 1, 8, TEMPERATURE, sampling_seeds=seeds)
+    groups = vllm_engine.generate(prompts, Sampling(1, 8, TEMPERATURE), sampling_seeds=seeds)
 
     assert sum(len(group[0].prompt_token_ids) for group in groups) > 4096
     for seed, (sample,) in zip(seeds, groups, strict=True):
@@ -189,7 +188,7 @@ def test_a_prefill_split_across_steps_keeps_its_keyed_tokens(vllm_engine: Infere
 
 
 def test_greedy_ignores_seeds_and_a_seed_per_prompt_is_required(vllm_engine: InferenceEngine) -> None:
-    plain = vllm_engine.generate(PROMPTS, 2, 8, 1.0, greedy=True)
-    assert vllm_engine.generate(PROMPTS, 2, 8, 1.0, greedy=True, sampling_seeds=SEEDS) == plain
+    plain = vllm_engine.generate(PROMPTS, Sampling(2, 8, 1.0, greedy=True))
+    assert vllm_engine.generate(PROMPTS, Sampling(2, 8, 1.0, greedy=True), sampling_seeds=SEEDS) == plain
     with pytest.raises(ValueError, match="seeds for"):
-        vllm_engine.generate(PROMPTS, 2, 8, 1.0, sampling_seeds=SEEDS[:1])
+        vllm_engine.generate(PROMPTS, Sampling(2, 8, 1.0), sampling_seeds=SEEDS[:1])

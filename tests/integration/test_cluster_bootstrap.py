@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,10 +30,13 @@ from tests.weights_keys import PUBLIC_KEY_HEX
 pytestmark = pytest.mark.integration
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-RUN_FILE = """run_id = "from-the-file"
+BASE_FILE = """run_id = "the-base"
 [model]
 init = "tiny-random"
 max_position_embeddings = 32
+"""
+RUN_FILE = """extends = "base.toml"
+run_id = "from-the-file"
 [schedule]
 staleness_bound = 3
 """
@@ -41,6 +45,7 @@ staleness_bound = 3
 @pytest.fixture
 def coordinator_process(redis_server: RedisServer, keys: RunKeys, tmp_path: Path) -> Iterator[str]:
     """`python -m services.coordinator` as cluster.local starts it (RL_RUN_ID overrides the file's run_id)."""
+    (tmp_path / "base.toml").write_text(BASE_FILE)
     run_file = tmp_path / "run.toml"
     run_file.write_text(RUN_FILE)
     port = free_port()
@@ -87,7 +92,12 @@ def test_the_bootstrap_needs_the_join_token_and_hands_out_the_run_and_key_but_no
     assert answer.status_code == 200, answer.text
     bootstrap = ClusterBootstrap.model_validate_json(answer.content)
     assert bootstrap.run_id == keys.run_id  # RL_RUN_ID, not the file's run_id
-    assert bootstrap.run_config_toml == RUN_FILE
+    # the run file resolved: one self-contained file, its base's sections in it, no `extends` left
+    assert tomllib.loads(bootstrap.run_config_toml) == {
+        "run_id": "from-the-file",
+        "model": {"init": "tiny-random", "max_position_embeddings": 32},
+        "schedule": {"staleness_bound": 3},
+    }
     assert bootstrap.weights_public_key == PUBLIC_KEY_HEX
     assert "redis" not in answer.text.lower()  # workers need no Redis: the work API is their way in
     assert bootstrap.model.init == "tiny-random" and bootstrap.model.max_position_embeddings == 32

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engines.interface import Sampling
 from engines.torch_engine import TorchEngine
 from services.learner.batch import tensorize
 from services.learner.evaluate import evaluate_greedy
@@ -47,9 +48,7 @@ def train_on_self_play(policy_dir: Path, num_steps: int, seed: int = 0) -> tuple
             prompts,
             run_id="learning-check",
             policy_version=step,
-            group_size=grpo.group_size,
-            max_new_tokens=grpo.max_new_tokens,
-            temperature=grpo.temperature,
+            sampling=Sampling(grpo.group_size, grpo.max_new_tokens, grpo.temperature),
             generator=generator,
         )
         batch = tensorize(groups, tokenizer.pad_token_id, grpo.normalize_advantage_by_std)

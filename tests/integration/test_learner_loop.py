@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from cluster.redis_server import RedisServer
+from engines.interface import Sampling
 from services.learner.batch import LEARNER_CONSUMER
 from services.learner.checkpoint import checkpoint_path, load_checkpoint
 from services.learner.learner import Learner
@@ -121,9 +122,7 @@ class StandInWorker(threading.Thread):
             prompts,
             run_id=run_id or self.run_config.run_id,
             policy_version=version,
-            group_size=grpo.group_size,
-            max_new_tokens=grpo.max_new_tokens,
-            temperature=grpo.temperature,
+            sampling=Sampling(grpo.group_size, grpo.max_new_tokens, grpo.temperature),
             worker_id="stand-in",
             generator=self.generator,
         )

@@ -12,6 +12,7 @@ import torch
 
 from cluster.redis_server import RedisServer
 from services.learner.learner import Learner
+from services.learner.zero_variance import WARN_EVERY_STEPS, WARN_STEPS
 from shared.bus import StreamBus
 from shared.config import GRPOConfig, RunConfig
 from shared.keys import RunKeys
@@ -60,19 +61,18 @@ def test_a_run_whose_groups_never_score_warns_after_warn_steps_and_names_the_cau
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    base = small_run(keys.run_id, num_steps=4)
-    grpo = GRPOConfig(
-        group_size=4, groups_per_step=GROUPS_PER_STEP, zero_variance_warn_steps=2, zero_variance_warn_every_steps=50
-    )
-    run = base.model_copy(update={"grpo": grpo})
+    num_steps = WARN_STEPS + 2
+    base = small_run(keys.run_id, num_steps=num_steps)
+    run = base.model_copy(update={"grpo": GRPOConfig(group_size=4, groups_per_step=GROUPS_PER_STEP)})
     with caplog.at_level(logging.WARNING, logger="services.learner.learner"):
         run_learner(run, bus, redis_server.url, tiny_policy_dir, tmp_path, [[0.0] * 4] * GROUPS_PER_STEP)
 
     steps, _ = read_metrics(tmp_path / "metrics.jsonl")
-    assert [step.flat_groups.zero_variance_fraction for step in steps] == [1.0] * 4
+    assert [step.flat_groups.zero_variance_fraction for step in steps] == [1.0] * num_steps
     assert all(step.flat_groups.num_flat_at_zero == GROUPS_PER_STEP for step in steps)
-    # warned once, at the second step in a row (not the first), and not again within 50 steps
-    assert [step.step for step in steps if step.zero_variance_warning] == [2]
+    # warned once, at the WARN_STEPS-th step in a row (not before), and not again within WARN_EVERY_STEPS steps
+    assert WARN_EVERY_STEPS > num_steps
+    assert [step.step for step in steps if step.zero_variance_warning] == [WARN_STEPS]
     (warning,) = [record.getMessage() for record in caplog.records if "zero reward variance" in record.getMessage()]
     assert "The model never scores" in warning and "max_new_tokens = 2" in warning
     state = bus.get_state(LEARNER_STATE)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load as safetensors_load
 
-from engines.interface import InferenceEngine
+from engines.interface import InferenceEngine, Sampling
 from engines.torch_engine import TorchEngine
 from services.learner.lora import adapter_spec
 from services.learner.publish import publication_state, serialize_weights
@@ -49,7 +49,7 @@ def lora_model(folder: Path, seed: int) -> torch.nn.Module:
 
 def assert_engine_samples(engine: InferenceEngine, model: torch.nn.Module) -> None:
     """The engine's samples carry the learner's LoRA policy's log-probs (its own recomputation)."""
-    groups = engine.generate(PROMPTS, num_samples=4, max_new_tokens=2, temperature=1.0)
+    groups = engine.generate(PROMPTS, Sampling(4, 2, 1.0))
     for sample in (sample for group in groups for sample in group):
         torch.testing.assert_close(
             torch.tensor(sample.logprobs), learner_logprobs(model, sample, 1.0), atol=1e-4, rtol=0

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from engines.episodes import run_episodes, start_episode
+from engines.interface import Sampling
 from engines.torch_engine import TorchEngine
 from services.learner.evaluate import evaluate_greedy
 from services.reward.decode import CompletionDecoder, InvalidTokensError
@@ -126,7 +127,7 @@ def test_held_out_evaluation_plays_greedy_episodes(poker_model_dir: Path) -> Non
         start_episode(engine, item.input, task.make_environment(item.reference), 2, MAX_NEW_TOKENS)
         for item in task.eval_set
     ]
-    run_episodes(engine, episodes, max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, greedy=True)
+    run_episodes(engine, episodes, Sampling(1, MAX_NEW_TOKENS, 1.0, greedy=True))
     replayed = [task.replay(item.reference, e.actions).reward for item, e in zip(task.eval_set, episodes, strict=True)]
     assert result.num_prompts == 20
     assert result.reward_mean == pytest.approx(sum(replayed) / 20)

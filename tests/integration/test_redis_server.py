@@ -24,15 +24,20 @@ NUM_ENTRIES = 200_000
 VALUE = b"x" * 64
 
 
+FILL_SCRIPT = """
+for i = tonumber(ARGV[1]), tonumber(ARGV[2]) - 1 do
+    redis.call('XADD', 'stream', '*', 'data', ARGV[3])
+    redis.call('SET', 'key:' .. i, ARGV[3])
+end
+"""
+
+
 def fill(client: redis.Redis) -> None:
     """~NUM_ENTRIES stream entries and as many keys, written as commands to the AOF's incremental file
-    (no rewrite: the restart replays them one by one, which takes measurable time)."""
-    for start in range(0, NUM_ENTRIES, 10_000):
-        with client.pipeline(transaction=False) as pipe:
-            for i in range(start, start + 10_000):
-                pipe.xadd("stream", {"data": VALUE})
-                pipe.set(f"key:{i}", VALUE)
-            pipe.execute()
+    (no rewrite: the restart replays them one by one, which takes measurable time). A script writes them:
+    the AOF gets each command it ran, and the test does not wait on 400,000 commands built in Python."""
+    for start in range(0, NUM_ENTRIES, 50_000):
+        client.eval(FILL_SCRIPT, 0, start, start + 50_000, VALUE)
 
 
 def aof_size_bytes(data_dir: Path) -> int:

@@ -42,10 +42,13 @@ def run(run_id: str) -> RunConfig:
 @pytest.fixture
 def service(run: RunConfig, bus: StreamBus, keys: RunKeys, redis_server, model_dir: Path) -> Iterator[RewardService]:
     bus.redis.set(keys.rollout_key("w-test"), WORKER_KEY)
-    settings = RewardSettings(redis_url=redis_server.url, rollouts_block_ms=20, model_dir=model_dir)
+    settings = RewardSettings(redis_url=redis_server.url, model_dir=model_dir)
     reward = RewardService(run, settings, bus)
     thread = threading.Thread(target=reward.run_forever, daemon=True)
     thread.start()
+    # started once its groups exist: the verifier child's spawn comes first, and on a busy machine it can
+    # take longer than a short deadline, which would then expire before the request is read
+    wait_for(lambda: bus.redis.exists(keys.name_of(EVAL_REQUESTS)), "the reward service started")
     yield reward
     reward.stop_event.set()
     thread.join(timeout=10)
@@ -113,10 +116,11 @@ def test_an_evaluation_is_issued_scored_like_rollouts_and_published_once_complet
 def test_a_version_not_complete_by_its_deadline_is_abandoned_and_nothing_is_published(
     service: RewardService, bus: StreamBus, keys: RunKeys
 ) -> None:
+    deadline_s = 2.0  # one turn of the service's loop must fit in it, on a machine busy with other tests
     started_s = time.time()
-    request(bus, deadline_s=1.0)
+    request(bus, deadline_s=deadline_s)
     issued(bus, NUM_PROMPTS)
     wait_for(lambda: service.evals.num_abandoned == 1, "the evaluation abandoned")
-    assert time.time() - started_s >= 1.0
+    assert time.time() - started_s >= deadline_s
     assert not bus.redis.exists(keys.name_of(eval_tasks(VERSION))) and not bus.redis.exists(keys.evals_open)
     assert bus.entries(EVAL_SCORES) == []

@@ -50,7 +50,7 @@ def tokenizer(tiny_policy_dir: Path) -> Tokenizer:
 @pytest.fixture
 def service(run: RunConfig, bus: StreamBus, keys: RunKeys, redis_server, model_dir: Path) -> Iterator[RewardService]:
     issue_test_rollout_key(bus.redis, keys)
-    settings = RewardSettings(redis_url=redis_server.url, rollouts_block_ms=50, model_dir=model_dir)
+    settings = RewardSettings(redis_url=redis_server.url, model_dir=model_dir)
     reward = RewardService(run, settings, bus)
     thread = threading.Thread(target=reward.run_forever, daemon=True)
     thread.start()
@@ -213,9 +213,7 @@ def test_the_service_waits_out_a_redis_restart_and_loses_nothing(
     server = RedisServer(tmp_path / "redis").start()
     keys = RunKeys(run.run_id)
     own_bus = StreamBus(connect(server.url, socket_timeout_s=2.0), keys, service="reward")
-    reward = RewardService(
-        run, RewardSettings(redis_url=server.url, rollouts_block_ms=50, model_dir=model_dir), own_bus
-    )
+    reward = RewardService(run, RewardSettings(redis_url=server.url, model_dir=model_dir), own_bus)
     turns = CallCounter(reward, "serve_once")
     thread = threading.Thread(target=reward.run_forever, daemon=True)
     thread.start()
@@ -341,9 +339,7 @@ def trap_service(run_id: str, bus: StreamBus, keys: RunKeys, redis_server, model
             "reward": {"verifier_timeout_s": 1.0},
         }
     )
-    reward = RewardService(
-        run, RewardSettings(redis_url=redis_server.url, rollouts_block_ms=50, model_dir=model_dir), bus
-    )
+    reward = RewardService(run, RewardSettings(redis_url=redis_server.url, model_dir=model_dir), bus)
     thread = threading.Thread(target=reward.run_forever, daemon=True)
     thread.start()
     yield reward
@@ -501,7 +497,7 @@ def test_a_task_named_by_import_path_is_served_and_scored_in_the_verifier_proces
             "grpo": {"group_size": 2, "groups_per_step": 2, "max_new_tokens": 4},
         }
     )
-    reward = RewardService(run, RewardSettings(redis_url=redis_server.url, rollouts_block_ms=50, model_dir=folder), bus)
+    reward = RewardService(run, RewardSettings(redis_url=redis_server.url, model_dir=folder), bus)
     thread = threading.Thread(target=reward.run_forever, daemon=True)
     thread.start()
     try:
@@ -524,9 +520,7 @@ def test_the_service_counts_at_the_source_and_forgets_finished_tasks(
     run: RunConfig, bus: StreamBus, keys: RunKeys, redis_server, model_dir: Path, tokenizer: Tokenizer
 ) -> None:
     issue_test_rollout_key(bus.redis, keys)
-    settings = RewardSettings(
-        redis_url=redis_server.url, rollouts_block_ms=50, model_dir=model_dir, trim_interval_s=0.1
-    )
+    settings = RewardSettings(redis_url=redis_server.url, model_dir=model_dir, trim_interval_s=0.1)
     service = RewardService(run, settings, bus)
     thread = threading.Thread(target=service.run_forever, daemon=True)
     thread.start()

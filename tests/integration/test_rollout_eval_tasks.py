@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import save as safetensors_save
 
+from engines.interface import Sampling
 from engines.torch_engine import TorchEngine
 from services.rollout.worker import RolloutWorker
 from shared.bus import StreamBus
@@ -114,7 +115,7 @@ def test_a_worker_answers_its_versions_eval_tasks_greedily_with_those_weights_an
     answers = bus.entries(EVAL_ROLLOUTS)
     reference = TorchEngine(model_dir)
     reference.load_weights(blob, VERSION)
-    greedy = reference.generate([PromptInput(p) for p in prompts], 1, 2, 1.0, greedy=True)
+    greedy = reference.generate([PromptInput(p) for p in prompts], Sampling(1, 2, 1.0, greedy=True))
     expected = {prompt: sample.token_ids for prompt, (sample,) in zip(prompts, greedy, strict=True)}
     assert {group.task_id for group in answers} == set(tasks)
     for group in answers:

@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import save as safetensors_save
 
+from engines.interface import Sampling
 from engines.torch_engine import TorchEngine
 from services.rollout.announcement_client import HttpAnnouncements, StreamAnnouncements
 from services.rollout.weights_sync import WeightsSync
@@ -120,7 +121,7 @@ def sync(bus: StreamBus) -> Iterator[WeightsSync]:
 
 
 def greedy_logprobs(engine: TorchEngine) -> list[list[float]]:
-    return [group[0].logprobs for group in engine.generate(PROMPTS, 1, 3, 1.0, greedy=True)]
+    return [group[0].logprobs for group in engine.generate(PROMPTS, Sampling(1, 3, 1.0, greedy=True))]
 
 
 def test_an_announced_version_is_verified_kept_for_relaying_and_loaded(

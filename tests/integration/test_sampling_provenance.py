@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 import torch
 
+from engines.interface import Sampling
 from engines.torch_engine import TorchEngine
 from services.learner import trainer
 from services.learner.audit import Auditor, ExactCheck
 from services.learner.batch import AdmittedGroup, tensorize
 from services.learner.grpo import token_logprobs
 from services.learner.trust import TrustTracker, group_statistics
-from services.rollout.worker import build_rollout_group
+from services.rollout.rollout_groups import build_rollout_group
 from shared.bus import Delivery
 from shared.config import TrustConfig
 from shared.keyed_sampling import task_seed
@@ -44,7 +45,7 @@ def task(task_id: str) -> TaskGroup:
 def sampled(engine: TorchEngine, task_id: str, worker_id: str, seed: int | None) -> ScoredGroup:
     """A group for `task_id` sampled with keyed seed `seed` (None: torch's own sampling)."""
     (samples,) = engine.generate(
-        ["3+4="], NUM_SAMPLES, MAX_NEW_TOKENS, 1.0, sampling_seeds=None if seed is None else [seed]
+        ["3+4="], Sampling(NUM_SAMPLES, MAX_NEW_TOKENS, 1.0), sampling_seeds=None if seed is None else [seed]
     )
     rollout = build_rollout_group(task(task_id), samples, worker_id, 0, 0.01)
     return ScoredGroup(run_id="r", rollout=rollout, rewards=[0.0] * NUM_SAMPLES)

@@ -76,9 +76,7 @@ def test_the_reward_service_scores_each_task_with_its_verifier(
         {"run_id": run_id, "task": task_fields, "grpo": {"group_size": 3, "groups_per_step": 2, "max_new_tokens": 128}}
     )
     bus.redis.set(keys.rollout_key("w-test"), TEST_WORKER_ROLLOUT_KEY)
-    service = RewardService(
-        run, RewardSettings(redis_url=redis_server.url, rollouts_block_ms=50, model_dir=ascii_policy_dir), bus
-    )
+    service = RewardService(run, RewardSettings(redis_url=redis_server.url, model_dir=ascii_policy_dir), bus)
     thread = threading.Thread(target=service.run_forever, daemon=True)
     thread.start()
     try:

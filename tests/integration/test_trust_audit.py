@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from engines.interface import Sampling
 from engines.torch_engine import TorchEngine
 from services.learner import trainer
 from services.learner.audit import Auditor
 from services.learner.batch import AdmittedGroup, tensorize
 from services.learner.grpo import token_logprobs
-from services.learner.trust import TrustTracker, group_statistics
-from services.rollout.worker import build_rollout_group
+from services.learner.trust import AUDIT_FAILURE_WEIGHT, TrustTracker, group_statistics
+from services.rollout.rollout_groups import build_rollout_group
 from shared.bus import Delivery
 from shared.config import TrustConfig
 from shared.messages import ScoredGroup, TaskGroup
@@ -39,7 +40,7 @@ def scored_group(engine: TorchEngine, state: dict[str, torch.Tensor], claimed_ve
         max_new_tokens=2,
         temperature=1.0,
     )
-    (samples,) = engine.generate([task.prompt], 8, 2, 1.0)
+    (samples,) = engine.generate([task.prompt], Sampling(8, 2, 1.0))
     rollout = build_rollout_group(task, samples, "w-honest", claimed_version, 0.01)
     return ScoredGroup(run_id="r", rollout=rollout, rewards=[0.0] * 8)
 
@@ -80,7 +81,7 @@ def test_an_audit_at_the_claimed_version_catches_older_weights(model_dir: Path) 
         tracker.observe(stat.worker_id, stat.lag, stat.abs_diff_nats, check.exact_diff_nats)
     trust = tracker.snapshot()
     assert trust["w-honest"].num_audit_failures == 0 and trust["w-honest"].score == 0.0
-    assert trust["w-stale"].num_audit_failures == 1 and trust["w-stale"].score >= CONFIG.audit_failure_weight
+    assert trust["w-stale"].num_audit_failures == 1 and trust["w-stale"].score >= AUDIT_FAILURE_WEIGHT
 
 
 def test_versions_this_process_did_not_publish_are_not_audited(model_dir: Path) -> None:
@@ -122,7 +123,7 @@ def test_a_group_whose_samples_saw_new_weights_land_is_audited_token_by_token(mo
     (prompt_ids,) = engine.encode_prompts([task.prompt], task.max_new_tokens)
     batch = engine.continuous_batch(max_rows=8)
     seeds = sample_seeds(task.task_id, task.num_samples)
-    batch.add([SampleRequest(j, tuple(prompt_ids), 12, 1.0, seed) for j, seed in enumerate(seeds)])
+    batch.add([SampleRequest(j, tuple(prompt_ids), Sampling(1, 12, 1.0), seed) for j, seed in enumerate(seeds)])
     finished = {done.request_id: done for done in batch.step()}
     engine.load_state_dict(versions[6], 6)  # between two steps
     while batch.num_running:

@@ -6,6 +6,7 @@ over that endpoint, and over the WEIGHTS stream itself."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import threading
 import time
@@ -31,7 +32,14 @@ from shared.config import RunConfig
 from shared.keys import RunKeys
 from shared.messages import WeightsPublished
 from shared.streams import WEIGHTS
-from tests.coordinator_rest import ADMIN_TOKEN, ServeCoordinator, ServedCoordinator, bearer, register
+from tests.coordinator_rest import (
+    ADMIN_TOKEN,
+    ServeCoordinator,
+    ServedCoordinator,
+    bearer,
+    register,
+    served_coordinator,
+)
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
@@ -162,6 +170,21 @@ def test_two_hundred_waiting_workers_are_all_woken_by_one_announcement_without_a
     assert {WeightsPublished.model_validate_json(response.content).policy_version for response in responses} == {2}
     assert all_answered_s < 2.0, all_answered_s  # ~0.3 s measured on a busy 2-core machine, clients included
     assert num_threads < 100  # this process serves them all (and runs the clients): no thread per waiter
+
+
+def test_a_stopping_coordinator_answers_its_open_long_polls_instead_of_cutting_them(
+    redis_client: redis.Redis, keys: RunKeys
+) -> None:
+    with ThreadPoolExecutor(max_workers=2) as pool, contextlib.ExitStack() as clients:
+        with served_coordinator(RunConfig(run_id=keys.run_id), redis_client) as coordinator:
+            feed: WeightsFeed = coordinator.app.state.weights_feed
+            token = register(coordinator.client).token
+            # a client that outlives the server, as a worker's does
+            api = clients.enter_context(httpx.Client(base_url=coordinator.url, timeout=20, headers=bearer(token)))
+            polls = [pool.submit(latest, api, wait_s=10) for _ in range(2)]
+            wait_for(lambda: feed.num_waiting == 2, "both long polls to wait")
+        # the server has stopped; uvicorn alone would have cut both polls after its 1 s graceful timeout
+        assert [poll.result().status_code for poll in polls] == [204, 204]
 
 
 def test_a_call_without_a_valid_token_is_refused(coordinator: ServedCoordinator, bus: StreamBus) -> None:

@@ -234,7 +234,7 @@ def record_scores(client: redis.Redis, keys: RunKeys, worker_id: str, group_mean
 def test_a_worker_whose_mean_reward_departs_from_the_fleets_is_flagged_and_nothing_more(
     serve, bus: StreamBus, redis_client: redis.Redis, keys: RunKeys
 ) -> None:
-    served, join = serve(reward_flag_standard_errors=5.0, reward_flag_min_groups=50)
+    served, join = serve()  # the flag's bounds: 5 standard errors, 50 groups (work_flags.py)
     honest, lucky, newcomer = [join("honest-a"), join("honest-b")], join("lucky"), join("newcomer")
     workers = [*honest, lucky, newcomer]
     add_tasks(bus, len(workers))

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.ablation.cells import Cell, dump_toml, steps_to_reach
+from benchmarks.ablation.cells import Cell, steps_to_reach
 from shared.config import load_run_config
+from shared.run_file import dump_run_file
 
 
 @pytest.mark.parametrize("bound", [0, 1, 2, 4, 6, 11])
@@ -17,7 +18,7 @@ from shared.config import load_run_config
 def test_every_grid_cell_is_a_valid_run_file_with_its_knobs(tmp_path: Path, bound: int, correction: str) -> None:
     cell = Cell(bound, correction, seed=2)
     path = tmp_path / "cell.toml"
-    path.write_text(dump_toml(cell.run_file()))
+    path.write_text(dump_run_file(cell.run_file()))
     run = load_run_config(path)
     assert run.schedule.staleness_bound == bound and run.grpo.off_policy_correction == correction
     assert run.model.seed == run.task.seed == 2
@@ -37,7 +38,7 @@ def test_the_pull_baseline_holds_nothing_and_the_queue_cells_keep_the_default_bo
 
 def test_toml_round_trips() -> None:
     raw = {"run_id": "x", "a": {"b": 1, "c": 0.5, "d": "e", "f": True, "g": [1, 2]}}
-    assert tomllib.loads(dump_toml(raw)) == raw
+    assert tomllib.loads(dump_run_file(raw)) == raw
 
 
 def test_steps_to_reach_is_the_first_step_whose_trailing_mean_reaches_the_target() -> None:
@@ -47,5 +48,5 @@ def test_steps_to_reach_is_the_first_step_whose_trailing_mean_reaches_the_target
 
 
 def _write(path: Path, cell: Cell) -> Path:
-    path.write_text(dump_toml(cell.run_file()))
+    path.write_text(dump_run_file(cell.run_file()))
     return path

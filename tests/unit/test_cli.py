@@ -16,6 +16,7 @@ from cluster.cli import main
 from services.coordinator.__main__ import cluster_bootstrap
 from services.coordinator.settings import CoordinatorSettings
 from shared.config import load_run_config
+from shared.run_file import read_run_file
 from tests.help_imports import help_and_imports
 from tests.weights_keys import PUBLIC_KEY_HEX
 
@@ -73,7 +74,7 @@ def test_the_coordinator_bootstrap_hands_out_no_redis_at_all(repo_root: Path) ->
     bootstrap = cluster_bootstrap(settings, run)
     assert bootstrap is not None
     assert "redis" not in bootstrap.model_dump_json().lower()  # workers go through the coordinator's work API
-    assert bootstrap.run_id == "the-run" and bootstrap.run_config_toml == run_file.read_text()
+    assert bootstrap.run_id == "the-run" and tomllib.loads(bootstrap.run_config_toml) == read_run_file(run_file)
     assert cluster_bootstrap(settings.model_copy(update={"weights_public_key": None}), run) is None
 
 

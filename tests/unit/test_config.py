@@ -1,8 +1,11 @@
+import re
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
-from shared.config import RunConfig, load_run_config
+from shared.config import KEPT_AT_DEFAULT, RunConfig, load_run_config
+from shared.run_file import read_run_file
 
 
 def test_the_demo_config_loads_and_derives_the_in_flight_bound(repo_root: Path) -> None:
@@ -59,3 +62,38 @@ def test_the_real_model_template_is_not_the_demo(repo_root: Path) -> None:
     assert real.grpo.max_new_tokens >= 64 > demo.grpo.max_new_tokens
     assert real.learner.micro_batch_size > 0 and real.learner.gradient_checkpointing
     assert real.rollout.engine == "auto" and demo.rollout.engine == "torch"
+
+
+def run_file_settings() -> list[str]:
+    """Every run-file setting as "section.key" (top-level keys as "key")."""
+    names = []
+    for section, field in RunConfig.model_fields.items():
+        model = field.annotation
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            names += [f"{section}.{key}" for key in model.model_fields]
+        else:
+            names.append(section)
+    return names
+
+
+def settings_changed_in_the_repo(repo_root: Path) -> set[str]:
+    """What a shipped run file (configs/, benchmarks/, tests/e2e/) sets, and what a benchmark's code writes into a
+    run file or config (the key quoted, or followed by `=`, as a cell's overrides and TOML text do)."""
+    changed = set()
+    run_files = [*(repo_root / "configs").glob("*.toml"), *(repo_root / "benchmarks").rglob("*.toml")]
+    for path in [*run_files, *(repo_root / "tests" / "e2e").glob("*.toml")]:
+        for key, value in read_run_file(path).items():
+            changed |= {f"{key}.{name}" for name in value} if isinstance(value, dict) else {key}
+    code = "\n".join(path.read_text() for path in (repo_root / "benchmarks").rglob("*.py"))
+    for name in run_file_settings():
+        key = name.rpartition(".")[2]
+        if re.search(rf"[\"']{key}[\"']|{key}\s*=[^=]", code):
+            changed.add(name)
+    return changed
+
+
+def test_every_setting_is_changed_by_a_shipped_run_or_says_why_it_is_one(repo_root: Path) -> None:
+    unchanged = set(run_file_settings()) - settings_changed_in_the_repo(repo_root)
+    assert sorted(unchanged - KEPT_AT_DEFAULT.keys()) == [], "remove them or say why in shared.config.KEPT_AT_DEFAULT"
+    assert sorted(KEPT_AT_DEFAULT.keys() - unchanged) == [], "changed by a shipped run or gone: drop them from the list"
+    assert all(0 < len(why) <= 120 and "\n" not in why for why in KEPT_AT_DEFAULT.values())

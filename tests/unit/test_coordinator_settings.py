@@ -10,15 +10,15 @@ import pytest
 from pydantic import ValidationError
 
 from services.coordinator.settings import CoordinatorSettings
+from shared.service_entry import environment_variable
 
-# what the coordinator imports only once it serves (services/coordinator/__main__.py), and torch's family
+# what the coordinator imports only once it serves (services/coordinator/__main__.py), and torch's family; its
+# settings (pydantic-settings) are read for --help, which lists them
 HEAVY_PACKAGES = {
     "fastapi",
     "starlette",
     "uvicorn",
     "redis",
-    "pydantic",
-    "pydantic_settings",
     "httpx",
     "torch",
     "transformers",
@@ -74,6 +74,9 @@ def test_help_answers_fast_and_lists_the_environment(repo_root: Path) -> None:
         timeout=30,
     )
     assert result.returncode == 0, result.stderr
+    # every variable the settings read, from the settings themselves (shared.service_entry.environment_help)
+    for name in CoordinatorSettings.model_fields:
+        assert environment_variable(CoordinatorSettings, name) in result.stdout, name
     assert "RL_ADMIN_TOKEN" in result.stdout and "RL_COORDINATOR_PORT" in result.stdout
     # fast: what makes a start slow is imports, and --help answers before the server stack is imported
     imported = {

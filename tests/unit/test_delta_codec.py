@@ -25,6 +25,11 @@ from shared.weight_channel.manifest import build_delta_manifest, build_manifest,
 from tests.weights_keys import PUBLIC_KEY, SIGNING_KEY
 
 
+def noise(num_bytes: int, seed: int) -> bytes:
+    """Random bytes, seeded: the parameters of a test are the same in every collection (and test ids too)."""
+    return np.random.default_rng(seed).bytes(num_bytes)
+
+
 def float_weights(seed: int, num_floats: int = 50_000) -> np.ndarray:
     return (np.random.default_rng(seed).standard_normal(num_floats) * 0.05).astype(np.float32)
 
@@ -53,8 +58,8 @@ def test_a_delta_rebuilds_the_target_bit_for_bit_and_is_much_smaller_for_one_opt
         (b"", b""),
         (b"abc", b"abcdefg"),  # target longer than the base
         (b"abcdefghij", b"xy"),  # shorter
-        (os.urandom(1001), os.urandom(999)),  # unrelated, not whole words
-        (b"", os.urandom(10)),
+        (noise(1001, 101), noise(999, 102)),  # unrelated, not whole words
+        (b"", noise(10, 103)),
         (
             np.array([np.nan, np.inf, -0.0], dtype=np.float32).tobytes(),
             np.array([1.0, -np.inf, 0.0], dtype=np.float32).tobytes(),
@@ -86,10 +91,10 @@ ROUND_TRIP_CASES = [
     (b"", b""),
     (b"abc", b"abcdefg"),  # target longer than the base, odd lengths
     (b"abcdefghij", b"xy"),  # shorter
-    (os.urandom(1001), os.urandom(999)),  # unrelated, not whole words of 2 or 4 bytes
-    (os.urandom(1002), os.urandom(1003)),
-    (b"", os.urandom(10)),
-    (os.urandom(10), b""),
+    (noise(1001, 104), noise(999, 105)),  # unrelated, not whole words of 2 or 4 bytes
+    (noise(1002, 106), noise(1003, 107)),
+    (b"", noise(10, 108)),
+    (noise(10, 109), b""),
     NAN_PATTERNS,
     (NAN_PATTERNS[0], NAN_PATTERNS[0][:-1] + b"\xff"),  # only the last byte of an odd length changes
     bf16_step(),
@@ -138,7 +143,7 @@ def test_a_fully_changed_target_round_trips(codec: str) -> None:
         bf16_step(),  # few bf16 words move: sparse16 should be the one
         bf16_step(step=3e-4),  # most move
         (float_weights(0).tobytes(), one_step_later(float_weights(0)).tobytes()),  # float32 words
-        (os.urandom(5000), os.urandom(5000)),
+        (noise(5000, 110), noise(5000, 111)),
     ],
 )
 def test_encode_smallest_picks_the_smallest_codec(base: bytes, target: bytes) -> None:

@@ -7,10 +7,12 @@
   shared/config.py;
 - an `RL_*` name is one the code knows: a string (not a comment) of the code or the tests, or a settings class's
   variable (its env prefix and field name, or its alias);
+- a link's `#anchor` into a page of docs/ or the README is one of that page's headings;
 and the layout map in docs/guide.md lists every module of services/, shared/ and engines/ and every top-level folder,
-and nothing that is not in the tree. The newcomer's path (NEWCOMER_DOCS) states no dated result: a measured figure
-lives once, on docs/results.md, with its command and date. A finding names the doc, its line and the missing thing; each test lists all of
-its findings at once.
+and nothing that is not in the tree. A measured figure lives once, on docs/results.md, with its command and date: no
+other page states a date, and a line that links to the results page quotes only figures the results page shows
+(FIGURE says what a figure is). A finding names the doc, its line and the missing thing; each test lists all of its
+findings at once.
 """
 
 from __future__ import annotations
@@ -39,9 +41,12 @@ ENV_READERS = (*CODE_PACKAGES, "tests")
 # The modules the layout map must list, one by one.
 MAPPED_MODULES = ("services/**/*.py", "shared/**/*.py", "engines/*.py")
 LAYOUT_HEADING = "## Layout"
-# The pages a newcomer reads first: they say what the code does and link to docs/results.md for figures.
-NEWCOMER_DOCS = ("README.md", "docs/guide.md", "docs/design.md", "docs/architecture.md")
+# The one page that states measured figures and their dates (generated: benchmarks/results_page.py).
+RESULTS_PAGE = REPO / "docs" / "results.md"
 DATE = re.compile(r"(?<!\d)\d{4}-\d{2}-\d{2}(?!\d)")  # 2026-11-24: the date of a run
+# A number: 27,990 or 1,234.5 (thousands separators), 0.41 (a decimal point), 16 (digits alone); never part of a
+# word, a version (2.13.0) or an anchor (`0.6` in Qwen3-0.6B, `1000` in #coordinator-under-1000-workers).
+NUMBER = re.compile(r"(?<![\w.,])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+|\d+)([x%])?(?![\w%]|[.,]\d)")
 
 INLINE_CODE = re.compile(r"(`+)((?:(?!\n\s*\n)[^`])+?)\1")  # not across a blank line
 LINK_TARGET = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -76,29 +81,44 @@ def docs() -> list[Path]:
 
 def spans(doc: Path) -> Iterator[Span]:
     """The doc's inline code (which may run over a line break), link targets and fenced lines, in order of kind."""
-    lines = doc.read_text().splitlines()
-    prose = list(lines)  # the doc with its fenced blocks blanked, so line numbers stay
     fence = language = ""
     block = 0
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(doc.read_text().splitlines(), start=1):
         opening = FENCE.match(line)
         if fence:
-            prose[number - 1] = ""
             if opening and opening.group(1).startswith(fence) and not opening.group(2):
                 fence = ""
             else:
                 yield Span(number, "fenced", line, language, block)
         elif opening:
-            prose[number - 1] = ""
             fence, language, block = opening.group(1), opening.group(2), number
-    text = "\n".join(prose)
+    text = unfenced(doc)
     for match in INLINE_CODE.finditer(text):
         yield Span(text.count("\n", 0, match.start()) + 1, "code", " ".join(match.group(2).split()))
-    # a code span's text is not a link; keep its line breaks so the line numbers stay
-    outside_code = INLINE_CODE.sub(lambda match: "\n" * match.group(0).count("\n"), text)
-    for number, line in enumerate(outside_code.splitlines(), start=1):
+    for number, line in enumerate(without_code(text), start=1):
         for match in (*LINK_TARGET.finditer(line), *REFERENCE_LINK.finditer(line)):
             yield Span(number, "link", match.group(1))
+
+
+def unfenced(doc: Path) -> str:
+    """The doc with its fenced blocks (fences included) blanked, so line numbers stay."""
+    lines = doc.read_text().splitlines()
+    fence = ""
+    for number, line in enumerate(lines):
+        opening = FENCE.match(line)
+        if fence or opening:
+            lines[number] = ""
+            if not fence:
+                fence = opening.group(1) if opening else ""
+            elif opening and opening.group(1).startswith(fence) and not opening.group(2):
+                fence = ""
+    return "\n".join(lines)
+
+
+def without_code(text: str) -> list[str]:
+    """`text`'s lines with its inline code cut out (a code span's text is no link and no figure); a span's line
+    breaks are kept, so the line numbers stay."""
+    return INLINE_CODE.sub(lambda match: "\n" * match.group(0).count("\n"), text).splitlines()
 
 
 @cache
@@ -355,6 +375,82 @@ def dated_lines(doc: Path) -> list[str]:
     ]
 
 
+def figures(line: str) -> Iterator[str]:
+    """The figures a line states: a number with a decimal point (0.41) or thousands separators (27,990), or any
+    number followed by `x` (a ratio: 1.66x) or `%` (a percentage: 5%); a number alone (16 receivers, S = 2) is a
+    count, not a figure. Link targets are left out (an anchor is no figure)."""
+    for match in NUMBER.finditer(LINK_TARGET.sub("]()", line)):
+        number, suffix = match.groups()
+        if suffix or "." in number or "," in number:
+            yield number + (suffix or "")
+
+
+@cache
+def results_page_numbers() -> frozenset[str]:
+    """Every number docs/results.md shows, anywhere on it, as written (a unit's space closed: `0.14 %` is `0.14%`),
+    and each percentage with its `%`."""
+    text = re.sub(r"(\d) ([x%])(?![\w%])", r"\1\2", RESULTS_PAGE.read_text())
+    found = set()
+    for match in NUMBER.finditer(text):
+        number, suffix = match.groups()
+        found.update((number, number + "%") if suffix == "%" else (number,))
+    return frozenset(found)
+
+
+def links_to(doc: Path, line: str, page: Path) -> bool:
+    return any(
+        (doc.parent / re.split(r"[#?]", match.group(1), maxsplit=1)[0]).resolve() == page
+        for match in LINK_TARGET.finditer(line)
+    )
+
+
+def unpublished_figures(doc: Path) -> list[str]:
+    """On each line of the doc that links to docs/results.md, outside inline code and fenced blocks (commands and
+    settings: `--steps 20`, `lr = 1e-6`), every figure (`figures`) the results page does not show. A ratio matches
+    the bare number (`0.41x` is shown as `0.41 x` or `0.41`); a percentage must be shown as a percentage; a decimal
+    must be written as the page writes it (`0.90` is not `0.9`)."""
+    found = []
+    for number, line in enumerate(without_code(unfenced(doc)), start=1):
+        if links_to(doc, line, RESULTS_PAGE):
+            found += [
+                f"{doc.relative_to(REPO)}:{number}: `{figure}` beside a link to the results page, which does not show it"
+                for figure in figures(line)
+                if (figure if figure.endswith("%") else figure.removesuffix("x")) not in results_page_numbers()
+            ]
+    return found
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: a link's text kept, markup and punctuation dropped, lower case, a hyphen for
+    each space."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip())
+    return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+
+
+@cache
+def anchors(page: Path) -> frozenset[str]:
+    """The anchors of a page's headings (outside fenced blocks); a repeated one gets -1, -2, ... as on GitHub."""
+    seen: dict[str, int] = {}
+    for line in unfenced(page).splitlines():
+        if heading := re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line):
+            base = slug(heading.group(1))
+            seen[base if base not in seen else f"{base}-{seen[base]}"] = 0
+            seen[base] = seen.get(base, 0) + 1
+    return frozenset(seen)
+
+
+def broken_anchors(doc: Path) -> list[str]:
+    """Links from the doc to `page.md#anchor` (the doc itself for `#anchor`) whose page has no such heading."""
+    found = []
+    for number, line in enumerate(without_code(unfenced(doc)), start=1):
+        for match in LINK_TARGET.finditer(line):
+            target, _, anchor = match.group(1).partition("#")
+            page = (doc.parent / target).resolve() if target else doc
+            if anchor and page.suffix == ".md" and page.is_file() and anchor not in anchors(page):
+                found.append(f"{doc.relative_to(REPO)}:{number}: `{match.group(1)}`: no such heading")
+    return found
+
+
 def findings_in_every_doc(check: Callable[[Path], list[str]]) -> list[str]:
     return [finding for doc in docs() for finding in check(doc)]
 
@@ -384,6 +480,16 @@ def test_the_layout_map_is_the_tree() -> None:
     assert not findings, "\n".join(findings)
 
 
-def test_the_newcomers_path_states_no_dated_result() -> None:
-    findings = [finding for name in NEWCOMER_DOCS for finding in dated_lines(REPO / name)]
+def test_every_anchor_a_doc_links_to_is_a_heading() -> None:
+    findings = findings_in_every_doc(broken_anchors)
+    assert not findings, "\n".join(findings)
+
+
+def test_no_page_but_the_results_page_states_a_date() -> None:
+    findings = [finding for doc in docs() if doc != RESULTS_PAGE for finding in dated_lines(doc)]
+    assert not findings, "\n".join(findings)
+
+
+def test_a_line_that_links_to_the_results_page_quotes_only_its_figures() -> None:
+    findings = [finding for doc in docs() if doc != RESULTS_PAGE for finding in unpublished_figures(doc)]
     assert not findings, "\n".join(findings)

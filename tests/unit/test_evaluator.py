@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engines.interface import WeightsLoadError
+from engines.interface import Sampling, WeightsLoadError
 from engines.torch_engine import TorchEngine
 from services.learner.evaluate import evaluate_greedy
 from services.learner.evaluator import EvalFailedError, Evaluator
@@ -68,7 +68,7 @@ def test_engine_evaluation_gives_the_completions_of_plain_transformers_greedy_de
     eos = eos_token_ids(qwen3_dir, engine.tokenizer)
 
     max_new_tokens = 12
-    samples = engine.generate([p.input for p in task.eval_set], 1, max_new_tokens, temperature=1.0, greedy=True)
+    samples = engine.generate([p.input for p in task.eval_set], Sampling(1, max_new_tokens, 1.0, greedy=True))
     expected = [
         plain_greedy(reference, encode_prompt(engine.tokenizer, p.input), max_new_tokens, eos) for p in task.eval_set
     ]

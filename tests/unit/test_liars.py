@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.liar_worker import MODULE, liar_entry_points, lie_from_environment
 from benchmarks.liars import FaultKind, LyingEngine, TamperingStore
-from engines.interface import InferenceEngine, Sample
+from engines.interface import InferenceEngine, Sample, Sampling
 from shared.tokenization import PromptInput
 from shared.weight_channel import Buffer
 
@@ -24,13 +24,7 @@ class FixedEngine(InferenceEngine):
     model_fingerprint = "f" * 64
 
     def generate_from_ids(
-        self,
-        prompt_ids: Sequence[Sequence[int]],
-        num_samples: int,
-        max_new_tokens: int,
-        temperature: float,
-        greedy: bool = False,
-        sampling_seeds: Sequence[int] | None = None,
+        self, prompt_ids: Sequence[Sequence[int]], sampling: Sampling, sampling_seeds: Sequence[int] | None = None
     ) -> list[list[Sample]]:
         return [
             [Sample(list(ids), list(tokens), [-0.1] * len(tokens), "7", "stop") for tokens in COMPLETIONS]
@@ -48,7 +42,7 @@ class FixedEngine(InferenceEngine):
 
 
 def sample_once(engine: InferenceEngine) -> list[Sample]:
-    return engine.generate(["3+4="], num_samples=3, max_new_tokens=2, temperature=1.0)[0]
+    return engine.generate(["3+4="], Sampling(3, 2, 1.0))[0]
 
 
 def test_garbage_logprobs_replaces_the_logprobs_only() -> None:
@@ -119,7 +113,7 @@ def test_a_lying_engine_lies_in_its_continuous_batch_too(tiny_policy_dir: Path) 
     honest = TorchEngine(tiny_policy_dir)
     honest.load_state_dict(honest.model.state_dict(), policy_version=0)
     (prompt_ids,) = honest.encode_prompts(["3+4="], 4)
-    requests = [SampleRequest(j, tuple(prompt_ids), 4, 1.0, 100 + j) for j in range(4)]
+    requests = [SampleRequest(j, tuple(prompt_ids), Sampling(1, 4, 1.0), 100 + j) for j in range(4)]
 
     def run(engine: LyingEngine) -> list:  # type: ignore[type-arg]
         batch = engine.continuous_batch(max_rows=4)

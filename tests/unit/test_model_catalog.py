@@ -15,6 +15,7 @@ from safetensors.numpy import save_file
 
 from cluster import model_cache, model_convert
 from cluster.cli import main as cli_main
+from cluster.tool_settings import ToolSettings
 from shared.config import RunConfig
 from shared.model_catalog import (
     CACHE_ENV,
@@ -46,9 +47,11 @@ def test_the_cache_root_is_the_flag_then_the_environment_then_the_home_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(CACHE_ENV, raising=False)
-    assert cache_root() == DEFAULT_CACHE_ROOT == Path.home() / ".cache" / "relay-rl" / "models"
+    assert (
+        cache_root(ToolSettings().model_cache) == DEFAULT_CACHE_ROOT == Path.home() / ".cache" / "relay-rl" / "models"
+    )
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "from-env"))
-    assert cache_root() == tmp_path / "from-env"
+    assert cache_root(ToolSettings().model_cache) == tmp_path / "from-env"
     assert cache_root(tmp_path / "flag") == tmp_path / "flag"
     assert cached_folder(NAME, tmp_path) == tmp_path / NAME
 

@@ -12,7 +12,7 @@ import torch
 
 from services.learner.batch import TrainBatch
 from services.learner.grpo import token_logprobs
-from services.learner.numerics import NumericsReference
+from services.learner.numerics import NUMERICS_WINDOW_STEPS, NumericsReference
 from services.learner.policy import Policy
 from services.learner.trust import TrustTracker, group_abs_diffs
 from shared.config import LearnerConfig, RunConfig, TrustConfig
@@ -80,14 +80,14 @@ def test_invented_logprobs_and_a_temperature_lie_fail_the_measured_tolerance(mix
 
 
 def test_the_tolerance_is_the_floor_until_measured_and_a_median_one_outlier_cannot_move() -> None:
-    config = TrustConfig(numerics_factor=3.0, numerics_window_steps=5)
-    numerics = NumericsReference(config)
+    config = TrustConfig()
+    numerics = NumericsReference(config)  # the tolerance: 3x the median of the last 16 steps' references
     assert numerics.tolerance_nats == config.audit_tolerance_nats
     numerics.references_nats.extend([0.02, 0.021, 0.019, 0.02])
     assert numerics.tolerance_nats == pytest.approx(0.06)
     numerics.references_nats.append(5.0)  # a step whose rows were all one liar's strangest tokens
     assert numerics.tolerance_nats == pytest.approx(0.06)
-    numerics.references_nats.extend([1e-7] * 5)  # float32-exact numerics: the floor holds
+    numerics.references_nats.extend([1e-7] * NUMERICS_WINDOW_STEPS)  # float32-exact numerics: the floor holds
     assert numerics.tolerance_nats == config.audit_tolerance_nats
     off = NumericsReference(TrustConfig(numerics_rows=0))
     assert off.measure(torch.nn.Linear(1, 1), fixed_batch(16, seed=0)) is None

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import torch
 
+from engines.interface import Sampling
 from engines.torch_engine import TorchEngine
 from services.reward.decode import CompletionDecoder, InvalidTokensError
-from services.rollout.worker import build_rollout_group
+from services.rollout.rollout_groups import build_rollout_group
 from shared.messages import RolloutGroup, TaskGroup, pack_float32, pack_int32, pack_mask
 from tests.hf_folders import CHAT_TEMPLATE, ENDOFTEXT, IM_END, build_folder
 
@@ -48,7 +49,9 @@ def test_an_honest_workers_text_is_the_text_the_reward_service_decodes(
     torch.manual_seed(0)
     groups = [
         build_rollout_group(task_group(prompt, 6), samples, "w", 0, 0.0)
-        for prompt, samples in zip(["1+2=", "7+9="], engine.generate(["1+2=", "7+9="], 32, 6, 1.0), strict=True)
+        for prompt, samples in zip(
+            ["1+2=", "7+9="], engine.generate(["1+2=", "7+9="], Sampling(32, 6, 1.0)), strict=True
+        )
     ]
     finish_reasons = [reason for group in groups for reason in group.finish_reasons]
     assert {"stop", "length"} <= set(finish_reasons)  # both decoding paths are exercised

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save as safetensors_save
 
-from engines.interface import UnencodablePromptError, WeightsLoadError
+from engines.interface import Sampling, UnencodablePromptError, WeightsLoadError
 from engines.torch_engine import TorchEngine
 from shared.weight_channel import TIED_OUTPUT_KEY
 
@@ -54,7 +54,7 @@ def test_character_tokenizer_gives_one_token_per_character_and_no_bos(engine: To
 
 def test_groups_have_the_requested_shape_and_consistent_lengths(engine: TorchEngine) -> None:
     torch.manual_seed(0)
-    groups = engine.generate(MIXED_PROMPTS, num_samples=5, max_new_tokens=3, temperature=1.0)
+    groups = engine.generate(MIXED_PROMPTS, Sampling(5, 3, 1.0))
 
     assert len(groups) == len(MIXED_PROMPTS)
     for prompt, group in zip(MIXED_PROMPTS, groups, strict=True):
@@ -69,7 +69,7 @@ def test_groups_have_the_requested_shape_and_consistent_lengths(engine: TorchEng
 def test_eos_ends_a_sample_and_is_left_out_of_its_text(engine: TorchEngine) -> None:
     torch.manual_seed(0)
     eos = engine.tokenizer.eos_token_id
-    samples = [s for group in engine.generate(MIXED_PROMPTS * 16, 8, 6, 1.0) for s in group]
+    samples = [s for group in engine.generate(MIXED_PROMPTS * 16, Sampling(8, 6, 1.0)) for s in group]
 
     stopped = [s for s in samples if s.finish_reason == "stop"]
     cut = [s for s in samples if s.finish_reason == "length"]
@@ -85,7 +85,7 @@ def test_eos_ends_a_sample_and_is_left_out_of_its_text(engine: TorchEngine) -> N
 def test_behaviour_logprobs_equal_a_teacher_forced_recomputation(engine: TorchEngine) -> None:
     torch.manual_seed(1)
     temperature = 0.7
-    groups = engine.generate(MIXED_PROMPTS, num_samples=4, max_new_tokens=5, temperature=temperature)
+    groups = engine.generate(MIXED_PROMPTS, Sampling(4, 5, temperature))
 
     for group in groups:
         for sample in group:
@@ -94,9 +94,9 @@ def test_behaviour_logprobs_equal_a_teacher_forced_recomputation(engine: TorchEn
 
 
 def test_greedy_is_deterministic_and_batching_prompts_of_different_lengths_changes_nothing(engine: TorchEngine) -> None:
-    batched = engine.generate(MIXED_PROMPTS, num_samples=3, max_new_tokens=4, temperature=1.0, greedy=True)
-    again = engine.generate(MIXED_PROMPTS, num_samples=3, max_new_tokens=4, temperature=1.0, greedy=True)
-    alone = [engine.generate([prompt], 1, 4, 1.0, greedy=True)[0][0] for prompt in MIXED_PROMPTS]
+    batched = engine.generate(MIXED_PROMPTS, Sampling(3, 4, 1.0, greedy=True))
+    again = engine.generate(MIXED_PROMPTS, Sampling(3, 4, 1.0, greedy=True))
+    alone = [engine.generate([prompt], Sampling(1, 4, 1.0, greedy=True))[0][0] for prompt in MIXED_PROMPTS]
 
     assert [[s.token_ids for s in g] for g in batched] == [[s.token_ids for s in g] for g in again]
     for group, single in zip(batched, alone, strict=True):
@@ -106,18 +106,18 @@ def test_greedy_is_deterministic_and_batching_prompts_of_different_lengths_chang
 
 def test_a_prompt_the_tokenizer_cannot_represent_is_refused(engine: TorchEngine) -> None:
     with pytest.raises(UnencodablePromptError):
-        engine.generate(["3+4=", "é+1="], 2, 2, 1.0)
+        engine.generate(["3+4=", "é+1="], Sampling(2, 2, 1.0))
 
 
 def test_loading_weights_changes_outputs_and_sets_the_version(engine: TorchEngine) -> None:
     assert engine.policy_version == -1
     original = weights_blob(engine)
-    before = engine.generate(MIXED_PROMPTS, 1, 3, 1.0, greedy=True)
+    before = engine.generate(MIXED_PROMPTS, Sampling(1, 3, 1.0, greedy=True))
 
     engine.load_weights(weights_blob(engine, noise_scale=0.5), policy_version=3)
-    changed = engine.generate(MIXED_PROMPTS, 1, 3, 1.0, greedy=True)
+    changed = engine.generate(MIXED_PROMPTS, Sampling(1, 3, 1.0, greedy=True))
     engine.load_weights(original, policy_version=4)
-    restored = engine.generate(MIXED_PROMPTS, 1, 3, 1.0, greedy=True)
+    restored = engine.generate(MIXED_PROMPTS, Sampling(1, 3, 1.0, greedy=True))
 
     assert engine.policy_version == 4
     assert [g[0].logprobs for g in changed] != [g[0].logprobs for g in before]
@@ -128,7 +128,7 @@ def test_loading_weights_changes_outputs_and_sets_the_version(engine: TorchEngin
 
 def test_a_blob_that_does_not_fit_the_model_is_refused_and_the_old_weights_stay(engine: TorchEngine) -> None:
     engine.load_weights(weights_blob(engine), policy_version=1)
-    before = engine.generate(MIXED_PROMPTS, 1, 3, 1.0, greedy=True)
+    before = engine.generate(MIXED_PROMPTS, Sampling(1, 3, 1.0, greedy=True))
     state = {name: t.clone() for name, t in engine.model.state_dict().items() if name != TIED_OUTPUT_KEY}
     first = next(iter(state))
     bad_blobs = {
@@ -145,7 +145,7 @@ def test_a_blob_that_does_not_fit_the_model_is_refused_and_the_old_weights_stay(
             engine.load_weights(blob, policy_version=2)
         assert engine.policy_version == 1, reason
 
-    after = engine.generate(MIXED_PROMPTS, 1, 3, 1.0, greedy=True)
+    after = engine.generate(MIXED_PROMPTS, Sampling(1, 3, 1.0, greedy=True))
     assert [g[0].logprobs for g in after] == [g[0].logprobs for g in before]
 
 
@@ -180,5 +180,5 @@ def test_sampling_uses_this_transformers_versions_cache_argument_without_depreca
     assert kv_cache_argument(engine.model) in inspect.signature(engine.model.forward).parameters
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        engine.generate(MIXED_PROMPTS, num_samples=2, max_new_tokens=4, temperature=1.0)
+        engine.generate(MIXED_PROMPTS, Sampling(2, 4, 1.0))
     assert not [w for w in caught if "past_key_values" in str(w.message)], [str(w.message) for w in caught]

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engines.interface import PromptTooLongError, UnencodablePromptError
+from engines.interface import PromptTooLongError, Sampling, UnencodablePromptError
 from engines.torch_engine import TorchEngine
 from services.learner.batch import tensorize
 from services.learner.evaluate import evaluate_greedy
@@ -101,7 +101,7 @@ def test_a_tokenizer_without_pad_pads_with_eos_in_the_engine_and_the_learner(
     assert engine.tokenizer.pad_token_id is None
     assert engine.pad_token_id == pad_token_id(engine.tokenizer) == engine.tokenizer.eos_token_id
 
-    groups = engine.generate(["1+2=", "12+3="], num_samples=2, max_new_tokens=3, temperature=1.0)
+    groups = engine.generate(["1+2=", "12+3="], Sampling(2, 3, 1.0))
     assert [len(g) for g in groups] == [2, 2]
     # The learner's batch of such groups: tensorize used to get None from tokenizer.pad_token_id.
     scored = sample_scored_groups(
@@ -111,9 +111,7 @@ def test_a_tokenizer_without_pad_pads_with_eos_in_the_engine_and_the_learner(
         [TaskPrompt("1+2=", "7"), TaskPrompt("12+3=", "7")],
         run_id="pad",
         policy_version=0,
-        group_size=2,
-        max_new_tokens=3,
-        temperature=1.0,
+        sampling=Sampling(2, 3, 1.0),
     )
     batch = tensorize(scored, pad_token_id(engine.tokenizer), normalize_advantage_by_std=True)
     assert batch.input_ids.shape[0] == 4
@@ -170,7 +168,7 @@ def test_chat_messages_are_rendered_with_the_chat_template(llama_like_dir: Path,
     assert tokenizer.decode(encode_prompt(tokenizer, "1+2="), skip_special_tokens=False) == "<s>1+2="
 
     engine = TorchEngine(llama_like_dir)
-    (group,) = engine.generate([prompt], num_samples=1, max_new_tokens=1, temperature=1.0)
+    (group,) = engine.generate([prompt], Sampling(1, 1, 1.0))
     assert group[0].prompt_token_ids == ids
 
 
@@ -192,15 +190,13 @@ def test_a_broken_chat_template_is_a_clear_error_and_a_dead_letter_at_the_worker
         encode_prompt(AutoTokenizer.from_pretrained(folder), prompt)
     # at the worker: an EngineError, which the worker dead-letters (that task alone)
     with pytest.raises(UnencodablePromptError, match="chat template failed"):
-        TorchEngine(folder).generate([prompt], num_samples=1, max_new_tokens=1, temperature=1.0)
+        TorchEngine(folder).generate([prompt], Sampling(1, 1, 1.0))
 
 
 def test_a_prompt_longer_than_the_context_is_an_engine_error(tmp_path: Path) -> None:
     folder = build_folder(tmp_path / "short", max_position_embeddings=16)
     with pytest.raises(PromptTooLongError, match="exceed the context of 16"):
-        TorchEngine(folder).generate(
-            ["0+1=1 2+3=5 4+5=9 6+7=3 8+9=7"], num_samples=1, max_new_tokens=4, temperature=1.0
-        )
+        TorchEngine(folder).generate(["0+1=1 2+3=5 4+5=9 6+7=3 8+9=7"], Sampling(1, 4, 1.0))
 
 
 # 7. the folder is checked, and fingerprinted

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engines.interface import Sampling
 from engines.torch_engine import TorchEngine
 
 torch.set_num_threads(1)
@@ -61,7 +62,7 @@ def test_sampling_with_a_kv_cache_uses_no_deprecated_transformers_name(
         # pyproject's filterwarnings ignores DeprecationWarning: these filters sit in front of it for this block
         warnings.simplefilter("error", FutureWarning)
         warnings.simplefilter("error", DeprecationWarning)
-        groups = engine.generate(["3+4=", "12+345="], num_samples=2, max_new_tokens=4, temperature=1.0)
+        groups = engine.generate(["3+4=", "12+345="], Sampling(2, 4, 1.0))
 
     # a completion longer than one token: a decode step took the prefill's cache back
     assert max(len(sample.token_ids) for group in groups for sample in group) > 1

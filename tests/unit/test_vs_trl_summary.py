@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.ablation.cells import dump_toml
 from benchmarks.vs_trl import OUT_DIR, Options, cell_run_file, cells_to_run, eval_points, step_points
 from benchmarks.vs_trl_records import CellRecord, EvalPoint, StepPoint, load_records, save_record
 from benchmarks.vs_trl_summary import common_budget, interpolate, summarize, write_summary
 from shared.config import RunConfig
+from shared.run_file import dump_run_file
 from shared.run_records import EvalRecord, StepRecord
 from tests.run_records import eval_record, step_record
 
@@ -140,7 +140,7 @@ def test_each_cell_run_file_keeps_the_held_out_split_and_sets_its_schedule(tmp_p
     # a smoke run's --out tags its run files and run folders; the default results folder does not
     assert len(options.tag) == 8 and dataclasses.replace(options, out=OUT_DIR).tag == ""
     raw = cell_run_file(base, "pull", 1, options)
-    assert tomllib.loads(dump_toml(raw)) == raw  # inline tables (reasoning_gym_config) included
+    assert tomllib.loads(dump_run_file(raw)) == raw  # inline tables (reasoning_gym_config) included
 
 
 def test_our_evals_sit_at_the_samples_generated_and_wall_time_of_the_step_that_made_the_version() -> None:

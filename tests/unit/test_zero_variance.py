@@ -9,7 +9,6 @@ import math
 import pytest
 
 from services.learner.zero_variance import FlatGroupTally, ZeroVarianceAlarm
-from shared.config import GRPOConfig
 from shared.flat_groups import is_flat
 from shared.messages import FlatGroups, RolloutGroup, ScoredGroup, pack_float32, pack_int32
 
@@ -78,13 +77,9 @@ def step(num_at_zero: int, num_at_max: int = 0, num_groups: int = 10, num_cut: i
 
 
 def alarm(warn_steps: int = 5, warn_every_steps: int = 50) -> ZeroVarianceAlarm:
-    grpo = GRPOConfig(
-        zero_variance_warn_fraction=0.9,
-        zero_variance_warn_steps=warn_steps,
-        zero_variance_warn_every_steps=warn_every_steps,
-        max_new_tokens=2,
+    return ZeroVarianceAlarm(
+        warn_fraction=0.9, warn_steps=warn_steps, warn_every_steps=warn_every_steps, max_new_tokens=2
     )
-    return ZeroVarianceAlarm.from_config(grpo)
 
 
 def test_the_warning_fires_after_warn_steps_in_a_row_not_before_and_names_the_cause() -> None:

@@ -31,6 +31,13 @@ async def follow_announcements(app: FastAPI) -> AsyncIterator[None]:
 router = APIRouter(tags=["broadcast"], lifespan=follow_announcements)
 
 
+def release_long_polls(app: FastAPI) -> None:
+    """At the server's stop (services/coordinator/uvicorn_server.py): the open long polls are answered now."""
+    feed: WeightsFeed | None = getattr(app.state, "weights_feed", None)  # None: the lifespan never started
+    if feed is not None:
+        feed.release_waiters()
+
+
 def get_weights_feed(request: Request) -> WeightsFeed:
     return request.app.state.weights_feed
 
