@@ -16,7 +16,7 @@ from services.reward.service import RewardService
 from services.reward.settings import RewardSettings
 from services.reward.task_feed import KEPT_SHARE_STEPS, TaskFeed, groups_in_flight
 from shared import worker_rewards
-from shared.bus import StreamBus
+from shared.bus import Delivery, StreamBus
 from shared.config import RunConfig
 from shared.keys import RunKeys
 from shared.messages import RolloutGroup, TaskGroup, pack_int32
@@ -89,9 +89,23 @@ def wrong_answer(task: TaskGroup) -> str:
 
 
 def take_tasks(bus: StreamBus, keys: RunKeys, count: int) -> list[TaskGroup]:
+    """Read and ack `count` tasks at once: for tests that do not count the groups in flight (until the
+    rollouts are published the acked tasks are in flight nowhere, and the feed tops up)."""
     deliveries = bus.read(TASKS, "w-test", count=count, block_ms=100)
     bus.ack(TASKS, [d.message_id for d in deliveries])
     return [d.message for d in deliveries]
+
+
+def lease_tasks(bus: StreamBus, count: int) -> list[Delivery[TaskGroup]]:
+    """Read `count` tasks, leaving them pending (in flight) until `answer` publishes their rollouts."""
+    return bus.read(TASKS, "w-test", count=count, block_ms=100)
+
+
+def answer(bus: StreamBus, leased: Delivery[TaskGroup], rollout: RolloutGroup) -> None:
+    """As the work API's submit script: the rollout is in `rollouts` before its task is acked, so the group
+    never leaves the count of groups in flight (the feed would top up in between)."""
+    bus.publish(ROLLOUTS, rollout)
+    bus.ack(TASKS, [leased.message_id])
 
 
 def test_task_feed_holds_the_pipeline_at_groups_per_step_times_s_plus_one(service, bus, keys, run) -> None:
@@ -122,10 +136,10 @@ def test_under_dynamic_sampling_the_feed_keeps_the_groups_the_learner_will_train
     thread.start()
     try:
         wait_for(lambda: bus.length(TASKS) >= 6, "the first window of tasks")
-        tasks = take_tasks(bus, keys, 6)
-        for n, task in enumerate(tasks):  # half flat (every sample wrong), half with a spread of rewards
+        for n, leased in enumerate(lease_tasks(bus, 6)):  # half flat (every sample wrong), half with a spread
+            task = leased.message
             texts = [wrong_answer(task)] * 4 if n % 2 else [right_answer(task)] + [wrong_answer(task)] * 3
-            bus.publish(ROLLOUTS, rollout_for(task, texts, tokenizer))
+            answer(bus, leased, rollout_for(task, texts, tokenizer))
         wait_for(lambda: bus.group_progress(SCORED)[0] == 6, "the six groups scored, none read by a learner")
 
         expected_window = 12 if dynamic_sampling else 6  # 6 over the kept share 1/2, or the run's window
@@ -527,8 +541,8 @@ def test_the_service_counts_at_the_source_and_forgets_finished_tasks(
     try:
         for _ in range(3):  # three rounds of take all tasks, answer them: the feed issues more each time
             wait_for(lambda: bus.backlog(TASKS) == 6, "the feed topped up")
-            for task in take_tasks(bus, keys, 6):
-                bus.publish(ROLLOUTS, rollout_for(task, ["1", "2", "3", "4"], tokenizer))
+            for leased in lease_tasks(bus, 6):
+                answer(bus, leased, rollout_for(leased.message, ["1", "2", "3", "4"], tokenizer))
             wait_for(lambda: bus.backlog(ROLLOUTS) == 0, "every rollout scored")
             learned = bus.read(SCORED, "learner-0", count=6, block_ms=100)  # as the learner: read, decide, ack
             bus.ack(SCORED, [delivery.message_id for delivery in learned])
