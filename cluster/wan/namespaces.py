@@ -19,7 +19,9 @@ N flows through one bucket share it only as fairly as drop-tail TCP does: `share
 not by RTO backoff (the starvation seen at MTU 65000, where the same queue held 38 packets).
 
 Everything is named with the Wan's prefix (`rlb` here, `rlw` for the cluster testbed); `Wan.remove_leftovers()`
-deletes what a killed run left.
+deletes what a killed run left. The host's firewall: where bridged frames pass iptables (br_netfilter, as Docker
+leaves it), the bridge gets its own ACCEPT rule in the FORWARD chain, so a dockerd's DROP policy does not cut the
+nodes off (`accept_forwarding_on`).
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class Wan:
             if name.startswith(f"{self.prefix}-"):
                 subprocess.run(["ip", "netns", "delete", name], capture_output=True)
         remove_links(self.prefix)
+        stop_accepting_forwarding_on(self.bridge)
 
     def create_bridge(self, address: str | None = None) -> None:
         """The bridge every node's veth joins; `address` (e.g. "<subnet>.254") gives this (root) namespace
@@ -109,6 +112,7 @@ class Wan:
         if address is not None:
             _run("ip", "addr", "add", f"{address}/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
+        accept_forwarding_on(self.bridge)
 
     def add_node(self, name: str, link: Link) -> str:
         """A namespace for `name` on the bridge with `link`'s caps; returns its IP address."""
@@ -175,8 +179,40 @@ class Wan:
         for namespace in self.namespaces:
             subprocess.run(["ip", "netns", "delete", namespace], capture_output=True)
         remove_links(self.prefix)
+        stop_accepting_forwarding_on(self.bridge)
         self.namespaces.clear()
         self.address.clear()
+
+
+def _forward_accept_rule(bridge: str) -> list[str]:
+    return ["FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT"]
+
+
+def accept_forwarding_on(bridge: str) -> None:
+    """Let the nodes' packets through the host's iptables FORWARD chain. Where `br_netfilter` is loaded
+    (net.bridge.bridge-nf-call-iptables = 1, as Docker leaves it), frames crossing a bridge pass that chain,
+    and a running dockerd sets its policy to DROP: every connection between nodes would then time out. The
+    rule matches only this bridge, and `stop_accepting_forwarding_on` removes it. No `iptables`: no Docker
+    and no such policy, nothing to do."""
+    if shutil.which("iptables") is None:
+        return
+    stop_accepting_forwarding_on(bridge)  # one rule, however many runs were killed before this one
+    added = subprocess.run(["iptables", "-I", *_forward_accept_rule(bridge)], capture_output=True, text=True)
+    if added.returncode != 0:  # policy: go on; without a firewall that drops bridged frames, nothing is missing
+        log.warning(
+            "could not let %s's traffic through iptables FORWARD (%s): if its policy is DROP (a running dockerd "
+            "sets it), the nodes will not reach each other",
+            bridge,
+            added.stderr.strip(),
+        )
+
+
+def stop_accepting_forwarding_on(bridge: str) -> None:
+    """Delete `accept_forwarding_on`'s rule (every copy a killed run left)."""
+    if shutil.which("iptables") is None:
+        return
+    while subprocess.run(["iptables", "-D", *_forward_accept_rule(bridge)], capture_output=True).returncode == 0:
+        pass
 
 
 def remove_links(prefix: str = PREFIX, timeout_s: float = 10.0) -> None:
