@@ -197,7 +197,7 @@ def accept_forwarding_on(bridge: str) -> None:
     if shutil.which("iptables") is None:
         return
     stop_accepting_forwarding_on(bridge)  # one rule, however many runs were killed before this one
-    added = subprocess.run(["iptables", "-I", *_forward_accept_rule(bridge)], capture_output=True, text=True)
+    added = subprocess.run(["iptables", "-w", "-I", *_forward_accept_rule(bridge)], capture_output=True, text=True)
     if added.returncode != 0:  # policy: go on; without a firewall that drops bridged frames, nothing is missing
         log.warning(
             "could not let %s's traffic through iptables FORWARD (%s): if its policy is DROP (a running dockerd "
@@ -211,7 +211,7 @@ def stop_accepting_forwarding_on(bridge: str) -> None:
     """Delete `accept_forwarding_on`'s rule (every copy a killed run left)."""
     if shutil.which("iptables") is None:
         return
-    while subprocess.run(["iptables", "-D", *_forward_accept_rule(bridge)], capture_output=True).returncode == 0:
+    while subprocess.run(["iptables", "-w", "-D", *_forward_accept_rule(bridge)], capture_output=True).returncode == 0:
         pass
 
 

@@ -65,7 +65,7 @@ def connect_outcome(wan: Wan, source: str, address: str) -> str:
 def wan() -> Iterator[Wan]:
     wan = Wan(prefix=PREFIX, subnet=SUBNET)
     wan.remove_leftovers()
-    subprocess.run(["iptables", "-A", *drop_rule(wan.bridge)], check=True)  # what a dockerd's policy does to it
+    subprocess.run(["iptables", "-w", "-A", *drop_rule(wan.bridge)], check=True)  # what a dockerd's policy does to it
     try:
         wan.create_bridge()
         for name in ("a", "b"):
@@ -73,7 +73,7 @@ def wan() -> Iterator[Wan]:
         yield wan
     finally:
         wan.remove()
-        while subprocess.run(["iptables", "-D", *drop_rule(wan.bridge)], capture_output=True).returncode == 0:
+        while subprocess.run(["iptables", "-w", "-D", *drop_rule(wan.bridge)], capture_output=True).returncode == 0:
             pass
 
 
