@@ -20,8 +20,8 @@ not by RTO backoff (the starvation seen at MTU 65000, where the same queue held 
 
 Everything is named with the Wan's prefix (`rlb` here, `rlw` for the cluster testbed); `Wan.remove_leftovers()`
 deletes what a killed run left. The host's firewall: where bridged frames pass iptables (br_netfilter, as Docker
-leaves it), the bridge gets its own ACCEPT rule in the FORWARD chain, so a dockerd's DROP policy does not cut the
-nodes off (`accept_forwarding_on`).
+leaves it), the bridge gets its own ACCEPT rule in the FORWARD chain, so a DROP policy (a dockerd's) does not cut
+the nodes off (`accept_forwarding_on`).
 """
 
 from __future__ import annotations
@@ -191,9 +191,9 @@ def _forward_accept_rule(bridge: str) -> list[str]:
 def accept_forwarding_on(bridge: str) -> None:
     """Let the nodes' packets through the host's iptables FORWARD chain. Where `br_netfilter` is loaded
     (net.bridge.bridge-nf-call-iptables = 1, as Docker leaves it), frames crossing a bridge pass that chain,
-    and a running dockerd sets its policy to DROP: every connection between nodes would then time out. The
-    rule matches only this bridge, and `stop_accepting_forwarding_on` removes it. No `iptables`: no Docker
-    and no such policy, nothing to do."""
+    and a dockerd that turns IP forwarding on as it starts sets its policy to DROP: every connection between
+    nodes would then time out. The rule matches only this bridge, and `stop_accepting_forwarding_on` removes
+    it. No `iptables`: no Docker and no such policy, nothing to do."""
     if shutil.which("iptables") is None:
         return
     stop_accepting_forwarding_on(bridge)  # one rule, however many runs were killed before this one
