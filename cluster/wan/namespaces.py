@@ -200,8 +200,8 @@ def accept_forwarding_on(bridge: str) -> None:
     added = subprocess.run(["iptables", "-w", "-I", *_forward_accept_rule(bridge)], capture_output=True, text=True)
     if added.returncode != 0:  # policy: go on; without a firewall that drops bridged frames, nothing is missing
         log.warning(
-            "could not let %s's traffic through iptables FORWARD (%s): if its policy is DROP (a running dockerd "
-            "sets it), the nodes will not reach each other",
+            "could not let %s's traffic through iptables FORWARD (%s): if its policy is DROP (a dockerd that "
+            "turned IP forwarding on sets it), the nodes will not reach each other",
             bridge,
             added.stderr.strip(),
         )

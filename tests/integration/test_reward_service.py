@@ -88,17 +88,17 @@ def wrong_answer(task: TaskGroup) -> str:
     return str((int(right_answer(task)) + 1) % 10)
 
 
-def take_tasks(bus: StreamBus, keys: RunKeys, count: int) -> list[TaskGroup]:
-    """Read and ack `count` tasks at once: for tests that do not count the groups in flight (until the
-    rollouts are published the acked tasks are in flight nowhere, and the feed tops up)."""
-    deliveries = bus.read(TASKS, "w-test", count=count, block_ms=100)
-    bus.ack(TASKS, [d.message_id for d in deliveries])
-    return [d.message for d in deliveries]
-
-
 def lease_tasks(bus: StreamBus, count: int) -> list[Delivery[TaskGroup]]:
     """Read `count` tasks, leaving them pending (in flight) until `answer` publishes their rollouts."""
     return bus.read(TASKS, "w-test", count=count, block_ms=100)
+
+
+def take_tasks(bus: StreamBus, count: int) -> list[TaskGroup]:
+    """Read and ack `count` tasks at once: for tests that do not count the groups in flight (until the
+    rollouts are published the acked tasks are in flight nowhere, and the feed tops up)."""
+    deliveries = lease_tasks(bus, count)
+    bus.ack(TASKS, [d.message_id for d in deliveries])
+    return [d.message for d in deliveries]
 
 
 def answer(bus: StreamBus, leased: Delivery[TaskGroup], rollout: RolloutGroup) -> None:
@@ -108,7 +108,7 @@ def answer(bus: StreamBus, leased: Delivery[TaskGroup], rollout: RolloutGroup) -
     bus.ack(TASKS, [leased.message_id])
 
 
-def test_task_feed_holds_the_pipeline_at_groups_per_step_times_s_plus_one(service, bus, keys, run) -> None:
+def test_task_feed_holds_the_pipeline_at_groups_per_step_times_s_plus_one(service, bus, run) -> None:
     turns = CallCounter(service, "serve_once")  # every turn of its loop tops the feed up first
     wait_for(lambda: bus.length(TASKS) >= 6, "the first tasks")
     turns.wait_for_more(2, "two more turns of the service's loop")
@@ -169,9 +169,9 @@ def test_the_feed_window_grows_at_most_by_the_floor_of_the_kept_share(bus, keys,
     assert feed.window() == 6
 
 
-def test_rollouts_are_scored_by_the_verifier_and_acked(service, bus, keys, tokenizer) -> None:
+def test_rollouts_are_scored_by_the_verifier_and_acked(service, bus, tokenizer) -> None:
     wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
-    task = take_tasks(bus, keys, 1)[0]
+    task = take_tasks(bus, 1)[0]
     a, b = (int(c) for c in task.prompt.rstrip("=").split("+"))
     right = str((a + b) % 10)
     wrong = str((a + b + 1) % 10)
@@ -189,7 +189,7 @@ def test_rollouts_are_scored_by_the_verifier_and_acked(service, bus, keys, token
 
 def test_the_rewards_of_each_workers_scored_groups_are_recorded_with_them(service, bus, keys, tokenizer) -> None:
     wait_for(lambda: bus.length(TASKS) >= 3, "tasks")
-    first, second, forged = take_tasks(bus, keys, 3)
+    first, second, forged = take_tasks(bus, 3)
     right, wrong = right_answer(first), wrong_answer(first)
     bus.publish(ROLLOUTS, rollout_for(first, [right, wrong, right + right, ""], tokenizer))  # mean 0.375
     bus.publish(ROLLOUTS, rollout_for(second, [right_answer(second)] * 4, tokenizer))  # mean 1.0
@@ -203,9 +203,9 @@ def test_the_rewards_of_each_workers_scored_groups_are_recorded_with_them(servic
     assert stats.reward_sum_sq == pytest.approx(0.375**2 + 1.0)
 
 
-def test_bad_rollouts_are_dead_lettered_and_the_service_keeps_scoring(service, bus, keys, tokenizer) -> None:
+def test_bad_rollouts_are_dead_lettered_and_the_service_keeps_scoring(service, bus, tokenizer) -> None:
     wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
-    task = take_tasks(bus, keys, 1)[0]
+    task = take_tasks(bus, 1)[0]
     bus.publish_raw(ROLLOUTS, b"garbage")
     bus.publish(ROLLOUTS, rollout_for(task, ["1"], tokenizer, task_id="forged-task"))
     bus.publish(ROLLOUTS, rollout_for(task, ["1", "2"], tokenizer))
@@ -235,7 +235,7 @@ def test_the_service_waits_out_a_redis_restart_and_loses_nothing(
         test_bus = StreamBus(connect(server.url), keys, service="test")
         issue_test_rollout_key(test_bus.redis, keys)
         wait_for(lambda: test_bus.length(TASKS) >= 2, "tasks")
-        task = take_tasks(test_bus, keys, 1)[0]
+        task = take_tasks(test_bus, 1)[0]
         wait_until_on_disk(test_bus.redis)  # the tasks and their references survive the kill -9
         server.kill()
         num_failed = turns.num_raised
@@ -256,7 +256,7 @@ def test_forged_rollouts_are_dead_lettered_and_counted_against_the_claimed_worke
     service, bus, keys, tokenizer
 ) -> None:
     wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
-    task = take_tasks(bus, keys, 1)[0]
+    task = take_tasks(bus, 1)[0]
     bus.redis.hset(keys.worker("w-test"), mapping={"num_rollouts_forged": 0})  # the claimed worker's record
     bus.publish(ROLLOUTS, unsigned_rollout_for(task, ["1"], tokenizer))  # no mac at all
     bus.publish(ROLLOUTS, sign_rollout(unsigned_rollout_for(task, ["1"], tokenizer), bytes(32)))  # another key
@@ -301,7 +301,7 @@ def test_a_worker_whose_ids_say_a_wrong_answer_gets_the_reward_of_its_ids_and_is
     wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
     # one task each: a task is answered once (the work API accepts one group per lease), and the reward
     # service forgets a task's reference once its group is scored
-    task, twin_task = take_tasks(bus, keys, 2)
+    task, twin_task = take_tasks(bus, 2)
     liar_key = bytes(range(1, 33))
     bus.redis.set(keys.rollout_key("w-liar"), liar_key)  # a registered worker: its groups are its own
     right, wrong = right_answer(task), wrong_answer(task)
@@ -319,9 +319,9 @@ def test_a_worker_whose_ids_say_a_wrong_answer_gets_the_reward_of_its_ids_and_is
     assert bus.dead_letters() == []
 
 
-def test_token_ids_no_engine_produces_are_dead_lettered_with_the_reason(service, bus, keys, tokenizer) -> None:
+def test_token_ids_no_engine_produces_are_dead_lettered_with_the_reason(service, bus, tokenizer) -> None:
     wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
-    task = take_tasks(bus, keys, 1)[0]
+    task = take_tasks(bus, 1)[0]
     honest = rollout_for(task, ["1", "2"], tokenizer)
     out_of_vocabulary = rollout_for(task, ["1", "2"], tokenizer, completion_token_ids=pack_int32([5, 1, 15, 1]))
     no_eos = rollout_for(task, ["1", "2"], tokenizer, completion_token_ids=pack_int32([5, 6, 6, 1]))
@@ -364,16 +364,16 @@ def trap_service(run_id: str, bus: StreamBus, keys: RunKeys, redis_server, model
 
 
 def test_a_verifier_that_hangs_or_raises_fails_its_group_in_time_and_the_service_keeps_scoring(
-    trap_service, bus, keys, tokenizer
+    trap_service, bus, tokenizer
 ) -> None:
     from tests.trap_task import HANG_PREFIX, RAISE_PREFIX
 
     wait_for(lambda: bus.length(TASKS) >= 2, "tasks")
     wait_for(lambda: trap_service.scorer.verifiers.pid, "the verifier process")
     first_pid = trap_service.scorer.verifiers.pid
-    hang_task, raise_task = take_tasks(bus, keys, 2)  # a task is answered once: one task per group
+    hang_task, raise_task = take_tasks(bus, 2)  # a task is answered once: one task per group
     wait_for(lambda: bus.backlog(TASKS) >= 2, "the feed topped up")
-    task, next_task = take_tasks(bus, keys, 2)
+    task, next_task = take_tasks(bus, 2)
     hangs = rollout_for(hang_task, [right_answer(hang_task), HANG_PREFIX], tokenizer)
     raises = rollout_for(raise_task, [RAISE_PREFIX, right_answer(raise_task)], tokenizer)
     bus.publish(ROLLOUTS, hangs)
@@ -516,7 +516,7 @@ def test_a_task_named_by_import_path_is_served_and_scored_in_the_verifier_proces
     thread.start()
     try:
         wait_for(lambda: bus.length(TASKS) >= 1, "a task of the custom task")
-        task = take_tasks(bus, keys, 1)[0]
+        task = take_tasks(bus, 1)[0]
         assert task.task_name == ShoutTask.name and task.prompt.endswith("!")
         word = task.prompt.rstrip("!")
         tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
